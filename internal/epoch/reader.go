@@ -1,0 +1,200 @@
+package epoch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/epoch/epochpb"
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+// ErrUnavailable is returned when no majority of replicas agreed on an epoch
+// within the reader's round timeout.
+var ErrUnavailable = errors.New("epoch: no majority of replicas agreed")
+
+// ErrReaderClosed is returned by Read after Close.
+var ErrReaderClosed = errors.New("epoch: reader closed")
+
+// DefaultRoundTimeout bounds one batched round of reads: 2 s.
+const DefaultRoundTimeout = 2 * time.Second
+
+// Reader reads an epoch group linearizably (invariant 1 of DESIGN.md §3: once a
+// read returns e, every read that starts later returns ≥ e).
+//
+// Every replica's applied epoch only grows (it is durable, and a restarted
+// replica serves nothing until it has replayed what it had committed). A read
+// returns e only when a majority of replicas report exactly e (paper §2.2). Two
+// majorities share a replica, so a later read's majority value is at least e.
+// When the replies split, the reader asks again.
+//
+// Concurrent Read calls are batched: callers that arrive while a round is in
+// flight wait for the next round, which starts after they called, and that round
+// sends one request per replica for all of them.
+type Reader struct {
+	group    uint64
+	replicas []uint64
+	dialer   *transport.Dialer
+	timeout  time.Duration
+
+	mu      sync.Mutex
+	waiting []chan readResult
+	running bool
+	closed  bool
+	wg      sync.WaitGroup
+
+	rounds, splits atomic.Uint64
+}
+
+type readResult struct {
+	epoch uint64
+	err   error
+}
+
+// NewReader returns a reader of epoch group `group` whose replicas live on the
+// given nodes, calling them through dialer.
+func NewReader(dialer *transport.Dialer, group uint64, replicas []uint64) *Reader {
+	return &Reader{group: group, replicas: append([]uint64(nil), replicas...), dialer: dialer, timeout: DefaultRoundTimeout}
+}
+
+// Read returns the current epoch. It fails with ErrUnavailable when no majority
+// agrees within the round timeout, or with ctx's error.
+func (r *Reader) Read(ctx context.Context) (uint64, error) {
+	ch := make(chan readResult, 1)
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return 0, ErrReaderClosed
+	}
+	r.waiting = append(r.waiting, ch)
+	if !r.running {
+		r.running = true
+		r.wg.Add(1)
+		go r.loop()
+	}
+	r.mu.Unlock()
+	select {
+	case res := <-ch:
+		return res.epoch, res.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// Stats returns how many rounds the reader ran and how many of their attempts
+// found the replicas split (and asked again).
+func (r *Reader) Stats() (rounds, splits uint64) { return r.rounds.Load(), r.splits.Load() }
+
+// Close waits for the round in flight and makes later reads fail.
+func (r *Reader) Close() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// loop runs rounds until no caller is waiting.
+func (r *Reader) loop() {
+	defer r.wg.Done()
+	for {
+		r.mu.Lock()
+		batch := r.waiting
+		r.waiting = nil
+		if len(batch) == 0 {
+			r.running = false
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		e, err := r.round()
+		for _, ch := range batch {
+			ch <- readResult{e, err}
+		}
+	}
+}
+
+// round asks every replica until a majority agrees or the round times out.
+func (r *Reader) round() (uint64, error) {
+	r.rounds.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+	defer cancel()
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		e, ok, err := r.attempt(ctx)
+		if ok {
+			return e, nil
+		}
+		if err != nil {
+			lastErr = err
+		}
+		r.splits.Add(1)
+		// Back off briefly: a split clears as soon as the lagging replica applies.
+		if !sleep(ctx, backoff(attempt)) {
+			if lastErr == nil {
+				lastErr = ctx.Err()
+			}
+			return 0, fmt.Errorf("%w: group %d: %v", ErrUnavailable, r.group, lastErr)
+		}
+	}
+}
+
+// backoff is 100 µs doubling to 12.8 ms.
+func backoff(attempt int) time.Duration { return 100 * time.Microsecond << min(attempt, 7) }
+
+// sleep waits d; false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// attempt sends one request to every replica and returns as soon as a majority
+// reports the same epoch; ok is false if the replies split or too many failed.
+func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type reply struct {
+		epoch uint64
+		err   error
+	}
+	replies := make(chan reply, len(r.replicas))
+	for _, id := range r.replicas {
+		r.wg.Add(1)
+		go func(id uint64) {
+			defer r.wg.Done()
+			conn, err := r.dialer.Conn(id)
+			if err != nil {
+				replies <- reply{err: err}
+				return
+			}
+			resp, err := epochpb.NewEpochClient(conn).ReadEpoch(ctx, &epochpb.ReadEpochRequest{GroupId: r.group})
+			if err != nil {
+				replies <- reply{err: err}
+				return
+			}
+			replies <- reply{epoch: resp.GetEpoch()}
+		}(id)
+	}
+	majority := len(r.replicas)/2 + 1
+	counts := map[uint64]int{}
+	for range r.replicas {
+		rep := <-replies
+		if rep.err != nil {
+			err = rep.err
+			continue
+		}
+		counts[rep.epoch]++
+		if counts[rep.epoch] >= majority {
+			return rep.epoch, true, nil
+		}
+	}
+	return 0, false, err
+}

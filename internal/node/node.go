@@ -1,0 +1,178 @@
+// Package node is one Terroir node process: it opens the node's Pebble store,
+// hosts its replicas of every group the topology places on it, and serves them
+// over gRPC (DESIGN.md §2).
+package node
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/raftgroup"
+	"github.com/terroir-db/terroir/internal/storage"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+// Config says which node to run and where.
+type Config struct {
+	// Topology is the cluster; NodeID must be one of its nodes.
+	Topology *topology.Topology
+	// NodeID is this node's ID.
+	NodeID uint64
+	// DataDir holds the node's Pebble store.
+	DataDir string
+	// Network models the WAN between regions; nil means the topology's latencies
+	// with no faults (a stand-alone process).
+	Network *transport.Network
+	// Listener, if set, is used instead of listening on the node's address.
+	Listener net.Listener
+	// Registry receives the node's metrics; nil means a fresh registry.
+	Registry *prometheus.Registry
+	// CompactAfter overrides raftgroup.Config.CompactAfter (0: default).
+	CompactAfter uint64
+}
+
+// Node is a running node. Close stops it.
+type Node struct {
+	cfg      Config
+	engine   *storage.Engine
+	host     *raftgroup.Host
+	dialer   *transport.Dialer
+	raft     *transport.Raft
+	server   *grpc.Server
+	listener net.Listener
+	epochs   map[uint64]*epoch.Replica
+	registry *prometheus.Registry
+	served   chan struct{}
+}
+
+// Start opens the store, recovers every hosted replica and starts serving.
+// Errors wrap storage.ErrCorrupt for a damaged data directory and
+// storage.ErrWrongNode for another node's.
+func Start(cfg Config) (n *Node, err error) {
+	top := cfg.Topology
+	self, ok := top.Node(cfg.NodeID)
+	if !ok {
+		return nil, fmt.Errorf("node: node %d is not in the topology", cfg.NodeID)
+	}
+	if cfg.Network == nil {
+		cfg.Network = transport.NewNetwork(top)
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	n = &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			n.closeParts()
+		}
+	}()
+	if n.engine, err = storage.Open(cfg.DataDir, cfg.NodeID); err != nil {
+		return nil, err
+	}
+	n.host = raftgroup.NewHost(cfg.NodeID, n.engine,
+		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter},
+		raftgroup.NewMetrics(cfg.Registry))
+	epochServer := epoch.NewServer()
+	for _, g := range top.GroupsOn(cfg.NodeID) {
+		switch g.Kind {
+		case topology.KindLocalEpoch:
+			sm, err := epoch.NewStateMachine(n.engine, g.ID)
+			if err != nil {
+				return nil, err
+			}
+			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
+			if err != nil {
+				return nil, err
+			}
+			r := epoch.NewReplica(rg, sm, top.LocalEpochInterval)
+			n.epochs[g.ID] = r
+			epochServer.Add(r)
+		default:
+			return nil, fmt.Errorf("node: group %d has kind %q this node cannot host", g.ID, g.Kind)
+		}
+	}
+
+	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region})
+	n.raft = transport.NewRaft(n.dialer, n.host)
+	n.server = transport.NewServer()
+	n.raft.Register(n.server)
+	epochServer.Register(n.server)
+
+	n.listener = cfg.Listener
+	if n.listener == nil {
+		if n.listener, err = net.Listen("tcp", self.Addr); err != nil {
+			return nil, fmt.Errorf("node %d: listen on %s: %w", cfg.NodeID, self.Addr, err)
+		}
+	}
+	go func() {
+		defer close(n.served)
+		if err := n.server.Serve(n.listener); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			slog.Error("grpc server stopped", "node", cfg.NodeID, "err", err)
+		}
+	}()
+	n.host.Start(n.raft)
+	for _, r := range n.epochs {
+		r.Start()
+	}
+	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(n.epochs))
+	return n, nil
+}
+
+// ID returns the node's ID.
+func (n *Node) ID() uint64 { return n.cfg.NodeID }
+
+// Addr returns the address the node serves on.
+func (n *Node) Addr() string { return n.listener.Addr().String() }
+
+// Registry returns the node's metrics registry.
+func (n *Node) Registry() *prometheus.Registry { return n.registry }
+
+// Engine returns the node's store.
+func (n *Node) Engine() *storage.Engine { return n.engine }
+
+// Group returns the node's replica of group id, or nil.
+func (n *Node) Group(id uint64) *raftgroup.Group { return n.host.Group(id) }
+
+// EpochReplica returns the node's replica of epoch group id, or nil.
+func (n *Node) EpochReplica(id uint64) *epoch.Replica { return n.epochs[id] }
+
+// Close stops serving, stops every replica and closes the store. Nothing is
+// flushed beyond what Raft already made durable, so Close is also how tests stop
+// a node abruptly.
+func (n *Node) Close() error {
+	return n.closeParts()
+}
+
+func (n *Node) closeParts() error {
+	for _, r := range n.epochs {
+		r.Close()
+	}
+	if n.server != nil {
+		n.server.Stop()
+		if n.listener != nil {
+			<-n.served
+		}
+	} else if n.listener != nil {
+		_ = n.listener.Close()
+	}
+	if n.raft != nil {
+		n.raft.Close()
+	}
+	if n.host != nil {
+		n.host.Close()
+	}
+	if n.dialer != nil {
+		n.dialer.Close()
+	}
+	if n.engine != nil {
+		return n.engine.Close()
+	}
+	return nil
+}

@@ -1,0 +1,482 @@
+package raftgroup
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+// StateMachine is the replicated state a group applies its log to. Its methods are
+// called only from the group's goroutine, in log order.
+type StateMachine interface {
+	// Apply applies the committed command at index, staging every durable change
+	// in b (committed together with the applied index). The result is returned to
+	// the proposer, if it waits on this replica.
+	Apply(b *pebble.Batch, index uint64, cmd []byte) any
+	// Snapshot encodes the state as of the last applied command.
+	Snapshot() ([]byte, error)
+	// Restore replaces the state with an encoded snapshot, staging its durable form in b.
+	Restore(b *pebble.Batch, data []byte) error
+}
+
+// Errors returned by Propose.
+var (
+	// ErrNotLeader: this replica is not the group's leader; LeaderHint may name it.
+	ErrNotLeader = errors.New("raftgroup: not the leader")
+	// ErrOutcomeUnknown: leadership was lost after the proposal entered the log; it
+	// may or may not apply.
+	ErrOutcomeUnknown = errors.New("raftgroup: leadership lost, proposal outcome unknown")
+	// ErrStopped: the group is closed or failed.
+	ErrStopped = errors.New("raftgroup: group stopped")
+)
+
+// Status is a point-in-time view of a replica, safe to read from any goroutine.
+type Status struct {
+	// Group is the group ID; Replica this replica's ID (its node ID).
+	Group, Replica uint64
+	// Leader is the replica this one believes leads (0 if unknown); Term its term.
+	Leader, Term uint64
+	// Applied is the last applied log index.
+	Applied uint64
+	// CaughtUp is true once the replica has applied everything committed before it
+	// (re)started; until then its state may be older than what it served earlier.
+	CaughtUp bool
+}
+
+type proposal struct {
+	id   uint64
+	data []byte
+	done chan proposalResult
+}
+
+type proposalResult struct {
+	val any
+	err error
+}
+
+// Group is one replica of one Raft group, driven by its own goroutine through the
+// etcd raft Ready loop: persist entries and hard state (fsync'd when Raft requires),
+// send messages, apply committed entries, advance.
+type Group struct {
+	id, self uint64
+	rn       *raft.RawNode
+	ls       *logStore
+	sm       StateMachine
+	e        *storage.Engine
+	send     func(group uint64, m *raftpb.Message)
+	cfg      Config
+	metrics  *Metrics
+
+	inbox   chan *raftpb.Message
+	props   chan *proposal
+	reports chan func(*raft.RawNode)
+	stop    chan struct{}
+	done    chan struct{}
+
+	waiters       map[uint64]*proposal // loop only
+	nextID        uint64               // loop only
+	commitAtStart uint64
+
+	mu     sync.Mutex
+	status Status
+	err    error // why the group stopped, if it failed
+
+	leaderChanged atomic.Pointer[chan struct{}]
+}
+
+// Config tunes a group. Zero fields take the defaults noted.
+type Config struct {
+	// Tick is the Raft tick period (default 10 ms). Elections take 10–20 ticks.
+	Tick time.Duration
+	// CompactAfter is how many applied entries accumulate before the log is
+	// truncated behind a snapshot (default 10000).
+	CompactAfter uint64
+}
+
+func (c Config) withDefaults() Config {
+	if c.Tick <= 0 {
+		c.Tick = 10 * time.Millisecond
+	}
+	if c.CompactAfter == 0 {
+		c.CompactAfter = 10000
+	}
+	return c
+}
+
+func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachine, cfg Config, m *Metrics) (*Group, error) {
+	ls, err := openLogStore(e, id, voters)
+	if err != nil {
+		return nil, err
+	}
+	rn, err := raft.NewRawNode(&raft.Config{
+		ID:                        self,
+		ElectionTick:              10,
+		HeartbeatTick:             1,
+		Storage:                   ls,
+		Applied:                   ls.applied,
+		MaxSizePerMsg:             1 << 20,
+		MaxCommittedSizePerReady:  4 << 20,
+		MaxUncommittedEntriesSize: 64 << 20,
+		MaxInflightMsgs:           256,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		DisableProposalForwarding: true,
+		Logger:                    raftLogger{group: id},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("raftgroup: group %d: %w", id, err)
+	}
+	g := &Group{
+		id: id, self: self, rn: rn, ls: ls, sm: sm, e: e, cfg: cfg.withDefaults(), metrics: m,
+		inbox:         make(chan *raftpb.Message, 4096),
+		props:         make(chan *proposal, 1024),
+		reports:       make(chan func(*raft.RawNode), 256),
+		stop:          make(chan struct{}),
+		done:          make(chan struct{}),
+		waiters:       map[uint64]*proposal{},
+		nextID:        rand.Uint64(),
+		commitAtStart: ls.hs.GetCommit(),
+	}
+	ch := make(chan struct{})
+	g.leaderChanged.Store(&ch)
+	g.status = Status{Group: id, Replica: self, Applied: ls.applied, CaughtUp: ls.applied >= g.commitAtStart}
+	return g, nil
+}
+
+// ID returns the group ID.
+func (g *Group) ID() uint64 { return g.id }
+
+// Status returns the replica's current status.
+func (g *Group) Status() Status {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.status
+}
+
+// IsLeader reports whether this replica currently believes it leads the group.
+func (g *Group) IsLeader() bool {
+	st := g.Status()
+	return st.Leader == g.self
+}
+
+// LeaderChanged returns a channel closed at the next change of leader or term.
+func (g *Group) LeaderChanged() <-chan struct{} { return *g.leaderChanged.Load() }
+
+// Err returns why the group stopped, or nil while it runs.
+func (g *Group) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+// Propose replicates cmd through the group's log and waits until this replica
+// applies it, returning the state machine's result. Only the leader accepts
+// proposals (ErrNotLeader otherwise). ErrOutcomeUnknown means leadership moved
+// while the command was in flight. The wait is bounded by ctx.
+func (g *Group) Propose(ctx context.Context, cmd []byte) (any, error) {
+	p := &proposal{data: cmd, done: make(chan proposalResult, 1)}
+	select {
+	case g.props <- p:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-g.done:
+		return nil, ErrStopped
+	}
+	select {
+	case r := <-p.done:
+		return r.val, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-g.done:
+		return nil, ErrStopped
+	}
+}
+
+// step hands an incoming message to the group's goroutine; it drops the message if
+// the inbox is full (Raft retransmits).
+func (g *Group) step(m *raftpb.Message) {
+	select {
+	case g.inbox <- m:
+	default:
+		g.metrics.droppedMessages.Inc()
+	}
+}
+
+func (g *Group) report(f func(*raft.RawNode)) {
+	select {
+	case g.reports <- f:
+	default:
+	}
+}
+
+func (g *Group) close() {
+	select {
+	case <-g.stop:
+	default:
+		close(g.stop)
+	}
+	<-g.done
+}
+
+const drainLimit = 512
+
+func (g *Group) run() {
+	defer close(g.done)
+	ticker := time.NewTicker(g.cfg.Tick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-g.stop:
+			g.failWaiters(ErrStopped)
+			return
+		case <-ticker.C:
+			g.rn.Tick()
+		case m := <-g.inbox:
+			g.stepLocal(m)
+		case p := <-g.props:
+			g.propose(p)
+		case f := <-g.reports:
+			f(g.rn)
+		}
+		g.drain()
+		for g.rn.HasReady() {
+			if err := g.handleReady(g.rn.Ready()); err != nil {
+				slog.Error("raft group stopped: storage failure", "group", g.id, "replica", g.self, "err", err)
+				g.mu.Lock()
+				g.err = err
+				g.mu.Unlock()
+				g.failWaiters(ErrStopped)
+				return
+			}
+		}
+	}
+}
+
+// drain takes whatever else is waiting, so one Ready (one fsync) covers it all.
+func (g *Group) drain() {
+	for i := 0; i < drainLimit; i++ {
+		select {
+		case m := <-g.inbox:
+			g.stepLocal(m)
+		case p := <-g.props:
+			g.propose(p)
+		case f := <-g.reports:
+			f(g.rn)
+		default:
+			return
+		}
+	}
+}
+
+func (g *Group) stepLocal(m *raftpb.Message) {
+	if err := g.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) && !errors.Is(err, raft.ErrStepLocalMsg) {
+		slog.Debug("raft step", "group", g.id, "err", err)
+	}
+}
+
+func (g *Group) propose(p *proposal) {
+	g.nextID++
+	p.id = g.nextID
+	data := make([]byte, 8+len(p.data))
+	binary.BigEndian.PutUint64(data, p.id)
+	copy(data[8:], p.data)
+	if err := g.rn.Propose(data); err != nil {
+		if errors.Is(err, raft.ErrProposalDropped) {
+			err = ErrNotLeader
+		}
+		p.done <- proposalResult{err: err}
+		return
+	}
+	g.metrics.proposals.Inc()
+	g.waiters[p.id] = p
+}
+
+func (g *Group) failWaiters(err error) {
+	for id, p := range g.waiters {
+		p.done <- proposalResult{err: err}
+		delete(g.waiters, id)
+	}
+}
+
+func (g *Group) handleReady(rd raft.Ready) error {
+	if rd.SoftState != nil {
+		g.onSoftState(rd.SoftState)
+	}
+	b := g.e.NewBatch()
+	sync := rd.MustSync
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		if err := g.ls.installSnapshot(b, rd.Snapshot); err != nil {
+			return err
+		}
+		if err := g.sm.Restore(b, rd.Snapshot.GetData()); err != nil {
+			return err
+		}
+		sync = true
+	}
+	if err := g.ls.append(b, rd.Entries); err != nil {
+		return err
+	}
+	if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
+		if err := g.ls.setHardState(b, rd.HardState); err != nil {
+			return err
+		}
+	}
+	if b.Empty() {
+		_ = b.Close()
+	} else {
+		start := time.Now()
+		if err := g.e.Commit(b, sync); err != nil {
+			return err
+		}
+		if sync {
+			g.metrics.appendSync.Observe(time.Since(start).Seconds())
+		}
+	}
+	for _, m := range rd.Messages {
+		g.send(g.id, m)
+	}
+	if err := g.apply(rd.CommittedEntries); err != nil {
+		return err
+	}
+	g.rn.Advance(rd)
+	return g.maybeCompact()
+}
+
+func (g *Group) onSoftState(ss *raft.SoftState) {
+	g.mu.Lock()
+	was := g.status.Leader
+	g.status.Leader = ss.Lead
+	g.status.Term = g.rn.BasicStatus().HardState.GetTerm()
+	g.mu.Unlock()
+	if was != ss.Lead {
+		if ss.Lead == g.self {
+			slog.Info("became leader", "group", g.id, "replica", g.self)
+		}
+		if was == g.self {
+			g.failWaiters(ErrOutcomeUnknown)
+		}
+		old := g.leaderChanged.Load()
+		ch := make(chan struct{})
+		g.leaderChanged.Store(&ch)
+		close(*old)
+	}
+}
+
+type delivered struct {
+	p   *proposal
+	val any
+}
+
+func (g *Group) apply(ents []*raftpb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	b := g.e.NewBatch()
+	var results []delivered
+	for _, ent := range ents {
+		switch ent.GetType() {
+		case raftpb.EntryNormal:
+			data := ent.GetData()
+			if len(data) < 8 {
+				continue // the empty entry a new leader appends
+			}
+			val := g.sm.Apply(b, ent.GetIndex(), data[8:])
+			if p, ok := g.waiters[binary.BigEndian.Uint64(data)]; ok {
+				delete(g.waiters, p.id)
+				results = append(results, delivered{p, val})
+			}
+		case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
+			cc, err := decodeConfChange(ent)
+			if err != nil {
+				return err
+			}
+			if err := g.ls.setConfState(b, g.rn.ApplyConfChange(cc)); err != nil {
+				return err
+			}
+		}
+	}
+	last := ents[len(ents)-1].GetIndex()
+	if err := g.ls.setApplied(b, last); err != nil {
+		return err
+	}
+	// Not synced: the next synced append makes it durable, and until then the
+	// entries replay from the log after a crash.
+	if err := g.e.Commit(b, false); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.status.Applied = last
+	if last >= g.commitAtStart {
+		g.status.CaughtUp = true
+	}
+	g.mu.Unlock()
+	for _, r := range results {
+		r.p.done <- proposalResult{val: r.val}
+	}
+	return nil
+}
+
+func decodeConfChange(ent *raftpb.Entry) (raftpb.ConfChangeI, error) {
+	if ent.GetType() == raftpb.EntryConfChange {
+		var cc raftpb.ConfChange
+		if err := proto.Unmarshal(ent.GetData(), &cc); err != nil {
+			return nil, fmt.Errorf("%w: conf change at %d: %v", storage.ErrCorrupt, ent.GetIndex(), err)
+		}
+		return &cc, nil
+	}
+	var cc raftpb.ConfChangeV2
+	if err := proto.Unmarshal(ent.GetData(), &cc); err != nil {
+		return nil, fmt.Errorf("%w: conf change at %d: %v", storage.ErrCorrupt, ent.GetIndex(), err)
+	}
+	return &cc, nil
+}
+
+func (g *Group) maybeCompact() error {
+	applied := g.ls.applied
+	if applied < g.ls.first || applied-g.ls.first < g.cfg.CompactAfter {
+		return nil
+	}
+	data, err := g.sm.Snapshot()
+	if err != nil {
+		return err
+	}
+	b := g.e.NewBatch()
+	if err := g.ls.compact(b, applied, data); err != nil {
+		_ = b.Close()
+		return err
+	}
+	// Ordered after the applied state in the WAL, so it never survives without it.
+	return g.e.Commit(b, false)
+}
+
+// raftLogger routes etcd raft's logs to slog at debug level (errors stay errors).
+type raftLogger struct{ group uint64 }
+
+func (l raftLogger) Debug(v ...any)                 { l.log(slog.LevelDebug, fmt.Sprint(v...)) }
+func (l raftLogger) Debugf(f string, v ...any)      { l.log(slog.LevelDebug, fmt.Sprintf(f, v...)) }
+func (l raftLogger) Info(v ...any)                  { l.log(slog.LevelDebug, fmt.Sprint(v...)) }
+func (l raftLogger) Infof(f string, v ...any)       { l.log(slog.LevelDebug, fmt.Sprintf(f, v...)) }
+func (l raftLogger) Warning(v ...any)               { l.log(slog.LevelWarn, fmt.Sprint(v...)) }
+func (l raftLogger) Warningf(f string, v ...any)    { l.log(slog.LevelWarn, fmt.Sprintf(f, v...)) }
+func (l raftLogger) Error(v ...any)                 { l.log(slog.LevelError, fmt.Sprint(v...)) }
+func (l raftLogger) Errorf(f string, v ...any)      { l.log(slog.LevelError, fmt.Sprintf(f, v...)) }
+func (l raftLogger) Fatal(v ...any)                 { panic(fmt.Sprint(v...)) }
+func (l raftLogger) Fatalf(f string, v ...any)      { panic(fmt.Sprintf(f, v...)) }
+func (l raftLogger) Panic(v ...any)                 { panic(fmt.Sprint(v...)) }
+func (l raftLogger) Panicf(f string, v ...any)      { panic(fmt.Sprintf(f, v...)) }
+func (l raftLogger) log(level slog.Level, msg string) {
+	slog.Log(context.Background(), level, msg, "component", "raft", "group", l.group)
+}

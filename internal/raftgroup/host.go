@@ -1,0 +1,157 @@
+// Package raftgroup hosts the replicas of many Raft groups in one node process
+// (multi-raft, DESIGN.md §2). Each replica runs the etcd raft Ready loop on its own
+// goroutine; all of them share the node's Pebble engine, whose commit pipeline
+// folds concurrent fsyncs into one, and the node's transport, which batches their
+// messages per destination node.
+package raftgroup
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/terroir-db/terroir/internal/storage"
+	"github.com/terroir-db/terroir/internal/transport/transportpb"
+)
+
+// Sender delivers outgoing Raft messages; transport.Raft implements it.
+type Sender interface {
+	// Send queues m of group for m.To without blocking.
+	Send(group uint64, m *raftpb.Message)
+}
+
+// Metrics are the host's Prometheus collectors.
+type Metrics struct {
+	appendSync      prometheus.Histogram
+	proposals       prometheus.Counter
+	droppedMessages prometheus.Counter
+}
+
+// NewMetrics creates the collectors and registers them with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		appendSync: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "terroir_raft_append_sync_seconds",
+			Help:    "Time to durably write one Ready's entries and hard state (includes the fsync).",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
+		}),
+		proposals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_raft_proposals_total", Help: "Proposals accepted into a leader's log.",
+		}),
+		droppedMessages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_raft_inbox_dropped_total", Help: "Incoming Raft messages dropped because a group's inbox was full.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.appendSync, m.proposals, m.droppedMessages)
+	}
+	return m
+}
+
+// Host holds a node's replicas. Add groups, then Start.
+type Host struct {
+	self    uint64
+	e       *storage.Engine
+	cfg     Config
+	metrics *Metrics
+
+	mu      sync.RWMutex
+	groups  map[uint64]*Group
+	sender  Sender
+	started bool
+	closed  bool
+}
+
+// NewHost returns an empty host for node self on engine e.
+func NewHost(self uint64, e *storage.Engine, cfg Config, m *Metrics) *Host {
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Host{self: self, e: e, cfg: cfg, metrics: m, groups: map[uint64]*Group{}}
+}
+
+// AddGroup opens this node's replica of group id (voters are the group's replica
+// IDs) over sm, recovering its Raft state from the engine. Errors wrap
+// storage.ErrCorrupt when the stored state is damaged.
+func (h *Host) AddGroup(id uint64, voters []uint64, sm StateMachine) (*Group, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, dup := h.groups[id]; dup {
+		return nil, fmt.Errorf("raftgroup: group %d already hosted", id)
+	}
+	g, err := newGroup(id, h.self, voters, h.e, sm, h.cfg, h.metrics)
+	if err != nil {
+		return nil, err
+	}
+	h.groups[id] = g
+	if h.started {
+		g.send = h.sender.Send
+		go g.run()
+	}
+	return g, nil
+}
+
+// Start begins driving every group, sending through s.
+func (h *Host) Start(s Sender) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sender, h.started = s, true
+	for _, g := range h.groups {
+		g.send = s.Send
+		go g.run()
+	}
+}
+
+// Group returns the hosted replica of group id, or nil.
+func (h *Host) Group(id uint64) *Group {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.groups[id]
+}
+
+// HandleRaft implements transport.RaftHandler.
+func (h *Host) HandleRaft(_ uint64, msgs []*transportpb.RaftEnvelope) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for _, env := range msgs {
+		if g := h.groups[env.GetGroupId()]; g != nil && env.GetMsg() != nil {
+			g.step(env.GetMsg())
+		}
+	}
+}
+
+// ReportUnreachable implements transport.RaftHandler.
+func (h *Host) ReportUnreachable(group, to uint64) {
+	if g := h.Group(group); g != nil {
+		g.report(func(rn *raft.RawNode) { rn.ReportUnreachable(to) })
+	}
+}
+
+// ReportSnapshot implements transport.RaftHandler.
+func (h *Host) ReportSnapshot(group, to uint64, ok bool) {
+	if g := h.Group(group); g != nil {
+		status := raft.SnapshotFinish
+		if !ok {
+			status = raft.SnapshotFailure
+		}
+		g.report(func(rn *raft.RawNode) { rn.ReportSnapshot(to, status) })
+	}
+}
+
+// Close stops every group and waits for their goroutines to exit.
+func (h *Host) Close() {
+	h.mu.Lock()
+	groups := h.groups
+	started := h.started
+	h.closed = true
+	h.mu.Unlock()
+	if !started {
+		return
+	}
+	for _, g := range groups {
+		g.close()
+	}
+}

@@ -1,0 +1,298 @@
+package raftgroup
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+// Record kinds under storage.PrefixRaft/<group>.
+const (
+	recEntry     byte = 'l' // log entry, followed by its index
+	recHardState byte = 'h'
+	recConfState byte = 'c'
+	recSnapshot  byte = 's' // the latest snapshot (metadata and state machine data)
+	recApplied   byte = 'a' // the applied index, written with the state it describes
+)
+
+func groupPrefix(group uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{storage.PrefixRaft}, group)
+}
+
+func recordKey(group uint64, rec byte) []byte { return append(groupPrefix(group), rec) }
+
+func entryKey(group, index uint64) []byte {
+	return binary.BigEndian.AppendUint64(recordKey(group, recEntry), index)
+}
+
+// logStore is a group's raft.Storage on the node's Pebble engine. It is used only
+// from the group's goroutine (RawNode is single-threaded), so it needs no locks.
+// It keeps the terms of the live log in memory so Term is a slice lookup.
+type logStore struct {
+	e     *storage.Engine
+	group uint64
+
+	hs       *raftpb.HardState
+	cs       *raftpb.ConfState
+	snapIdx  uint64 // index of the latest snapshot (0 if none)
+	snapTerm uint64
+	first    uint64   // first index in the log; snapIdx+1
+	terms    []uint64 // terms[i] is the term of entry first+i
+	applied  uint64
+}
+
+// openLogStore loads a group's Raft state, initialising it with voters on first use.
+// A log with holes, or one that ends before its recorded commit index (synced
+// entries lost), is corrupt.
+func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, error) {
+	s := &logStore{e: e, group: group, hs: &raftpb.HardState{}, cs: &raftpb.ConfState{}}
+	if err := s.load(recHardState, s.hs); err != nil {
+		return nil, err
+	}
+	found, err := s.loadFound(recConfState, s.cs)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		s.cs = &raftpb.ConfState{Voters: append([]uint64(nil), voters...)}
+		b := e.NewBatch()
+		if err := s.put(b, recConfState, s.cs); err != nil {
+			return nil, err
+		}
+		if err := e.Commit(b, true); err != nil {
+			return nil, err
+		}
+	}
+	var snap raftpb.Snapshot
+	if err := s.load(recSnapshot, &snap); err != nil {
+		return nil, err
+	}
+	s.snapIdx, s.snapTerm = snap.GetMetadata().GetIndex(), snap.GetMetadata().GetTerm()
+	s.first = s.snapIdx + 1
+	if v, err := e.Get(recordKey(group, recApplied)); err != nil {
+		return nil, err
+	} else if v != nil {
+		if len(v) != 8 {
+			return nil, fmt.Errorf("%w: group %d applied index has %d bytes", storage.ErrCorrupt, group, len(v))
+		}
+		s.applied = binary.BigEndian.Uint64(v)
+	}
+	next := s.first
+	err = e.Scan(entryKey(group, s.first), recordKey(group, recEntry+1), func(k, v []byte) (bool, error) {
+		var ent raftpb.Entry
+		if err := proto.Unmarshal(v, &ent); err != nil {
+			return false, fmt.Errorf("%w: group %d entry %x: %v", storage.ErrCorrupt, group, k, err)
+		}
+		if ent.GetIndex() != next {
+			return false, fmt.Errorf("%w: group %d log has a hole: want index %d, found %d", storage.ErrCorrupt, group, next, ent.GetIndex())
+		}
+		s.terms = append(s.terms, ent.GetTerm())
+		next++
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c := s.hs.GetCommit(); c > s.lastIndex() {
+		return nil, fmt.Errorf("%w: group %d log ends at %d but index %d was committed", storage.ErrCorrupt, group, s.lastIndex(), c)
+	}
+	if s.applied > s.hs.GetCommit() && s.applied > s.snapIdx {
+		return nil, fmt.Errorf("%w: group %d applied %d beyond commit %d", storage.ErrCorrupt, group, s.applied, s.hs.GetCommit())
+	}
+	return s, nil
+}
+
+func (s *logStore) load(rec byte, m proto.Message) error {
+	_, err := s.loadFound(rec, m)
+	return err
+}
+
+func (s *logStore) loadFound(rec byte, m proto.Message) (bool, error) {
+	v, err := s.e.Get(recordKey(s.group, rec))
+	if err != nil || v == nil {
+		return false, err
+	}
+	if err := proto.Unmarshal(v, m); err != nil {
+		return false, fmt.Errorf("%w: group %d record %q: %v", storage.ErrCorrupt, s.group, rec, err)
+	}
+	return true, nil
+}
+
+func (s *logStore) put(b *pebble.Batch, rec byte, m proto.Message) error {
+	v, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return b.Set(recordKey(s.group, rec), v, nil)
+}
+
+func (s *logStore) lastIndex() uint64 { return s.first + uint64(len(s.terms)) - 1 }
+
+// InitialState implements raft.Storage.
+func (s *logStore) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
+	return proto.Clone(s.hs).(*raftpb.HardState), proto.Clone(s.cs).(*raftpb.ConfState), nil
+}
+
+// Entries implements raft.Storage.
+func (s *logStore) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
+	if lo < s.first {
+		return nil, raft.ErrCompacted
+	}
+	if hi > s.lastIndex()+1 {
+		return nil, raft.ErrUnavailable
+	}
+	var out []*raftpb.Entry
+	var size uint64
+	err := s.e.Scan(entryKey(s.group, lo), entryKey(s.group, hi), func(_, v []byte) (bool, error) {
+		ent := &raftpb.Entry{}
+		if err := proto.Unmarshal(v, ent); err != nil {
+			return false, fmt.Errorf("%w: group %d entry: %v", storage.ErrCorrupt, s.group, err)
+		}
+		size += uint64(len(v))
+		if len(out) > 0 && size > maxSize {
+			return false, nil
+		}
+		out = append(out, ent)
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, raft.ErrUnavailable
+	}
+	return out, nil
+}
+
+// Term implements raft.Storage.
+func (s *logStore) Term(i uint64) (uint64, error) {
+	switch {
+	case i == s.snapIdx:
+		return s.snapTerm, nil
+	case i < s.first:
+		return 0, raft.ErrCompacted
+	case i > s.lastIndex():
+		return 0, raft.ErrUnavailable
+	}
+	return s.terms[i-s.first], nil
+}
+
+// LastIndex implements raft.Storage.
+func (s *logStore) LastIndex() (uint64, error) { return s.lastIndex(), nil }
+
+// FirstIndex implements raft.Storage.
+func (s *logStore) FirstIndex() (uint64, error) { return s.first, nil }
+
+// Snapshot implements raft.Storage.
+func (s *logStore) Snapshot() (*raftpb.Snapshot, error) {
+	snap := &raftpb.Snapshot{}
+	if err := s.load(recSnapshot, snap); err != nil {
+		return nil, err
+	}
+	if snap.Metadata == nil {
+		snap.Metadata = &raftpb.SnapshotMetadata{ConfState: proto.Clone(s.cs).(*raftpb.ConfState), Index: new(uint64), Term: new(uint64)}
+	}
+	return snap, nil
+}
+
+// append stages entries (replacing any conflicting suffix) into b.
+func (s *logStore) append(b *pebble.Batch, ents []*raftpb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	firstNew := ents[0].GetIndex()
+	if firstNew < s.first || firstNew > s.lastIndex()+1 {
+		return fmt.Errorf("raftgroup: group %d append at %d outside log [%d, %d]", s.group, firstNew, s.first, s.lastIndex())
+	}
+	oldLast := s.lastIndex()
+	for _, ent := range ents {
+		v, err := proto.Marshal(ent)
+		if err != nil {
+			return err
+		}
+		if err := b.Set(entryKey(s.group, ent.GetIndex()), v, nil); err != nil {
+			return err
+		}
+	}
+	newLast := ents[len(ents)-1].GetIndex()
+	if newLast < oldLast {
+		if err := b.DeleteRange(entryKey(s.group, newLast+1), entryKey(s.group, oldLast+1), nil); err != nil {
+			return err
+		}
+	}
+	s.terms = s.terms[:firstNew-s.first]
+	for _, ent := range ents {
+		s.terms = append(s.terms, ent.GetTerm())
+	}
+	return nil
+}
+
+// setHardState stages hs into b.
+func (s *logStore) setHardState(b *pebble.Batch, hs *raftpb.HardState) error {
+	s.hs = proto.Clone(hs).(*raftpb.HardState)
+	return s.put(b, recHardState, s.hs)
+}
+
+// setConfState stages cs into b.
+func (s *logStore) setConfState(b *pebble.Batch, cs *raftpb.ConfState) error {
+	s.cs = proto.Clone(cs).(*raftpb.ConfState)
+	return s.put(b, recConfState, s.cs)
+}
+
+// setApplied stages the applied index into b.
+func (s *logStore) setApplied(b *pebble.Batch, index uint64) error {
+	s.applied = index
+	return b.Set(recordKey(s.group, recApplied), binary.BigEndian.AppendUint64(nil, index), nil)
+}
+
+// installSnapshot stages a snapshot received from the leader: the log is discarded
+// and restarts after the snapshot's index.
+func (s *logStore) installSnapshot(b *pebble.Batch, snap *raftpb.Snapshot) error {
+	if err := b.DeleteRange(entryKey(s.group, 0), recordKey(s.group, recEntry+1), nil); err != nil {
+		return err
+	}
+	if err := s.put(b, recSnapshot, snap); err != nil {
+		return err
+	}
+	md := snap.GetMetadata()
+	if err := s.setConfState(b, md.GetConfState()); err != nil {
+		return err
+	}
+	s.snapIdx, s.snapTerm = md.GetIndex(), md.GetTerm()
+	s.first = s.snapIdx + 1
+	s.terms = s.terms[:0]
+	return s.setApplied(b, s.snapIdx)
+}
+
+// compact records data as the snapshot at index (which must be applied) and drops
+// the log up to and including index.
+func (s *logStore) compact(b *pebble.Batch, index uint64, data []byte) error {
+	term, err := s.Term(index)
+	if err != nil {
+		return err
+	}
+	snap := &raftpb.Snapshot{
+		Data: data,
+		Metadata: &raftpb.SnapshotMetadata{
+			ConfState: proto.Clone(s.cs).(*raftpb.ConfState),
+			Index:     proto.Uint64(index),
+			Term:      proto.Uint64(term),
+		},
+	}
+	if err := s.put(b, recSnapshot, snap); err != nil {
+		return err
+	}
+	if err := b.DeleteRange(entryKey(s.group, s.first), entryKey(s.group, index+1), nil); err != nil {
+		return err
+	}
+	s.terms = s.terms[index+1-s.first:]
+	s.snapIdx, s.snapTerm = index, term
+	s.first = index + 1
+	return nil
+}

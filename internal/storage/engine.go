@@ -1,0 +1,197 @@
+// Package storage is a node's durable store: one Pebble LSM per node holding every
+// Raft log, hard state, snapshot and applied state of the replicas the node hosts
+// (DESIGN.md §2). It owns the top-level key layout so components cannot collide.
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Key space prefixes. Every key in the engine starts with one of these bytes.
+const (
+	// PrefixMeta holds the store identity.
+	PrefixMeta byte = 0x00
+	// PrefixRaft holds Raft logs, hard states, conf states and snapshots (owned by raftgroup).
+	PrefixRaft byte = 0x01
+	// PrefixState holds replicated state machines' applied state, one sub-space per group.
+	PrefixState byte = 0x02
+)
+
+// Errors returned by Open and by readers of stored records.
+var (
+	// ErrCorrupt marks a data directory whose files are damaged or truncated, or a
+	// stored record that does not decode. The data is left untouched for inspection.
+	ErrCorrupt = errors.New("storage: corrupt data")
+	// ErrWrongNode marks a data directory that belongs to another node.
+	ErrWrongNode = errors.New("storage: data directory belongs to another node")
+	// ErrInUse marks a data directory another process (or another Engine) holds open.
+	ErrInUse = errors.New("storage: data directory in use")
+)
+
+var storeIdentKey = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
+
+// Engine is a node's Pebble store. It is safe for concurrent use.
+type Engine struct {
+	db  *pebble.DB
+	dir string
+}
+
+// Open opens (creating if absent) the store in dir for node nodeID. A directory
+// initialised by another node fails with ErrWrongNode; damaged or truncated files
+// fail with an error wrapping ErrCorrupt (never a panic).
+func Open(dir string, nodeID uint64) (e *Engine, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("storage: create %s: %w", dir, err)
+	}
+	// Pebble reports some corruption through Logger.Fatalf; turn it into an error.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, r)
+		}
+	}()
+	opts := &pebble.Options{
+		Logger:             pebbleLogger{},
+		FormatMajorVersion: pebble.FormatNewest,
+		EventListener: &pebble.EventListener{
+			// The read that met the damage returns an error wrapping ErrCorrupt.
+			DataCorruption: func(info pebble.DataCorruptionInfo) {
+				slog.Error("storage: on-disk corruption", "path", info.Path,
+					"err", strings.SplitN(info.Details.Error(), "\n", 2)[0])
+			},
+		},
+	}
+	db, err := pebble.Open(filepath.Clean(dir), opts)
+	switch {
+	case err == nil:
+	case errors.Is(err, fs.ErrPermission):
+		return nil, fmt.Errorf("storage: open %s: %w", dir, err)
+	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "lock"):
+		return nil, fmt.Errorf("%w: %s: %v", ErrInUse, dir, err)
+	default:
+		// Anything else Pebble refuses at open is a damaged, truncated or foreign
+		// file: a malformed MANIFEST or OPTIONS, a table of the wrong size, a
+		// missing referenced file.
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
+	}
+	e = &Engine{db: db, dir: dir}
+	if err := e.checkIdent(nodeID); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Engine) checkIdent(nodeID uint64) error {
+	v, err := e.Get(storeIdentKey)
+	if err != nil {
+		return err
+	}
+	if v == nil {
+		b := e.db.NewBatch()
+		_ = b.Set(storeIdentKey, binary.BigEndian.AppendUint64(nil, nodeID), nil)
+		return e.Commit(b, true)
+	}
+	if len(v) != 8 {
+		return fmt.Errorf("%w: store identity record has %d bytes", ErrCorrupt, len(v))
+	}
+	if got := binary.BigEndian.Uint64(v); got != nodeID {
+		return fmt.Errorf("%w: %s was initialised by node %d, not node %d", ErrWrongNode, e.dir, got, nodeID)
+	}
+	return nil
+}
+
+// Dir returns the data directory.
+func (e *Engine) Dir() string { return e.dir }
+
+// Get returns a copy of the value at key, or nil (and no error) if absent.
+// Read failures from damaged files wrap ErrCorrupt.
+func (e *Engine) Get(key []byte) ([]byte, error) {
+	v, closer, err := e.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, wrapReadErr(err)
+	}
+	out := append([]byte{}, v...)
+	_ = closer.Close()
+	return out, nil
+}
+
+// NewBatch returns an empty write batch; commit it with Commit.
+func (e *Engine) NewBatch() *pebble.Batch { return e.db.NewBatch() }
+
+// Commit applies b atomically. With sync the batch is in the fsync'd WAL before
+// Commit returns; Pebble groups concurrent synced commits into one fsync. A later
+// synced commit also makes every earlier commit durable (the WAL is sequential).
+func (e *Engine) Commit(b *pebble.Batch, sync bool) error {
+	opt := pebble.NoSync
+	if sync {
+		opt = pebble.Sync
+	}
+	err := b.Commit(opt)
+	_ = b.Close()
+	if err != nil {
+		return fmt.Errorf("storage: commit: %w", err)
+	}
+	return nil
+}
+
+// Scan calls fn for each key in [lo, hi) in order until fn returns false or an
+// error. The slices passed to fn are valid only during the call.
+func (e *Engine) Scan(lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return wrapReadErr(err)
+	}
+	for valid := it.First(); valid; valid = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			_ = it.Close()
+			return wrapReadErr(err)
+		}
+		more, err := fn(it.Key(), v)
+		if err != nil || !more {
+			_ = it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return wrapReadErr(err)
+	}
+	return nil
+}
+
+// Close closes the store. Data committed without sync may be lost, as in a crash.
+func (e *Engine) Close() error { return e.db.Close() }
+
+func wrapReadErr(err error) error {
+	if pebble.IsCorruptionError(err) {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return fmt.Errorf("storage: read: %w", err)
+}
+
+// pebbleLogger routes Pebble's logs to slog and turns Fatalf into a panic that Open
+// recovers, so a damaged store never exits the process.
+type pebbleLogger struct{}
+
+func (pebbleLogger) Infof(format string, args ...any) {
+	slog.Debug(fmt.Sprintf(format, args...), "component", "pebble")
+}
+func (pebbleLogger) Errorf(format string, args ...any) {
+	slog.Error(fmt.Sprintf(format, args...), "component", "pebble")
+}
+func (pebbleLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf(format, args...))
+}

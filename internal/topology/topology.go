@@ -1,0 +1,414 @@
+// Package topology parses and validates the cluster topology file: the regions,
+// the nodes of each region, the replicated groups (Raft groups) the cluster runs,
+// and the round-trip-time matrix between regions (DESIGN.md §2, §8).
+//
+// The file is YAML:
+//
+//	local_epoch_interval: 10ms
+//	raft_tick: 10ms
+//	regions: [us-east1, us-west1]
+//	rtt:
+//	  - {between: [us-east1, us-west1], ms: 63}
+//	nodes:
+//	  - {id: 1, region: us-east1, addr: 127.0.0.1:7101}
+//	groups:
+//	  - {id: 1, kind: local-epoch, region: us-east1, replicas: [1, 2, 3]}
+//
+// A topology is immutable once loaded; every component reads it, none changes it.
+package topology
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Kind names what a replicated group holds (DESIGN.md §2).
+type Kind string
+
+const (
+	// KindLocalEpoch is a region's local epoch service (DESIGN.md §2, §3.1).
+	KindLocalEpoch Kind = "local-epoch"
+)
+
+// knownKinds lists the kinds this version can host.
+var knownKinds = map[Kind]bool{KindLocalEpoch: true}
+
+// Defaults applied when the file leaves a field out.
+const (
+	// DefaultLocalEpochInterval is how often a local epoch leader advances the epoch (paper §6.1).
+	DefaultLocalEpochInterval = 10 * time.Millisecond
+	// DefaultRaftTick is the Raft logical clock tick; elections take 10 ticks, heartbeats 1.
+	DefaultRaftTick = 10 * time.Millisecond
+	// DefaultReplicas is the replication factor of a group that names no replicas.
+	DefaultReplicas = 3
+)
+
+// ErrInvalid marks every validation failure; the wrapped message names the field.
+var ErrInvalid = errors.New("invalid topology")
+
+// Topology is a validated cluster description. Use Load or Parse to obtain one.
+type Topology struct {
+	// LocalEpochInterval is the period between local epoch advances.
+	LocalEpochInterval time.Duration
+	// RaftTick is the period of one Raft tick.
+	RaftTick time.Duration
+	// Regions lists region names in file order.
+	Regions []string
+	// Nodes lists every node in file order.
+	Nodes []Node
+	// Groups lists every replicated group in file order.
+	Groups []Group
+
+	nodeByID map[uint64]int
+	rtt      map[[2]string]time.Duration
+}
+
+// Node is one node process.
+type Node struct {
+	// ID is the node's unique, non-zero identifier; it is also its Raft replica ID in every group.
+	ID uint64
+	// Region is the region the node runs in.
+	Region string
+	// Addr is the host:port the node's gRPC server listens on.
+	Addr string
+}
+
+// Group is one Raft group.
+type Group struct {
+	// ID is the group's unique, non-zero identifier.
+	ID uint64
+	// Kind is what the group holds.
+	Kind Kind
+	// Region is the region the group serves.
+	Region string
+	// Replicas are the node IDs that host a replica, sorted ascending.
+	Replicas []uint64
+}
+
+type fileTopology struct {
+	LocalEpochInterval string      `yaml:"local_epoch_interval"`
+	RaftTick           string      `yaml:"raft_tick"`
+	Regions            []string    `yaml:"regions"`
+	RTT                []fileRTT   `yaml:"rtt"`
+	Nodes              []fileNode  `yaml:"nodes"`
+	Groups             []fileGroup `yaml:"groups"`
+}
+
+type fileRTT struct {
+	Between []string `yaml:"between"`
+	MS      float64  `yaml:"ms"`
+}
+
+type fileNode struct {
+	ID     uint64 `yaml:"id"`
+	Region string `yaml:"region"`
+	Addr   string `yaml:"addr"`
+}
+
+type fileGroup struct {
+	ID          uint64   `yaml:"id"`
+	Kind        string   `yaml:"kind"`
+	Region      string   `yaml:"region"`
+	Replicas    []uint64 `yaml:"replicas"`
+	Replication int      `yaml:"replication"`
+}
+
+// Load reads and validates the topology file at path.
+// Errors wrap ErrInvalid for content problems, or the os error for I/O.
+func Load(path string) (*Topology, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read topology: %w", err)
+	}
+	t, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return t, nil
+}
+
+// Parse validates a topology from YAML bytes. Unknown fields are rejected.
+// Errors wrap ErrInvalid and name the offending entry.
+func Parse(data []byte) (*Topology, error) {
+	var f fileTopology
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return build(&f)
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+func parseDuration(field, s string, def time.Duration) (time.Duration, error) {
+	if s == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, invalid("%s: %q is not a positive duration (e.g. 10ms)", field, s)
+	}
+	return d, nil
+}
+
+func build(f *fileTopology) (*Topology, error) {
+	t := &Topology{nodeByID: map[uint64]int{}, rtt: map[[2]string]time.Duration{}}
+	var err error
+	if t.LocalEpochInterval, err = parseDuration("local_epoch_interval", f.LocalEpochInterval, DefaultLocalEpochInterval); err != nil {
+		return nil, err
+	}
+	if t.RaftTick, err = parseDuration("raft_tick", f.RaftTick, DefaultRaftTick); err != nil {
+		return nil, err
+	}
+	if len(f.Regions) == 0 {
+		return nil, invalid("regions: at least one region is required")
+	}
+	regions := map[string]bool{}
+	for _, r := range f.Regions {
+		if r == "" {
+			return nil, invalid("regions: empty region name")
+		}
+		if regions[r] {
+			return nil, invalid("regions: duplicate region %q", r)
+		}
+		regions[r] = true
+	}
+	t.Regions = append([]string(nil), f.Regions...)
+
+	for i, r := range f.RTT {
+		if len(r.Between) != 2 {
+			return nil, invalid("rtt[%d]: between must name exactly two regions", i)
+		}
+		a, b := r.Between[0], r.Between[1]
+		for _, x := range r.Between {
+			if !regions[x] {
+				return nil, invalid("rtt[%d]: unknown region %q", i, x)
+			}
+		}
+		if a == b {
+			return nil, invalid("rtt[%d]: a region's RTT to itself is not configurable (%q)", i, a)
+		}
+		if r.MS < 0 {
+			return nil, invalid("rtt[%d]: negative RTT %v ms", i, r.MS)
+		}
+		k := pairKey(a, b)
+		if _, dup := t.rtt[k]; dup {
+			return nil, invalid("rtt[%d]: duplicate RTT for %s–%s", i, a, b)
+		}
+		t.rtt[k] = time.Duration(r.MS * float64(time.Millisecond))
+	}
+	for i, a := range t.Regions {
+		for _, b := range t.Regions[i+1:] {
+			if _, ok := t.rtt[pairKey(a, b)]; !ok {
+				return nil, invalid("rtt: missing RTT between %q and %q", a, b)
+			}
+		}
+	}
+
+	addrs := map[string]uint64{}
+	for i, n := range f.Nodes {
+		if n.ID == 0 {
+			return nil, invalid("nodes[%d]: id must be a positive integer", i)
+		}
+		if _, dup := t.nodeByID[n.ID]; dup {
+			return nil, invalid("nodes[%d]: duplicate node id %d", i, n.ID)
+		}
+		if !regions[n.Region] {
+			return nil, invalid("node %d: unknown region %q", n.ID, n.Region)
+		}
+		if _, _, err := net.SplitHostPort(n.Addr); err != nil {
+			return nil, invalid("node %d: addr %q is not host:port", n.ID, n.Addr)
+		}
+		if other, dup := addrs[n.Addr]; dup {
+			return nil, invalid("node %d: duplicate address %s (also node %d)", n.ID, n.Addr, other)
+		}
+		addrs[n.Addr] = n.ID
+		t.nodeByID[n.ID] = len(t.Nodes)
+		t.Nodes = append(t.Nodes, Node{ID: n.ID, Region: n.Region, Addr: n.Addr})
+	}
+	if len(t.Nodes) == 0 {
+		return nil, invalid("nodes: at least one node is required")
+	}
+
+	groupIDs := map[uint64]bool{}
+	for i, g := range f.Groups {
+		if g.ID == 0 {
+			return nil, invalid("groups[%d]: id must be a positive integer", i)
+		}
+		if groupIDs[g.ID] {
+			return nil, invalid("groups[%d]: duplicate group id %d", i, g.ID)
+		}
+		groupIDs[g.ID] = true
+		kind := Kind(g.Kind)
+		if !knownKinds[kind] {
+			return nil, invalid("group %d: unknown kind %q", g.ID, g.Kind)
+		}
+		if !regions[g.Region] {
+			return nil, invalid("group %d: unknown region %q", g.ID, g.Region)
+		}
+		replicas, err := t.placeReplicas(g)
+		if err != nil {
+			return nil, err
+		}
+		t.Groups = append(t.Groups, Group{ID: g.ID, Kind: kind, Region: g.Region, Replicas: replicas})
+	}
+	return t, nil
+}
+
+// placeReplicas returns the group's replicas: the listed ones, or the first
+// `replication` nodes of its region.
+func (t *Topology) placeReplicas(g fileGroup) ([]uint64, error) {
+	if len(g.Replicas) > 0 {
+		if g.Replication != 0 && g.Replication != len(g.Replicas) {
+			return nil, invalid("group %d: replication %d disagrees with %d listed replicas", g.ID, g.Replication, len(g.Replicas))
+		}
+		seen := map[uint64]bool{}
+		for _, id := range g.Replicas {
+			n, ok := t.Node(id)
+			if !ok {
+				return nil, invalid("group %d: unknown replica node %d", g.ID, id)
+			}
+			if seen[id] {
+				return nil, invalid("group %d: node %d listed twice", g.ID, id)
+			}
+			if n.Region != g.Region {
+				return nil, invalid("group %d: replica node %d is in %q, not the group's region %q", g.ID, id, n.Region, g.Region)
+			}
+			seen[id] = true
+		}
+		out := append([]uint64(nil), g.Replicas...)
+		sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+		return out, nil
+	}
+	want := g.Replication
+	if want == 0 {
+		want = DefaultReplicas
+	}
+	var out []uint64
+	for _, n := range t.Nodes {
+		if n.Region == g.Region && len(out) < want {
+			out = append(out, n.ID)
+		}
+	}
+	if len(out) < want {
+		return nil, invalid("group %d: too few nodes in region %q for %d replicas (have %d)", g.ID, g.Region, want, len(out))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+func pairKey(a, b string) [2]string {
+	if a > b {
+		a, b = b, a
+	}
+	return [2]string{a, b}
+}
+
+// Node returns the node with the given ID.
+func (t *Topology) Node(id uint64) (Node, bool) {
+	i, ok := t.nodeByID[id]
+	if !ok {
+		return Node{}, false
+	}
+	return t.Nodes[i], true
+}
+
+// Group returns the group with the given ID.
+func (t *Topology) Group(id uint64) (Group, bool) {
+	for _, g := range t.Groups {
+		if g.ID == id {
+			return g, true
+		}
+	}
+	return Group{}, false
+}
+
+// HasRegion reports whether region is declared.
+func (t *Topology) HasRegion(region string) bool {
+	for _, r := range t.Regions {
+		if r == region {
+			return true
+		}
+	}
+	return false
+}
+
+// RTT returns the configured round-trip time between two regions; zero within a region
+// or for an unknown pair.
+func (t *Topology) RTT(a, b string) time.Duration {
+	if a == b {
+		return 0
+	}
+	return t.rtt[pairKey(a, b)]
+}
+
+// GroupsOn returns the groups that have a replica on node id, in file order.
+func (t *Topology) GroupsOn(id uint64) []Group {
+	var out []Group
+	for _, g := range t.Groups {
+		for _, r := range g.Replicas {
+			if r == id {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// GroupsOfKind returns the groups of one kind in region (any region if region is "").
+func (t *Topology) GroupsOfKind(kind Kind, region string) []Group {
+	var out []Group
+	for _, g := range t.Groups {
+		if g.Kind == kind && (region == "" || g.Region == region) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// WithAddrs returns a copy of t whose node addresses are replaced by addrs[node ID];
+// nodes missing from addrs keep theirs. The in-process cluster uses it after binding
+// ephemeral ports.
+func (t *Topology) WithAddrs(addrs map[uint64]string) *Topology {
+	c := *t
+	c.Nodes = append([]Node(nil), t.Nodes...)
+	for i := range c.Nodes {
+		if a, ok := addrs[c.Nodes[i].ID]; ok {
+			c.Nodes[i].Addr = a
+		}
+	}
+	return &c
+}
+
+// Marshal renders t back to the YAML file format, so a topology built in memory
+// (the in-process cluster's, with its bound ports) can be handed to other processes.
+func (t *Topology) Marshal() ([]byte, error) {
+	f := fileTopology{
+		LocalEpochInterval: t.LocalEpochInterval.String(),
+		RaftTick:           t.RaftTick.String(),
+		Regions:            t.Regions,
+	}
+	for i, a := range t.Regions {
+		for _, b := range t.Regions[i+1:] {
+			f.RTT = append(f.RTT, fileRTT{Between: []string{a, b}, MS: float64(t.RTT(a, b)) / float64(time.Millisecond)})
+		}
+	}
+	for _, n := range t.Nodes {
+		f.Nodes = append(f.Nodes, fileNode{ID: n.ID, Region: n.Region, Addr: n.Addr})
+	}
+	for _, g := range t.Groups {
+		f.Groups = append(f.Groups, fileGroup{ID: g.ID, Kind: string(g.Kind), Region: g.Region, Replicas: g.Replicas})
+	}
+	return yaml.Marshal(&f)
+}

@@ -1,0 +1,109 @@
+package topology
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+const twoRegions = `
+regions: [east, west]
+rtt:
+  - {between: [east, west], ms: 60}
+nodes:
+  - {id: 1, region: east, addr: "127.0.0.1:1"}
+  - {id: 2, region: east, addr: "127.0.0.1:2"}
+  - {id: 3, region: east, addr: "127.0.0.1:3"}
+  - {id: 4, region: west, addr: "127.0.0.1:4"}
+groups:
+  - {id: 7, kind: local-epoch, region: east}
+`
+
+func TestParseValid(t *testing.T) {
+	top, err := Parse([]byte(twoRegions))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := top.RTT("west", "east"); got != 60*time.Millisecond {
+		t.Errorf("RTT(west, east) = %v, want 60ms", got)
+	}
+	if got := top.RTT("east", "east"); got != 0 {
+		t.Errorf("intra-region RTT = %v, want 0", got)
+	}
+	if top.LocalEpochInterval != DefaultLocalEpochInterval || top.RaftTick != DefaultRaftTick {
+		t.Errorf("defaults not applied: %v %v", top.LocalEpochInterval, top.RaftTick)
+	}
+	g, ok := top.Group(7)
+	if !ok || len(g.Replicas) != 3 || g.Replicas[0] != 1 || g.Replicas[2] != 3 {
+		t.Fatalf("group 7 = %+v, want replicas [1 2 3]", g)
+	}
+	if len(top.GroupsOn(4)) != 0 || len(top.GroupsOn(2)) != 1 {
+		t.Errorf("GroupsOn wrong: %v %v", top.GroupsOn(4), top.GroupsOn(2))
+	}
+	// Round trip through Marshal.
+	data, err := top.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Parse(data)
+	if err != nil {
+		t.Fatalf("re-parse of marshalled topology: %v\n%s", err, data)
+	}
+	if again.RTT("east", "west") != 60*time.Millisecond || len(again.Nodes) != 4 {
+		t.Errorf("round trip lost data: %s", data)
+	}
+}
+
+func TestExampleOneRegion(t *testing.T) {
+	top, err := Load("../../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(top.Nodes) != 3 || len(top.GroupsOfKind(KindLocalEpoch, "us-east1")) != 1 {
+		t.Fatalf("unexpected example topology: %+v", top)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	cases := []struct {
+		name, yaml, want string
+	}{
+		{"unknown node region", strings.Replace(twoRegions, "{id: 4, region: west", "{id: 4, region: north", 1), `unknown region "north"`},
+		{"duplicate node id", strings.Replace(twoRegions, "{id: 4,", "{id: 3,", 1), "duplicate node id 3"},
+		{"duplicate address", strings.Replace(twoRegions, `"127.0.0.1:4"`, `"127.0.0.1:3"`, 1), "duplicate address 127.0.0.1:3"},
+		{"missing rtt", strings.Replace(twoRegions, "  - {between: [east, west], ms: 60}\n", "", 1), `missing RTT between "east" and "west"`},
+		{"rtt unknown region", strings.Replace(twoRegions, "[east, west], ms", "[east, south], ms", 1), `unknown region "south"`},
+		{"too few nodes", strings.Replace(twoRegions, "region: east}", "region: west}", 1), `too few nodes in region "west" for 3 replicas (have 1)`},
+		{"unknown group region", strings.Replace(twoRegions, "local-epoch, region: east", "local-epoch, region: mars", 1), `unknown region "mars"`},
+		{"unknown kind", strings.Replace(twoRegions, "kind: local-epoch", "kind: cache", 1), `unknown kind "cache"`},
+		{"replica in other region", strings.Replace(twoRegions, "region: east}", "region: east, replicas: [1, 2, 4]}", 1), "replica node 4 is in"},
+		{"unknown replica", strings.Replace(twoRegions, "region: east}", "region: east, replicas: [1, 2, 9]}", 1), "unknown replica node 9"},
+		{"bad duration", "local_epoch_interval: soon\n" + twoRegions, `"soon" is not a positive duration`},
+		{"unknown field", "colour: red\n" + twoRegions, "colour"},
+		{"no regions", "nodes: []", "at least one region"},
+		{"bad addr", strings.Replace(twoRegions, `"127.0.0.1:4"`, `"nowhere"`, 1), `addr "nowhere" is not host:port`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.yaml))
+			if err == nil {
+				t.Fatalf("no error, want %q", c.want)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not mention %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(t.TempDir() + "/absent.yaml")
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Load(absent) = %v, want os.ErrNotExist", err)
+	}
+}

@@ -1,0 +1,127 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// MaxMessageBytes bounds one gRPC message (a Raft batch or snapshot): 64 MiB.
+const MaxMessageBytes = 64 << 20
+
+// ErrClosed is returned by a Dialer after Close.
+var ErrClosed = errors.New("transport: closed")
+
+// Dialer hands out one gRPC connection per destination node, shared by every
+// caller in the process. Unary calls through its connections pay the network's
+// one-way delay before the request and again before the reply, and fail with
+// codes.Unavailable when the network drops them.
+type Dialer struct {
+	net  *Network
+	self Endpoint
+
+	mu     sync.Mutex
+	conns  map[uint64]*grpc.ClientConn
+	closed bool
+}
+
+// NewDialer returns a Dialer whose calls originate at self.
+func NewDialer(net *Network, self Endpoint) *Dialer {
+	return &Dialer{net: net, self: self, conns: map[uint64]*grpc.ClientConn{}}
+}
+
+// Self returns the endpoint calls originate from.
+func (d *Dialer) Self() Endpoint { return d.self }
+
+// Network returns the network the dialer's calls cross.
+func (d *Dialer) Network() *Network { return d.net }
+
+// Conn returns the connection to node id, creating it on first use. gRPC connects
+// lazily and reconnects by itself; errors are returned only for an unknown node or
+// a closed Dialer.
+func (d *Dialer) Conn(id uint64) (*grpc.ClientConn, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if c, ok := d.conns[id]; ok {
+		return c, nil
+	}
+	node, ok := d.net.top.Node(id)
+	if !ok {
+		return nil, fmt.Errorf("transport: unknown node %d", id)
+	}
+	to := Endpoint{Node: id, Region: node.Region}
+	c, err := grpc.NewClient(node.Addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
+		grpc.WithUnaryInterceptor(d.wanInterceptor(to)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial node %d at %s: %w", id, node.Addr, err)
+	}
+	d.conns[id] = c
+	return c, nil
+}
+
+// wanInterceptor applies the network model to one unary call towards `to`.
+func (d *Dialer) wanInterceptor(to Endpoint) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if err := sleepCtx(ctx, d.net.OneWayDelay(d.self, to)); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		if !d.net.Deliverable(d.self, to) {
+			return status.Errorf(codes.Unavailable, "transport: request to node %d dropped by the network", to.Node)
+		}
+		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+			return err
+		}
+		if err := sleepCtx(ctx, d.net.OneWayDelay(to, d.self)); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		if !d.net.Deliverable(to, d.self) {
+			return status.Errorf(codes.Unavailable, "transport: reply from node %d dropped by the network", to.Node)
+		}
+		return nil
+	}
+}
+
+// Close closes every connection; later Conn calls fail with ErrClosed.
+func (d *Dialer) Close() {
+	d.mu.Lock()
+	conns := d.conns
+	d.conns = map[uint64]*grpc.ClientConn{}
+	d.closed = true
+	d.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// sleepCtx waits d or until ctx is done, whichever is first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// NewServer returns a gRPC server sized for Raft batches and snapshots.
+func NewServer() *grpc.Server {
+	return grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
+}

@@ -1,0 +1,118 @@
+// Package transport carries every message between Terroir processes over real gRPC
+// sockets: batched Raft messages between nodes and unary RPCs from clients and nodes.
+// It also injects the wide-area network (DESIGN.md §8): every message that crosses
+// regions is delayed by half the configured round trip, in order per connection,
+// and tests cut off nodes or regions, drop or delay messages at the same layer.
+package transport
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// Endpoint is one side of a message: a node, or a client (Node 0) in a region.
+type Endpoint struct {
+	// Node is the node ID, or 0 for a client process.
+	Node uint64
+	// Region is the endpoint's region.
+	Region string
+}
+
+// Network is the simulated wide-area network between endpoints: the topology's RTT
+// matrix plus faults injected by tests. One Network is shared by every node and
+// client of an in-process cluster; a stand-alone process has its own, with latency
+// only. Its methods are safe for concurrent use.
+type Network struct {
+	top *topology.Topology
+
+	mu         sync.RWMutex
+	cutNodes   map[uint64]bool
+	cutRegions map[string]bool
+	dropRate   float64
+	extraDelay time.Duration
+}
+
+// NewNetwork returns a fault-free network with top's latency matrix.
+func NewNetwork(top *topology.Topology) *Network {
+	return &Network{top: top, cutNodes: map[uint64]bool{}, cutRegions: map[string]bool{}}
+}
+
+// OneWayDelay returns how long a message from one endpoint takes to reach the
+// other: half the regions' RTT plus any injected extra delay; 0 within a region
+// when no extra delay is injected.
+func (n *Network) OneWayDelay(from, to Endpoint) time.Duration {
+	n.mu.RLock()
+	extra := n.extraDelay
+	n.mu.RUnlock()
+	return n.top.RTT(from.Region, to.Region)/2 + extra
+}
+
+// Deliverable reports whether a message from one endpoint to the other gets
+// through: false if either side is cut off, the two are split by a region cut, or
+// the message falls to the injected drop rate.
+func (n *Network) Deliverable(from, to Endpoint) bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if from.Node != 0 && to.Node != 0 && from.Node == to.Node {
+		return true
+	}
+	if n.cutNodes[from.Node] || n.cutNodes[to.Node] {
+		return false
+	}
+	if from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region]) {
+		return false
+	}
+	return n.dropRate == 0 || rand.Float64() >= n.dropRate
+}
+
+// CutNode isolates a node from every other endpoint until Heal.
+func (n *Network) CutNode(id uint64) {
+	n.mu.Lock()
+	n.cutNodes[id] = true
+	n.mu.Unlock()
+}
+
+// CutRegion isolates a region from every other region until Heal; traffic inside
+// the region still flows.
+func (n *Network) CutRegion(region string) {
+	n.mu.Lock()
+	n.cutRegions[region] = true
+	n.mu.Unlock()
+}
+
+// SetDropRate drops each message independently with probability p (0 ≤ p ≤ 1).
+func (n *Network) SetDropRate(p float64) {
+	n.mu.Lock()
+	n.dropRate = p
+	n.mu.Unlock()
+}
+
+// SetExtraDelay adds d to every message's one-way delay, intra-region included.
+func (n *Network) SetExtraDelay(d time.Duration) {
+	n.mu.Lock()
+	n.extraDelay = d
+	n.mu.Unlock()
+}
+
+// Heal removes every injected fault: cuts, drops and extra delay.
+func (n *Network) Heal() {
+	n.mu.Lock()
+	n.cutNodes = map[uint64]bool{}
+	n.cutRegions = map[string]bool{}
+	n.dropRate = 0
+	n.extraDelay = 0
+	n.mu.Unlock()
+}
+
+// NodeEndpoint returns the endpoint of node id, or a region-less endpoint if the
+// topology does not know it.
+func (n *Network) NodeEndpoint(id uint64) Endpoint {
+	node, _ := n.top.Node(id)
+	return Endpoint{Node: id, Region: node.Region}
+}
+
+// Topology returns the topology the network was built from.
+func (n *Network) Topology() *topology.Topology { return n.top }

@@ -1,0 +1,256 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc"
+
+	"github.com/terroir-db/terroir/internal/transport/transportpb"
+)
+
+// RaftHandler receives what the Raft transport delivers and reports. A multi-raft
+// host implements it.
+type RaftHandler interface {
+	// HandleRaft delivers the messages of one batch from node `from`, in send order.
+	HandleRaft(from uint64, msgs []*transportpb.RaftEnvelope)
+	// ReportUnreachable tells group's Raft that messages to node `to` were lost.
+	ReportUnreachable(group, to uint64)
+	// ReportSnapshot tells group's Raft whether a snapshot to node `to` was sent.
+	ReportSnapshot(group, to uint64, ok bool)
+}
+
+// maxQueuedPerPeer bounds the messages queued for one node; beyond it new messages
+// are dropped, as a congested network would, and Raft retransmits.
+const maxQueuedPerPeer = 8192
+
+// Raft sends Raft messages to other nodes, one ordered gRPC stream per destination,
+// coalescing everything queued for a destination (all groups) into one batch per
+// send. It also serves the Transport gRPC service for incoming streams and pings.
+type Raft struct {
+	transportpb.UnimplementedTransportServer
+
+	dialer  *Dialer
+	handler RaftHandler
+
+	mu      sync.Mutex
+	senders map[uint64]*sender
+	closed  bool
+	wg      sync.WaitGroup
+	ctx     context.Context // canceled by Close; parent of every stream
+	cancel  context.CancelFunc
+}
+
+// NewRaft returns a Raft transport sending from dialer.Self() and delivering
+// incoming messages to h.
+func NewRaft(dialer *Dialer, h RaftHandler) *Raft {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Raft{dialer: dialer, handler: h, senders: map[uint64]*sender{}, ctx: ctx, cancel: cancel}
+}
+
+// Register installs the Transport service on s.
+func (t *Raft) Register(s *grpc.Server) { transportpb.RegisterTransportServer(s, t) }
+
+// Send queues msg of group for its destination node without blocking. Messages to
+// one node leave in Send order, each after the network's one-way delay.
+func (t *Raft) Send(group uint64, msg *raftpb.Message) {
+	to := msg.GetTo()
+	self := t.dialer.Self()
+	if to == self.Node {
+		return
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	s, ok := t.senders[to]
+	if !ok {
+		s = &sender{t: t, to: t.dialer.Network().NodeEndpoint(to), wake: make(chan struct{}, 1)}
+		t.senders[to] = s
+		t.wg.Add(1)
+		go s.run()
+	}
+	t.mu.Unlock()
+	s.enqueue(&transportpb.RaftEnvelope{GroupId: group, Msg: msg})
+}
+
+// Close stops every sender and waits for them to exit. Queued messages are lost.
+func (t *Raft) Close() {
+	t.mu.Lock()
+	t.closed = true
+	t.cancel()
+	t.mu.Unlock()
+	t.wg.Wait()
+}
+
+// Raft implements the server side of the batch stream.
+func (t *Raft) Raft(stream grpc.ClientStreamingServer[transportpb.RaftBatch, transportpb.RaftAck]) error {
+	for {
+		b, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return stream.SendAndClose(&transportpb.RaftAck{})
+		}
+		if err != nil {
+			return err
+		}
+		t.handler.HandleRaft(b.GetFromNode(), b.GetMsgs())
+	}
+}
+
+// Ping implements the echo RPC.
+func (t *Raft) Ping(_ context.Context, req *transportpb.PingRequest) (*transportpb.PingResponse, error) {
+	return &transportpb.PingResponse{Payload: req.GetPayload()}, nil
+}
+
+type queued struct {
+	env       *transportpb.RaftEnvelope
+	releaseAt time.Time
+}
+
+// sender owns the stream to one destination node.
+type sender struct {
+	t    *Raft
+	to   Endpoint
+	wake chan struct{}
+
+	mu    sync.Mutex
+	queue []queued
+}
+
+func (s *sender) enqueue(env *transportpb.RaftEnvelope) {
+	net := s.t.dialer.Network()
+	self := s.t.dialer.Self()
+	if !net.Deliverable(self, s.to) {
+		s.failed([]*transportpb.RaftEnvelope{env})
+		return
+	}
+	s.mu.Lock()
+	if len(s.queue) >= maxQueuedPerPeer {
+		s.mu.Unlock()
+		s.failed([]*transportpb.RaftEnvelope{env})
+		return
+	}
+	s.queue = append(s.queue, queued{env: env, releaseAt: time.Now().Add(net.OneWayDelay(self, s.to))})
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// due removes and returns the queued messages whose delay has elapsed, and the
+// time the next one falls due (zero if none is waiting).
+func (s *sender) due(now time.Time) ([]*transportpb.RaftEnvelope, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for n < len(s.queue) && !s.queue[n].releaseAt.After(now) {
+		n++
+	}
+	out := make([]*transportpb.RaftEnvelope, n)
+	for i := range out {
+		out[i] = s.queue[i].env
+	}
+	s.queue = append(s.queue[:0], s.queue[n:]...)
+	var next time.Time
+	if len(s.queue) > 0 {
+		next = s.queue[0].releaseAt
+	}
+	return out, next
+}
+
+func (s *sender) run() {
+	defer s.t.wg.Done()
+	var (
+		stream grpc.ClientStreamingClient[transportpb.RaftBatch, transportpb.RaftAck]
+		cancel context.CancelFunc = func() {}
+		timer                     = time.NewTimer(time.Hour)
+	)
+	defer func() {
+		cancel()
+		timer.Stop()
+	}()
+	self := s.t.dialer.Self()
+	for {
+		msgs, next := s.due(time.Now())
+		if len(msgs) > 0 {
+			if stream == nil {
+				var err error
+				stream, cancel, err = s.open()
+				if err != nil {
+					s.failed(msgs)
+					continue
+				}
+			}
+			if err := stream.Send(&transportpb.RaftBatch{FromNode: self.Node, ToNode: s.to.Node, Msgs: msgs}); err != nil {
+				slog.Debug("raft stream send failed", "to", s.to.Node, "err", err)
+				cancel()
+				stream = nil
+				s.failed(msgs)
+				continue
+			}
+			s.sent(msgs)
+			continue
+		}
+		wait := time.Hour
+		if !next.IsZero() {
+			wait = time.Until(next)
+		}
+		timer.Reset(wait)
+		select {
+		case <-s.t.ctx.Done():
+			return
+		case <-s.wake:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+func (s *sender) open() (grpc.ClientStreamingClient[transportpb.RaftBatch, transportpb.RaftAck], context.CancelFunc, error) {
+	conn, err := s.t.dialer.Conn(s.to.Node)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(s.t.ctx)
+	stream, err := transportpb.NewTransportClient(conn).Raft(ctx)
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	return stream, cancel, nil
+}
+
+// failed reports lost messages to their groups so Raft probes again.
+func (s *sender) failed(msgs []*transportpb.RaftEnvelope) {
+	seen := map[uint64]bool{}
+	for _, e := range msgs {
+		if e.GetMsg().GetType() == raftpb.MsgSnap {
+			s.t.handler.ReportSnapshot(e.GetGroupId(), s.to.Node, false)
+		}
+		if !seen[e.GetGroupId()] {
+			seen[e.GetGroupId()] = true
+			s.t.handler.ReportUnreachable(e.GetGroupId(), s.to.Node)
+		}
+	}
+}
+
+// sent reports snapshots handed to the stream.
+func (s *sender) sent(msgs []*transportpb.RaftEnvelope) {
+	for _, e := range msgs {
+		if e.GetMsg().GetType() == raftpb.MsgSnap {
+			s.t.handler.ReportSnapshot(e.GetGroupId(), s.to.Node, true)
+		}
+	}
+}
