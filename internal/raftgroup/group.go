@@ -465,18 +465,18 @@ func (g *Group) maybeCompact() error {
 // raftLogger routes etcd raft's logs to slog at debug level (errors stay errors).
 type raftLogger struct{ group uint64 }
 
-func (l raftLogger) Debug(v ...any)                 { l.log(slog.LevelDebug, fmt.Sprint(v...)) }
-func (l raftLogger) Debugf(f string, v ...any)      { l.log(slog.LevelDebug, fmt.Sprintf(f, v...)) }
-func (l raftLogger) Info(v ...any)                  { l.log(slog.LevelDebug, fmt.Sprint(v...)) }
-func (l raftLogger) Infof(f string, v ...any)       { l.log(slog.LevelDebug, fmt.Sprintf(f, v...)) }
-func (l raftLogger) Warning(v ...any)               { l.log(slog.LevelWarn, fmt.Sprint(v...)) }
-func (l raftLogger) Warningf(f string, v ...any)    { l.log(slog.LevelWarn, fmt.Sprintf(f, v...)) }
-func (l raftLogger) Error(v ...any)                 { l.log(slog.LevelError, fmt.Sprint(v...)) }
-func (l raftLogger) Errorf(f string, v ...any)      { l.log(slog.LevelError, fmt.Sprintf(f, v...)) }
-func (l raftLogger) Fatal(v ...any)                 { panic(fmt.Sprint(v...)) }
-func (l raftLogger) Fatalf(f string, v ...any)      { panic(fmt.Sprintf(f, v...)) }
-func (l raftLogger) Panic(v ...any)                 { panic(fmt.Sprint(v...)) }
-func (l raftLogger) Panicf(f string, v ...any)      { panic(fmt.Sprintf(f, v...)) }
+func (l raftLogger) Debug(v ...any)              { l.log(slog.LevelDebug, fmt.Sprint(v...)) }
+func (l raftLogger) Debugf(f string, v ...any)   { l.log(slog.LevelDebug, fmt.Sprintf(f, v...)) }
+func (l raftLogger) Info(v ...any)               { l.log(slog.LevelDebug, fmt.Sprint(v...)) }
+func (l raftLogger) Infof(f string, v ...any)    { l.log(slog.LevelDebug, fmt.Sprintf(f, v...)) }
+func (l raftLogger) Warning(v ...any)            { l.log(slog.LevelWarn, fmt.Sprint(v...)) }
+func (l raftLogger) Warningf(f string, v ...any) { l.log(slog.LevelWarn, fmt.Sprintf(f, v...)) }
+func (l raftLogger) Error(v ...any)              { l.log(slog.LevelError, fmt.Sprint(v...)) }
+func (l raftLogger) Errorf(f string, v ...any)   { l.log(slog.LevelError, fmt.Sprintf(f, v...)) }
+func (l raftLogger) Fatal(v ...any)              { panic(fmt.Sprint(v...)) }
+func (l raftLogger) Fatalf(f string, v ...any)   { panic(fmt.Sprintf(f, v...)) }
+func (l raftLogger) Panic(v ...any)              { panic(fmt.Sprint(v...)) }
+func (l raftLogger) Panicf(f string, v ...any)   { panic(fmt.Sprintf(f, v...)) }
 func (l raftLogger) log(level slog.Level, msg string) {
 	slog.Log(context.Background(), level, msg, "component", "raft", "group", l.group)
 }
