@@ -181,12 +181,12 @@ func (s *sender) run() {
 		msgs, next := s.due(time.Now())
 		if len(msgs) > 0 {
 			if stream == nil {
-				var err error
-				stream, cancel, err = s.open()
+				st, c, err := s.open()
 				if err != nil {
 					s.failed(msgs)
 					continue
 				}
+				stream, cancel = st, c
 			}
 			if err := stream.Send(&transportpb.RaftBatch{FromNode: self.Node, ToNode: s.to.Node, Msgs: msgs}); err != nil {
 				slog.Debug("raft stream send failed", "to", s.to.Node, "err", err)

@@ -1,0 +1,255 @@
+package epoch_test
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// read is one completed ReadEpoch with its real-time interval.
+type read struct {
+	start, end time.Time
+	epoch      uint64
+}
+
+// history collects reads from concurrent clients.
+type history struct {
+	mu     sync.Mutex
+	reads  []read
+	fails  int
+	newest uint64 // the largest epoch read so far
+}
+
+func (h *history) add(r read) {
+	h.mu.Lock()
+	h.reads = append(h.reads, r)
+	h.newest = max(h.newest, r.epoch)
+	h.mu.Unlock()
+}
+
+// checkMonotonic asserts invariant 1 of DESIGN.md §3: no read returns less than a
+// read that completed before it started.
+func checkMonotonic(t *testing.T, reads []read) {
+	t.Helper()
+	byEnd := append([]read(nil), reads...)
+	sort.Slice(byEnd, func(i, j int) bool { return byEnd[i].end.Before(byEnd[j].end) })
+	prefixMax := make([]uint64, len(byEnd))
+	var m uint64
+	for i, r := range byEnd {
+		m = max(m, r.epoch)
+		prefixMax[i] = m
+	}
+	for _, r := range reads {
+		// Reads that ended strictly before r started.
+		n := sort.Search(len(byEnd), func(i int) bool { return !byEnd[i].end.Before(r.start) })
+		if n > 0 && prefixMax[n-1] > r.epoch {
+			t.Fatalf("monotonicity violated: read started %v returned %d, but a read completed before it returned %d",
+				r.start.Format(time.StampMicro), r.epoch, prefixMax[n-1])
+		}
+	}
+}
+
+func TestCheckMonotonicCatchesViolation(t *testing.T) {
+	t0 := time.Now()
+	ok := []read{{t0, t0.Add(2), 5}, {t0.Add(1), t0.Add(3), 4}, {t0.Add(4), t0.Add(5), 5}}
+	checkMonotonic(t, ok) // overlapping reads may disagree
+	bad := append(ok, read{t0.Add(6), t0.Add(7), 4})
+	ft := &testing.T{}
+	done := make(chan struct{})
+	go func() { defer close(done); checkMonotonic(ft, bad) }()
+	<-done
+	if !ft.Failed() {
+		t.Fatal("checker accepted a read that went backwards")
+	}
+}
+
+func startCluster(t *testing.T) *localcluster.Cluster {
+	t.Helper()
+	top, err := topology.Load("../../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := localcluster.Start(top, localcluster.Options{CompactAfter: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return c
+}
+
+func waitLeader(t *testing.T, c *localcluster.Cluster, group uint64) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if id := c.Leader(group); id != 0 {
+			return id
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("group %d elected no leader in 10s", group)
+	return 0
+}
+
+// TestMonotonicUnderFaults records every read of two client processes (8
+// goroutines each) while the epoch group's leader is killed and restarted, a
+// follower is restarted, and the new leader is cut off and healed.
+func TestMonotonicUnderFaults(t *testing.T) {
+	c := startCluster(t)
+	const group = 1
+	leader := waitLeader(t, c, group)
+
+	h := &history{}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for client := 0; client < 2; client++ {
+		r, err := c.EpochReader("us-east1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					rctx, cancel := context.WithTimeout(ctx, time.Second)
+					start := time.Now()
+					e, err := r.Read(rctx)
+					end := time.Now()
+					cancel()
+					if err != nil {
+						if !errors.Is(err, context.Canceled) {
+							h.mu.Lock()
+							h.fails++
+							h.mu.Unlock()
+						}
+						continue
+					}
+					h.add(read{start, end, e})
+				}
+			}()
+		}
+	}
+	epochNow := func() uint64 {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.newest
+	}
+	waitAdvance := func(what string) {
+		t.Helper()
+		from, since := epochNow(), time.Now()
+		deadline := since.Add(10 * time.Second)
+		// Hold each state for at least 300 ms and 10 advances, so reads meet it.
+		for epochNow() < from+10 || time.Since(since) < 300*time.Millisecond {
+			if time.Now().After(deadline) {
+				t.Fatalf("after %s the epoch did not advance 10 times in 10s (stuck at %d)", what, epochNow())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	waitAdvance("start")
+	if err := c.StopNode(leader); err != nil {
+		t.Fatal(err)
+	}
+	waitAdvance("killing the leader")
+	if err := c.RestartNode(leader); err != nil {
+		t.Fatal(err)
+	}
+	waitAdvance("restarting the old leader")
+
+	newLeader := waitLeader(t, c, group)
+	follower := uint64(1)
+	for follower == newLeader {
+		follower++
+	}
+	if err := c.StopNode(follower); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartNode(follower); err != nil {
+		t.Fatal(err)
+	}
+	waitAdvance("restarting a follower")
+
+	c.Net.CutNode(newLeader)
+	waitAdvance("cutting off the leader")
+	c.Net.Heal()
+	waitAdvance("healing the partition")
+
+	stop()
+	wg.Wait()
+	if len(h.reads) < 100 {
+		t.Fatalf("only %d reads completed", len(h.reads))
+	}
+	checkMonotonic(t, h.reads)
+	t.Logf("%d reads checked, %d failed (unavailable during faults), final epoch %d", len(h.reads), h.fails, h.newest)
+}
+
+// TestLaggingReplicaCatchesUpBySnapshot stops a follower long enough for the log
+// to be compacted past it, then checks it rejoins and serves a current epoch.
+func TestLaggingReplicaCatchesUpBySnapshot(t *testing.T) {
+	c := startCluster(t) // CompactAfter 200 entries: 2 s of epochs
+	leader := waitLeader(t, c, 1)
+	follower := uint64(1)
+	for follower == leader {
+		follower++
+	}
+	if err := c.StopNode(follower); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.EpochReader("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	before, err := r.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		e, err := r.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e > before+300 { // past a compaction (every 200 entries)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.RestartNode(follower); err != nil {
+		t.Fatal(err)
+	}
+	target, _ := r.Read(ctx)
+	rep := c.Node(follower).EpochReplica(1)
+	for rep.Epoch() < target {
+		if ctx.Err() != nil {
+			t.Fatalf("restarted follower stuck at epoch %d, cluster at %d", rep.Epoch(), target)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The follower must now be part of a majority: stop another node and read.
+	other := uint64(1)
+	for other == follower || other == c.Leader(1) {
+		other++
+	}
+	if err := c.StopNode(other); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Read(ctx); err != nil {
+		t.Fatalf("read with the caught-up follower in the majority: %v", err)
+	}
+}

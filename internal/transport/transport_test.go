@@ -1,0 +1,224 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport/transportpb"
+)
+
+// TestMain fails the package if any test leaves a goroutine behind.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is a RaftHandler that records what arrives.
+type recorder struct {
+	mu      sync.Mutex
+	indexes []uint64
+	at      []time.Time
+	unreach int
+}
+
+func (r *recorder) HandleRaft(_ uint64, msgs []*transportpb.RaftEnvelope) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range msgs {
+		r.indexes = append(r.indexes, m.GetMsg().GetIndex())
+		r.at = append(r.at, time.Now())
+	}
+}
+func (r *recorder) ReportUnreachable(group, to uint64) { r.mu.Lock(); r.unreach++; r.mu.Unlock() }
+func (r *recorder) ReportSnapshot(group, to uint64, ok bool) {}
+
+func (r *recorder) count() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.indexes) }
+
+type testNode struct {
+	raft *Raft
+	rec  *recorder
+	stop func()
+}
+
+// startNodes binds every node of a two-region topology (east: 1, 2; west: 3) on
+// 127.0.0.1 and serves the Transport service on each.
+func startNodes(t *testing.T, rttMS int) (*Network, map[uint64]*testNode) {
+	t.Helper()
+	ls := map[uint64]net.Listener{}
+	addrs := map[uint64]string{}
+	for id := uint64(1); id <= 3; id++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[id], addrs[id] = l, l.Addr().String()
+	}
+	top, err := topology.Parse([]byte(`
+regions: [east, west]
+rtt: [{between: [east, west], ms: ` + itoa(rttMS) + `}]
+nodes:
+  - {id: 1, region: east, addr: "` + addrs[1] + `"}
+  - {id: 2, region: east, addr: "` + addrs[2] + `"}
+  - {id: 3, region: west, addr: "` + addrs[3] + `"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := NewNetwork(top)
+	nodes := map[uint64]*testNode{}
+	for id, l := range ls {
+		rec := &recorder{}
+		d := NewDialer(net, net.NodeEndpoint(id))
+		r := NewRaft(d, rec)
+		s := NewServer()
+		r.Register(s)
+		done := make(chan struct{})
+		go func() { _ = s.Serve(l); close(done) }()
+		nodes[id] = &testNode{raft: r, rec: rec, stop: func() { r.Close(); s.Stop(); <-done; d.Close() }}
+	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			n.stop()
+		}
+	})
+	return net, nodes
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func pingRTT(t *testing.T, d *Dialer, to uint64, n int) time.Duration {
+	t.Helper()
+	conn, err := d.Conn(to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := transportpb.NewTransportClient(conn)
+	var rtts []time.Duration
+	for i := 0; i < n; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		start := time.Now()
+		_, err := c.Ping(ctx, &transportpb.PingRequest{Payload: []byte("x")})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rtts = append(rtts, time.Since(start))
+	}
+	sort.Slice(rtts, func(i, j int) bool { return rtts[i] < rtts[j] })
+	return rtts[len(rtts)/2]
+}
+
+func TestLatencyInjection(t *testing.T) {
+	net, _ := startNodes(t, 60)
+	client := NewDialer(net, Endpoint{Region: "east"})
+	defer client.Close()
+	pingRTT(t, client, 1, 3) // warm the connections
+	pingRTT(t, client, 3, 1)
+	cross := pingRTT(t, client, 3, 9)
+	if cross < 55*time.Millisecond || cross > 65*time.Millisecond {
+		t.Errorf("cross-region RTT = %v, want 60 ± 5 ms", cross)
+	}
+	local := pingRTT(t, client, 1, 9)
+	if local > 5*time.Millisecond {
+		t.Errorf("intra-region RTT = %v, want no injected delay (< 5 ms)", local)
+	}
+	t.Logf("cross-region median RTT %v, intra-region %v", cross, local)
+}
+
+func TestRaftStreamDelayKeepsOrder(t *testing.T) {
+	_, nodes := startNodes(t, 40)
+	const n = 200
+	start := time.Now()
+	for i := 1; i <= n; i++ {
+		nodes[1].raft.Send(9, &raftpb.Message{To: proto.Uint64(3), Index: proto.Uint64(uint64(i))})
+		nodes[1].raft.Send(9, &raftpb.Message{To: proto.Uint64(2), Index: proto.Uint64(uint64(i))})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for (nodes[3].rec.count() < n || nodes[2].rec.count() < n) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	for _, id := range []uint64{2, 3} {
+		rec := nodes[id].rec
+		rec.mu.Lock()
+		if len(rec.indexes) != n {
+			t.Fatalf("node %d got %d messages, want %d", id, len(rec.indexes), n)
+		}
+		for i, idx := range rec.indexes {
+			if idx != uint64(i+1) {
+				t.Fatalf("node %d: message %d has index %d: order not kept", id, i, idx)
+			}
+		}
+		firstArrival := rec.at[0].Sub(start)
+		rec.mu.Unlock()
+		if id == 3 && (firstArrival < 20*time.Millisecond || firstArrival > 30*time.Millisecond) {
+			t.Errorf("cross-region one-way delay %v, want 20 ms (RTT/2)", firstArrival)
+		}
+		if id == 2 && firstArrival > 10*time.Millisecond {
+			t.Errorf("intra-region delivery took %v, want no injected delay", firstArrival)
+		}
+	}
+}
+
+func TestCutAndHeal(t *testing.T) {
+	net, nodes := startNodes(t, 0)
+	client := NewDialer(net, Endpoint{Region: "east"})
+	defer client.Close()
+	pingRTT(t, client, 3, 1)
+
+	net.CutRegion("west")
+	conn, _ := client.Conn(3)
+	_, err := transportpb.NewTransportClient(conn).Ping(context.Background(), &transportpb.PingRequest{})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("ping across a cut region = %v, want Unavailable", err)
+	}
+	pingRTT(t, client, 1, 1) // inside the region still works
+	nodes[1].raft.Send(1, &raftpb.Message{To: proto.Uint64(3), Index: proto.Uint64(1)})
+	time.Sleep(50 * time.Millisecond)
+	if got := nodes[3].rec.count(); got != 0 {
+		t.Fatalf("cut region received %d raft messages", got)
+	}
+	nodes[1].rec.mu.Lock()
+	unreach := nodes[1].rec.unreach
+	nodes[1].rec.mu.Unlock()
+	if unreach == 0 {
+		t.Errorf("a dropped raft message was not reported unreachable")
+	}
+
+	net.Heal()
+	net.CutNode(2)
+	if _, err := transportpb.NewTransportClient(mustConn(t, client, 2)).Ping(context.Background(), &transportpb.PingRequest{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("ping to a cut node = %v, want Unavailable", err)
+	}
+	net.Heal()
+	pingRTT(t, client, 2, 1)
+	pingRTT(t, client, 3, 1)
+
+	net.SetDropRate(1)
+	if _, err := transportpb.NewTransportClient(mustConn(t, client, 1)).Ping(context.Background(), &transportpb.PingRequest{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("ping at drop rate 1 = %v, want Unavailable", err)
+	}
+	net.Heal()
+	net.SetExtraDelay(15 * time.Millisecond)
+	if rtt := pingRTT(t, client, 1, 3); rtt < 30*time.Millisecond {
+		t.Errorf("ping with 15 ms extra one-way delay took %v, want ≥ 30 ms", rtt)
+	}
+}
+
+func mustConn(t *testing.T, d *Dialer, id uint64) *grpc.ClientConn {
+	t.Helper()
+	c, err := d.Conn(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
