@@ -55,7 +55,7 @@ type Node struct {
 // Start opens the store, recovers every hosted replica and starts serving.
 // Errors wrap storage.ErrCorrupt for a damaged data directory and
 // storage.ErrWrongNode for another node's.
-func Start(cfg Config) (n *Node, err error) {
+func Start(cfg Config) (_ *Node, err error) {
 	top := cfg.Topology
 	self, ok := top.Node(cfg.NodeID)
 	if !ok {
@@ -67,7 +67,7 @@ func Start(cfg Config) (n *Node, err error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	n = &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{})}
+	n := &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			n.closeParts()

@@ -7,14 +7,17 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Key space prefixes. Every key in the engine starts with one of these bytes.
@@ -42,8 +45,9 @@ var storeIdentKey = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
 
 // Engine is a node's Pebble store. It is safe for concurrent use.
 type Engine struct {
-	db  *pebble.DB
-	dir string
+	db       *pebble.DB
+	dir      string
+	fsCloser io.Closer
 }
 
 // Open opens (creating if absent) the store in dir for node nodeID. A directory
@@ -59,7 +63,18 @@ func Open(dir string, nodeID uint64) (e *Engine, err error) {
 			err = fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, r)
 		}
 	}()
+	// Disk-health checking wrapped here, not by Pebble, so its goroutine is
+	// stopped even when Open fails.
+	diskFS, fsCloser := vfs.WithDiskHealthChecks(vfs.Default, 5*time.Second, nil, func(info vfs.DiskSlowInfo) {
+		slog.Warn("storage: slow disk", "path", info.Path, "op", info.OpType.String(), "duration", info.Duration)
+	})
+	defer func() {
+		if err != nil {
+			_ = fsCloser.Close()
+		}
+	}()
 	opts := &pebble.Options{
+		FS:                 diskFS,
 		Logger:             pebbleLogger{},
 		FormatMajorVersion: pebble.FormatNewest,
 		EventListener: &pebble.EventListener{
@@ -83,7 +98,7 @@ func Open(dir string, nodeID uint64) (e *Engine, err error) {
 		// missing referenced file.
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
-	e = &Engine{db: db, dir: dir}
+	e = &Engine{db: db, dir: dir, fsCloser: fsCloser}
 	if err := e.checkIdent(nodeID); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -173,7 +188,11 @@ func (e *Engine) Scan(lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
 }
 
 // Close closes the store. Data committed without sync may be lost, as in a crash.
-func (e *Engine) Close() error { return e.db.Close() }
+func (e *Engine) Close() error {
+	err := e.db.Close()
+	_ = e.fsCloser.Close()
+	return err
+}
 
 func wrapReadErr(err error) error {
 	if pebble.IsCorruptionError(err) {

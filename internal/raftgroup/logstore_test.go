@@ -1,0 +1,154 @@
+package raftgroup
+
+import (
+	"errors"
+	"testing"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+func entries(lo, hi, term uint64) []*raftpb.Entry {
+	var out []*raftpb.Entry
+	for i := lo; i <= hi; i++ {
+		out = append(out, &raftpb.Entry{Index: proto.Uint64(i), Term: proto.Uint64(term), Data: []byte{byte(i)}})
+	}
+	return out
+}
+
+// writeLog stores entries 1..10 (term 1) with commit index 8 and closes the engine.
+func writeLog(t *testing.T, dir string) {
+	t.Helper()
+	e, err := storage.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s, err := openLogStore(e, 7, []uint64{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.NewBatch()
+	if err := s.append(b, entries(1, 10, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.setHardState(b, &raftpb.HardState{Term: proto.Uint64(1), Commit: proto.Uint64(8)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLogStoreRecoversAndTruncates(t *testing.T) {
+	dir := t.TempDir()
+	writeLog(t, dir)
+	e, err := storage.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s, err := openLogStore(e, 7, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last, _ := s.LastIndex(); last != 10 {
+		t.Fatalf("LastIndex = %d, want 10", last)
+	}
+	if _, cs, _ := s.InitialState(); len(cs.GetVoters()) != 3 {
+		t.Fatalf("voters not recovered: %v", cs)
+	}
+	// A new leader overwrites 6..10 with 6..7 of term 2.
+	b := e.NewBatch()
+	if err := s.append(b, entries(6, 7, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	if last, _ := s.LastIndex(); last != 7 {
+		t.Fatalf("LastIndex after conflicting append = %d, want 7", last)
+	}
+	if term, _ := s.Term(7); term != 2 {
+		t.Fatalf("Term(7) = %d, want 2", term)
+	}
+	ents, err := s.Entries(5, 8, 1<<20)
+	if err != nil || len(ents) != 3 || ents[2].GetTerm() != 2 {
+		t.Fatalf("Entries(5, 8) = %v, %v", ents, err)
+	}
+	// Compact through 5: entries below are gone, 5's term is kept.
+	b = e.NewBatch()
+	if err := s.compact(b, 5, []byte("state")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Entries(3, 6, 1<<20); !errors.Is(err, raft.ErrCompacted) {
+		t.Fatalf("Entries below the snapshot = %v, want ErrCompacted", err)
+	}
+	if term, err := s.Term(5); err != nil || term != 1 {
+		t.Fatalf("Term(5) at the snapshot = %d, %v; want 1", term, err)
+	}
+	snap, err := s.Snapshot()
+	if err != nil || string(snap.GetData()) != "state" || snap.GetMetadata().GetIndex() != 5 {
+		t.Fatalf("Snapshot = %v, %v", snap, err)
+	}
+}
+
+func TestLogStoreDetectsHole(t *testing.T) {
+	dir := t.TempDir()
+	writeLog(t, dir)
+	e, err := storage.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.NewBatch()
+	_ = b.Delete(entryKey(7, 4), nil)
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := openLogStore(e, 7, nil); !errors.Is(err, storage.ErrCorrupt) {
+		t.Fatalf("open with a hole at index 4 = %v, want ErrCorrupt", err)
+	}
+}
+
+func TestLogStoreDetectsLostCommittedTail(t *testing.T) {
+	dir := t.TempDir()
+	writeLog(t, dir)
+	e, err := storage.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.NewBatch()
+	_ = b.DeleteRange(entryKey(7, 8), entryKey(7, 11), nil) // commit index is 8
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := openLogStore(e, 7, nil); !errors.Is(err, storage.ErrCorrupt) {
+		t.Fatalf("open with committed entries missing = %v, want ErrCorrupt", err)
+	}
+}
+
+func TestLogStoreDetectsUndecodableRecord(t *testing.T) {
+	dir := t.TempDir()
+	writeLog(t, dir)
+	e, err := storage.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.NewBatch()
+	_ = b.Set(recordKey(7, recHardState), []byte{0xff, 0xff, 0xff}, nil)
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := openLogStore(e, 7, nil); !errors.Is(err, storage.ErrCorrupt) {
+		t.Fatalf("open with a garbled hard state = %v, want ErrCorrupt", err)
+	}
+}
