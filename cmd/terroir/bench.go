@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/latency"
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/raftgroup"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport/transportpb"
+)
+
+func benchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Benchmarks on an embedded cluster; figures are P50/P99 from HDR histograms",
+	}
+	cmd.AddCommand(benchRaftCmd(), benchEpochCmd())
+	return cmd
+}
+
+// benchFlags are shared by every benchmark.
+type benchFlags struct {
+	config   string
+	duration time.Duration
+}
+
+func (f *benchFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.config, "config", "", "topology file (default: the embedded examples/one-region.yaml)")
+	cmd.Flags().DurationVar(&f.duration, "duration", 3*time.Second, "how long each measurement runs")
+}
+
+// startBench starts the embedded cluster and waits for the first epoch group's leader.
+func (f *benchFlags) startBench() (*localcluster.Cluster, topology.Group, error) {
+	top, err := loadTopology(f.config)
+	if err != nil {
+		return nil, topology.Group{}, err
+	}
+	groups := top.GroupsOfKind(topology.KindLocalEpoch, "")
+	if len(groups) == 0 {
+		return nil, topology.Group{}, errors.New("the topology has no local epoch group")
+	}
+	c, err := localcluster.Start(top, localcluster.Options{})
+	if err != nil {
+		return nil, topology.Group{}, err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Leader(groups[0].ID) == 0 {
+		if time.Now().After(deadline) {
+			c.Close()
+			return nil, topology.Group{}, errors.New("no epoch leader elected within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return c, groups[0], nil
+}
+
+// runFor calls op from `workers` goroutines for d, recording each successful
+// call's latency; it returns the histogram and the failures.
+func runFor(d time.Duration, workers int, op func(ctx context.Context) error) (*latency.Histogram, int) {
+	h := latency.New()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	fails := 0
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				start := time.Now()
+				octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err := op(octx)
+				ocancel()
+				if err != nil {
+					mu.Lock()
+					fails++
+					mu.Unlock()
+					continue
+				}
+				h.Since(start)
+			}
+		}()
+	}
+	wg.Wait()
+	return h, fails
+}
+
+func printRow(name string, h *latency.Histogram, d time.Duration, fails int) {
+	fmt.Printf("%-40s %9s %9s %12.0f %7d\n", name, latency.MS(h.Quantile(50)), latency.MS(h.Quantile(99)),
+		float64(h.Count())/d.Seconds(), fails)
+}
+
+func printHeader() {
+	fmt.Printf("%-40s %9s %9s %12s %7s\n", "measurement", "p50", "p99", "ops/s", "errors")
+}
+
+func benchRaftCmd() *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "raft",
+		Short: "Floor of the commit path: loopback RPC round trip, fsync, one 3-replica Raft commit",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, group, err := f.startBench()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			printHeader()
+
+			conn, err := c.Dialer(group.Region).Conn(group.Replicas[0])
+			if err != nil {
+				return err
+			}
+			ping := transportpb.NewTransportClient(conn)
+			h, fails := runFor(f.duration, 1, func(ctx context.Context) error {
+				_, err := ping.Ping(ctx, &transportpb.PingRequest{Payload: make([]byte, 64)})
+				return err
+			})
+			printRow("loopback gRPC round trip", h, f.duration, fails)
+
+			h, fails, err = benchFsync(c.DataDir(), f.duration)
+			if err != nil {
+				return err
+			}
+			printRow("fsync (4 KiB write + fsync)", h, f.duration, fails)
+
+			leader := func() *raftgroup.Group {
+				if n := c.Node(c.Leader(group.ID)); n != nil {
+					return n.Group(group.ID)
+				}
+				return nil
+			}
+			for _, workers := range []int{1, 16} {
+				h, fails = runFor(f.duration, workers, func(ctx context.Context) error {
+					g := leader()
+					if g == nil {
+						return raftgroup.ErrNotLeader
+					}
+					_, err := g.Propose(ctx, epoch.EncodeNop())
+					return err
+				})
+				printRow(fmt.Sprintf("raft commit, 3 replicas, %d proposer(s)", workers), h, f.duration, fails)
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+// benchFsync measures a 4 KiB append plus fsync on the cluster's disk.
+func benchFsync(dir string, d time.Duration) (*latency.Histogram, int, error) {
+	file, err := os.Create(filepath.Join(dir, "fsync-bench"))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer os.Remove(file.Name())
+	defer file.Close()
+	buf := make([]byte, 4096)
+	h := latency.New()
+	fails := 0
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		start := time.Now()
+		if _, err := file.Write(buf); err != nil {
+			fails++
+			continue
+		}
+		if err := file.Sync(); err != nil {
+			fails++
+			continue
+		}
+		h.Since(start)
+	}
+	return h, fails, nil
+}
+
+func benchEpochCmd() *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "epoch",
+		Short: "Linearizable ReadEpoch latency and throughput with 1 and 64 concurrent readers",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, group, err := f.startBench()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			printHeader()
+			for _, readers := range []int{1, 64} {
+				r, err := c.EpochReader(group.Region)
+				if err != nil {
+					return err
+				}
+				h, fails := runFor(f.duration, readers, func(ctx context.Context) error {
+					_, err := r.Read(ctx)
+					return err
+				})
+				printRow(fmt.Sprintf("ReadEpoch, %d reader(s)", readers), h, f.duration, fails)
+				rounds, splits := r.Stats()
+				fmt.Printf("  %d reads in %d rounds (%.1f reads per round of %d requests), %d split replies retried\n",
+					h.Count(), rounds, float64(h.Count())/float64(max(rounds, 1)), len(group.Replicas), splits)
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	return cmd
+}

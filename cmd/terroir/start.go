@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/terroir-db/terroir/internal/node"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+func startCmd() *cobra.Command {
+	var configPath, dataDir, metricsAddr string
+	var nodeID uint64
+	cmd := &cobra.Command{
+		Use:   "start --config <topology.yaml> --node <id> --data-dir <dir>",
+		Short: "Run one node: host its replicas of every group the topology places on it",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			top, err := topology.Load(configPath)
+			if err != nil {
+				return err
+			}
+			if _, ok := top.Node(nodeID); !ok {
+				return fmt.Errorf("--node %d is not in %s", nodeID, configPath)
+			}
+			if dataDir == "" {
+				return errors.New("--data-dir is required")
+			}
+			n, err := node.Start(node.Config{Topology: top, NodeID: nodeID, DataDir: dataDir})
+			if err != nil {
+				return err
+			}
+			slog.Warn("node serving", "node", nodeID, "addr", n.Addr(), "data-dir", dataDir)
+			var srv *http.Server
+			if metricsAddr != "" {
+				mux := http.NewServeMux()
+				mux.Handle("/metrics", promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
+				srv = &http.Server{Addr: metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+				go func() {
+					if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+						slog.Error("metrics server", "err", err)
+					}
+				}()
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			<-ctx.Done()
+			if srv != nil {
+				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_ = srv.Shutdown(sctx)
+				cancel()
+			}
+			return n.Close()
+		},
+	}
+	cmd.Flags().StringVar(&configPath, "config", "", "topology file (YAML)")
+	cmd.Flags().Uint64Var(&nodeID, "node", 0, "this node's ID in the topology")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the node's Pebble store")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this host:port (off if empty)")
+	_ = cmd.MarkFlagRequired("config")
+	_ = cmd.MarkFlagRequired("node")
+	return cmd
+}
