@@ -39,7 +39,7 @@ func (r *recorder) HandleRaft(_ uint64, msgs []*transportpb.RaftEnvelope) {
 		r.at = append(r.at, time.Now())
 	}
 }
-func (r *recorder) ReportUnreachable(group, to uint64) { r.mu.Lock(); r.unreach++; r.mu.Unlock() }
+func (r *recorder) ReportUnreachable(group, to uint64)       { r.mu.Lock(); r.unreach++; r.mu.Unlock() }
 func (r *recorder) ReportSnapshot(group, to uint64, ok bool) {}
 
 func (r *recorder) count() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.indexes) }
