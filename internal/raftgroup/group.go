@@ -87,6 +87,7 @@ type Group struct {
 	done    chan struct{}
 
 	waiters       map[uint64]*proposal // loop only
+	leading       bool                 // loop only: raft state is leader
 	nextID        uint64               // loop only
 	commitAtStart uint64
 
@@ -315,6 +316,14 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	if rd.SoftState != nil {
 		g.onSoftState(rd.SoftState)
 	}
+	// A leader sends before it persists, so its fsync overlaps the followers'
+	// (Raft thesis §10.2.1): etcd raft counts the leader's own entries toward
+	// the commit quorum only after Advance, i.e. after they are durable. Anyone
+	// else may be sending votes, which must follow the durable hard state.
+	early := g.leading
+	if early {
+		g.sendAll(rd.Messages)
+	}
 	b := g.e.NewBatch()
 	sync := rd.MustSync
 	if !raft.IsEmptySnap(rd.Snapshot) {
@@ -345,8 +354,8 @@ func (g *Group) handleReady(rd raft.Ready) error {
 			g.metrics.appendSync.Observe(time.Since(start).Seconds())
 		}
 	}
-	for _, m := range rd.Messages {
-		g.send(g.id, m)
+	if !early {
+		g.sendAll(rd.Messages)
 	}
 	if err := g.apply(rd.CommittedEntries); err != nil {
 		return err
@@ -355,7 +364,14 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	return g.maybeCompact()
 }
 
+func (g *Group) sendAll(msgs []*raftpb.Message) {
+	for _, m := range msgs {
+		g.send(g.id, m)
+	}
+}
+
 func (g *Group) onSoftState(ss *raft.SoftState) {
+	g.leading = ss.RaftState == raft.StateLeader
 	g.mu.Lock()
 	was := g.status.Leader
 	g.status.Leader = ss.Lead
