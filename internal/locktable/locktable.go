@@ -1,0 +1,413 @@
+// Package locktable is a range leader's two-phase-locking lock table (paper §2.3,
+// DESIGN.md §3.4, §4.1): shared and exclusive locks on keys, and key-range locks
+// that Scan takes so that phantoms are impossible.
+//
+// Deadlocks are prevented by wait-die on transaction priority (start order): a
+// request that conflicts with a lock held — or awaited — by an older transaction
+// dies at once with ErrWouldDie (the transaction restarts, keeping its priority);
+// a request that conflicts only with younger transactions waits. Waits only ever
+// go from older to younger, so no cycle can form, and because younger requests
+// also yield to older waiters, a waiting writer is not starved by a stream of
+// younger readers. Every wait is bounded by the caller's context.
+//
+// Snapshot reads take no lock: WaitNoExclusive waits until no exclusive lock
+// overlaps their span and never delays an acquisition (paper §5.2).
+package locktable
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/btree"
+)
+
+// ErrWouldDie is returned when a request conflicts with an older transaction; the
+// requester must abort and retry (wait-die). It is retryable.
+var ErrWouldDie = errors.New("locktable: conflict with an older transaction")
+
+// ErrInvalidSpan is returned for a range whose end sorts before its start.
+var ErrInvalidSpan = errors.New("locktable: range end before start")
+
+// Mode is a lock mode.
+type Mode uint8
+
+const (
+	// Shared locks are taken by reads; they conflict only with Exclusive.
+	Shared Mode = iota + 1
+	// Exclusive locks are taken by writes; they conflict with every other lock.
+	Exclusive
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Shared:
+		return "shared"
+	case Exclusive:
+		return "exclusive"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// TxnID identifies a transaction.
+type TxnID [16]byte
+
+// Txn is a lock requester: its identity and its priority, which is its start
+// order (smaller is older and wins conflicts).
+type Txn struct {
+	ID       TxnID
+	Priority uint64
+}
+
+// older reports whether a has precedence over b: a lower priority, ties broken by ID.
+func older(a, b Txn) bool {
+	if a.Priority != b.Priority {
+		return a.Priority < b.Priority
+	}
+	return bytes.Compare(a.ID[:], b.ID[:]) < 0
+}
+
+// Span is a key ([Key]) when EndKey is nil, else the range [Key, EndKey).
+type Span struct {
+	Key, EndKey []byte
+}
+
+// Point returns the span of one key.
+func Point(key []byte) Span { return Span{Key: key} }
+
+func (s Span) isPoint() bool { return s.EndKey == nil }
+
+// contains reports whether key is in s.
+func (s Span) contains(key []byte) bool {
+	if s.isPoint() {
+		return bytes.Equal(s.Key, key)
+	}
+	return bytes.Compare(s.Key, key) <= 0 && bytes.Compare(key, s.EndKey) < 0
+}
+
+// overlaps reports whether two spans share a key.
+func (s Span) overlaps(o Span) bool {
+	switch {
+	case s.isPoint():
+		return o.contains(s.Key)
+	case o.isPoint():
+		return s.contains(o.Key)
+	}
+	return bytes.Compare(s.Key, o.EndKey) < 0 && bytes.Compare(o.Key, s.EndKey) < 0
+}
+
+func conflicts(a, b Mode) bool { return a == Exclusive || b == Exclusive }
+
+type holder struct {
+	txn  Txn
+	mode Mode
+}
+
+// keyEntry holds the point locks of one key.
+type keyEntry struct {
+	key     string
+	holders []holder
+}
+
+type rangeLock struct {
+	span Span
+	holder
+}
+
+type waiter struct {
+	txn  Txn
+	span Span
+	mode Mode
+	wake chan struct{} // closed when something overlapping is released
+}
+
+// Table is one leader's lock table. It is safe for concurrent use.
+type Table struct {
+	mu      sync.Mutex
+	points  *btree.BTreeG[*keyEntry]
+	ranges  []rangeLock
+	byTxn   map[TxnID][]Span // what each transaction holds, for ReleaseAll
+	waiters map[*waiter]struct{}
+}
+
+// New returns an empty lock table.
+func New() *Table {
+	return &Table{
+		points:  btree.NewG(32, func(a, b *keyEntry) bool { return a.key < b.key }),
+		byTxn:   map[TxnID][]Span{},
+		waiters: map[*waiter]struct{}{},
+	}
+}
+
+// Acquire takes a lock of mode on span for txn, waiting (bounded by ctx) while a
+// younger transaction holds a conflicting lock. It returns ErrWouldDie when an
+// older transaction holds or awaits a conflicting lock, or ctx's error. A lock
+// the transaction already holds in the same or a stronger mode is a no-op;
+// Shared to Exclusive is an upgrade.
+//
+// An inverted range fails with ErrInvalidSpan; an empty range [k, k) locks nothing.
+func (t *Table) Acquire(ctx context.Context, txn Txn, span Span, mode Mode) error {
+	if !span.isPoint() {
+		switch c := bytes.Compare(span.Key, span.EndKey); {
+		case c > 0:
+			return ErrInvalidSpan
+		case c == 0:
+			return nil
+		}
+	}
+	span = cloneSpan(span)
+	for {
+		t.mu.Lock()
+		blockers, mustDie := t.conflicting(txn, span, mode)
+		if mustDie {
+			t.mu.Unlock()
+			return ErrWouldDie
+		}
+		if blockers == 0 {
+			t.grant(txn, span, mode)
+			t.mu.Unlock()
+			return nil
+		}
+		w := &waiter{txn: txn, span: span, mode: mode, wake: make(chan struct{})}
+		t.waiters[w] = struct{}{}
+		t.mu.Unlock()
+		select {
+		case <-w.wake:
+		case <-ctx.Done():
+			t.mu.Lock()
+			delete(t.waiters, w)
+			t.mu.Unlock()
+			return ctx.Err()
+		}
+	}
+}
+
+// conflicting returns whether the request must die (an older transaction holds
+// or awaits a conflicting lock) and otherwise the younger holders it must wait for.
+func (t *Table) conflicting(txn Txn, span Span, mode Mode) (blockers int, mustDie bool) {
+	check := func(h holder) bool {
+		if h.txn.ID == txn.ID || !conflicts(h.mode, mode) {
+			return true
+		}
+		if older(h.txn, txn) {
+			mustDie = true
+			return false
+		}
+		blockers++
+		return true
+	}
+	if span.isPoint() {
+		if e, ok := t.points.Get(&keyEntry{key: string(span.Key)}); ok {
+			for _, h := range e.holders {
+				if !check(h) {
+					return 0, true
+				}
+			}
+		}
+	} else {
+		t.points.AscendRange(&keyEntry{key: string(span.Key)}, &keyEntry{key: string(span.EndKey)}, func(e *keyEntry) bool {
+			for _, h := range e.holders {
+				if !check(h) {
+					return false
+				}
+			}
+			return true
+		})
+		if mustDie {
+			return 0, true
+		}
+	}
+	for _, r := range t.ranges {
+		if r.span.overlaps(span) && !check(r.holder) {
+			return 0, true
+		}
+	}
+	// Yield to older transactions already waiting for an overlapping lock.
+	for w := range t.waiters {
+		if w.txn.ID != txn.ID && conflicts(w.mode, mode) && older(w.txn, txn) && w.span.overlaps(span) {
+			return 0, true
+		}
+	}
+	return blockers, false
+}
+
+func (t *Table) grant(txn Txn, span Span, mode Mode) {
+	if span.isPoint() {
+		e, ok := t.points.Get(&keyEntry{key: string(span.Key)})
+		if !ok {
+			e = &keyEntry{key: string(span.Key)}
+			t.points.ReplaceOrInsert(e)
+		}
+		for i, h := range e.holders {
+			if h.txn.ID == txn.ID {
+				e.holders[i].mode = max(h.mode, mode)
+				return
+			}
+		}
+		e.holders = append(e.holders, holder{txn, mode})
+	} else {
+		for i, r := range t.ranges {
+			if r.txn.ID == txn.ID && bytes.Equal(r.span.Key, span.Key) && bytes.Equal(r.span.EndKey, span.EndKey) {
+				t.ranges[i].mode = max(r.mode, mode)
+				return
+			}
+		}
+		t.ranges = append(t.ranges, rangeLock{span: span, holder: holder{txn, mode}})
+	}
+	t.byTxn[txn.ID] = append(t.byTxn[txn.ID], span)
+}
+
+// ReleaseAll releases every lock txn holds and wakes the waiters they blocked.
+// Callers release only once the transaction's outcome is durable (DESIGN.md §3.4).
+func (t *Table) ReleaseAll(txn TxnID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	spans := t.byTxn[txn]
+	delete(t.byTxn, txn)
+	if len(spans) == 0 {
+		return
+	}
+	for _, s := range spans {
+		if s.isPoint() {
+			e, ok := t.points.Get(&keyEntry{key: string(s.Key)})
+			if !ok {
+				continue
+			}
+			kept := e.holders[:0]
+			for _, h := range e.holders {
+				if h.txn.ID != txn {
+					kept = append(kept, h)
+				}
+			}
+			e.holders = kept
+			if len(kept) == 0 {
+				t.points.Delete(e)
+			}
+		}
+	}
+	kept := t.ranges[:0]
+	for _, r := range t.ranges {
+		if r.txn.ID != txn {
+			kept = append(kept, r)
+		}
+	}
+	clear(t.ranges[len(kept):])
+	t.ranges = kept
+	for w := range t.waiters {
+		for _, s := range spans {
+			if w.span.overlaps(s) {
+				close(w.wake)
+				delete(t.waiters, w)
+				break
+			}
+		}
+	}
+}
+
+// WaitNoExclusive waits, bounded by ctx, until no exclusive lock overlaps span.
+// It takes no lock and never delays an acquisition (snapshot reads, paper §5.2).
+func (t *Table) WaitNoExclusive(ctx context.Context, span Span) error {
+	span = cloneSpan(span)
+	for {
+		t.mu.Lock()
+		blocked := false
+		for _, h := range t.holdersOverlapping(span) {
+			if h.mode == Exclusive {
+				blocked = true
+				break
+			}
+		}
+		if !blocked {
+			t.mu.Unlock()
+			return nil
+		}
+		// A snapshot waiter has no transaction and the lowest precedence: it is
+		// registered only to be woken, and Shared so that it blocks no one.
+		w := &waiter{txn: Txn{Priority: ^uint64(0), ID: TxnID{0xff}}, span: span, mode: Shared, wake: make(chan struct{})}
+		t.waiters[w] = struct{}{}
+		t.mu.Unlock()
+		select {
+		case <-w.wake:
+		case <-ctx.Done():
+			t.mu.Lock()
+			delete(t.waiters, w)
+			t.mu.Unlock()
+			return ctx.Err()
+		}
+	}
+}
+
+func (t *Table) holdersOverlapping(span Span) []holder {
+	var out []holder
+	if span.isPoint() {
+		if e, ok := t.points.Get(&keyEntry{key: string(span.Key)}); ok {
+			out = append(out, e.holders...)
+		}
+	} else {
+		t.points.AscendRange(&keyEntry{key: string(span.Key)}, &keyEntry{key: string(span.EndKey)}, func(e *keyEntry) bool {
+			out = append(out, e.holders...)
+			return true
+		})
+	}
+	for _, r := range t.ranges {
+		if r.span.overlaps(span) {
+			out = append(out, r.holder)
+		}
+	}
+	return out
+}
+
+// Holds reports whether txn holds a lock of at least mode covering span exactly
+// as acquired (a point lock on the key, or a range lock on the same range).
+func (t *Table) Holds(txn TxnID, span Span, mode Mode) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, h := range t.holdersExact(span) {
+		if h.txn.ID == txn && h.mode >= mode {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Table) holdersExact(span Span) []holder {
+	if span.isPoint() {
+		if e, ok := t.points.Get(&keyEntry{key: string(span.Key)}); ok {
+			return e.holders
+		}
+		return nil
+	}
+	var out []holder
+	for _, r := range t.ranges {
+		if bytes.Equal(r.span.Key, span.Key) && bytes.Equal(r.span.EndKey, span.EndKey) {
+			out = append(out, r.holder)
+		}
+	}
+	return out
+}
+
+// Len returns the number of locks held (point holders plus range locks).
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(t.ranges)
+	t.points.Ascend(func(e *keyEntry) bool { n += len(e.holders); return true })
+	return n
+}
+
+// Waiters returns the number of requests waiting.
+func (t *Table) Waiters() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.waiters)
+}
+
+func cloneSpan(s Span) Span {
+	out := Span{Key: append([]byte{}, s.Key...)}
+	if s.EndKey != nil {
+		out.EndKey = append([]byte{}, s.EndKey...)
+	}
+	return out
+}
