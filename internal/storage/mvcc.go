@@ -1,0 +1,244 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// VersionID orders the versions of a key (paper §5.1, DESIGN.md §6): the global
+// epoch of the writing transaction, then a counter (from 1) that separates
+// transactions of one epoch. The zero VersionID sorts below every version.
+type VersionID struct {
+	Epoch   uint64
+	Counter uint32
+}
+
+// Less reports whether v sorts before o.
+func (v VersionID) Less(o VersionID) bool {
+	if v.Epoch != o.Epoch {
+		return v.Epoch < o.Epoch
+	}
+	return v.Counter < o.Counter
+}
+
+// Next returns the smallest version id above v.
+func (v VersionID) Next() VersionID {
+	if v.Counter == ^uint32(0) {
+		return VersionID{Epoch: v.Epoch + 1, Counter: 1}
+	}
+	return VersionID{Epoch: v.Epoch, Counter: v.Counter + 1}
+}
+
+// EpochStart is <e, 0>: reading "as of the start of epoch e" sees exactly the
+// versions below it.
+func EpochStart(e uint64) VersionID { return VersionID{Epoch: e} }
+
+func (v VersionID) String() string { return fmt.Sprintf("<%d,%d>", v.Epoch, v.Counter) }
+
+// versionLen is the encoded size of a VersionID: 8 + 4 bytes.
+const versionLen = 12
+
+// ErrBadKey marks an MVCC key or value that does not decode.
+var ErrBadKey = errors.New("storage: malformed MVCC key or value")
+
+// MVCC keys within a key space (a replica's data, under a caller-chosen prefix):
+//
+//	prefix | escaped user key | 0x00 0x01 | ^epoch (8 bytes BE) | ^counter (4 bytes BE)
+//
+// The user key is escaped (0x00 → 0x00 0xff) and terminated by 0x00 0x01, so keys
+// sort by user key first and a key sorts before its extensions; the version is
+// inverted, so the newest version is the first hit of a seek.
+
+// appendEscaped appends the escaped, terminated user key.
+func appendEscaped(dst, key []byte) []byte {
+	for _, c := range key {
+		if c == 0 {
+			dst = append(dst, 0, 0xff)
+		} else {
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, 0, 1)
+}
+
+// EncodeMVCCKey returns the engine key of version v of key under prefix.
+func EncodeMVCCKey(prefix, key []byte, v VersionID) []byte {
+	out := make([]byte, 0, len(prefix)+len(key)+2+versionLen+4)
+	out = appendEscaped(append(out, prefix...), key)
+	out = binary.BigEndian.AppendUint64(out, ^v.Epoch)
+	return binary.BigEndian.AppendUint32(out, ^v.Counter)
+}
+
+// MVCCKeyBounds returns [lo, hi) covering every version of every user key in
+// [start, end) under prefix; a nil end means the end of the key space.
+func MVCCKeyBounds(prefix, start, end []byte) (lo, hi []byte) {
+	lo = appendEscaped(append([]byte{}, prefix...), start)
+	lo = lo[:len(lo)-2] // the escaped key without its terminator sorts before all its versions
+	if end == nil {
+		return lo, PrefixEnd(prefix)
+	}
+	hi = appendEscaped(append([]byte{}, prefix...), end)
+	return lo, hi[:len(hi)-2]
+}
+
+// PrefixEnd returns the smallest key greater than every key with prefix p (nil if
+// p is all 0xff).
+func PrefixEnd(p []byte) []byte {
+	out := append([]byte{}, p...)
+	for i := len(out) - 1; i >= 0; i-- {
+		if out[i] != 0xff {
+			out[i]++
+			return out[:i+1]
+		}
+	}
+	return nil
+}
+
+// DecodeMVCCKey splits an engine key under prefix into its user key and version.
+// Errors wrap ErrBadKey.
+func DecodeMVCCKey(prefix, k []byte) ([]byte, VersionID, error) {
+	if !bytes.HasPrefix(k, prefix) {
+		return nil, VersionID{}, fmt.Errorf("%w: missing prefix", ErrBadKey)
+	}
+	rest := k[len(prefix):]
+	key := make([]byte, 0, len(rest))
+	for i := 0; ; i++ {
+		if i >= len(rest) {
+			return nil, VersionID{}, fmt.Errorf("%w: unterminated user key", ErrBadKey)
+		}
+		c := rest[i]
+		if c != 0 {
+			key = append(key, c)
+			continue
+		}
+		if i+1 >= len(rest) {
+			return nil, VersionID{}, fmt.Errorf("%w: truncated escape", ErrBadKey)
+		}
+		switch rest[i+1] {
+		case 0xff:
+			key = append(key, 0)
+			i++
+			continue
+		case 1:
+			ver := rest[i+2:]
+			if len(ver) != versionLen {
+				return nil, VersionID{}, fmt.Errorf("%w: version of %d bytes", ErrBadKey, len(ver))
+			}
+			return key, VersionID{
+				Epoch:   ^binary.BigEndian.Uint64(ver),
+				Counter: ^binary.BigEndian.Uint32(ver[8:]),
+			}, nil
+		default:
+			return nil, VersionID{}, fmt.Errorf("%w: bad escape 0x00 0x%02x", ErrBadKey, rest[i+1])
+		}
+	}
+}
+
+// MVCC value kinds.
+const (
+	valueKindPut       byte = 1
+	valueKindTombstone byte = 2
+)
+
+// EncodeMVCCValue encodes a value, or a tombstone if tombstone is set.
+func EncodeMVCCValue(value []byte, tombstone bool) []byte {
+	if tombstone {
+		return []byte{valueKindTombstone}
+	}
+	return append([]byte{valueKindPut}, value...)
+}
+
+// DecodeMVCCValue returns the value and whether it is a tombstone. The value
+// aliases v. Errors wrap ErrBadKey.
+func DecodeMVCCValue(v []byte) (value []byte, tombstone bool, err error) {
+	if len(v) == 0 {
+		return nil, false, fmt.Errorf("%w: empty value", ErrBadKey)
+	}
+	switch v[0] {
+	case valueKindPut:
+		return v[1:], false, nil
+	case valueKindTombstone:
+		if len(v) != 1 {
+			return nil, false, fmt.Errorf("%w: tombstone with payload", ErrBadKey)
+		}
+		return nil, true, nil
+	}
+	return nil, false, fmt.Errorf("%w: value kind %d", ErrBadKey, v[0])
+}
+
+// Version is one stored version of a key.
+type Version struct {
+	Key       []byte
+	ID        VersionID
+	Value     []byte
+	Tombstone bool
+}
+
+// ScanMVCC calls fn, in key order, with each user key in [start, end) under
+// prefix: its newest version below `below`, and the key's newest version overall
+// (the two are equal when nothing newer exists). Keys whose visible version is a
+// tombstone or that have no visible version are skipped. fn returning false stops
+// the scan. A nil end scans to the end of the key space. Slices passed to fn are
+// copies the callee may keep.
+func (e *Engine) ScanMVCC(prefix, start, end []byte, below VersionID, fn func(visible Version, newest VersionID) bool) error {
+	lo, hi := MVCCKeyBounds(prefix, start, end)
+	var (
+		cur    []byte
+		newest VersionID
+		found  bool
+	)
+	err := e.Scan(lo, hi, func(k, v []byte) (bool, error) {
+		key, ver, err := DecodeMVCCKey(prefix, k)
+		if err != nil {
+			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		if cur == nil || !bytes.Equal(key, cur) {
+			cur, newest, found = key, ver, false
+		}
+		if found || !ver.Less(below) {
+			return true, nil
+		}
+		found = true
+		val, tomb, err := DecodeMVCCValue(v)
+		if err != nil {
+			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		if tomb {
+			return true, nil
+		}
+		return fn(Version{Key: key, ID: ver, Value: append([]byte{}, val...)}, newest), nil
+	})
+	return err
+}
+
+// GetMVCC returns key's newest version below `below` (ok false if none, or if it
+// is a tombstone) and the key's newest version id overall (zero if the key was
+// never written).
+func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok bool, newest VersionID, err error) {
+	lo := appendEscaped(append([]byte{}, prefix...), key)
+	hi := PrefixEnd(lo)
+	first := true
+	err = e.Scan(lo, hi, func(k, val []byte) (bool, error) {
+		_, ver, err := DecodeMVCCKey(prefix, k)
+		if err != nil {
+			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		if first {
+			newest, first = ver, false
+		}
+		if !ver.Less(below) {
+			return true, nil
+		}
+		data, tomb, err := DecodeMVCCValue(val)
+		if err != nil {
+			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		if !tomb {
+			v, ok = Version{Key: append([]byte{}, key...), ID: ver, Value: append([]byte{}, data...)}, true
+		}
+		return false, nil
+	})
+	return v, ok, newest, err
+}
