@@ -22,11 +22,14 @@ var ErrReaderClosed = errors.New("epoch: reader closed")
 // DefaultRoundTimeout bounds one batched round of reads: 2 s.
 const DefaultRoundTimeout = 2 * time.Second
 
-// Reader reads an epoch group linearizably (invariant 1 of DESIGN.md §3: once a
-// read returns e, every read that starts later returns ≥ e).
+// Reader reads an epoch group with the monotonic epoch invariant (DESIGN.md §3.1:
+// once a read returns e, every read that starts later returns ≥ e). As in the
+// paper (§2.2), an epoch counts as advanced once a majority of replicas has
+// applied it; with that, reads are linearizable.
 //
-// Every replica's applied epoch only grows (it is durable, and a restarted
-// replica serves nothing until it has replayed what it had committed). A read
+// Every replica's applied epoch only grows (a restarted replica serves nothing
+// until it has applied what the group had committed when it came back, learned
+// through a Raft ReadIndex). A read
 // returns e only when a majority of replicas report exactly e (paper §2.2). Two
 // majorities share a replica, so a later read's majority value is at least e.
 // When the replies split, the reader asks again.
@@ -185,16 +188,33 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 	}
 	majority := len(r.replicas)/2 + 1
 	counts := map[uint64]int{}
-	for range r.replicas {
-		rep := <-replies
+	var grace <-chan time.Time // runs once a majority has answered without agreeing
+	for n := 0; n < len(r.replicas); n++ {
+		var rep reply
+		select {
+		case rep = <-replies:
+		case <-grace:
+			return 0, false, err // a straggler: ask everyone again rather than wait for it
+		case <-ctx.Done():
+			return 0, false, ctx.Err()
+		}
 		if rep.err != nil {
 			err = rep.err
-			continue
+		} else {
+			counts[rep.epoch]++
+			if counts[rep.epoch] >= majority {
+				return rep.epoch, true, nil
+			}
 		}
-		counts[rep.epoch]++
-		if counts[rep.epoch] >= majority {
-			return rep.epoch, true, nil
+		if n+1 >= majority && grace == nil {
+			t := time.NewTimer(splitGrace)
+			defer t.Stop()
+			grace = t.C
 		}
 	}
 	return 0, false, err
 }
+
+// splitGrace is how long an attempt waits for the remaining replicas once a
+// majority has answered without agreeing: 2 ms, several intra-region round trips.
+const splitGrace = 2 * time.Millisecond

@@ -74,7 +74,7 @@ func Start(top *topology.Topology, opts Options) (c *Cluster, err error) {
 		if err := c.startNode(n.ID, listeners[n.ID]); err != nil {
 			for id, l := range listeners {
 				if _, started := c.nodes[id]; !started && id != n.ID {
-					_ = l.Close()
+					_ = l.Close() // nodes not yet started; node.Start closed n.ID's
 				}
 			}
 			_ = c.Close()
@@ -147,11 +147,7 @@ func (c *Cluster) RestartNode(id uint64) error {
 	if err != nil {
 		return fmt.Errorf("localcluster: rebind node %d: %w", id, err)
 	}
-	if err := c.startNode(id, l); err != nil {
-		_ = l.Close()
-		return err
-	}
-	return nil
+	return c.startNode(id, l) // node.Start closes l if it fails
 }
 
 // Leader returns the node whose replica leads group, or 0 if none does yet.

@@ -30,7 +30,8 @@ type Config struct {
 	// Network models the WAN between regions; nil means the topology's latencies
 	// with no faults (a stand-alone process).
 	Network *transport.Network
-	// Listener, if set, is used instead of listening on the node's address.
+	// Listener, if set, is used instead of listening on the node's address. The
+	// node owns it from Start on, and closes it even when Start fails.
 	Listener net.Listener
 	// Registry receives the node's metrics; nil means a fresh registry.
 	Registry *prometheus.Registry
@@ -143,9 +144,9 @@ func (n *Node) Group(id uint64) *raftgroup.Group { return n.host.Group(id) }
 // EpochReplica returns the node's replica of epoch group id, or nil.
 func (n *Node) EpochReplica(id uint64) *epoch.Replica { return n.epochs[id] }
 
-// Close stops serving, stops every replica and closes the store. Nothing is
-// flushed beyond what Raft already made durable, so Close is also how tests stop
-// a node abruptly.
+// Close stops serving, stops every replica and closes the store (Pebble writes
+// out its WAL on close, so this is a clean stop; abrupt kills are tested with
+// separate processes and SIGKILL).
 func (n *Node) Close() error {
 	return n.closeParts()
 }
@@ -161,6 +162,8 @@ func (n *Node) closeParts() error {
 		}
 	} else if n.listener != nil {
 		_ = n.listener.Close()
+	} else if n.cfg.Listener != nil {
+		_ = n.cfg.Listener.Close() // failed before taking the listener over
 	}
 	if n.raft != nil {
 		n.raft.Close()

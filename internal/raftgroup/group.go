@@ -2,6 +2,7 @@ package raftgroup
 
 import (
 	"context"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -41,6 +42,9 @@ var (
 	ErrOutcomeUnknown = errors.New("raftgroup: leadership lost, proposal outcome unknown")
 	// ErrStopped: the group is closed or failed.
 	ErrStopped = errors.New("raftgroup: group stopped")
+	// ErrBusy: the leader refused the proposal (too much uncommitted data, or a
+	// leadership transfer in progress); retry after a pause.
+	ErrBusy = errors.New("raftgroup: leader busy, retry")
 )
 
 // Status is a point-in-time view of a replica, safe to read from any goroutine.
@@ -51,8 +55,10 @@ type Status struct {
 	Leader, Term uint64
 	// Applied is the last applied log index.
 	Applied uint64
-	// CaughtUp is true once the replica has applied everything committed before it
-	// (re)started; until then its state may be older than what it served earlier.
+	// CaughtUp is true once the replica has applied everything the group had
+	// committed when the replica (re)started, as learned through a Raft ReadIndex
+	// after the start. Until then its state may be older than state it served
+	// before a crash (applied state is not fsync'd; it replays from the log).
 	CaughtUp bool
 }
 
@@ -86,10 +92,13 @@ type Group struct {
 	stop    chan struct{}
 	done    chan struct{}
 
-	waiters       map[uint64]*proposal // loop only
-	leading       bool                 // loop only: raft state is leader
-	nextID        uint64               // loop only
-	commitAtStart uint64
+	waiters  map[uint64]*proposal // loop only
+	leading  bool                 // loop only: raft state is leader
+	nextID   uint64               // loop only
+	catchUp  catchUp              // loop only
+	snapMu   sync.Mutex
+	snapRpts []func(*raft.RawNode) // snapshot reports: never dropped
+	poke     chan struct{}
 
 	mu     sync.Mutex
 	status Status
@@ -103,7 +112,8 @@ type Config struct {
 	// Tick is the Raft tick period (default 10 ms). Elections take 10–20 ticks.
 	Tick time.Duration
 	// CompactAfter is how many applied entries accumulate before the log is
-	// truncated behind a snapshot (default 10000).
+	// truncated behind a snapshot (default 10000); the newest CompactAfter/2
+	// entries are kept so a follower slightly behind catches up from the log.
 	CompactAfter uint64
 }
 
@@ -147,13 +157,15 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 		reports:       make(chan func(*raft.RawNode), 256),
 		stop:          make(chan struct{}),
 		done:          make(chan struct{}),
-		waiters:       map[uint64]*proposal{},
-		nextID:        rand.Uint64(),
-		commitAtStart: ls.hs.GetCommit(),
+		waiters: map[uint64]*proposal{},
+		nextID:  rand.Uint64(),
+		poke:    make(chan struct{}, 1),
 	}
+	binary.BigEndian.PutUint64(g.catchUp.ctx[:], rand.Uint64())
+	g.catchUp.applied = ls.applied
 	ch := make(chan struct{})
 	g.leaderChanged.Store(&ch)
-	g.status = Status{Group: id, Replica: self, Applied: ls.applied, CaughtUp: ls.applied >= g.commitAtStart}
+	g.status = Status{Group: id, Replica: self, Applied: ls.applied}
 	return g, nil
 }
 
@@ -216,10 +228,76 @@ func (g *Group) step(m *raftpb.Message) {
 	}
 }
 
+// report hands f to the group's goroutine, dropping it if the queue is full:
+// for unreachable reports that only delays a probe.
 func (g *Group) report(f func(*raft.RawNode)) {
 	select {
 	case g.reports <- f:
 	default:
+	}
+}
+
+// reportSnapshot queues a snapshot outcome. It is never dropped: a lost failure
+// report would leave the follower paused in snapshot state for good. It never
+// blocks, since it may be called from the group's own goroutine.
+func (g *Group) reportSnapshot(f func(*raft.RawNode)) {
+	g.snapMu.Lock()
+	g.snapRpts = append(g.snapRpts, f)
+	g.snapMu.Unlock()
+	select {
+	case g.poke <- struct{}{}:
+	default:
+	}
+}
+
+func (g *Group) runSnapshotReports() {
+	g.snapMu.Lock()
+	rpts := g.snapRpts
+	g.snapRpts = nil
+	g.snapMu.Unlock()
+	for _, f := range rpts {
+		f(g.rn)
+	}
+}
+
+// setApplied publishes the applied index and whether the replica has caught up.
+func (g *Group) setApplied(index uint64) {
+	g.catchUp.applied = index
+	g.mu.Lock()
+	g.status.Applied = index
+	g.status.CaughtUp = g.catchUp.done()
+	g.mu.Unlock()
+}
+
+// catchUp tracks the ReadIndex a replica issues after it starts: it has caught up
+// once it applied the commit index the group had when the read was served.
+type catchUp struct {
+	ctx       [8]byte // identifies our ReadIndex request
+	target    uint64
+	known     bool
+	requested int // ticks since the request, 0 if none is outstanding
+	applied   uint64
+}
+
+func (c *catchUp) done() bool { return c.known && c.applied >= c.target }
+
+// maybeRequest, called every tick, issues the ReadIndex once a leader is known,
+// and reissues it after 10 ticks without an answer.
+func (c *catchUp) maybeRequest(rn *raft.RawNode, leader uint64) {
+	if c.known || leader == 0 {
+		return
+	}
+	if c.requested > 0 && c.requested < 10 {
+		c.requested++
+		return
+	}
+	c.requested = 1
+	rn.ReadIndex(c.ctx[:])
+}
+
+func (c *catchUp) onReadState(rs raft.ReadState) {
+	if !c.known && bytes.Equal(rs.RequestCtx, c.ctx[:]) {
+		c.target, c.known = rs.Index, true
 	}
 }
 
@@ -245,13 +323,16 @@ func (g *Group) run() {
 			return
 		case <-ticker.C:
 			g.rn.Tick()
+			g.catchUp.maybeRequest(g.rn, g.status.Leader)
 		case m := <-g.inbox:
 			g.stepLocal(m)
 		case p := <-g.props:
 			g.propose(p)
 		case f := <-g.reports:
 			f(g.rn)
+		case <-g.poke:
 		}
+		g.runSnapshotReports()
 		g.drain()
 		for g.rn.HasReady() {
 			if err := g.handleReady(g.rn.Ready()); err != nil {
@@ -297,6 +378,9 @@ func (g *Group) propose(p *proposal) {
 	if err := g.rn.Propose(data); err != nil {
 		if errors.Is(err, raft.ErrProposalDropped) {
 			err = ErrNotLeader
+			if g.leading {
+				err = ErrBusy
+			}
 		}
 		p.done <- proposalResult{err: err}
 		return
@@ -334,6 +418,13 @@ func (g *Group) handleReady(rd raft.Ready) error {
 			return err
 		}
 		sync = true
+		defer g.setApplied(rd.Snapshot.GetMetadata().GetIndex())
+	}
+	for _, rs := range rd.ReadStates {
+		g.catchUp.onReadState(rs)
+	}
+	if len(rd.ReadStates) > 0 {
+		g.setApplied(g.ls.applied)
 	}
 	if err := g.ls.append(b, rd.Entries); err != nil {
 		return err
@@ -433,12 +524,7 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 	if err := g.e.Commit(b, false); err != nil {
 		return err
 	}
-	g.mu.Lock()
-	g.status.Applied = last
-	if last >= g.commitAtStart {
-		g.status.CaughtUp = true
-	}
-	g.mu.Unlock()
+	g.setApplied(last)
 	for _, r := range results {
 		r.p.done <- proposalResult{val: r.val}
 	}
@@ -470,7 +556,7 @@ func (g *Group) maybeCompact() error {
 		return err
 	}
 	b := g.e.NewBatch()
-	if err := g.ls.compact(b, applied, data); err != nil {
+	if err := g.ls.compact(b, applied, applied-g.cfg.CompactAfter/2, data); err != nil {
 		_ = b.Close()
 		return err
 	}

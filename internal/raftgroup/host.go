@@ -79,6 +79,9 @@ func NewHost(self uint64, e *storage.Engine, cfg Config, m *Metrics) *Host {
 func (h *Host) AddGroup(id uint64, voters []uint64, sm StateMachine) (*Group, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed {
+		return nil, ErrStopped
+	}
 	if _, dup := h.groups[id]; dup {
 		return nil, fmt.Errorf("raftgroup: group %d already hosted", id)
 	}
@@ -137,7 +140,7 @@ func (h *Host) ReportSnapshot(group, to uint64, ok bool) {
 		if !ok {
 			status = raft.SnapshotFailure
 		}
-		g.report(func(rn *raft.RawNode) { rn.ReportSnapshot(to, status) })
+		g.reportSnapshot(func(rn *raft.RawNode) { rn.ReportSnapshot(to, status) })
 	}
 }
 

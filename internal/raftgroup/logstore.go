@@ -19,6 +19,7 @@ const (
 	recConfState byte = 'c'
 	recSnapshot  byte = 's' // the latest snapshot (metadata and state machine data)
 	recApplied   byte = 'a' // the applied index, written with the state it describes
+	recTruncated byte = 't' // index and term of the last entry dropped from the log
 )
 
 func groupPrefix(group uint64) []byte {
@@ -40,9 +41,9 @@ type logStore struct {
 
 	hs       *raftpb.HardState
 	cs       *raftpb.ConfState
-	snapIdx  uint64 // index of the latest snapshot (0 if none)
-	snapTerm uint64
-	first    uint64   // first index in the log; snapIdx+1
+	truncIdx  uint64   // the last index dropped from the log (by compaction or a snapshot)
+	truncTerm uint64   // its term, kept so Raft can match the entry after it
+	first     uint64   // first index in the log: truncIdx+1
 	terms    []uint64 // terms[i] is the term of entry first+i
 	applied  uint64
 }
@@ -69,12 +70,15 @@ func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, 
 			return nil, err
 		}
 	}
-	var snap raftpb.Snapshot
-	if err := s.load(recSnapshot, &snap); err != nil {
+	if v, err := e.Get(recordKey(group, recTruncated)); err != nil {
 		return nil, err
+	} else if v != nil {
+		if len(v) != 16 {
+			return nil, fmt.Errorf("%w: group %d truncated state has %d bytes", storage.ErrCorrupt, group, len(v))
+		}
+		s.truncIdx, s.truncTerm = binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:])
 	}
-	s.snapIdx, s.snapTerm = snap.GetMetadata().GetIndex(), snap.GetMetadata().GetTerm()
-	s.first = s.snapIdx + 1
+	s.first = s.truncIdx + 1
 	if v, err := e.Get(recordKey(group, recApplied)); err != nil {
 		return nil, err
 	} else if v != nil {
@@ -102,7 +106,7 @@ func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, 
 	if c := s.hs.GetCommit(); c > s.lastIndex() {
 		return nil, fmt.Errorf("%w: group %d log ends at %d but index %d was committed", storage.ErrCorrupt, group, s.lastIndex(), c)
 	}
-	if s.applied > s.hs.GetCommit() && s.applied > s.snapIdx {
+	if s.applied > s.hs.GetCommit() && s.applied > s.truncIdx {
 		return nil, fmt.Errorf("%w: group %d applied %d beyond commit %d", storage.ErrCorrupt, group, s.applied, s.hs.GetCommit())
 	}
 	return s, nil
@@ -173,8 +177,8 @@ func (s *logStore) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 // Term implements raft.Storage.
 func (s *logStore) Term(i uint64) (uint64, error) {
 	switch {
-	case i == s.snapIdx:
-		return s.snapTerm, nil
+	case i == s.truncIdx:
+		return s.truncTerm, nil
 	case i < s.first:
 		return 0, raft.ErrCompacted
 	case i > s.lastIndex():
@@ -264,18 +268,31 @@ func (s *logStore) installSnapshot(b *pebble.Batch, snap *raftpb.Snapshot) error
 	if err := s.setConfState(b, md.GetConfState()); err != nil {
 		return err
 	}
-	s.snapIdx, s.snapTerm = md.GetIndex(), md.GetTerm()
-	s.first = s.snapIdx + 1
 	s.terms = s.terms[:0]
-	return s.setApplied(b, s.snapIdx)
+	if err := s.setTruncated(b, md.GetIndex(), md.GetTerm()); err != nil {
+		return err
+	}
+	return s.setApplied(b, md.GetIndex())
+}
+
+// setTruncated stages the truncated state: the log restarts after index.
+func (s *logStore) setTruncated(b *pebble.Batch, index, term uint64) error {
+	s.truncIdx, s.truncTerm, s.first = index, term, index+1
+	v := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, index), term)
+	return b.Set(recordKey(s.group, recTruncated), v, nil)
 }
 
 // compact records data as the snapshot at index (which must be applied) and drops
-// the log up to and including index.
-func (s *logStore) compact(b *pebble.Batch, index uint64, data []byte) error {
+// the log up to and including truncateTo (≤ index), so followers a little behind
+// still catch up from the log rather than from a snapshot.
+func (s *logStore) compact(b *pebble.Batch, index, truncateTo uint64, data []byte) error {
 	term, err := s.Term(index)
 	if err != nil {
 		return err
+	}
+	truncTerm, err := s.Term(truncateTo)
+	if err != nil || truncateTo > index {
+		return fmt.Errorf("raftgroup: group %d cannot truncate to %d (snapshot at %d): %v", s.group, truncateTo, index, err)
 	}
 	snap := &raftpb.Snapshot{
 		Data: data,
@@ -288,11 +305,9 @@ func (s *logStore) compact(b *pebble.Batch, index uint64, data []byte) error {
 	if err := s.put(b, recSnapshot, snap); err != nil {
 		return err
 	}
-	if err := b.DeleteRange(entryKey(s.group, s.first), entryKey(s.group, index+1), nil); err != nil {
+	if err := b.DeleteRange(entryKey(s.group, s.first), entryKey(s.group, truncateTo+1), nil); err != nil {
 		return err
 	}
-	s.terms = s.terms[index+1-s.first:]
-	s.snapIdx, s.snapTerm = index, term
-	s.first = index + 1
-	return nil
+	s.terms = s.terms[truncateTo+1-s.first:]
+	return s.setTruncated(b, truncateTo, truncTerm)
 }

@@ -81,7 +81,7 @@ func TestLogStoreRecoversAndTruncates(t *testing.T) {
 	}
 	// Compact through 5: entries below are gone, 5's term is kept.
 	b = e.NewBatch()
-	if err := s.compact(b, 5, []byte("state")); err != nil {
+	if err := s.compact(b, 5, 5, []byte("state")); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Commit(b, true); err != nil {
@@ -150,5 +150,46 @@ func TestLogStoreDetectsUndecodableRecord(t *testing.T) {
 	defer e.Close()
 	if _, err := openLogStore(e, 7, nil); !errors.Is(err, storage.ErrCorrupt) {
 		t.Fatalf("open with a garbled hard state = %v, want ErrCorrupt", err)
+	}
+}
+
+func TestLogStoreCompactionKeepsATail(t *testing.T) {
+	dir := t.TempDir()
+	writeLog(t, dir)
+	e, err := storage.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := openLogStore(e, 7, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Snapshot at 8 (applied), log truncated only through 5.
+	b := e.NewBatch()
+	if err := s.compact(b, 8, 5, []byte("at8")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	if e, err = storage.Open(dir, 1); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if s, err = openLogStore(e, 7, nil); err != nil {
+		t.Fatal(err)
+	}
+	if first, _ := s.FirstIndex(); first != 6 {
+		t.Fatalf("FirstIndex after reopen = %d, want 6", first)
+	}
+	if term, err := s.Term(5); err != nil || term != 1 {
+		t.Fatalf("Term(5), the truncation point = %d, %v", term, err)
+	}
+	if ents, err := s.Entries(6, 11, 1<<20); err != nil || len(ents) != 5 {
+		t.Fatalf("kept tail Entries(6, 11) = %d entries, %v", len(ents), err)
+	}
+	if snap, _ := s.Snapshot(); snap.GetMetadata().GetIndex() != 8 || string(snap.GetData()) != "at8" {
+		t.Fatalf("snapshot = %v", snap)
 	}
 }

@@ -57,18 +57,16 @@ func Open(dir string, nodeID uint64) (e *Engine, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("storage: create %s: %w", dir, err)
 	}
-	// Pebble reports some corruption through Logger.Fatalf; turn it into an error.
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, r)
-		}
-	}()
 	// Disk-health checking wrapped here, not by Pebble, so its goroutine is
 	// stopped even when Open fails.
 	diskFS, fsCloser := vfs.WithDiskHealthChecks(vfs.Default, 5*time.Second, nil, func(info vfs.DiskSlowInfo) {
 		slog.Warn("storage: slow disk", "path", info.Path, "op", info.OpType.String(), "duration", info.Duration)
 	})
 	defer func() {
+		// Pebble reports some corruption through Logger.Fatalf (a panic here).
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, r)
+		}
 		if err != nil {
 			_ = fsCloser.Close()
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -64,6 +65,11 @@ func (d *Dialer) Conn(id uint64) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 		grpc.WithUnaryInterceptor(d.wanInterceptor(to)),
+		// Reconnect within a second of a peer's restart; gRPC's default backoff
+		// grows to two minutes, long enough to strand a restarted replica.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second,
+		}, MinConnectTimeout: time.Second}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("transport: dial node %d at %s: %w", id, node.Addr, err)

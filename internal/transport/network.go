@@ -51,21 +51,30 @@ func (n *Network) OneWayDelay(from, to Endpoint) time.Duration {
 }
 
 // Deliverable reports whether a message from one endpoint to the other gets
-// through: false if either side is cut off, the two are split by a region cut, or
-// the message falls to the injected drop rate.
+// through: false if the two are cut apart (see Cut) or the message falls to the
+// injected drop rate.
 func (n *Network) Deliverable(from, to Endpoint) bool {
+	if n.Cut(from, to) {
+		return false
+	}
+	n.mu.RLock()
+	p := n.dropRate
+	n.mu.RUnlock()
+	return p == 0 || rand.Float64() >= p
+}
+
+// Cut reports whether the two endpoints are cut apart: either side is cut off,
+// or a region cut lies between them. A node is never cut from itself.
+func (n *Network) Cut(from, to Endpoint) bool {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	if from.Node != 0 && to.Node != 0 && from.Node == to.Node {
-		return true
+	if from.Node != 0 && from.Node == to.Node {
+		return false
 	}
 	if n.cutNodes[from.Node] || n.cutNodes[to.Node] {
-		return false
+		return true
 	}
-	if from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region]) {
-		return false
-	}
-	return n.dropRate == 0 || rand.Float64() >= n.dropRate
+	return from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region])
 }
 
 // CutNode isolates a node from every other endpoint until Heal.

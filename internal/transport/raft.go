@@ -145,24 +145,27 @@ func (s *sender) enqueue(env *transportpb.RaftEnvelope) {
 }
 
 // due removes and returns the queued messages whose delay has elapsed, and the
-// time the next one falls due (zero if none is waiting).
-func (s *sender) due(now time.Time) ([]*transportpb.RaftEnvelope, time.Time) {
+// time the next one falls due (zero if none is waiting). Messages still in
+// flight when a cut begins are lost with it.
+func (s *sender) due(now time.Time) (out, lost []*transportpb.RaftEnvelope, next time.Time) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	n := 0
 	for n < len(s.queue) && !s.queue[n].releaseAt.After(now) {
 		n++
 	}
-	out := make([]*transportpb.RaftEnvelope, n)
+	out = make([]*transportpb.RaftEnvelope, n)
 	for i := range out {
 		out[i] = s.queue[i].env
 	}
 	s.queue = append(s.queue[:0], s.queue[n:]...)
-	var next time.Time
 	if len(s.queue) > 0 {
 		next = s.queue[0].releaseAt
 	}
-	return out, next
+	s.mu.Unlock()
+	if len(out) > 0 && s.t.dialer.Network().Cut(s.t.dialer.Self(), s.to) {
+		return nil, out, next
+	}
+	return out, nil, next
 }
 
 func (s *sender) run() {
@@ -178,7 +181,11 @@ func (s *sender) run() {
 	}()
 	self := s.t.dialer.Self()
 	for {
-		msgs, next := s.due(time.Now())
+		msgs, lost, next := s.due(time.Now())
+		if len(lost) > 0 {
+			s.failed(lost)
+			continue
+		}
 		if len(msgs) > 0 {
 			if stream == nil {
 				st, c, err := s.open()
