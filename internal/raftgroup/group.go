@@ -1,8 +1,8 @@
 package raftgroup
 
 import (
-	"context"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -152,11 +152,11 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 	}
 	g := &Group{
 		id: id, self: self, rn: rn, ls: ls, sm: sm, e: e, cfg: cfg.withDefaults(), metrics: m,
-		inbox:         make(chan *raftpb.Message, 4096),
-		props:         make(chan *proposal, 1024),
-		reports:       make(chan func(*raft.RawNode), 256),
-		stop:          make(chan struct{}),
-		done:          make(chan struct{}),
+		inbox:   make(chan *raftpb.Message, 4096),
+		props:   make(chan *proposal, 1024),
+		reports: make(chan func(*raft.RawNode), 256),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 		waiters: map[uint64]*proposal{},
 		nextID:  rand.Uint64(),
 		poke:    make(chan struct{}, 1),

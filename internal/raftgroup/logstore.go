@@ -39,13 +39,13 @@ type logStore struct {
 	e     *storage.Engine
 	group uint64
 
-	hs       *raftpb.HardState
-	cs       *raftpb.ConfState
+	hs        *raftpb.HardState
+	cs        *raftpb.ConfState
 	truncIdx  uint64   // the last index dropped from the log (by compaction or a snapshot)
 	truncTerm uint64   // its term, kept so Raft can match the entry after it
 	first     uint64   // first index in the log: truncIdx+1
-	terms    []uint64 // terms[i] is the term of entry first+i
-	applied  uint64
+	terms     []uint64 // terms[i] is the term of entry first+i
+	applied   uint64
 }
 
 // openLogStore loads a group's Raft state, initialising it with voters on first use.
