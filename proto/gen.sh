@@ -10,3 +10,4 @@ gen() { # proto file, output package dir
 }
 gen transport.proto
 gen epoch.proto
+gen txnstate.proto

@@ -15,6 +15,7 @@ import (
 	"github.com/terroir-db/terroir/internal/node"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
+	"github.com/terroir-db/terroir/internal/txnstate"
 )
 
 // Options tune an in-process cluster.
@@ -183,6 +184,15 @@ func (c *Cluster) EpochReader(region string) (*epoch.Reader, error) {
 	c.readers = append(c.readers, r)
 	c.mu.Unlock()
 	return r, nil
+}
+
+// TxnStateClient returns a client in region of that region's txn-state group.
+func (c *Cluster) TxnStateClient(region string) (*txnstate.Client, error) {
+	groups := c.Topology.GroupsOfKind(topology.KindTxnState, region)
+	if len(groups) == 0 {
+		return nil, fmt.Errorf("localcluster: region %q has no txn-state group", region)
+	}
+	return txnstate.NewClient(c.Dialer(region), groups[0].ID, groups[0].Replicas), nil
 }
 
 // Close stops every node and client and removes a temporary data directory

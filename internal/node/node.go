@@ -17,6 +17,7 @@ import (
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
+	"github.com/terroir-db/terroir/internal/txnstate"
 )
 
 // Config says which node to run and where.
@@ -81,6 +82,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter},
 		raftgroup.NewMetrics(cfg.Registry))
 	epochServer := epoch.NewServer()
+	txnServer := txnstate.NewServer()
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		switch g.Kind {
 		case topology.KindLocalEpoch:
@@ -95,6 +97,13 @@ func Start(cfg Config) (_ *Node, err error) {
 			r := epoch.NewReplica(rg, sm, top.LocalEpochInterval)
 			n.epochs[g.ID] = r
 			epochServer.Add(r)
+		case topology.KindTxnState:
+			sm := txnstate.NewStateMachine(n.engine, g.ID)
+			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
+			if err != nil {
+				return nil, err
+			}
+			txnServer.Add(txnstate.Replica{Group: rg, SM: sm})
 		default:
 			return nil, fmt.Errorf("node: group %d has kind %q this node cannot host", g.ID, g.Kind)
 		}
@@ -105,6 +114,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.server = transport.NewServer()
 	n.raft.Register(n.server)
 	epochServer.Register(n.server)
+	txnServer.Register(n.server)
 
 	n.listener = cfg.Listener
 	if n.listener == nil {
@@ -122,7 +132,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	for _, r := range n.epochs {
 		r.Start()
 	}
-	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(n.epochs))
+	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(top.GroupsOn(cfg.NodeID)))
 	return n, nil
 }
 

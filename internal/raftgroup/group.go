@@ -24,8 +24,9 @@ import (
 // called only from the group's goroutine, in log order.
 type StateMachine interface {
 	// Apply applies the committed command at index, staging every durable change
-	// in b (committed together with the applied index). The result is returned to
-	// the proposer, if it waits on this replica.
+	// in b (committed together with the applied index). b is indexed: reads
+	// through it see the writes of earlier commands in the same batch. The result
+	// is returned to the proposer, if it waits on this replica.
 	Apply(b *pebble.Batch, index uint64, cmd []byte) any
 	// Snapshot encodes the state as of the last applied command.
 	Snapshot() ([]byte, error)
@@ -92,13 +93,17 @@ type Group struct {
 	stop    chan struct{}
 	done    chan struct{}
 
-	waiters  map[uint64]*proposal // loop only
-	leading  bool                 // loop only: raft state is leader
-	nextID   uint64               // loop only
-	catchUp  catchUp              // loop only
-	snapMu   sync.Mutex
-	snapRpts []func(*raft.RawNode) // snapshot reports: never dropped
-	poke     chan struct{}
+	waiters      map[uint64]*proposal // loop only
+	leading      bool                 // loop only: raft state is leader
+	nextID       uint64               // loop only
+	catchUp      catchUp              // loop only
+	snapMu       sync.Mutex
+	snapRpts     []func(*raft.RawNode) // snapshot reports: never dropped
+	poke         chan struct{}
+	reads        chan *readRequest
+	pending      uint64                   // loop only: last read request id (random start)
+	pendingReads map[[8]byte]*readRequest // loop only
+	appliedC     chan struct{}            // closed and replaced when Applied changes
 
 	mu     sync.Mutex
 	status Status
@@ -152,14 +157,18 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 	}
 	g := &Group{
 		id: id, self: self, rn: rn, ls: ls, sm: sm, e: e, cfg: cfg.withDefaults(), metrics: m,
-		inbox:   make(chan *raftpb.Message, 4096),
-		props:   make(chan *proposal, 1024),
-		reports: make(chan func(*raft.RawNode), 256),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		waiters: map[uint64]*proposal{},
-		nextID:  rand.Uint64(),
-		poke:    make(chan struct{}, 1),
+		inbox:        make(chan *raftpb.Message, 4096),
+		props:        make(chan *proposal, 1024),
+		reports:      make(chan func(*raft.RawNode), 256),
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
+		waiters:      map[uint64]*proposal{},
+		nextID:       rand.Uint64(),
+		poke:         make(chan struct{}, 1),
+		reads:        make(chan *readRequest, 256),
+		pendingReads: map[[8]byte]*readRequest{},
+		pending:      rand.Uint64(),
+		appliedC:     make(chan struct{}),
 	}
 	binary.BigEndian.PutUint64(g.catchUp.ctx[:], rand.Uint64())
 	g.catchUp.applied = ls.applied
@@ -218,6 +227,54 @@ func (g *Group) Propose(ctx context.Context, cmd []byte) (any, error) {
 	}
 }
 
+// ReadIndex waits until this replica has applied every entry committed when the
+// call began (a Raft ReadIndex round with a quorum, then the local apply), so a
+// read of the state machine after it returns is linearizable. Bounded by ctx;
+// ErrStopped if the group stops.
+func (g *Group) ReadIndex(ctx context.Context) error {
+	r := &readRequest{done: make(chan uint64, 1)}
+	select {
+	case g.reads <- r:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-g.done:
+		return ErrStopped
+	}
+	var index uint64
+	select {
+	case index = <-r.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-g.done:
+		return ErrStopped
+	}
+	for {
+		ch := g.appliedCh()
+		if g.Status().Applied >= index {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-g.done:
+			return ErrStopped
+		}
+	}
+}
+
+type readRequest struct {
+	ctx  [8]byte
+	done chan uint64 // receives the read index
+}
+
+// appliedCh returns a channel closed at the next change of the applied index.
+func (g *Group) appliedCh() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.appliedC
+}
+
 // step hands an incoming message to the group's goroutine; it drops the message if
 // the inbox is full (Raft retransmits).
 func (g *Group) step(m *raftpb.Message) {
@@ -266,6 +323,8 @@ func (g *Group) setApplied(index uint64) {
 	g.mu.Lock()
 	g.status.Applied = index
 	g.status.CaughtUp = g.catchUp.done()
+	close(g.appliedC)
+	g.appliedC = make(chan struct{})
 	g.mu.Unlock()
 }
 
@@ -331,6 +390,8 @@ func (g *Group) run() {
 		case f := <-g.reports:
 			f(g.rn)
 		case <-g.poke:
+		case r := <-g.reads:
+			g.readIndex(r)
 		}
 		g.runSnapshotReports()
 		g.drain()
@@ -357,6 +418,8 @@ func (g *Group) drain() {
 			g.propose(p)
 		case f := <-g.reports:
 			f(g.rn)
+		case r := <-g.reads:
+			g.readIndex(r)
 		default:
 			return
 		}
@@ -387,6 +450,15 @@ func (g *Group) propose(p *proposal) {
 	}
 	g.metrics.proposals.Inc()
 	g.waiters[p.id] = p
+}
+
+// readIndex issues a ReadIndex for r. Requests that get no answer (no leader, a
+// lost message) are abandoned to the caller's context.
+func (g *Group) readIndex(r *readRequest) {
+	g.pending++
+	binary.BigEndian.PutUint64(r.ctx[:], g.pending) // unique per replica run
+	g.pendingReads[r.ctx] = r
+	g.rn.ReadIndex(r.ctx[:])
 }
 
 func (g *Group) failWaiters(err error) {
@@ -422,6 +494,12 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	}
 	for _, rs := range rd.ReadStates {
 		g.catchUp.onReadState(rs)
+		var id [8]byte
+		copy(id[:], rs.RequestCtx)
+		if r, ok := g.pendingReads[id]; ok {
+			delete(g.pendingReads, id)
+			r.done <- rs.Index
+		}
 	}
 	if len(rd.ReadStates) > 0 {
 		g.setApplied(g.ls.applied)
@@ -475,6 +553,9 @@ func (g *Group) onSoftState(ss *raft.SoftState) {
 		if was == g.self {
 			g.failWaiters(ErrOutcomeUnknown)
 		}
+		// Reads sent to the old leader will not be answered; their callers'
+		// contexts end them.
+		clear(g.pendingReads)
 		old := g.leaderChanged.Load()
 		ch := make(chan struct{})
 		g.leaderChanged.Store(&ch)
@@ -491,7 +572,7 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 	if len(ents) == 0 {
 		return nil
 	}
-	b := g.e.NewBatch()
+	b := g.e.NewIndexedBatch()
 	var results []delivered
 	for _, ent := range ents {
 		switch ent.GetType() {

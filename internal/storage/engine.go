@@ -144,6 +144,10 @@ func (e *Engine) Get(key []byte) ([]byte, error) {
 // NewBatch returns an empty write batch; commit it with Commit.
 func (e *Engine) NewBatch() *pebble.Batch { return e.db.NewBatch() }
 
+// NewIndexedBatch returns an empty batch whose Get and iterators see its own
+// writes over the engine's state; commit it with Commit.
+func (e *Engine) NewIndexedBatch() *pebble.Batch { return e.db.NewIndexedBatch() }
+
 // Commit applies b atomically. With sync the batch is in the fsync'd WAL before
 // Commit returns; Pebble groups concurrent synced commits into one fsync. A later
 // synced commit also makes every earlier commit durable (the WAL is sequential).

@@ -35,10 +35,12 @@ type Kind string
 const (
 	// KindLocalEpoch is a region's local epoch service (DESIGN.md §2, §3.1).
 	KindLocalEpoch Kind = "local-epoch"
+	// KindTxnState is a region's transaction state store (DESIGN.md §2, §4.4).
+	KindTxnState Kind = "txn-state"
 )
 
 // knownKinds lists the kinds this version can host.
-var knownKinds = map[Kind]bool{KindLocalEpoch: true}
+var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true}
 
 // Defaults applied when the file leaves a field out.
 const (

@@ -1,0 +1,191 @@
+package txnstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/raftgroup"
+	"github.com/terroir-db/terroir/internal/transport"
+	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
+)
+
+// Replica is a node's replica of a txn-state group.
+type Replica struct {
+	Group *raftgroup.Group
+	SM    *StateMachine
+}
+
+// Server answers TxnState RPCs for every txn-state replica a node hosts.
+type Server struct {
+	txnstatepb.UnimplementedTxnStateServer
+
+	mu       sync.RWMutex
+	replicas map[uint64]Replica
+}
+
+// NewServer returns a server with no replicas.
+func NewServer() *Server { return &Server{replicas: map[uint64]Replica{}} }
+
+// Add makes r's group reachable through the server.
+func (s *Server) Add(r Replica) {
+	s.mu.Lock()
+	s.replicas[r.Group.ID()] = r
+	s.mu.Unlock()
+}
+
+// Register installs the TxnState service on g.
+func (s *Server) Register(g *grpc.Server) { txnstatepb.RegisterTxnStateServer(g, s) }
+
+func (s *Server) replica(id uint64) (Replica, error) {
+	s.mu.RLock()
+	r, ok := s.replicas[id]
+	s.mu.RUnlock()
+	if !ok {
+		return Replica{}, status.Errorf(codes.NotFound, "txn-state group %d is not hosted here", id)
+	}
+	return r, nil
+}
+
+// notLeader is the status a non-leader replica answers with.
+func notLeader(id uint64) error {
+	return status.Errorf(codes.FailedPrecondition, "txn-state group %d: not the leader", id)
+}
+
+// Decide implements txnstatepb.TxnStateServer.
+func (s *Server) Decide(ctx context.Context, req *txnstatepb.DecideRequest) (*txnstatepb.DecideResponse, error) {
+	r, err := s.replica(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	if err := validDecision(req.GetRecord()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	cmd, err := proto.Marshal(req.GetRecord())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	res, err := r.Group.Propose(ctx, cmd)
+	switch {
+	case errors.Is(err, raftgroup.ErrNotLeader):
+		return nil, notLeader(req.GetGroupId())
+	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrBusy), errors.Is(err, raftgroup.ErrStopped):
+		return nil, status.Error(codes.Unavailable, err.Error())
+	case err != nil:
+		return nil, status.FromContextError(err).Err()
+	}
+	switch v := res.(type) {
+	case *txnstatepb.Record:
+		return &txnstatepb.DecideResponse{Record: v}, nil
+	case error:
+		return nil, status.Error(codes.Internal, v.Error())
+	}
+	return nil, status.Errorf(codes.Internal, "txn-state: unexpected result %T", res)
+}
+
+// Get implements txnstatepb.TxnStateServer: a ReadIndex barrier, then a local read.
+func (s *Server) Get(ctx context.Context, req *txnstatepb.GetRequest) (*txnstatepb.GetResponse, error) {
+	r, err := s.replica(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	if len(req.GetTxnId()) != TxnIDLen {
+		return nil, status.Errorf(codes.InvalidArgument, "transaction ID of %d bytes", len(req.GetTxnId()))
+	}
+	if err := r.Group.ReadIndex(ctx); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	rec, err := r.SM.Get(req.GetTxnId())
+	if err != nil {
+		return nil, status.Error(codes.DataLoss, err.Error())
+	}
+	return &txnstatepb.GetResponse{Record: rec}, nil
+}
+
+// ErrUnavailable is returned by Client calls that found no serving leader in time.
+var ErrUnavailable = errors.New("txnstate: no leader reachable")
+
+// Client calls one txn-state group, finding and remembering its leader.
+type Client struct {
+	dialer   *transport.Dialer
+	group    uint64
+	replicas []uint64
+	leader   atomic.Uint64 // last replica that served a Decide; 0 if unknown
+}
+
+// NewClient returns a client of group whose replicas are on the given nodes.
+func NewClient(dialer *transport.Dialer, group uint64, replicas []uint64) *Client {
+	return &Client{dialer: dialer, group: group, replicas: append([]uint64(nil), replicas...)}
+}
+
+// Decide records rec's outcome unless another was recorded first, and returns
+// the winning record. It retries other replicas and transient failures until ctx
+// ends; the caller must treat an error as "outcome unknown".
+func (c *Client) Decide(ctx context.Context, rec *txnstatepb.Record) (*txnstatepb.Record, error) {
+	var out *txnstatepb.Record
+	err := c.call(ctx, func(ctx context.Context, cl txnstatepb.TxnStateClient) error {
+		resp, err := cl.Decide(ctx, &txnstatepb.DecideRequest{GroupId: c.group, Record: rec})
+		out = resp.GetRecord()
+		return err
+	})
+	return out, err
+}
+
+// Get returns the recorded outcome of txnID (UNKNOWN if none yet).
+func (c *Client) Get(ctx context.Context, txnID []byte) (*txnstatepb.Record, error) {
+	var out *txnstatepb.Record
+	err := c.call(ctx, func(ctx context.Context, cl txnstatepb.TxnStateClient) error {
+		resp, err := cl.Get(ctx, &txnstatepb.GetRequest{GroupId: c.group, TxnId: txnID})
+		out = resp.GetRecord()
+		return err
+	})
+	return out, err
+}
+
+// call tries the remembered leader first, then each replica in turn, pausing
+// between rounds, until one answers or ctx ends.
+func (c *Client) call(ctx context.Context, f func(context.Context, txnstatepb.TxnStateClient) error) error {
+	var lastErr error
+	for round := 0; ; round++ {
+		order := c.replicas
+		if l := c.leader.Load(); l != 0 {
+			order = append([]uint64{l}, c.replicas...)
+		}
+		for _, id := range order {
+			conn, err := c.dialer.Conn(id)
+			if err != nil {
+				return err
+			}
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			err = f(actx, txnstatepb.NewTxnStateClient(conn))
+			cancel()
+			if err == nil {
+				c.leader.Store(id)
+				return nil
+			}
+			lastErr = err
+			switch status.Code(err) {
+			case codes.InvalidArgument, codes.DataLoss, codes.Internal:
+				return err
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
+			}
+		}
+		t := time.NewTimer(time.Duration(min(round+1, 10)) * 10 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package txnstate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/storage"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/txnstate"
+	pb "github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func txnID(i int) []byte {
+	id := make([]byte, txnstate.TxnIDLen)
+	copy(id, fmt.Sprintf("txn-%012d", i))
+	return id
+}
+
+func decision(i int, o pb.Outcome) *pb.Record {
+	r := &pb.Record{TxnId: txnID(i), Outcome: o}
+	if o == pb.Outcome_OUTCOME_COMMITTED {
+		r.Version = &pb.VersionID{Epoch: 7, Counter: uint32(i)}
+		r.Participants = []*pb.Participant{{RangeId: 10, Writes: true}}
+	}
+	return r
+}
+
+func cmd(t *testing.T, r *pb.Record) []byte {
+	b, err := proto.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestFirstDecisionWins(t *testing.T) {
+	e, err := storage.Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	sm := txnstate.NewStateMachine(e, 5)
+	b := e.NewIndexedBatch()
+	// Two decisions for one transaction in one batch: the first wins.
+	won := sm.Apply(b, 1, cmd(t, decision(1, pb.Outcome_OUTCOME_COMMITTED))).(*pb.Record)
+	again := sm.Apply(b, 2, cmd(t, decision(1, pb.Outcome_OUTCOME_ABORTED))).(*pb.Record)
+	if won.GetOutcome() != pb.Outcome_OUTCOME_COMMITTED || again.GetOutcome() != pb.Outcome_OUTCOME_COMMITTED {
+		t.Fatalf("outcomes %v then %v; want committed twice", won.GetOutcome(), again.GetOutcome())
+	}
+	if err, ok := sm.Apply(b, 3, cmd(t, &pb.Record{TxnId: txnID(2)})).(error); !ok || !errors.Is(err, txnstate.ErrBadRecord) {
+		t.Fatalf("an UNKNOWN decision applied: %v", err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	got, err := sm.Get(txnID(1))
+	if err != nil || got.GetOutcome() != pb.Outcome_OUTCOME_COMMITTED || got.GetVersion().GetCounter() != 1 {
+		t.Fatalf("Get = %v, %v", got, err)
+	}
+	if got, _ := sm.Get(txnID(9)); got.GetOutcome() != pb.Outcome_OUTCOME_UNKNOWN {
+		t.Fatalf("undecided transaction has outcome %v", got.GetOutcome())
+	}
+
+	// A snapshot restores into another group's state machine.
+	snap, err := sm.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := txnstate.NewStateMachine(e, 6)
+	b = e.NewIndexedBatch()
+	if err := other.Restore(b, snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := other.Get(txnID(1)); got.GetOutcome() != pb.Outcome_OUTCOME_COMMITTED {
+		t.Fatal("snapshot lost a record")
+	}
+	if err := other.Restore(e.NewIndexedBatch(), snap[:len(snap)-1]); !errors.Is(err, storage.ErrCorrupt) {
+		t.Fatalf("Restore of a truncated snapshot = %v, want ErrCorrupt", err)
+	}
+}
+
+// TestExactlyOneOutcomeUnderLeaderKill races commit against abort for many
+// transactions from concurrent clients while the group's leader is killed.
+func TestExactlyOneOutcomeUnderLeaderKill(t *testing.T) {
+	top, err := topology.Load("../../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := localcluster.Start(top, localcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	group := top.GroupsOfKind(topology.KindTxnState, "us-east1")[0].ID
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	const txns, racers = 40, 6
+	results := make([][]pb.Outcome, txns)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		time.Sleep(100 * time.Millisecond)
+		for c.Leader(group) == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := c.StopNode(c.Leader(group)); err != nil {
+			t.Error(err)
+		}
+	}()
+	for r := 0; r < racers; r++ {
+		cl, err := c.TxnStateClient("us-east1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			for i := 0; i < txns; i++ {
+				o := pb.Outcome_OUTCOME_COMMITTED
+				if (i+r)%2 == 0 {
+					o = pb.Outcome_OUTCOME_ABORTED
+				}
+				for {
+					rec, err := cl.Decide(ctx, decision(i, o))
+					if err == nil {
+						mu.Lock()
+						results[i] = append(results[i], rec.GetOutcome())
+						mu.Unlock()
+						break
+					}
+					if ctx.Err() != nil {
+						t.Errorf("txn %d: %v", i, err)
+						return
+					}
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}(r)
+	}
+	wg.Wait()
+	<-killed
+	reader, err := c.TxnStateClient("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, outs := range results {
+		if len(outs) != racers {
+			t.Fatalf("txn %d: %d answers, want %d", i, len(outs), racers)
+		}
+		for _, o := range outs {
+			if o != outs[0] {
+				t.Fatalf("txn %d: decisions disagree: %v", i, outs)
+			}
+		}
+		rec, err := reader.Get(ctx, txnID(i))
+		if err != nil || rec.GetOutcome() != outs[0] {
+			t.Fatalf("txn %d: Get = %v, %v; decided %v", i, rec.GetOutcome(), err, outs[0])
+		}
+	}
+}
