@@ -11,3 +11,4 @@ gen() { # proto file, output package dir
 gen transport.proto
 gen epoch.proto
 gen txnstate.proto
+gen range.proto

@@ -10,7 +10,9 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"time"
 
+	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/node"
 	"github.com/terroir-db/terroir/internal/topology"
@@ -27,6 +29,9 @@ type Options struct {
 	Keep bool
 	// CompactAfter overrides the Raft log compaction threshold (0: default).
 	CompactAfter uint64
+	// OrphanAfter overrides how long a range leader lets a silent transaction
+	// hold locks before resolving it (0: default).
+	OrphanAfter time.Duration
 }
 
 // Cluster is a running in-process cluster.
@@ -44,6 +49,7 @@ type Cluster struct {
 	nodes   map[uint64]*node.Node
 	dialers []*transport.Dialer
 	readers []*epoch.Reader
+	clients []*client.DB
 }
 
 // Start binds a 127.0.0.1 port per node of top (its addresses are replaced) and
@@ -93,7 +99,7 @@ func (c *Cluster) DataDir() string { return c.dataDir }
 func (c *Cluster) startNode(id uint64, l net.Listener) error {
 	n, err := node.Start(node.Config{
 		Topology: c.Topology, NodeID: id, DataDir: c.nodeDir(id),
-		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter,
+		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter, OrphanAfter: c.opts.OrphanAfter,
 	})
 	if err != nil {
 		return err
@@ -186,6 +192,18 @@ func (c *Cluster) EpochReader(region string) (*epoch.Reader, error) {
 	return r, nil
 }
 
+// Client returns a transaction client located in region; Close closes it.
+func (c *Cluster) Client(region string) (*client.DB, error) {
+	db, err := client.OpenWithDialer(c.Topology, region, c.Dialer(region))
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.clients = append(c.clients, db)
+	c.mu.Unlock()
+	return db, nil
+}
+
 // TxnStateClient returns a client in region of that region's txn-state group.
 func (c *Cluster) TxnStateClient(region string) (*txnstate.Client, error) {
 	groups := c.Topology.GroupsOfKind(topology.KindTxnState, region)
@@ -201,9 +219,12 @@ func (c *Cluster) Close() error {
 	c.mu.Lock()
 	nodes := c.nodes
 	c.nodes = map[uint64]*node.Node{}
-	readers, dialers := c.readers, c.dialers
-	c.readers, c.dialers = nil, nil
+	readers, dialers, clients := c.readers, c.dialers, c.clients
+	c.readers, c.dialers, c.clients = nil, nil, nil
 	c.mu.Unlock()
+	for _, db := range clients {
+		_ = db.Close()
+	}
 	for _, r := range readers {
 		r.Close()
 	}

@@ -10,6 +10,11 @@
 // also yield to older waiters, a waiting writer is not starved by a stream of
 // younger readers. Every wait is bounded by the caller's context.
 //
+// A transaction that has prepared requests no more locks, so it can wait for no
+// one: a request that conflicts with a prepared transaction waits for it whatever
+// their ages (MarkPrepared), which cannot close a cycle and spares the requester
+// a restart while a commit is being released.
+//
 // Snapshot reads take no lock: WaitNoExclusive waits until no exclusive lock
 // overlaps their span and never delays an acquisition (paper §5.2).
 package locktable
@@ -125,19 +130,21 @@ type waiter struct {
 
 // Table is one leader's lock table. It is safe for concurrent use.
 type Table struct {
-	mu      sync.Mutex
-	points  *btree.BTreeG[*keyEntry]
-	ranges  []rangeLock
-	byTxn   map[TxnID][]Span // what each transaction holds, for ReleaseAll
-	waiters map[*waiter]struct{}
+	mu       sync.Mutex
+	points   *btree.BTreeG[*keyEntry]
+	ranges   []rangeLock
+	byTxn    map[TxnID][]Span // what each transaction holds, for ReleaseAll
+	waiters  map[*waiter]struct{}
+	prepared map[TxnID]bool
 }
 
 // New returns an empty lock table.
 func New() *Table {
 	return &Table{
-		points:  btree.NewG(32, func(a, b *keyEntry) bool { return a.key < b.key }),
-		byTxn:   map[TxnID][]Span{},
-		waiters: map[*waiter]struct{}{},
+		points:   btree.NewG(32, func(a, b *keyEntry) bool { return a.key < b.key }),
+		byTxn:    map[TxnID][]Span{},
+		waiters:  map[*waiter]struct{}{},
+		prepared: map[TxnID]bool{},
 	}
 }
 
@@ -191,7 +198,7 @@ func (t *Table) conflicting(txn Txn, span Span, mode Mode) (blockers int, mustDi
 		if h.txn.ID == txn.ID || !conflicts(h.mode, mode) {
 			return true
 		}
-		if older(h.txn, txn) {
+		if older(h.txn, txn) && !t.prepared[h.txn.ID] {
 			mustDie = true
 			return false
 		}
@@ -266,6 +273,7 @@ func (t *Table) ReleaseAll(txn TxnID) {
 	defer t.mu.Unlock()
 	spans := t.byTxn[txn]
 	delete(t.byTxn, txn)
+	delete(t.prepared, txn)
 	if len(spans) == 0 {
 		return
 	}
@@ -303,6 +311,16 @@ func (t *Table) ReleaseAll(txn TxnID) {
 				break
 			}
 		}
+	}
+}
+
+// MarkPrepared records that txn will request no more locks: conflicting
+// requests wait for it instead of dying. It lasts until ReleaseAll.
+func (t *Table) MarkPrepared(txn TxnID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.byTxn[txn]) > 0 {
+		t.prepared[txn] = true
 	}
 }
 
@@ -386,6 +404,13 @@ func (t *Table) holdersExact(span Span) []holder {
 		}
 	}
 	return out
+}
+
+// HeldBy returns how many distinct spans txn holds locks on.
+func (t *Table) HeldBy(txn TxnID) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.byTxn[txn])
 }
 
 // Len returns the number of locks held (point holders plus range locks).

@@ -87,6 +87,24 @@ func TestYoungerDiesOlderWaits(t *testing.T) {
 	}
 }
 
+func TestYoungerWaitsForPreparedHolder(t *testing.T) {
+	tb := New()
+	mustAcquire(t, tb, txn(5), Point([]byte("k")), Exclusive)
+	tb.MarkPrepared(txn(5).ID)
+	ch := acquireAsync(tb, txn(9), Point([]byte("k")), Shared)
+	waitWaiters(t, tb, 1)
+	tb.ReleaseAll(txn(5).ID)
+	if err := <-ch; err != nil {
+		t.Fatalf("younger request behind a prepared holder = %v, want it to wait and succeed", err)
+	}
+	// The mark ends with the transaction: a new txn 5 lock makes younger requests die again.
+	tb.ReleaseAll(txn(9).ID)
+	mustAcquire(t, tb, txn(5), Point([]byte("k")), Exclusive)
+	if err := tb.Acquire(ctxT(t), txn(9), Point([]byte("k")), Shared); !errors.Is(err, ErrWouldDie) {
+		t.Fatalf("after release the prepared mark stayed: %v", err)
+	}
+}
+
 func TestRangeLockExcludesPhantoms(t *testing.T) {
 	tb := New()
 	mustAcquire(t, tb, txn(5), rng("b", "d"), Shared) // a scan of [b, d)

@@ -8,12 +8,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/raftgroup"
+	"github.com/terroir-db/terroir/internal/rangeserver"
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -38,6 +41,8 @@ type Config struct {
 	Registry *prometheus.Registry
 	// CompactAfter overrides raftgroup.Config.CompactAfter (0: default).
 	CompactAfter uint64
+	// OrphanAfter overrides rangeserver.Config.OrphanAfter (0: default).
+	OrphanAfter time.Duration
 }
 
 // Node is a running node. Close stops it.
@@ -50,6 +55,10 @@ type Node struct {
 	server   *grpc.Server
 	listener net.Listener
 	epochs   map[uint64]*epoch.Replica
+	ranges   []*rangeserver.Replica
+	readers  map[string]*epoch.Reader // local epoch readers, by region
+	mu       sync.Mutex
+	deciders map[uint64]*txnstate.Client
 	registry *prometheus.Registry
 	served   chan struct{}
 }
@@ -69,7 +78,8 @@ func Start(cfg Config) (_ *Node, err error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	n := &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{})}
+	n := &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{}),
+		readers: map[string]*epoch.Reader{}, deciders: map[uint64]*txnstate.Client{}}
 	defer func() {
 		if err != nil {
 			n.closeParts()
@@ -81,8 +91,10 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.host = raftgroup.NewHost(cfg.NodeID, n.engine,
 		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter},
 		raftgroup.NewMetrics(cfg.Registry))
+	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region})
 	epochServer := epoch.NewServer()
 	txnServer := txnstate.NewServer()
+	rangeServer := rangeserver.NewServer()
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		switch g.Kind {
 		case topology.KindLocalEpoch:
@@ -104,17 +116,34 @@ func Start(cfg Config) (_ *Node, err error) {
 				return nil, err
 			}
 			txnServer.Add(txnstate.Replica{Group: rg, SM: sm})
+		case topology.KindRange:
+			sm, err := rangeserver.NewStateMachine(n.engine, g.ID)
+			if err != nil {
+				return nil, err
+			}
+			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
+			if err != nil {
+				return nil, err
+			}
+			epochs, err := n.localEpochReader(g.Region)
+			if err != nil {
+				return nil, err
+			}
+			r := rangeserver.NewReplica(g, cfg.NodeID, rg, sm, epochs, n.decider,
+				rangeserver.Config{Tick: top.LocalEpochInterval, OrphanAfter: cfg.OrphanAfter})
+			n.ranges = append(n.ranges, r)
+			rangeServer.Add(r)
 		default:
 			return nil, fmt.Errorf("node: group %d has kind %q this node cannot host", g.ID, g.Kind)
 		}
 	}
 
-	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region})
 	n.raft = transport.NewRaft(n.dialer, n.host)
 	n.server = transport.NewServer()
 	n.raft.Register(n.server)
 	epochServer.Register(n.server)
 	txnServer.Register(n.server)
+	rangeServer.Register(n.server)
 
 	n.listener = cfg.Listener
 	if n.listener == nil {
@@ -132,8 +161,51 @@ func Start(cfg Config) (_ *Node, err error) {
 	for _, r := range n.epochs {
 		r.Start()
 	}
+	for _, r := range n.ranges {
+		r.Start()
+	}
 	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(top.GroupsOn(cfg.NodeID)))
 	return n, nil
+}
+
+// localEpochReader returns the node's reader of region's local epoch group.
+func (n *Node) localEpochReader(region string) (*epoch.Reader, error) {
+	if r, ok := n.readers[region]; ok {
+		return r, nil
+	}
+	groups := n.cfg.Topology.GroupsOfKind(topology.KindLocalEpoch, region)
+	if len(groups) == 0 {
+		return nil, fmt.Errorf("node: region %q has ranges but no local epoch group", region)
+	}
+	r := epoch.NewReader(n.dialer, groups[0].ID, groups[0].Replicas)
+	n.readers[region] = r
+	return r, nil
+}
+
+// decider returns a client of txn-state group id (nil if the topology has none).
+func (n *Node) decider(id uint64) rangeserver.Decider {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c, ok := n.deciders[id]; ok {
+		return c
+	}
+	g, ok := n.cfg.Topology.Group(id)
+	if !ok || g.Kind != topology.KindTxnState {
+		return nil
+	}
+	c := txnstate.NewClient(n.dialer, id, g.Replicas)
+	n.deciders[id] = c
+	return c
+}
+
+// Range returns the node's replica of range id, or nil.
+func (n *Node) Range(id uint64) *rangeserver.Replica {
+	for _, r := range n.ranges {
+		if r.Desc().ID == id {
+			return r
+		}
+	}
+	return nil
 }
 
 // ID returns the node's ID.
@@ -162,7 +234,13 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) closeParts() error {
+	for _, r := range n.ranges {
+		r.Close()
+	}
 	for _, r := range n.epochs {
+		r.Close()
+	}
+	for _, r := range n.readers {
 		r.Close()
 	}
 	if n.server != nil {

@@ -30,7 +30,8 @@ type StateMachine interface {
 	Apply(b *pebble.Batch, index uint64, cmd []byte) any
 	// Snapshot encodes the state as of the last applied command.
 	Snapshot() ([]byte, error)
-	// Restore replaces the state with an encoded snapshot, staging its durable form in b.
+	// Restore replaces the state with an encoded snapshot, staging its durable
+	// form in b (an indexed batch).
 	Restore(b *pebble.Batch, data []byte) error
 }
 
@@ -483,6 +484,7 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	b := g.e.NewBatch()
 	sync := rd.MustSync
 	if !raft.IsEmptySnap(rd.Snapshot) {
+		b = g.e.NewIndexedBatch() // Restore may read back what it staged
 		if err := g.ls.installSnapshot(b, rd.Snapshot); err != nil {
 			return err
 		}

@@ -37,10 +37,12 @@ const (
 	KindLocalEpoch Kind = "local-epoch"
 	// KindTxnState is a region's transaction state store (DESIGN.md §2, §4.4).
 	KindTxnState Kind = "txn-state"
+	// KindRange is one range of the key space: its MVCC data, lease and locks (DESIGN.md §2).
+	KindRange Kind = "range"
 )
 
 // knownKinds lists the kinds this version can host.
-var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true}
+var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true, KindRange: true}
 
 // Defaults applied when the file leaves a field out.
 const (
@@ -92,6 +94,14 @@ type Group struct {
 	Region string
 	// Replicas are the node IDs that host a replica, sorted ascending.
 	Replicas []uint64
+	// Start and End bound a range's keys, [Start, End); a nil End is unbounded.
+	// Both are nil for other kinds.
+	Start, End []byte
+}
+
+// Contains reports whether key belongs to range g.
+func (g Group) Contains(key []byte) bool {
+	return bytes.Compare(g.Start, key) <= 0 && (g.End == nil || bytes.Compare(key, g.End) < 0)
 }
 
 type fileTopology struct {
@@ -120,6 +130,8 @@ type fileGroup struct {
 	Region      string   `yaml:"region"`
 	Replicas    []uint64 `yaml:"replicas"`
 	Replication int      `yaml:"replication"`
+	Start       *string  `yaml:"start"`
+	End         *string  `yaml:"end"`
 }
 
 // Load reads and validates the topology file at path.
@@ -262,9 +274,68 @@ func build(f *fileTopology) (*Topology, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.Groups = append(t.Groups, Group{ID: g.ID, Kind: kind, Region: g.Region, Replicas: replicas})
+		grp := Group{ID: g.ID, Kind: kind, Region: g.Region, Replicas: replicas}
+		if kind == KindRange {
+			if g.Start == nil {
+				return nil, invalid("range %d: start is required (\"\" for the beginning of the key space)", g.ID)
+			}
+			grp.Start = []byte(*g.Start)
+			if g.End != nil {
+				grp.End = []byte(*g.End)
+				if bytes.Compare(grp.Start, grp.End) >= 0 {
+					return nil, invalid("range %d: end %q is not after start %q", g.ID, *g.End, *g.Start)
+				}
+			}
+		} else if g.Start != nil || g.End != nil {
+			return nil, invalid("group %d: only ranges have start and end", g.ID)
+		}
+		t.Groups = append(t.Groups, grp)
+	}
+	if err := t.checkRanges(); err != nil {
+		return nil, err
 	}
 	return t, nil
+}
+
+// checkRanges requires the ranges, if any, to tile the key space: sorted by
+// start, the first starts at "", each ends where the next starts, the last is
+// unbounded.
+func (t *Topology) checkRanges() error {
+	ranges := t.Ranges()
+	if len(ranges) == 0 {
+		return nil
+	}
+	if len(ranges[0].Start) != 0 {
+		return invalid("ranges: keys below %q belong to no range (the first range must start at \"\")", ranges[0].Start)
+	}
+	for i := 1; i < len(ranges); i++ {
+		prev, cur := ranges[i-1], ranges[i]
+		if prev.End == nil || !bytes.Equal(prev.End, cur.Start) {
+			return invalid("ranges %d and %d: range %d ends at %q but the next range starts at %q (gap or overlap)",
+				prev.ID, cur.ID, prev.ID, prev.End, cur.Start)
+		}
+	}
+	if last := ranges[len(ranges)-1]; last.End != nil {
+		return invalid("ranges: keys from %q belong to no range (the last range must have no end)", last.End)
+	}
+	return nil
+}
+
+// Ranges returns the range groups sorted by start key.
+func (t *Topology) Ranges() []Group {
+	out := t.GroupsOfKind(KindRange, "")
+	sort.Slice(out, func(i, j int) bool { return bytes.Compare(out[i].Start, out[j].Start) < 0 })
+	return out
+}
+
+// RangeFor returns the range that holds key; ok is false if the topology has no ranges.
+func (t *Topology) RangeFor(key []byte) (Group, bool) {
+	for _, g := range t.Ranges() {
+		if g.Contains(key) {
+			return g, true
+		}
+	}
+	return Group{}, false
 }
 
 // placeReplicas returns the group's replicas: the listed ones, or the first
@@ -410,7 +481,16 @@ func (t *Topology) Marshal() ([]byte, error) {
 		f.Nodes = append(f.Nodes, fileNode{ID: n.ID, Region: n.Region, Addr: n.Addr})
 	}
 	for _, g := range t.Groups {
-		f.Groups = append(f.Groups, fileGroup{ID: g.ID, Kind: string(g.Kind), Region: g.Region, Replicas: g.Replicas})
+		fg := fileGroup{ID: g.ID, Kind: string(g.Kind), Region: g.Region, Replicas: g.Replicas}
+		if g.Kind == KindRange {
+			start := string(g.Start)
+			fg.Start = &start
+			if g.End != nil {
+				end := string(g.End)
+				fg.End = &end
+			}
+		}
+		f.Groups = append(f.Groups, fg)
 	}
 	return yaml.Marshal(&f)
 }

@@ -101,6 +101,35 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
+func TestRanges(t *testing.T) {
+	base := strings.Replace(twoRegions, "groups:\n", "groups:\n  - {id: 20, kind: range, region: east, start: \"\", end: \"m\"}\n  - {id: 21, kind: range, region: east, start: \"m\"}\n", 1)
+	top, err := Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]uint64{"": 20, "a": 20, "lzz": 20, "m": 21, "zzz": 21} {
+		if g, ok := top.RangeFor([]byte(key)); !ok || g.ID != want {
+			t.Errorf("RangeFor(%q) = %d, want %d", key, g.ID, want)
+		}
+	}
+	data, _ := top.Marshal()
+	if again, err := Parse(data); err != nil || len(again.Ranges()) != 2 || again.Ranges()[1].End != nil {
+		t.Fatalf("ranges lost in a round trip: %v\n%s", err, data)
+	}
+	for name, c := range map[string]struct{ from, to, want string }{
+		"gap":          {`start: "m"}`, `start: "n"}`, "gap or overlap"},
+		"no beginning": {`start: "", end`, `start: "a", end`, "belong to no range"},
+		"bounded last": {`start: "m"}`, `start: "m", end: "z"}`, "last range must have no end"},
+		"inverted":     {`start: "", end: "m"`, `start: "", end: ""`, "is not after start"},
+		"no start":     {`start: "m"}`, `end: "z"}`, "start is required"},
+	} {
+		_, err := Parse([]byte(strings.Replace(base, c.from, c.to, 1)))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error mentioning %q", name, err, c.want)
+		}
+	}
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	_, err := Load(t.TempDir() + "/absent.yaml")
 	if !errors.Is(err, os.ErrNotExist) {

@@ -1,0 +1,153 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/terroir-db/terroir/internal/epoch"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
+	"github.com/terroir-db/terroir/internal/txnstate"
+)
+
+// Coordinator runs transactions for one client process located in one region.
+type Coordinator struct {
+	top      *topology.Topology
+	region   string
+	dialer   *transport.Dialer
+	epochs   *epoch.Reader
+	txnState *txnstate.Client
+	stateID  uint64
+
+	leaders  sync.Map      // range ID → uint64 node believed to lead it
+	session  atomic.Uint64 // the highest epoch this client has committed at
+	lastPrio atomic.Uint64
+
+	wg sync.WaitGroup // commit notifications in flight
+}
+
+// New returns a coordinator for clients in region, calling nodes through dialer.
+// It fails with ErrUnknownRegion, or when the region has no local epoch or
+// txn-state group.
+func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coordinator, error) {
+	if !top.HasRegion(region) {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownRegion, region)
+	}
+	eg := top.GroupsOfKind(topology.KindLocalEpoch, region)
+	tg := top.GroupsOfKind(topology.KindTxnState, region)
+	if len(eg) == 0 || len(tg) == 0 {
+		return nil, fmt.Errorf("coordinator: region %q needs a local-epoch and a txn-state group", region)
+	}
+	return &Coordinator{
+		top: top, region: region, dialer: dialer,
+		epochs:   epoch.NewReader(dialer, eg[0].ID, eg[0].Replicas),
+		txnState: txnstate.NewClient(dialer, tg[0].ID, tg[0].Replicas),
+		stateID:  tg[0].ID,
+	}, nil
+}
+
+// Close waits for commit notifications in flight and stops the epoch reader.
+func (c *Coordinator) Close() {
+	c.wg.Wait()
+	c.epochs.Close()
+}
+
+// priority returns a start-order priority for wait-die: the wall clock in
+// nanoseconds, made strictly increasing within the process. Clocks only affect
+// fairness, never correctness.
+func (c *Coordinator) priority() uint64 {
+	now := uint64(time.Now().UnixNano())
+	for {
+		last := c.lastPrio.Load()
+		p := max(now, last+1)
+		if c.lastPrio.CompareAndSwap(last, p) {
+			return p
+		}
+	}
+}
+
+// Begin starts a read-write transaction. A retry of a transaction should pass
+// the priority of its first attempt (Txn.Priority), so it ages and eventually
+// wins its conflicts; 0 takes a fresh one.
+func (c *Coordinator) Begin(priority uint64) *Txn {
+	id := make([]byte, txnstate.TxnIDLen)
+	_, _ = rand.Read(id)
+	if priority == 0 {
+		priority = c.priority()
+	}
+	return &Txn{
+		c:      c,
+		meta:   &pb.TxnMeta{Id: id, Priority: priority, TxnStateGroup: c.stateID},
+		writes: map[string]*pb.Write{},
+		parts:  map[uint64]*participant{},
+	}
+}
+
+// rangeCall runs f against the leader of range g, following leader hints and
+// retrying while no leader serves, until ctx ends. Aborted maps to ErrConflict.
+// A call that is not idempotent is retried only after errors that prove it did
+// not execute (FailedPrecondition); any other failure is ErrCommitUnknown.
+func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempotent bool, f func(context.Context, pb.RangeClient) error) error {
+	var lastErr error
+	next := 0
+	for attempt := 0; ; attempt++ {
+		target := g.Replicas[next%len(g.Replicas)]
+		if hint, ok := c.leaders.Load(g.ID); ok {
+			target = hint.(uint64)
+		}
+		conn, err := c.dialer.Conn(target)
+		if err != nil {
+			return err
+		}
+		err = f(ctx, pb.NewRangeClient(conn))
+		if err == nil {
+			c.leaders.Store(g.ID, target)
+			return nil
+		}
+		lastErr = err
+		st := status.Convert(err)
+		switch st.Code() {
+		case codes.Aborted:
+			return fmt.Errorf("%w: %s", ErrConflict, st.Message())
+		case codes.InvalidArgument, codes.OutOfRange, codes.Internal, codes.DataLoss, codes.NotFound:
+			return err
+		case codes.FailedPrecondition: // did not execute: not the leader, or not serving yet
+			hint := uint64(0)
+			for _, d := range st.Details() {
+				if nl, ok := d.(*pb.NotLeader); ok {
+					hint = nl.GetLeaderHint()
+				}
+			}
+			if hint != 0 {
+				c.leaders.Store(g.ID, hint)
+			} else {
+				c.leaders.Delete(g.ID)
+				next++
+			}
+		default: // Unknown, Unavailable, deadline: it may have executed
+			if !idempotent {
+				return fmt.Errorf("%w: range %d: %v", ErrCommitUnknown, g.ID, err)
+			}
+			c.leaders.Delete(g.ID)
+			next++
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, g.ID, lastErr)
+		}
+		t := time.NewTimer(time.Duration(min(attempt+1, 20)) * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, g.ID, lastErr)
+		}
+	}
+}

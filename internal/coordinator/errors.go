@@ -1,0 +1,71 @@
+// Package coordinator is the client side of a read-write transaction (paper §4.2,
+// DESIGN.md §4): it routes each operation to the leader of the key's range,
+// buffers writes, and runs commit — one phase at the leader for a single range,
+// else Prepare in parallel with the local epoch read, lease validation, the
+// commit record in the transaction state store, and the commit notification.
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Limits on keys and values.
+const (
+	// MaxKeySize is the largest key: 4 KiB.
+	MaxKeySize = 4 << 10
+	// MaxValueSize is the largest value: 1 MiB.
+	MaxValueSize = 1 << 20
+)
+
+// Errors. Each is matched with errors.Is; IsRetryable says which ones a retry
+// of the whole transaction can clear.
+var (
+	// ErrConflict: the transaction lost a lock conflict (wait-die), its locks were
+	// lost to a leader change, or its lease validation failed. Retryable.
+	ErrConflict = errors.New("terroir: transaction conflict, retry")
+	// ErrAborted: the transaction was aborted (by the caller, or resolved as
+	// aborted after its coordinator went silent). Retryable.
+	ErrAborted = errors.New("terroir: transaction aborted")
+	// ErrUnavailable: no leader could be reached in time. Retryable.
+	ErrUnavailable = errors.New("terroir: unavailable")
+	// ErrCommitUnknown: the commit's outcome is unknown (a failure after the
+	// commit was submitted). Not retried automatically.
+	ErrCommitUnknown = errors.New("terroir: commit outcome unknown")
+	// ErrKeyTooLarge: a key exceeds MaxKeySize.
+	ErrKeyTooLarge = errors.New("terroir: key too large")
+	// ErrValueTooLarge: a value exceeds MaxValueSize.
+	ErrValueTooLarge = errors.New("terroir: value too large")
+	// ErrEmptyKey: the key is empty.
+	ErrEmptyKey = errors.New("terroir: empty key")
+	// ErrInvalidRange: a scan's upper bound sorts before its lower bound.
+	ErrInvalidRange = errors.New("terroir: invalid range: upper bound before lower bound")
+	// ErrTxnFinished: the transaction already committed or aborted.
+	ErrTxnFinished = errors.New("terroir: transaction already finished")
+	// ErrUnknownRegion: a region the topology does not declare.
+	ErrUnknownRegion = errors.New("terroir: unknown region")
+)
+
+// IsRetryable reports whether retrying the whole transaction may succeed.
+func IsRetryable(err error) bool {
+	return errors.Is(err, ErrConflict) || errors.Is(err, ErrAborted) || errors.Is(err, ErrUnavailable)
+}
+
+// CheckKey validates a key.
+func CheckKey(key []byte) error {
+	switch {
+	case len(key) == 0:
+		return ErrEmptyKey
+	case len(key) > MaxKeySize:
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
+	}
+	return nil
+}
+
+// CheckValue validates a value.
+func CheckValue(v []byte) error {
+	if len(v) > MaxValueSize {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(v), MaxValueSize)
+	}
+	return nil
+}

@@ -1,0 +1,462 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/rangeserver"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
+)
+
+// notifyTimeout bounds the commit notification sent after the commit point.
+const notifyTimeout = 5 * time.Second
+
+// Txn is one read-write transaction. Its methods are safe for concurrent use but
+// run one at a time.
+type Txn struct {
+	c    *Coordinator
+	meta *pb.TxnMeta
+
+	mu       sync.Mutex
+	writes   map[string]*pb.Write    // buffered until commit
+	parts    map[uint64]*participant // by range ID
+	finished bool
+}
+
+// participant is one range the transaction touched.
+type participant struct {
+	desc  topology.Group
+	spans map[string]struct{} // distinct spans locked there
+}
+
+// Priority returns the transaction's wait-die priority (pass it to Begin when
+// retrying, so the retry keeps its age).
+func (t *Txn) Priority() uint64 { return t.meta.GetPriority() }
+
+// ID returns the transaction's 16-byte ID.
+func (t *Txn) ID() []byte { return t.meta.GetId() }
+
+func (t *Txn) part(g topology.Group) *participant {
+	p, ok := t.parts[g.ID]
+	if !ok {
+		p = &participant{desc: g, spans: map[string]struct{}{}}
+		t.parts[g.ID] = p
+	}
+	return p
+}
+
+func (t *Txn) rangeFor(key []byte) (topology.Group, error) {
+	g, ok := t.c.top.RangeFor(key)
+	if !ok {
+		return g, fmt.Errorf("coordinator: the topology has no ranges")
+	}
+	return g, nil
+}
+
+// begin checks the transaction is still open; callers hold t.mu.
+func (t *Txn) begin() error {
+	if t.finished {
+		return ErrTxnFinished
+	}
+	return nil
+}
+
+// Get returns key's value (ok false if absent), taking a shared lock on it. A
+// key this transaction wrote reads back its own write.
+func (t *Txn) Get(ctx context.Context, key []byte) (value []byte, ok bool, err error) {
+	if err := CheckKey(key); err != nil {
+		return nil, false, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.begin(); err != nil {
+		return nil, false, err
+	}
+	if w, buffered := t.writes[string(key)]; buffered {
+		return w.GetValue(), !w.GetTombstone(), nil
+	}
+	g, err := t.rangeFor(key)
+	if err != nil {
+		return nil, false, err
+	}
+	err = t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+		resp, err := rc.Get(ctx, &pb.GetRequest{RangeId: g.ID, Txn: t.meta, Key: key})
+		value, ok = resp.GetValue(), resp.GetFound()
+		return err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	t.part(g).spans["p"+string(key)] = struct{}{}
+	return value, ok, nil
+}
+
+// KeyValue is one scan result.
+type KeyValue struct {
+	Key, Value []byte
+}
+
+// Scan returns up to limit (0: no limit) key-value pairs with lo ≤ key < hi in
+// key order (a nil hi scans to the end of the key space), taking shared
+// key-range locks so that no key can appear in the range until the transaction
+// ends. It fails with ErrInvalidRange if hi < lo.
+func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, error) {
+	if hi != nil && bytes.Compare(hi, lo) < 0 {
+		return nil, ErrInvalidRange
+	}
+	if len(lo) > MaxKeySize || len(hi) > MaxKeySize {
+		return nil, fmt.Errorf("%w: scan bound", ErrKeyTooLarge)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.begin(); err != nil {
+		return nil, err
+	}
+	var out []KeyValue
+	for _, g := range t.c.top.Ranges() {
+		if (hi != nil && bytes.Compare(g.Start, hi) >= 0) || (g.End != nil && bytes.Compare(g.End, lo) <= 0) {
+			continue
+		}
+		start, end := lo, hi
+		if bytes.Compare(start, g.Start) < 0 {
+			start = g.Start
+		}
+		if g.End != nil && (end == nil || bytes.Compare(end, g.End) > 0) {
+			end = g.End
+		}
+		if end != nil && bytes.Equal(start, end) {
+			continue
+		}
+		// Ask for enough that buffered deletes cannot leave us short.
+		want := 0
+		if limit > 0 {
+			want = limit - len(out) + t.bufferedDeletes(start, end)
+		}
+		var kvs []*pb.KeyValue
+		err := t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+			resp, err := rc.Scan(ctx, &pb.ScanRequest{RangeId: g.ID, Txn: t.meta, Start: start, End: end, Limit: uint32(want)})
+			kvs = resp.GetKvs()
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		t.part(g).spans["r"+string(start)+"\x00"+string(end)] = struct{}{}
+		out = t.overlay(out, kvs, start, end, want == 0 || len(kvs) < want)
+		if limit > 0 && len(out) >= limit {
+			return out[:limit], nil
+		}
+	}
+	return out, nil
+}
+
+func inSpan(key, start, end []byte) bool {
+	return bytes.Compare(key, start) >= 0 && (end == nil || bytes.Compare(key, end) < 0)
+}
+
+func (t *Txn) bufferedDeletes(start, end []byte) int {
+	n := 0
+	for k, w := range t.writes {
+		if w.GetTombstone() && inSpan([]byte(k), start, end) {
+			n++
+		}
+	}
+	return n
+}
+
+// overlay merges the transaction's buffered writes in [start, end) into the
+// stored values kvs and appends the result to out, in key order. complete is
+// false when the range's answer was cut by a limit.
+func (t *Txn) overlay(out []KeyValue, kvs []*pb.KeyValue, start, end []byte, complete bool) []KeyValue {
+	merged := map[string][]byte{}
+	for _, kv := range kvs {
+		merged[string(kv.GetKey())] = kv.GetValue()
+	}
+	// When the answer was cut by its limit, a buffered write past the last
+	// returned key may not be added: an unreturned stored key could sort before it.
+	var last []byte
+	if len(kvs) > 0 {
+		last = kvs[len(kvs)-1].GetKey()
+	}
+	for k, w := range t.writes {
+		if !inSpan([]byte(k), start, end) {
+			continue
+		}
+		if w.GetTombstone() {
+			delete(merged, k)
+		} else if last == nil || bytes.Compare([]byte(k), last) <= 0 || complete {
+			merged[k] = w.GetValue()
+		}
+	}
+	keys := make([]string, 0, len(merged))
+	for k := range merged {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		out = append(out, KeyValue{Key: []byte(k), Value: merged[k]})
+	}
+	return out
+}
+
+// Put writes key = value at commit, taking key's exclusive lock now.
+func (t *Txn) Put(ctx context.Context, key, value []byte) error {
+	if err := CheckValue(value); err != nil {
+		return err
+	}
+	return t.write(ctx, &pb.Write{Key: append([]byte{}, key...), Value: append([]byte{}, value...)})
+}
+
+// Delete removes key at commit, taking key's exclusive lock now.
+func (t *Txn) Delete(ctx context.Context, key []byte) error {
+	return t.write(ctx, &pb.Write{Key: append([]byte{}, key...), Tombstone: true})
+}
+
+func (t *Txn) write(ctx context.Context, w *pb.Write) error {
+	if err := CheckKey(w.GetKey()); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.begin(); err != nil {
+		return err
+	}
+	if _, locked := t.writes[string(w.GetKey())]; !locked {
+		g, err := t.rangeFor(w.GetKey())
+		if err != nil {
+			return err
+		}
+		err = t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+			_, err := rc.Lock(ctx, &pb.LockRequest{RangeId: g.ID, Txn: t.meta, Key: w.GetKey()})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		t.part(g).spans["p"+string(w.GetKey())] = struct{}{}
+	}
+	t.writes[string(w.GetKey())] = w
+	return nil
+}
+
+// writesFor returns the buffered writes that belong to range g.
+func (t *Txn) writesFor(g topology.Group) []*pb.Write {
+	var out []*pb.Write
+	for _, w := range t.writes {
+		if g.Contains(w.GetKey()) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// Abort ends the transaction without effect and releases its locks. Aborting a
+// finished transaction returns ErrTxnFinished.
+func (t *Txn) Abort(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.begin(); err != nil {
+		return err
+	}
+	t.finished = true
+	t.abortAll(ctx)
+	return nil
+}
+
+// abortAll tells every participant to drop the transaction (best effort: a
+// participant that misses it resolves the transaction itself).
+func (t *Txn) abortAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, p := range t.parts {
+		wg.Add(1)
+		go func(g topology.Group) {
+			defer wg.Done()
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			_ = t.c.rangeCall(actx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+				_, err := rc.Abort(ctx, &pb.AbortRequest{RangeId: g.ID, TxnId: t.meta.GetId()})
+				return err
+			})
+		}(p.desc)
+	}
+	wg.Wait()
+}
+
+// Commit commits the transaction and returns its version id. On a retryable
+// error (IsRetryable) nothing was committed; on ErrCommitUnknown the outcome is
+// unknown. Either way the transaction is finished.
+func (t *Txn) Commit(ctx context.Context) (storage.VersionID, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.begin(); err != nil {
+		return storage.VersionID{}, err
+	}
+	t.finished = true
+	switch len(t.parts) {
+	case 0:
+		return storage.VersionID{}, nil
+	case 1:
+		for _, p := range t.parts {
+			return t.commitOnePhase(ctx, p)
+		}
+	}
+	return t.commitTwoPhase(ctx)
+}
+
+// commitOnePhase commits at the single participant's leader (DESIGN.md §4).
+func (t *Txn) commitOnePhase(ctx context.Context, p *participant) (storage.VersionID, error) {
+	var ver *pb.VersionID
+	err := t.c.rangeCall(ctx, p.desc, false, func(ctx context.Context, rc pb.RangeClient) error {
+		resp, err := rc.CommitOnePhase(ctx, &pb.OnePhaseRequest{
+			RangeId: p.desc.ID, Txn: t.meta, Writes: t.writesFor(p.desc),
+			MinEpoch: t.c.session.Load(), LockCount: uint32(len(p.spans)),
+		})
+		ver = resp.GetVersion()
+		return err
+	})
+	if err != nil {
+		if IsRetryable(err) {
+			t.abortAll(ctx)
+		}
+		return storage.VersionID{}, err
+	}
+	t.c.raiseSession(ver.GetEpoch())
+	return storage.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}, nil
+}
+
+func (c *Coordinator) raiseSession(e uint64) {
+	for {
+		cur := c.session.Load()
+		if e <= cur || c.session.CompareAndSwap(cur, e) {
+			return
+		}
+	}
+}
+
+type prepared struct {
+	p    *participant
+	resp *pb.PrepareResponse
+	err  error
+}
+
+// commitTwoPhase runs 2PC (DESIGN.md §4.2–4.5).
+func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
+	// Prepare everywhere in parallel with the local epoch read: every lock is
+	// already held (invariant 4).
+	results := make(chan prepared, len(t.parts))
+	for _, p := range t.parts {
+		go func(p *participant) {
+			var resp *pb.PrepareResponse
+			err := t.c.rangeCall(ctx, p.desc, true, func(ctx context.Context, rc pb.RangeClient) error {
+				var err error
+				resp, err = rc.Prepare(ctx, &pb.PrepareRequest{
+					RangeId: p.desc.ID, Txn: t.meta, Writes: t.writesFor(p.desc), LockCount: uint32(len(p.spans)),
+				})
+				return err
+			})
+			results <- prepared{p, resp, err}
+		}(p)
+	}
+	epoch, epochErr := t.c.epochs.Read(ctx)
+	var preps []prepared
+	var firstErr error
+	for range t.parts {
+		r := <-results
+		preps = append(preps, r)
+		if r.err != nil && firstErr == nil {
+			firstErr = r.err
+		}
+	}
+	if firstErr == nil && epochErr != nil {
+		firstErr = fmt.Errorf("%w: local epoch: %v", ErrUnavailable, epochErr)
+	}
+	// Validate: the epoch lies in every participant's lease (paper §4.2).
+	versionEpoch := max(epoch, t.c.session.Load())
+	var newest storage.VersionID
+	for _, r := range preps {
+		if firstErr != nil {
+			break
+		}
+		l := r.resp.GetLease()
+		if epoch < l.GetStart() || epoch > l.GetEnd() {
+			firstErr = fmt.Errorf("%w: local epoch %d outside range %d's lease [%d, %d]", ErrConflict, epoch, r.p.desc.ID, l.GetStart(), l.GetEnd())
+			break
+		}
+		versionEpoch = max(versionEpoch, r.resp.GetHighestEpoch())
+		if mv := r.resp.GetMaxVersion(); newest.Less(storage.VersionID{Epoch: mv.GetEpoch(), Counter: mv.GetCounter()}) {
+			newest = storage.VersionID{Epoch: mv.GetEpoch(), Counter: mv.GetCounter()}
+		}
+	}
+	if firstErr != nil {
+		t.abortAll(ctx)
+		if isAmbiguousPrepare(firstErr) {
+			return storage.VersionID{}, fmt.Errorf("%w: %v", ErrConflict, firstErr)
+		}
+		return storage.VersionID{}, firstErr
+	}
+	ver := rangeserver.ChooseVersion(versionEpoch, newest)
+
+	// The commit point: record the decision (DESIGN.md §4.4).
+	rec := &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_COMMITTED,
+		Version: &txnstatepb.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}}
+	for _, p := range t.parts {
+		rec.Participants = append(rec.Participants, &txnstatepb.Participant{RangeId: p.desc.ID, Writes: len(t.writesFor(p.desc)) > 0})
+	}
+	won, err := t.c.txnState.Decide(ctx, rec)
+	if err != nil {
+		return storage.VersionID{}, fmt.Errorf("%w: recording the commit: %v", ErrCommitUnknown, err)
+	}
+	if won.GetOutcome() != txnstatepb.Outcome_OUTCOME_COMMITTED {
+		t.abortAll(ctx)
+		return storage.VersionID{}, fmt.Errorf("%w: a participant resolved the transaction as aborted", ErrAborted)
+	}
+	t.c.raiseSession(ver.GetEpoch())
+	// Tell the participants, in the background: the outcome is durable, and a
+	// participant that misses this resolves it through the state store.
+	parts := make([]topology.Group, 0, len(t.parts))
+	for _, p := range t.parts {
+		parts = append(parts, p.desc)
+	}
+	t.c.wg.Add(1)
+	go func() {
+		defer t.c.wg.Done()
+		nctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, g := range parts {
+			wg.Add(1)
+			go func(g topology.Group) {
+				defer wg.Done()
+				_ = t.c.rangeCall(nctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+					_, err := rc.Commit(ctx, &pb.CommitRequest{RangeId: g.ID, TxnId: t.meta.GetId(), Version: ver})
+					return err
+				})
+			}(g)
+		}
+		wg.Wait()
+	}()
+	return storage.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}, nil
+}
+
+// isAmbiguousPrepare reports a prepare failure that is not already typed: since no
+// commit was recorded, the transaction is aborted and may be retried.
+func isAmbiguousPrepare(err error) bool {
+	return !IsRetryable(err) && !isInputError(err)
+}
+
+func isInputError(err error) bool {
+	for _, e := range []error{ErrKeyTooLarge, ErrValueTooLarge, ErrEmptyKey, ErrInvalidRange, ErrTxnFinished} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,648 @@
+package rangeserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/locktable"
+	"github.com/terroir-db/terroir/internal/raftgroup"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
+)
+
+// EpochSource reads the region's local epoch; epoch.Reader implements it.
+type EpochSource interface {
+	Read(ctx context.Context) (uint64, error)
+}
+
+// Decider records transaction outcomes; txnstate.Client implements it.
+type Decider interface {
+	Decide(ctx context.Context, rec *txnstatepb.Record) (*txnstatepb.Record, error)
+}
+
+// Config tunes a range replica. Zero fields take the defaults noted.
+type Config struct {
+	// LeaseEpochs is how far ahead of the current local epoch a lease's end is
+	// set when it is acquired or renewed (default 100, paper §2.3.1).
+	LeaseEpochs uint64
+	// Tick is the period of the lease and resolver loop (default 10 ms).
+	Tick time.Duration
+	// OrphanAfter is how long a transaction may sit idle holding locks, or
+	// prepared without a decision, before the leader resolves it through the
+	// transaction state store (default 2 s).
+	OrphanAfter time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.LeaseEpochs == 0 {
+		c.LeaseEpochs = 100
+	}
+	if c.Tick <= 0 {
+		c.Tick = 10 * time.Millisecond
+	}
+	if c.OrphanAfter <= 0 {
+		c.OrphanAfter = 2 * time.Second
+	}
+	return c
+}
+
+// Errors a replica returns; the server maps them to gRPC codes.
+var (
+	// ErrNotLeaseholder: this replica does not serve the range now.
+	ErrNotLeaseholder = errors.New("rangeserver: not the leaseholder")
+	// ErrLeaseNotActive: the replica holds a lease the epoch has not reached (or
+	// has passed); retry shortly.
+	ErrLeaseNotActive = errors.New("rangeserver: lease not active at the current epoch")
+	// ErrConflict: wait-die chose this transaction to die; retry it.
+	ErrConflict = errors.New("rangeserver: lock conflict with an older transaction")
+	// ErrLocksLost: the transaction's locks are gone (the leaseholder changed, or
+	// it sat idle past OrphanAfter); retry it.
+	ErrLocksLost = errors.New("rangeserver: the transaction's locks were lost")
+	// ErrLeaseValidation: the local epoch is outside the lease (paper §4.2).
+	ErrLeaseValidation = errors.New("rangeserver: local epoch outside the lease")
+	// ErrKeyOutsideRange: the key is not in this range.
+	ErrKeyOutsideRange = errors.New("rangeserver: key outside the range")
+)
+
+// MaxKeySize is the largest key a range accepts: 4 KiB.
+const MaxKeySize = 4 << 10
+
+// keyspaceEnd sorts after every key of at most MaxKeySize bytes: the lock-table
+// end of a scan to the end of the key space.
+var keyspaceEnd = bytes.Repeat([]byte{0xff}, MaxKeySize+1)
+
+// maxVersion sorts above every stored version: reads "as of now".
+var maxVersion = storage.VersionID{Epoch: ^uint64(0), Counter: ^uint32(0)}
+
+// Replica is one node's replica of a range, and while it holds the lease, the
+// range's leader.
+type Replica struct {
+	desc     topology.Group
+	self     uint64
+	group    *raftgroup.Group
+	sm       *StateMachine
+	epochs   EpochSource
+	deciders func(txnStateGroup uint64) Decider
+	cfg      Config
+
+	lastEpoch atomic.Uint64 // the newest local epoch this replica has read
+
+	mu   sync.Mutex
+	lead *leadership // nil unless serving as leaseholder
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// leadership is the in-memory state of one lease held by this replica.
+type leadership struct {
+	start   uint64 // the lease's start: identifies it across renewals
+	end     atomic.Uint64
+	locks   *locktable.Table
+	ctx     context.Context // canceled when the lease is given up
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	txns    map[string]*leaderTxn
+	highest uint64 // DESIGN.md §3.5: highest epoch of a transaction that released a lock
+}
+
+type leaderTxn struct {
+	meta       *pb.TxnMeta
+	lastActive time.Time
+	prepared   bool
+	resolving  bool
+}
+
+// NewReplica ties a range's state machine to its Raft group. Start begins its loop.
+func NewReplica(desc topology.Group, self uint64, group *raftgroup.Group, sm *StateMachine,
+	epochs EpochSource, deciders func(uint64) Decider, cfg Config) *Replica {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Replica{desc: desc, self: self, group: group, sm: sm, epochs: epochs, deciders: deciders,
+		cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
+}
+
+// Start begins the lease and resolver loop.
+func (r *Replica) Start() {
+	r.wg.Add(1)
+	go r.loop()
+}
+
+// Close stops the loop, gives up leadership (waking lock waiters) and waits.
+func (r *Replica) Close() {
+	r.cancel()
+	r.wg.Wait()
+	r.stepDown()
+}
+
+// Desc returns the range's descriptor.
+func (r *Replica) Desc() topology.Group { return r.desc }
+
+// LeaderHint returns the node this replica believes leads the range's Raft group.
+func (r *Replica) LeaderHint() uint64 { return r.group.Status().Leader }
+
+// Locks returns the number of locks the leader holds (0 when not leading).
+func (r *Replica) Locks() int {
+	r.mu.Lock()
+	l := r.lead
+	r.mu.Unlock()
+	if l == nil {
+		return 0
+	}
+	return l.locks.Len()
+}
+
+func (r *Replica) loop() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.tick()
+	}
+}
+
+// tick keeps the lease: acquire or renew it while this replica leads the Raft
+// group, activate leadership once the lease is ours, resolve orphans.
+func (r *Replica) tick() {
+	st := r.group.Status()
+	if st.Leader != r.self || !st.CaughtUp {
+		r.stepDown()
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
+	defer cancel()
+	e, err := r.epochs.Read(ctx)
+	if err != nil {
+		return
+	}
+	e = r.observeEpoch(e)
+	lease := r.sm.Lease()
+	var want *pb.Lease
+	switch {
+	case lease.GetHolder() == r.self && lease.GetEnd() >= e:
+		if lease.GetEnd() < e+r.cfg.LeaseEpochs/2 { // renew, keeping the start
+			want = &pb.Lease{Holder: r.self, Start: lease.GetStart(), End: e + r.cfg.LeaseEpochs, Seq: lease.GetSeq() + 1}
+		}
+	case lease.GetHolder() == 0 || lease.GetEnd() < e:
+		// No lease, or it lapsed: take one starting now.
+		want = &pb.Lease{Holder: r.self, Start: e, End: e + r.cfg.LeaseEpochs, Seq: lease.GetSeq() + 1}
+	case lease.GetEnd()+1 <= e+r.cfg.LeaseEpochs/2:
+		// Another replica's lease ends soon: queue ours right after it, so that
+		// the two never overlap (DESIGN.md §3.3). We serve once the epoch gets there.
+		want = &pb.Lease{Holder: r.self, Start: lease.GetEnd() + 1, End: e + r.cfg.LeaseEpochs, Seq: lease.GetSeq() + 1}
+	}
+	if want != nil {
+		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Lease{Lease: &pb.LeaseCmd{Lease: want, PrevSeq: lease.GetSeq()}}})
+		if _, err := r.group.Propose(ctx, cmd); err != nil {
+			slog.Debug("lease proposal failed", "range", r.desc.ID, "err", err)
+		}
+		lease = r.sm.Lease()
+	}
+	if lease.GetHolder() != r.self {
+		r.stepDown()
+		return
+	}
+	l := r.activate(lease)
+	r.resolveOrphans(l)
+}
+
+func (r *Replica) observeEpoch(e uint64) uint64 {
+	for {
+		cur := r.lastEpoch.Load()
+		if e <= cur {
+			return cur
+		}
+		if r.lastEpoch.CompareAndSwap(cur, e) {
+			return e
+		}
+	}
+}
+
+// activate returns the leadership of lease, building it if the lease is new: a
+// fresh lock table holding the exclusive locks of every prepared transaction,
+// and a highest epoch no lower than any epoch of the previous leaseholders.
+func (r *Replica) activate(lease *pb.Lease) *leadership {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l := r.lead; l != nil && l.start == lease.GetStart() {
+		l.end.Store(lease.GetEnd())
+		return l
+	}
+	if r.lead != nil {
+		r.lead.cancel()
+	}
+	ctx, cancel := context.WithCancel(r.ctx)
+	l := &leadership{start: lease.GetStart(), locks: locktable.New(), ctx: ctx, cancel: cancel,
+		txns: map[string]*leaderTxn{},
+		// Earlier leases ended before this one starts, and every transaction
+		// that released a lock under them had an epoch inside them.
+		highest: lease.GetStart()}
+	l.end.Store(lease.GetEnd())
+	now := time.Now()
+	for _, rec := range r.sm.Prepared() {
+		lt := lockTxn(rec.GetTxn())
+		for _, w := range rec.GetWrites() {
+			if err := l.locks.Acquire(ctx, lt, locktable.Point(w.GetKey()), locktable.Exclusive); err != nil {
+				slog.Error("re-locking a prepared transaction failed", "range", r.desc.ID, "err", err)
+			}
+		}
+		l.txns[string(rec.GetTxn().GetId())] = &leaderTxn{meta: rec.GetTxn(), lastActive: now, prepared: true}
+	}
+	r.lead = l
+	slog.Info("range leaseholder", "range", r.desc.ID, "replica", r.self, "lease", fmt.Sprintf("[%d, %d]", lease.GetStart(), lease.GetEnd()))
+	return l
+}
+
+func (r *Replica) stepDown() {
+	r.mu.Lock()
+	l := r.lead
+	r.lead = nil
+	r.mu.Unlock()
+	if l != nil {
+		l.cancel()
+	}
+}
+
+func lockTxn(m *pb.TxnMeta) locktable.Txn {
+	var id locktable.TxnID
+	copy(id[:], m.GetId())
+	return locktable.Txn{ID: id, Priority: m.GetPriority()}
+}
+
+// leader returns the serving leadership or why there is none.
+func (r *Replica) leader() (*leadership, error) {
+	r.mu.Lock()
+	l := r.lead
+	r.mu.Unlock()
+	if l == nil {
+		return nil, ErrNotLeaseholder
+	}
+	if e := r.lastEpoch.Load(); e < l.start || e > l.end.Load() {
+		return nil, ErrLeaseNotActive
+	}
+	return l, nil
+}
+
+// txn returns the leader's record of a transaction, creating it if create.
+func (l *leadership) txn(meta *pb.TxnMeta, create bool) (*leaderTxn, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.txns[string(meta.GetId())]
+	if !ok {
+		if !create {
+			return nil, ErrLocksLost
+		}
+		t = &leaderTxn{meta: meta}
+		l.txns[string(meta.GetId())] = t
+	}
+	t.lastActive = time.Now()
+	return t, nil
+}
+
+// lock takes a lock for txn, bounded by ctx and by the leadership's life.
+func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode) error {
+	if _, err := l.txn(meta, true); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(l.ctx, cancel)
+	defer stop()
+	err := l.locks.Acquire(ctx, lockTxn(meta), span, mode)
+	switch {
+	case errors.Is(err, locktable.ErrWouldDie):
+		return ErrConflict
+	case err != nil && l.ctx.Err() != nil:
+		return ErrLocksLost
+	case err != nil:
+		return err
+	}
+	// Touch again: if the transaction was dropped as idle while it waited, this
+	// recreates its record, so the new lock is released in turn.
+	_, _ = l.txn(meta, true)
+	if cur, _ := r.leader(); cur != l {
+		return ErrLocksLost // the lock is in a table that no longer counts
+	}
+	return nil
+}
+
+func (r *Replica) checkKey(key []byte) error {
+	if !r.desc.Contains(key) {
+		return fmt.Errorf("%w: %q not in range %d", ErrKeyOutsideRange, key, r.desc.ID)
+	}
+	return nil
+}
+
+// Get takes a shared lock on key for txn and returns its newest committed value.
+func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) ([]byte, bool, error) {
+	if err := r.checkKey(key); err != nil {
+		return nil, false, err
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, false, err
+	}
+	if err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Shared); err != nil {
+		return nil, false, err
+	}
+	v, ok, _, err := r.sm.Engine().GetMVCC(r.sm.DataPrefix(), key, maxVersion)
+	return v.Value, ok, err
+}
+
+// Scan takes a shared key-range lock on [start, end) ∩ range (so no phantom can
+// appear in it) and returns up to limit (0: all) newest committed values.
+func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte, limit int) ([]*pb.KeyValue, error) {
+	if bytes.Compare(start, r.desc.Start) < 0 {
+		start = r.desc.Start
+	}
+	if r.desc.End != nil && (end == nil || bytes.Compare(end, r.desc.End) > 0) {
+		end = r.desc.End
+	}
+	if end != nil && bytes.Compare(start, end) >= 0 {
+		return nil, nil
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	span := locktable.Span{Key: start, EndKey: end}
+	if end == nil {
+		span.EndKey = keyspaceEnd
+	}
+	if err := r.lock(ctx, l, meta, span, locktable.Shared); err != nil {
+		return nil, err
+	}
+	var out []*pb.KeyValue
+	err = r.sm.Engine().ScanMVCC(r.sm.DataPrefix(), start, end, maxVersion, func(v storage.Version, _ storage.VersionID) bool {
+		out = append(out, &pb.KeyValue{Key: v.Key, Value: v.Value})
+		return limit == 0 || len(out) < limit
+	})
+	return out, err
+}
+
+// Lock takes the exclusive lock a Put or Delete of key needs (DESIGN.md §3.4:
+// writes lock when they execute, not at Prepare).
+func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) error {
+	if err := r.checkKey(key); err != nil {
+		return err
+	}
+	l, err := r.leader()
+	if err != nil {
+		return err
+	}
+	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive)
+}
+
+// checkLocks verifies txn still holds every lock it took here (lockCount
+// distinct spans: a lock dropped with an idle transaction would leave fewer) and
+// that every write is exclusively locked by it.
+func (r *Replica) checkLocks(l *leadership, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32) error {
+	if _, err := l.txn(meta, false); err != nil {
+		return err
+	}
+	var id locktable.TxnID
+	copy(id[:], meta.GetId())
+	if held := l.locks.HeldBy(id); held != int(lockCount) {
+		return fmt.Errorf("%w: %d of %d locks held", ErrLocksLost, held, lockCount)
+	}
+	for _, w := range writes {
+		if err := r.checkKey(w.GetKey()); err != nil {
+			return err
+		}
+		if !l.locks.Holds(id, locktable.Point(w.GetKey()), locktable.Exclusive) {
+			return fmt.Errorf("%w: no exclusive lock on %q", ErrLocksLost, w.GetKey())
+		}
+	}
+	return nil
+}
+
+// maxVersionOf returns the newest stored version among keys of writes.
+func (r *Replica) maxVersionOf(writes []*pb.Write) (storage.VersionID, error) {
+	var m storage.VersionID
+	for _, w := range writes {
+		_, _, newest, err := r.sm.Engine().GetMVCC(r.sm.DataPrefix(), w.GetKey(), maxVersion)
+		if err != nil {
+			return m, err
+		}
+		if m.Less(newest) {
+			m = newest
+		}
+	}
+	return m, nil
+}
+
+// Prepare makes txn's writes durable as a prepared record (through Raft) and
+// returns what the coordinator validates and versions with (DESIGN.md §4.2): the
+// lease, the highest epoch, and the newest existing version of the write set. A
+// read-only participant (no writes) writes nothing.
+func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32) (*pb.PrepareResponse, error) {
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.checkLocks(l, meta, writes, lockCount); err != nil {
+		return nil, err
+	}
+	if len(writes) > 0 {
+		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: meta, Writes: writes}}})
+		if _, err := r.group.Propose(ctx, cmd); err != nil {
+			return nil, err
+		}
+		t, err := l.txn(meta, false)
+		if err != nil {
+			return nil, err
+		}
+		l.mu.Lock()
+		t.prepared = true
+		l.mu.Unlock()
+	}
+	if cur, _ := r.leader(); cur != l {
+		return nil, ErrLocksLost
+	}
+	var id locktable.TxnID
+	copy(id[:], meta.GetId())
+	l.locks.MarkPrepared(id) // it takes no more locks: others may wait for it
+	mv, err := r.maxVersionOf(writes)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	highest := l.highest
+	l.mu.Unlock()
+	return &pb.PrepareResponse{
+		Lease:        &pb.Lease{Holder: r.self, Start: l.start, End: l.end.Load()},
+		HighestEpoch: highest,
+		MaxVersion:   &pb.VersionID{Epoch: mv.Epoch, Counter: mv.Counter},
+	}, nil
+}
+
+// release drops txn's locks after its outcome is durable, raising the highest
+// epoch to the transaction's (invariant 5) when it committed.
+func (l *leadership) release(txnID []byte, committedEpoch uint64) {
+	var id locktable.TxnID
+	copy(id[:], txnID)
+	l.mu.Lock()
+	l.highest = max(l.highest, committedEpoch)
+	delete(l.txns, string(txnID))
+	l.mu.Unlock()
+	l.locks.ReleaseAll(id)
+}
+
+// Commit applies a committed transaction's prepared writes at version and
+// releases its locks. The decision is already durable in the transaction state
+// store, so a replica that is not the leader can ignore this: the next leader
+// resolves the prepared record.
+func (r *Replica) Commit(ctx context.Context, txnID []byte, version *pb.VersionID) error {
+	if r.sm.IsPrepared(txnID) {
+		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txnID, Version: version}}})
+		if _, err := r.group.Propose(ctx, cmd); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	l := r.lead
+	r.mu.Unlock()
+	if l != nil {
+		l.release(txnID, version.GetEpoch())
+	}
+	return nil
+}
+
+// Abort discards a transaction's prepared record, if any, and releases its locks.
+func (r *Replica) Abort(ctx context.Context, txnID []byte) error {
+	if r.sm.IsPrepared(txnID) {
+		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Abort{Abort: &pb.AbortCmd{TxnId: txnID}}})
+		if _, err := r.group.Propose(ctx, cmd); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	l := r.lead
+	r.mu.Unlock()
+	if l != nil {
+		l.release(txnID, 0)
+	}
+	return nil
+}
+
+// CommitOnePhase commits a transaction whose only participant is this range
+// (DESIGN.md §4): with every lock held, read the local epoch, validate the
+// lease, version the writes, apply them through Raft, release.
+func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, minEpoch uint64, lockCount uint32) (*pb.VersionID, error) {
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.checkLocks(l, meta, writes, lockCount); err != nil {
+		return nil, err
+	}
+	e, err := r.epochs.Read(ctx) // after every lock is held (invariant 4)
+	if err != nil {
+		return nil, err
+	}
+	r.observeEpoch(e)
+	if e < l.start || e > l.end.Load() {
+		return nil, fmt.Errorf("%w: epoch %d, lease [%d, %d]", ErrLeaseValidation, e, l.start, l.end.Load())
+	}
+	l.mu.Lock()
+	epoch := max(e, l.highest, minEpoch)
+	l.mu.Unlock()
+	mv, err := r.maxVersionOf(writes)
+	if err != nil {
+		return nil, err
+	}
+	ver := ChooseVersion(epoch, mv)
+	if len(writes) > 0 {
+		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: meta.GetId(), Writes: writes, Version: ver}}})
+		if _, err := r.group.Propose(ctx, cmd); err != nil {
+			return nil, err
+		}
+	}
+	l.release(meta.GetId(), ver.GetEpoch())
+	return ver, nil
+}
+
+// ChooseVersion returns the version id of a transaction with epoch `epoch` whose
+// write set's newest existing version is newest (DESIGN.md §6): <epoch, 1>, or
+// the next counter if the write set already has a version in that epoch.
+func ChooseVersion(epoch uint64, newest storage.VersionID) *pb.VersionID {
+	v := storage.VersionID{Epoch: epoch, Counter: 1}
+	if !newest.Less(v) {
+		v = newest.Next()
+	}
+	return &pb.VersionID{Epoch: v.Epoch, Counter: v.Counter}
+}
+
+// resolveOrphans ends transactions whose coordinator went silent: idle ones
+// holding only locks are dropped; prepared ones are decided through the
+// transaction state store (abort unless commit was recorded first).
+func (r *Replica) resolveOrphans(l *leadership) {
+	now := time.Now()
+	var idle [][]byte
+	var prepared []*leaderTxn
+	l.mu.Lock()
+	for id, t := range l.txns {
+		if now.Sub(t.lastActive) < r.cfg.OrphanAfter || t.resolving {
+			continue
+		}
+		if t.prepared {
+			t.resolving = true
+			prepared = append(prepared, t)
+		} else {
+			idle = append(idle, []byte(id))
+		}
+	}
+	l.mu.Unlock()
+	for _, id := range idle {
+		l.release(id, 0)
+	}
+	for _, t := range prepared {
+		r.wg.Add(1)
+		go r.resolve(l, t)
+	}
+}
+
+func (r *Replica) resolve(l *leadership, t *leaderTxn) {
+	defer r.wg.Done()
+	defer func() {
+		l.mu.Lock()
+		t.resolving = false
+		t.lastActive = time.Now()
+		l.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
+	defer cancel()
+	d := r.deciders(t.meta.GetTxnStateGroup())
+	if d == nil {
+		slog.Error("no transaction state store for orphan", "range", r.desc.ID, "group", t.meta.GetTxnStateGroup())
+		return
+	}
+	rec, err := d.Decide(ctx, &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_ABORTED})
+	if err != nil {
+		return // retried at a later tick
+	}
+	if rec.GetOutcome() == txnstatepb.Outcome_OUTCOME_COMMITTED {
+		v := rec.GetVersion()
+		err = r.Commit(ctx, t.meta.GetId(), &pb.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()})
+	} else {
+		err = r.Abort(ctx, t.meta.GetId())
+	}
+	if err != nil {
+		slog.Debug("resolving an orphaned transaction", "range", r.desc.ID, "err", err)
+		return
+	}
+	slog.Info("resolved orphaned transaction", "range", r.desc.ID, "outcome", rec.GetOutcome().String())
+}

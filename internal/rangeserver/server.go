@@ -1,0 +1,207 @@
+package rangeserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/raftgroup"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/txnstate"
+)
+
+// Server answers Range RPCs for every range replica a node hosts.
+type Server struct {
+	pb.UnimplementedRangeServer
+
+	mu       sync.RWMutex
+	replicas map[uint64]*Replica
+}
+
+// NewServer returns a server with no replicas.
+func NewServer() *Server { return &Server{replicas: map[uint64]*Replica{}} }
+
+// Add makes r reachable through the server.
+func (s *Server) Add(r *Replica) {
+	s.mu.Lock()
+	s.replicas[r.desc.ID] = r
+	s.mu.Unlock()
+}
+
+// Register installs the Range service on g.
+func (s *Server) Register(g *grpc.Server) { pb.RegisterRangeServer(g, s) }
+
+func (s *Server) replica(id uint64) (*Replica, error) {
+	s.mu.RLock()
+	r := s.replicas[id]
+	s.mu.RUnlock()
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "range %d is not hosted here", id)
+	}
+	return r, nil
+}
+
+// ErrBadRequest marks a request the server refuses outright.
+var ErrBadRequest = errors.New("rangeserver: bad request")
+
+func validKey(key []byte) error {
+	switch {
+	case len(key) == 0:
+		return fmt.Errorf("%w: empty key", ErrBadRequest)
+	case len(key) > MaxKeySize:
+		return fmt.Errorf("%w: key of %d bytes exceeds %d", ErrBadRequest, len(key), MaxKeySize)
+	}
+	return nil
+}
+
+func validTxn(m *pb.TxnMeta) error {
+	if len(m.GetId()) != txnstate.TxnIDLen {
+		return fmt.Errorf("%w: transaction ID of %d bytes", ErrBadRequest, len(m.GetId()))
+	}
+	return nil
+}
+
+func validWrites(ws []*pb.Write) error {
+	for _, w := range ws {
+		if err := validKey(w.GetKey()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// toStatus maps a replica error to a gRPC status the client understands.
+func (r *Replica) toStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNotLeaseholder), errors.Is(err, raftgroup.ErrNotLeader):
+		return notExecuted(err, r.LeaderHint())
+	case errors.Is(err, ErrLeaseNotActive), errors.Is(err, raftgroup.ErrBusy), errors.Is(err, raftgroup.ErrStopped),
+		errors.Is(err, epoch.ErrUnavailable):
+		return notExecuted(err, r.self) // retry here: the lease or leader is about to serve
+	case errors.Is(err, ErrConflict), errors.Is(err, ErrLocksLost), errors.Is(err, ErrLeaseValidation):
+		return status.Error(codes.Aborted, err.Error())
+	case errors.Is(err, raftgroup.ErrOutcomeUnknown):
+		// The command may still apply: callers must not assume it failed.
+		return status.Error(codes.Unknown, err.Error())
+	case errors.Is(err, ErrKeyOutsideRange):
+		return status.Error(codes.OutOfRange, err.Error())
+	case errors.Is(err, ErrBadRequest):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// notExecuted is FailedPrecondition: the request did not execute and may be
+// retried, at the leader named by hint (0: unknown, or this replica later).
+func notExecuted(err error, hint uint64) error {
+	st := status.New(codes.FailedPrecondition, err.Error())
+	if d, derr := st.WithDetails(&pb.NotLeader{LeaderHint: hint}); derr == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// Get implements pb.RangeServer.
+func (s *Server) Get(ctx context.Context, req *pb.GetRequest) (*pb.GetResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := errors.Join(validTxn(req.GetTxn()), validKey(req.GetKey())); err != nil {
+		return nil, r.toStatus(err)
+	}
+	v, ok, err := r.Get(ctx, req.GetTxn(), req.GetKey())
+	if err != nil {
+		return nil, r.toStatus(err)
+	}
+	return &pb.GetResponse{Found: ok, Value: v}, nil
+}
+
+// Scan implements pb.RangeServer.
+func (s *Server) Scan(ctx context.Context, req *pb.ScanRequest) (*pb.ScanResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := validTxn(req.GetTxn()); err != nil {
+		return nil, r.toStatus(err)
+	}
+	var end []byte
+	if len(req.GetEnd()) > 0 {
+		end = req.GetEnd()
+	}
+	kvs, err := r.Scan(ctx, req.GetTxn(), req.GetStart(), end, int(req.GetLimit()))
+	if err != nil {
+		return nil, r.toStatus(err)
+	}
+	return &pb.ScanResponse{Kvs: kvs}, nil
+}
+
+// Lock implements pb.RangeServer.
+func (s *Server) Lock(ctx context.Context, req *pb.LockRequest) (*pb.LockResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := errors.Join(validTxn(req.GetTxn()), validKey(req.GetKey())); err != nil {
+		return nil, r.toStatus(err)
+	}
+	return &pb.LockResponse{}, r.toStatus(r.Lock(ctx, req.GetTxn(), req.GetKey()))
+}
+
+// Prepare implements pb.RangeServer.
+func (s *Server) Prepare(ctx context.Context, req *pb.PrepareRequest) (*pb.PrepareResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
+		return nil, r.toStatus(err)
+	}
+	resp, err := r.Prepare(ctx, req.GetTxn(), req.GetWrites(), req.GetLockCount())
+	return resp, r.toStatus(err)
+}
+
+// Commit implements pb.RangeServer.
+func (s *Server) Commit(ctx context.Context, req *pb.CommitRequest) (*pb.CommitResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	return &pb.CommitResponse{}, r.toStatus(r.Commit(ctx, req.GetTxnId(), req.GetVersion()))
+}
+
+// Abort implements pb.RangeServer.
+func (s *Server) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	return &pb.AbortResponse{}, r.toStatus(r.Abort(ctx, req.GetTxnId()))
+}
+
+// CommitOnePhase implements pb.RangeServer.
+func (s *Server) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (*pb.OnePhaseResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
+		return nil, r.toStatus(err)
+	}
+	v, err := r.CommitOnePhase(ctx, req.GetTxn(), req.GetWrites(), req.GetMinEpoch(), req.GetLockCount())
+	if err != nil {
+		return nil, r.toStatus(err)
+	}
+	return &pb.OnePhaseResponse{Version: v}, nil
+}

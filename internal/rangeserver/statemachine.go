@@ -1,0 +1,241 @@
+// Package rangeserver is the KV service of one range (paper §2.3, DESIGN.md §2,
+// §3.3–§3.5, §4): the replicated state machine every replica applies (the
+// range's lease, its MVCC data, its prepared transactions), and the leader that
+// serves locking reads and writes, takes part in two-phase commit, and resolves
+// transactions whose coordinator went silent.
+package rangeserver
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+// Sub-spaces of a range's state under storage.PrefixState/<range>.
+const (
+	subData     byte = 'd' // MVCC data
+	subPrepared byte = 'p' // prepared transactions, by transaction ID
+	subLease    byte = 'l' // the current lease
+)
+
+// ErrBadCommand marks a log entry that does not decode as a range command.
+var ErrBadCommand = errors.New("rangeserver: malformed command")
+
+// StateMachine is a range's replicated state (raftgroup.StateMachine). The lease
+// and the prepared transactions are also kept in memory for the leader.
+type StateMachine struct {
+	e      *storage.Engine
+	prefix []byte // storage.PrefixState | range ID
+	data   []byte // prefix | subData
+
+	mu       sync.Mutex
+	lease    *pb.Lease
+	prepared map[string]*pb.PreparedRecord
+}
+
+// Applied is the result of applying one command.
+type Applied struct {
+	// LeaseGranted is set for a lease command that took effect.
+	LeaseGranted bool
+}
+
+// NewStateMachine loads range `id`'s lease and prepared transactions from e.
+// Damaged records wrap storage.ErrCorrupt.
+func NewStateMachine(e *storage.Engine, id uint64) (*StateMachine, error) {
+	prefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, id)
+	sm := &StateMachine{e: e, prefix: prefix, data: append(append([]byte{}, prefix...), subData)}
+	if err := sm.load(); err != nil {
+		return nil, fmt.Errorf("range %d: %w", id, err)
+	}
+	return sm, nil
+}
+
+func (sm *StateMachine) sub(b byte, rest []byte) []byte {
+	return append(append(append([]byte{}, sm.prefix...), b), rest...)
+}
+
+func (sm *StateMachine) load() error {
+	sm.lease, sm.prepared = &pb.Lease{}, map[string]*pb.PreparedRecord{}
+	if v, err := sm.e.Get(sm.sub(subLease, nil)); err != nil {
+		return err
+	} else if v != nil {
+		if err := proto.Unmarshal(v, sm.lease); err != nil {
+			return fmt.Errorf("%w: lease: %v", storage.ErrCorrupt, err)
+		}
+	}
+	lo := sm.sub(subPrepared, nil)
+	return sm.e.Scan(lo, storage.PrefixEnd(lo), func(_, v []byte) (bool, error) {
+		rec := &pb.PreparedRecord{}
+		if err := proto.Unmarshal(v, rec); err != nil {
+			return false, fmt.Errorf("%w: prepared record: %v", storage.ErrCorrupt, err)
+		}
+		sm.prepared[string(rec.GetTxn().GetId())] = rec
+		return true, nil
+	})
+}
+
+// DataPrefix returns the key prefix of the range's MVCC data in the engine.
+func (sm *StateMachine) DataPrefix() []byte { return sm.data }
+
+// Engine returns the engine holding the range's data.
+func (sm *StateMachine) Engine() *storage.Engine { return sm.e }
+
+// Lease returns the current lease (a copy).
+func (sm *StateMachine) Lease() *pb.Lease {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return proto.Clone(sm.lease).(*pb.Lease)
+}
+
+// Prepared returns the prepared transactions (shared records: do not modify).
+func (sm *StateMachine) Prepared() []*pb.PreparedRecord {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	out := make([]*pb.PreparedRecord, 0, len(sm.prepared))
+	for _, r := range sm.prepared {
+		out = append(out, r)
+	}
+	return out
+}
+
+// IsPrepared reports whether txnID is prepared here.
+func (sm *StateMachine) IsPrepared(txnID []byte) bool {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	_, ok := sm.prepared[string(txnID)]
+	return ok
+}
+
+// EncodeCommand marshals a range command.
+func EncodeCommand(c *pb.Command) []byte {
+	b, _ := proto.Marshal(c)
+	return b
+}
+
+// Apply implements raftgroup.StateMachine. The result is an Applied or an error.
+func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
+	c := &pb.Command{}
+	if err := proto.Unmarshal(cmd, c); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadCommand, err)
+	}
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	switch x := c.Cmd.(type) {
+	case *pb.Command_Lease:
+		// Leader disjointness (DESIGN.md §3.3): only the successor of the current
+		// lease is accepted.
+		if x.Lease.GetPrevSeq() != sm.lease.GetSeq() || x.Lease.GetLease().GetSeq() != sm.lease.GetSeq()+1 {
+			return Applied{}
+		}
+		v, _ := proto.Marshal(x.Lease.GetLease())
+		_ = b.Set(sm.sub(subLease, nil), v, nil)
+		sm.lease = proto.Clone(x.Lease.GetLease()).(*pb.Lease)
+		return Applied{LeaseGranted: true}
+	case *pb.Command_Prepare:
+		rec := &pb.PreparedRecord{Txn: x.Prepare.GetTxn(), Writes: x.Prepare.GetWrites()}
+		v, _ := proto.Marshal(rec)
+		_ = b.Set(sm.sub(subPrepared, rec.GetTxn().GetId()), v, nil)
+		sm.prepared[string(rec.GetTxn().GetId())] = rec
+	case *pb.Command_Commit:
+		rec, ok := sm.prepared[string(x.Commit.GetTxnId())]
+		if !ok {
+			return Applied{} // already resolved
+		}
+		sm.writeVersions(b, rec.GetWrites(), x.Commit.GetVersion())
+		_ = b.Delete(sm.sub(subPrepared, x.Commit.GetTxnId()), nil)
+		delete(sm.prepared, string(x.Commit.GetTxnId()))
+	case *pb.Command_Abort:
+		_ = b.Delete(sm.sub(subPrepared, x.Abort.GetTxnId()), nil)
+		delete(sm.prepared, string(x.Abort.GetTxnId()))
+	case *pb.Command_OnePhase:
+		sm.writeVersions(b, x.OnePhase.GetWrites(), x.OnePhase.GetVersion())
+	default:
+		return fmt.Errorf("%w: empty command", ErrBadCommand)
+	}
+	return Applied{}
+}
+
+func (sm *StateMachine) writeVersions(b *pebble.Batch, writes []*pb.Write, v *pb.VersionID) {
+	ver := storage.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()}
+	for _, w := range writes {
+		_ = b.Set(storage.EncodeMVCCKey(sm.data, w.GetKey(), ver), storage.EncodeMVCCValue(w.GetValue(), w.GetTombstone()), nil)
+	}
+}
+
+// Snapshot implements raftgroup.StateMachine: every key of the range's state as
+// (4-byte key length, key, 4-byte value length, value) pairs.
+func (sm *StateMachine) Snapshot() ([]byte, error) {
+	var out []byte
+	err := sm.e.Scan(sm.prefix, storage.PrefixEnd(sm.prefix), func(k, v []byte) (bool, error) {
+		out = binary.BigEndian.AppendUint32(out, uint32(len(k)))
+		out = append(out, k...)
+		out = binary.BigEndian.AppendUint32(out, uint32(len(v)))
+		out = append(out, v...)
+		return true, nil
+	})
+	return out, err
+}
+
+// Restore implements raftgroup.StateMachine.
+func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
+	if err := b.DeleteRange(sm.prefix, storage.PrefixEnd(sm.prefix), nil); err != nil {
+		return err
+	}
+	next := func() ([]byte, error) {
+		if len(data) < 4 || uint64(len(data)-4) < uint64(binary.BigEndian.Uint32(data)) {
+			return nil, fmt.Errorf("%w: truncated range snapshot", storage.ErrCorrupt)
+		}
+		n := binary.BigEndian.Uint32(data)
+		out := data[4 : 4+n]
+		data = data[4+n:]
+		return out, nil
+	}
+	for len(data) > 0 {
+		k, err := next()
+		if err != nil {
+			return err
+		}
+		v, err := next()
+		if err != nil {
+			return err
+		}
+		if len(k) < len(sm.prefix) || string(k[:len(sm.prefix)]) != string(sm.prefix) {
+			return fmt.Errorf("%w: range snapshot key outside the range", storage.ErrCorrupt)
+		}
+		if err := b.Set(k, v, nil); err != nil {
+			return err
+		}
+	}
+	// Reload the in-memory view from what the batch now holds.
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	sm.lease, sm.prepared = &pb.Lease{}, map[string]*pb.PreparedRecord{}
+	if v, closer, err := b.Get(sm.sub(subLease, nil)); err == nil {
+		err = proto.Unmarshal(v, sm.lease)
+		closer.Close()
+		if err != nil {
+			return fmt.Errorf("%w: lease in snapshot: %v", storage.ErrCorrupt, err)
+		}
+	}
+	lo := sm.sub(subPrepared, nil)
+	it, err := b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: storage.PrefixEnd(lo)})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		rec := &pb.PreparedRecord{}
+		if err := proto.Unmarshal(it.Value(), rec); err != nil {
+			return fmt.Errorf("%w: prepared record in snapshot: %v", storage.ErrCorrupt, err)
+		}
+		sm.prepared[string(rec.GetTxn().GetId())] = rec
+	}
+	return nil
+}
