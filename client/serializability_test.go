@@ -1,0 +1,188 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/history"
+	"github.com/terroir-db/terroir/internal/localcluster"
+)
+
+// modelKey maps model key k to a real key: 0–2 in range [,m), 3–5 in [m,).
+func modelKey(k int) []byte {
+	if k < history.Keys/2 {
+		return []byte(fmt.Sprintf("h-%d", k))
+	}
+	return []byte(fmt.Sprintf("y-%d", k))
+}
+
+func randomTxn(r *rand.Rand, client, seq int) history.Txn {
+	var txn history.Txn
+	for i := 0; i < 1+r.IntN(4); i++ {
+		op := history.Op{Kind: history.OpKind(r.IntN(4)), Key: r.IntN(history.Keys)}
+		switch op.Kind {
+		case history.Put:
+			op.Value = client*1_000_000 + seq*10 + i // unique per write
+		case history.Scan:
+			op.Hi = op.Key + 1 + r.IntN(history.Keys-op.Key)
+		}
+		txn.Ops = append(txn.Ops, op)
+	}
+	return txn
+}
+
+// run executes txn and returns its results.
+func run(ctx context.Context, tx *client.Txn, txn history.Txn) (history.Outcome, error) {
+	var out history.Outcome
+	for _, op := range txn.Ops {
+		var res history.Result
+		switch op.Kind {
+		case history.Get:
+			v, ok, err := tx.Get(ctx, modelKey(op.Key))
+			if err != nil {
+				return out, err
+			}
+			res.Value = history.Absent
+			if ok {
+				res.Value, _ = strconv.Atoi(string(v))
+			}
+		case history.Put:
+			if err := tx.Put(ctx, modelKey(op.Key), []byte(strconv.Itoa(op.Value))); err != nil {
+				return out, err
+			}
+		case history.Del:
+			if err := tx.Delete(ctx, modelKey(op.Key)); err != nil {
+				return out, err
+			}
+		case history.Scan:
+			// [first key, just after the last key) holds exactly the scanned keys.
+			lo, hi := modelKey(op.Key), append(modelKey(op.Hi-1), 0)
+			kvs, err := tx.Scan(ctx, lo, hi, 0)
+			if err != nil {
+				return out, err
+			}
+			vals := map[string]int{}
+			for _, kv := range kvs {
+				vals[string(kv.Key)], _ = strconv.Atoi(string(kv.Value))
+			}
+			for k := op.Key; k < op.Hi; k++ {
+				v, ok := vals[string(modelKey(k))]
+				if !ok {
+					v = history.Absent
+				}
+				res.Values = append(res.Values, v)
+			}
+		}
+		out.Results = append(out.Results, res)
+	}
+	return out, nil
+}
+
+// checkStrictSerializability runs random transactions from `clients` clients
+// while chaos runs, and checks the history with porcupine.
+func checkStrictSerializability(t *testing.T, clients, perClient int, chaos func(c *localcluster.Cluster)) {
+	c, _ := startCluster(t, localcluster.Options{OrphanAfter: 500 * time.Millisecond})
+	ctx := ctxT(t, 120*time.Second)
+	var mu sync.Mutex
+	rec := &history.Recorder{}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for cl := 0; cl < clients; cl++ {
+		db, err := c.Client("us-east1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func(cl int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(cl), 7))
+			for seq := 0; seq < perClient; seq++ {
+				txn := randomTxn(r, cl+1, seq)
+				call := time.Since(start).Nanoseconds()
+				var out history.Outcome
+				err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+					var err error
+					out, err = run(ctx, tx, txn) // the committed attempt's results
+					return err
+				})
+				ret := time.Since(start).Nanoseconds()
+				mu.Lock()
+				switch {
+				case err == nil:
+					rec.Committed(cl, txn, out, call, ret)
+				case errors.Is(err, client.ErrCommitUnknown):
+					rec.Unknown(cl, txn, out, call)
+				default:
+					t.Errorf("client %d: %v", cl, err)
+				}
+				mu.Unlock()
+			}
+		}(cl)
+	}
+	if chaos != nil {
+		chaos(c)
+	}
+	wg.Wait()
+	committed, unknown := rec.Len()
+	if committed < clients*perClient*3/4 {
+		t.Fatalf("only %d of %d transactions committed", committed, clients*perClient)
+	}
+	res, info := porcupine.CheckOperationsVerbose(history.Model, rec.Operations(), 60*time.Second)
+	if res != porcupine.Ok {
+		path := t.TempDir() + "/history.html"
+		_ = porcupine.VisualizePath(history.Model, info, path)
+		t.Fatalf("history of %d committed transactions is not strictly serializable (%v); visualization: %s", committed, res, path)
+	}
+	t.Logf("%d committed, %d unknown: strictly serializable", committed, unknown)
+}
+
+func TestStrictSerializability(t *testing.T) {
+	checkStrictSerializability(t, 6, 40, nil)
+}
+
+func TestStrictSerializabilityWithLeaderKills(t *testing.T) {
+	checkStrictSerializability(t, 6, 40, func(c *localcluster.Cluster) {
+		for _, rng := range []uint64{10, 11} {
+			time.Sleep(300 * time.Millisecond)
+			leader := c.Leader(rng)
+			if leader == 0 {
+				continue
+			}
+			if err := c.StopNode(leader); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(500 * time.Millisecond)
+			if err := c.RestartNode(leader); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+}
+
+// TestCheckerRejectsStaleRead makes sure the model can fail: a read that misses
+// a write completed before it started is not strictly serializable.
+func TestCheckerRejectsStaleRead(t *testing.T) {
+	put := history.Txn{Ops: []history.Op{{Kind: history.Put, Key: 1, Value: 5}}}
+	get := history.Txn{Ops: []history.Op{{Kind: history.Get, Key: 1}}}
+	ops := []porcupine.Operation{
+		{ClientId: 0, Input: put, Output: history.Outcome{Results: []history.Result{{}}}, Call: 0, Return: 10},
+		{ClientId: 1, Input: get, Output: history.Outcome{Results: []history.Result{{Value: history.Absent}}}, Call: 20, Return: 30},
+	}
+	if porcupine.CheckOperations(history.Model, ops) {
+		t.Fatal("a stale read after a completed write was accepted")
+	}
+	ops[1].Call = 5 // concurrent with the write: either order is fine
+	if !porcupine.CheckOperations(history.Model, ops) {
+		t.Fatal("a read concurrent with a write was rejected")
+	}
+}
