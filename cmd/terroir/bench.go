@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -20,11 +21,37 @@ import (
 )
 
 func benchCmd() *cobra.Command {
+	var cpuProfile string
+	var stopProfile func()
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmarks on an embedded cluster; figures are P50/P99 from HDR histograms",
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if err := cmd.Root().PersistentPreRunE(cmd, args); err != nil {
+				return err
+			}
+			if cpuProfile == "" {
+				return nil
+			}
+			f, err := os.Create(cpuProfile)
+			if err != nil {
+				return err
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				f.Close()
+				return err
+			}
+			stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
+			return nil
+		},
+		PersistentPostRun: func(*cobra.Command, []string) {
+			if stopProfile != nil {
+				stopProfile()
+			}
+		},
 	}
-	cmd.AddCommand(benchRaftCmd(), benchEpochCmd())
+	cmd.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	cmd.AddCommand(benchRaftCmd(), benchEpochCmd(), benchYCSBCmd())
 	return cmd
 }
 

@@ -12,7 +12,7 @@ import (
 
 func main() {
 	if err := rootCmd().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "terroir:", err)
+		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
 }
@@ -34,6 +34,6 @@ func rootCmd() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn or error")
-	root.AddCommand(startCmd(), demoCmd(), benchCmd())
+	root.AddCommand(startCmd(), demoCmd(), benchCmd(), kvCmd())
 	return root
 }

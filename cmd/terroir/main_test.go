@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
 )
 
@@ -34,5 +37,58 @@ func TestStartRejectsBadInput(t *testing.T) {
 	err = run("start", "--config", "../../examples/one-region.yaml", "--node", "9", "--data-dir", t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), "--node 9 is not in") {
 		t.Fatalf("start with an unknown node = %v", err)
+	}
+}
+
+func TestKVAgainstACluster(t *testing.T) {
+	top, err := topology.Load("../../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := localcluster.Start(top, localcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data, err := c.Topology.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "cluster.yaml")
+	if err := os.WriteFile(cfg, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kv := func(args ...string) (string, error) {
+		cmd := rootCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(append([]string{"kv", "--config", cfg}, args...))
+		err := cmd.Execute()
+		return out.String(), err
+	}
+	if _, err := kv("put", "greeting", "hello"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv("put", "zebra", "stripes"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := kv("get", "greeting")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); err != nil || lines[len(lines)-1] != "hello" {
+		t.Fatalf("get printed %q (%v), want hello on the last line", out, err)
+	}
+	if out, err := kv("scan", "a"); err != nil || out != "greeting\thello\nzebra\tstripes\n" {
+		t.Fatalf("scan printed %q (%v)", out, err)
+	}
+	if _, err := kv("del", "greeting"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv("get", "greeting"); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("get of a deleted key = %v, want not found", err)
+	}
+	if _, err := kv("put", "", "v"); !errors.Is(err, client.ErrEmptyKey) {
+		t.Fatalf("put with an empty key = %v, want ErrEmptyKey", err)
+	}
+	if _, err := kv("put", "k", strings.Repeat("v", client.MaxValueSize+1)); !errors.Is(err, client.ErrValueTooLarge) {
+		t.Fatalf("put of an oversized value = %v, want ErrValueTooLarge", err)
 	}
 }

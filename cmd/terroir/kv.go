@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/terroir-db/terroir/client"
+)
+
+func kvCmd() *cobra.Command {
+	var configPath, region string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "kv --config <topology.yaml> get|put|del|scan ...",
+		Short: "Read and write keys of a running cluster, one transaction per command",
+	}
+	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
+	cmd.PersistentFlags().StringVar(&region, "region", "", "the client's region (default: the only region)")
+	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
+	_ = cmd.MarkPersistentFlagRequired("config")
+
+	// do runs fn in a retried transaction against the cluster.
+	do := func(c *cobra.Command, fn func(ctx context.Context, tx *client.Txn) error) error {
+		db, err := client.Open(configPath, client.Options{Region: region})
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(c.Context(), timeout)
+		defer cancel()
+		return db.Update(ctx, fn)
+	}
+	errNotFound := errors.New("key not found")
+
+	get := &cobra.Command{
+		Use: "get <key>", Short: "Print a key's value alone on the last line (exit 1 if absent)", Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			var value []byte
+			err := do(c, func(ctx context.Context, tx *client.Txn) error {
+				v, ok, err := tx.Get(ctx, []byte(args[0]))
+				if err == nil && !ok {
+					err = errNotFound
+				}
+				value = v
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.OutOrStdout(), string(value))
+			return nil
+		},
+	}
+	put := &cobra.Command{
+		Use: "put <key> <value>", Short: "Set a key", Args: cobra.ExactArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			return do(c, func(ctx context.Context, tx *client.Txn) error {
+				return tx.Put(ctx, []byte(args[0]), []byte(args[1]))
+			})
+		},
+	}
+	del := &cobra.Command{
+		Use: "del <key>", Short: "Delete a key", Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			return do(c, func(ctx context.Context, tx *client.Txn) error {
+				return tx.Delete(ctx, []byte(args[0]))
+			})
+		},
+	}
+	var limit int
+	scan := &cobra.Command{
+		Use: "scan <lo> [<hi>]", Short: "Print key<TAB>value for lo ≤ key < hi (hi omitted: to the end)", Args: cobra.RangeArgs(1, 2),
+		RunE: func(c *cobra.Command, args []string) error {
+			var hi []byte
+			if len(args) == 2 {
+				hi = []byte(args[1])
+			}
+			var kvs []client.KeyValue
+			err := do(c, func(ctx context.Context, tx *client.Txn) error {
+				var err error
+				kvs, err = tx.Scan(ctx, []byte(args[0]), hi, limit)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			for _, kv := range kvs {
+				fmt.Fprintf(c.OutOrStdout(), "%s\t%s\n", kv.Key, kv.Value)
+			}
+			return nil
+		},
+	}
+	scan.Flags().IntVar(&limit, "limit", 0, "at most this many pairs (0: all)")
+	cmd.AddCommand(get, put, del, scan)
+	return cmd
+}
