@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -81,6 +82,7 @@ machine's floor measured in the same run (loopback RPC round trip, fsync).`,
 			}
 
 			reads, updates := latency.New(), latency.New()
+			var retries atomic.Int64
 			var mu sync.Mutex
 			fails := 0
 			runCtx, cancel := context.WithTimeout(ctx, f.duration)
@@ -96,7 +98,11 @@ machine's floor measured in the same run (loopback RPC round trip, fsync).`,
 						isRead := r.IntN(2) == 0
 						start := time.Now()
 						octx, ocancel := context.WithTimeout(context.Background(), 10*time.Second)
+						attempt := 0
 						err := db.Update(octx, func(ctx context.Context, tx *client.Txn) error {
+							if attempt++; attempt > 1 {
+								retries.Add(1)
+							}
 							if isRead {
 								_, _, err := tx.Get(ctx, k)
 								return err
@@ -126,6 +132,7 @@ machine's floor measured in the same run (loopback RPC round trip, fsync).`,
 			printRow("read transaction (Get + Commit)", reads, f.duration, fails)
 			printRow("update transaction (Put + Commit)", updates, f.duration, 0)
 			fmt.Printf("%-40s %9s %9s %12.0f\n", "all transactions", "", "", float64(total)/f.duration.Seconds())
+			fmt.Printf("%-40s %d\n", "retried attempts (lock conflicts)", retries.Load())
 			printRow("floor: loopback gRPC round trip", rtt, time.Second, 0)
 			printRow("floor: fsync (4 KiB)", fsync, time.Second, 0)
 			return nil

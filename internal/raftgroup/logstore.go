@@ -46,6 +46,54 @@ type logStore struct {
 	first     uint64   // first index in the log: truncIdx+1
 	terms     []uint64 // terms[i] is the term of entry first+i
 	applied   uint64
+
+	// cache holds the newest entries, cache[i] being entry cacheFirst+i, so
+	// that committed entries and appends to followers are served from memory.
+	cache      []*raftpb.Entry
+	cacheFirst uint64
+	cacheBytes int
+}
+
+// Bounds of the in-memory entry cache.
+const (
+	maxCacheEntries = 4096
+	maxCacheBytes   = 8 << 20
+)
+
+// cacheAppend records entries just written (replacing any conflicting suffix).
+func (s *logStore) cacheAppend(ents []*raftpb.Entry) {
+	first := ents[0].GetIndex()
+	if len(s.cache) == 0 || first < s.cacheFirst || first > s.cacheFirst+uint64(len(s.cache)) {
+		s.cache, s.cacheFirst, s.cacheBytes = nil, first, 0
+	} else {
+		for _, e := range s.cache[first-s.cacheFirst:] {
+			s.cacheBytes -= len(e.GetData())
+		}
+		s.cache = s.cache[:first-s.cacheFirst]
+	}
+	for _, e := range ents {
+		s.cache = append(s.cache, e)
+		s.cacheBytes += len(e.GetData())
+	}
+	for len(s.cache) > 0 && (len(s.cache) > maxCacheEntries || s.cacheBytes > maxCacheBytes) {
+		s.cacheBytes -= len(s.cache[0].GetData())
+		s.cache[0] = nil
+		s.cache = s.cache[1:]
+		s.cacheFirst++
+	}
+}
+
+// cacheDropThrough forgets cached entries at or below index.
+func (s *logStore) cacheDropThrough(index uint64) {
+	for len(s.cache) > 0 && s.cacheFirst <= index {
+		s.cacheBytes -= len(s.cache[0].GetData())
+		s.cache[0] = nil
+		s.cache = s.cache[1:]
+		s.cacheFirst++
+	}
+	if len(s.cache) == 0 {
+		s.cacheFirst = index + 1
+	}
 }
 
 // openLogStore loads a group's Raft state, initialising it with voters on first use.
@@ -151,6 +199,18 @@ func (s *logStore) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 	if hi > s.lastIndex()+1 {
 		return nil, raft.ErrUnavailable
 	}
+	if len(s.cache) > 0 && lo >= s.cacheFirst && hi <= s.cacheFirst+uint64(len(s.cache)) {
+		out := make([]*raftpb.Entry, 0, hi-lo)
+		var size uint64
+		for _, e := range s.cache[lo-s.cacheFirst : hi-s.cacheFirst] {
+			size += uint64(proto.Size(e))
+			if len(out) > 0 && size > maxSize {
+				break
+			}
+			out = append(out, e)
+		}
+		return out, nil
+	}
 	var out []*raftpb.Entry
 	var size uint64
 	err := s.e.Scan(entryKey(s.group, lo), entryKey(s.group, hi), func(_, v []byte) (bool, error) {
@@ -234,6 +294,7 @@ func (s *logStore) append(b *pebble.Batch, ents []*raftpb.Entry) error {
 	for _, ent := range ents {
 		s.terms = append(s.terms, ent.GetTerm())
 	}
+	s.cacheAppend(ents)
 	return nil
 }
 
@@ -269,6 +330,7 @@ func (s *logStore) installSnapshot(b *pebble.Batch, snap *raftpb.Snapshot) error
 		return err
 	}
 	s.terms = s.terms[:0]
+	s.cache, s.cacheFirst, s.cacheBytes = nil, md.GetIndex()+1, 0
 	if err := s.setTruncated(b, md.GetIndex(), md.GetTerm()); err != nil {
 		return err
 	}
@@ -309,5 +371,6 @@ func (s *logStore) compact(b *pebble.Batch, index, truncateTo uint64, data []byt
 		return err
 	}
 	s.terms = s.terms[truncateTo+1-s.first:]
+	s.cacheDropThrough(truncateTo)
 	return s.setTruncated(b, truncateTo, truncTerm)
 }

@@ -193,3 +193,36 @@ func TestLogStoreCompactionKeepsATail(t *testing.T) {
 		t.Fatalf("snapshot = %v", snap)
 	}
 }
+
+func TestLogStoreEntryCacheFollowsConflicts(t *testing.T) {
+	e, err := storage.Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s, err := openLogStore(e, 7, []uint64{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendCommit := func(ents []*raftpb.Entry) {
+		b := e.NewBatch()
+		if err := s.append(b, ents); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Commit(b, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendCommit(entries(1, 10, 1))
+	appendCommit(entries(8, 9, 2)) // replaces 8..10 with 8..9 of term 2
+	ents, err := s.Entries(6, 10, 1<<20)
+	if err != nil || len(ents) != 4 || ents[1].GetTerm() != 1 || ents[2].GetTerm() != 2 || ents[3].GetIndex() != 9 {
+		t.Fatalf("cached Entries(6, 10) = %v, %v", ents, err)
+	}
+	if ents, _ := s.Entries(1, 10, 1); len(ents) != 1 {
+		t.Fatalf("maxSize not honoured from the cache: %d entries", len(ents))
+	}
+	if _, err := s.Entries(8, 11, 1<<20); !errors.Is(err, raft.ErrUnavailable) {
+		t.Fatalf("Entries past the end = %v, want ErrUnavailable", err)
+	}
+}
