@@ -146,15 +146,10 @@ func benchRaftCmd() *cobra.Command {
 			defer c.Close()
 			printHeader()
 
-			conn, err := c.Dialer(group.Region).Conn(group.Replicas[0])
+			h, fails, err := benchPing(c, group, f.duration)
 			if err != nil {
 				return err
 			}
-			ping := transportpb.NewTransportClient(conn)
-			h, fails := runFor(f.duration, 1, func(ctx context.Context) error {
-				_, err := ping.Ping(ctx, &transportpb.PingRequest{Payload: make([]byte, 64)})
-				return err
-			})
 			printRow("loopback gRPC round trip", h, f.duration, fails)
 
 			h, fails, err = benchFsync(c.DataDir(), f.duration)
@@ -185,6 +180,21 @@ func benchRaftCmd() *cobra.Command {
 	}
 	f.register(cmd)
 	return cmd
+}
+
+// benchPing measures the gRPC round trip from a client in group's region to one
+// of its replicas, one call at a time, for d.
+func benchPing(c *localcluster.Cluster, group topology.Group, d time.Duration) (*latency.Histogram, int, error) {
+	conn, err := c.Dialer(group.Region).Conn(group.Replicas[0])
+	if err != nil {
+		return nil, 0, err
+	}
+	ping := transportpb.NewTransportClient(conn)
+	h, fails := runFor(d, 1, func(ctx context.Context) error {
+		_, err := ping.Ping(ctx, &transportpb.PingRequest{Payload: make([]byte, 64)})
+		return err
+	})
+	return h, fails, nil
 }
 
 // benchFsync measures a 4 KiB append plus fsync on the cluster's disk.

@@ -105,6 +105,9 @@ made by concurrent clients. It stops after --duration or on Ctrl-C.`,
 				w := window
 				window = latency.New()
 				mu.Unlock()
+				if done && w.Count() == 0 {
+					break // the run ended right after the last line
+				}
 				fmt.Printf("%-8s %-8s %-7d %-10d %-10s %-10s\n", time.Since(began).Round(time.Second), epochStr,
 					c.Leader(groups[0].ID), w.Count(), latency.MS(w.Quantile(50)), latency.MS(w.Quantile(99)))
 			}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/latency"
-	"github.com/terroir-db/terroir/internal/transport/transportpb"
 )
 
 func benchYCSBCmd() *cobra.Command {
@@ -67,15 +66,10 @@ machine's floor measured in the same run (loopback RPC round trip, fsync).`,
 				}
 			}
 
-			conn, err := c.Dialer(group.Region).Conn(group.Replicas[0])
+			rtt, _, err := benchPing(c, group, time.Second)
 			if err != nil {
 				return err
 			}
-			ping := transportpb.NewTransportClient(conn)
-			rtt, _ := runFor(time.Second, 1, func(ctx context.Context) error {
-				_, err := ping.Ping(ctx, &transportpb.PingRequest{})
-				return err
-			})
 			fsync, _, err := benchFsync(c.DataDir(), time.Second)
 			if err != nil {
 				return err

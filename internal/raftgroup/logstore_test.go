@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -99,57 +100,35 @@ func TestLogStoreRecoversAndTruncates(t *testing.T) {
 	}
 }
 
-func TestLogStoreDetectsHole(t *testing.T) {
+// openDamaged writes the standard log, damages it with fn, and reopens it.
+func openDamaged(t *testing.T, fn func(b *pebble.Batch)) error {
+	t.Helper()
 	dir := t.TempDir()
 	writeLog(t, dir)
 	e, err := storage.Open(dir, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer e.Close()
 	b := e.NewBatch()
-	_ = b.Delete(entryKey(7, 4), nil)
+	fn(b)
 	if err := e.Commit(b, true); err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
-	if _, err := openLogStore(e, 7, nil); !errors.Is(err, storage.ErrCorrupt) {
-		t.Fatalf("open with a hole at index 4 = %v, want ErrCorrupt", err)
-	}
+	_, err = openLogStore(e, 7, nil)
+	return err
 }
 
-func TestLogStoreDetectsLostCommittedTail(t *testing.T) {
-	dir := t.TempDir()
-	writeLog(t, dir)
-	e, err := storage.Open(dir, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := e.NewBatch()
-	_ = b.DeleteRange(entryKey(7, 8), entryKey(7, 11), nil) // commit index is 8
-	if err := e.Commit(b, true); err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	if _, err := openLogStore(e, 7, nil); !errors.Is(err, storage.ErrCorrupt) {
-		t.Fatalf("open with committed entries missing = %v, want ErrCorrupt", err)
-	}
-}
-
-func TestLogStoreDetectsUndecodableRecord(t *testing.T) {
-	dir := t.TempDir()
-	writeLog(t, dir)
-	e, err := storage.Open(dir, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := e.NewBatch()
-	_ = b.Set(recordKey(7, recHardState), []byte{0xff, 0xff, 0xff}, nil)
-	if err := e.Commit(b, true); err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	if _, err := openLogStore(e, 7, nil); !errors.Is(err, storage.ErrCorrupt) {
-		t.Fatalf("open with a garbled hard state = %v, want ErrCorrupt", err)
+func TestLogStoreDetectsDamage(t *testing.T) {
+	for name, damage := range map[string]func(b *pebble.Batch){
+		"hole at index 4":           func(b *pebble.Batch) { _ = b.Delete(entryKey(7, 4), nil) },
+		"committed entries missing": func(b *pebble.Batch) { _ = b.DeleteRange(entryKey(7, 8), entryKey(7, 11), nil) }, // commit index is 8
+		"garbled hard state":        func(b *pebble.Batch) { _ = b.Set(recordKey(7, recHardState), []byte{0xff, 0xff, 0xff}, nil) },
+		"short truncated state":     func(b *pebble.Batch) { _ = b.Set(recordKey(7, recTruncated), []byte{1}, nil) },
+	} {
+		if err := openDamaged(t, damage); !errors.Is(err, storage.ErrCorrupt) {
+			t.Errorf("%s: open = %v, want ErrCorrupt", name, err)
+		}
 	}
 }
 

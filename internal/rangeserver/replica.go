@@ -506,26 +506,20 @@ func (l *leadership) release(txnID []byte, committedEpoch uint64) {
 // store, so a replica that is not the leader can ignore this: the next leader
 // resolves the prepared record.
 func (r *Replica) Commit(ctx context.Context, txnID []byte, version *pb.VersionID) error {
-	if r.sm.IsPrepared(txnID) {
-		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txnID, Version: version}}})
-		if _, err := r.group.Propose(ctx, cmd); err != nil {
-			return err
-		}
-	}
-	r.mu.Lock()
-	l := r.lead
-	r.mu.Unlock()
-	if l != nil {
-		l.release(txnID, version.GetEpoch())
-	}
-	return nil
+	cmd := &pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txnID, Version: version}}}
+	return r.finish(ctx, txnID, cmd, version.GetEpoch())
 }
 
 // Abort discards a transaction's prepared record, if any, and releases its locks.
 func (r *Replica) Abort(ctx context.Context, txnID []byte) error {
+	return r.finish(ctx, txnID, &pb.Command{Cmd: &pb.Command_Abort{Abort: &pb.AbortCmd{TxnId: txnID}}}, 0)
+}
+
+// finish applies a transaction's outcome to its prepared record, if it has one,
+// then releases its locks (raising the highest epoch to committedEpoch).
+func (r *Replica) finish(ctx context.Context, txnID []byte, cmd *pb.Command, committedEpoch uint64) error {
 	if r.sm.IsPrepared(txnID) {
-		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Abort{Abort: &pb.AbortCmd{TxnId: txnID}}})
-		if _, err := r.group.Propose(ctx, cmd); err != nil {
+		if _, err := r.group.Propose(ctx, EncodeCommand(cmd)); err != nil {
 			return err
 		}
 	}
@@ -533,7 +527,7 @@ func (r *Replica) Abort(ctx context.Context, txnID []byte) error {
 	l := r.lead
 	r.mu.Unlock()
 	if l != nil {
-		l.release(txnID, 0)
+		l.release(txnID, committedEpoch)
 	}
 	return nil
 }

@@ -169,15 +169,12 @@ func (sm *StateMachine) writeVersions(b *pebble.Batch, writes []*pb.Write, v *pb
 	}
 }
 
-// Snapshot implements raftgroup.StateMachine: every key of the range's state as
-// (4-byte key length, key, 4-byte value length, value) pairs.
+// Snapshot implements raftgroup.StateMachine: every key of the range's state,
+// each key and value framed by storage.AppendRecord.
 func (sm *StateMachine) Snapshot() ([]byte, error) {
 	var out []byte
 	err := sm.e.Scan(sm.prefix, storage.PrefixEnd(sm.prefix), func(k, v []byte) (bool, error) {
-		out = binary.BigEndian.AppendUint32(out, uint32(len(k)))
-		out = append(out, k...)
-		out = binary.BigEndian.AppendUint32(out, uint32(len(v)))
-		out = append(out, v...)
+		out = storage.AppendRecord(storage.AppendRecord(out, k), v)
 		return true, nil
 	})
 	return out, err
@@ -188,24 +185,16 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 	if err := b.DeleteRange(sm.prefix, storage.PrefixEnd(sm.prefix), nil); err != nil {
 		return err
 	}
-	next := func() ([]byte, error) {
-		if len(data) < 4 || uint64(len(data)-4) < uint64(binary.BigEndian.Uint32(data)) {
-			return nil, fmt.Errorf("%w: truncated range snapshot", storage.ErrCorrupt)
-		}
-		n := binary.BigEndian.Uint32(data)
-		out := data[4 : 4+n]
-		data = data[4+n:]
-		return out, nil
-	}
 	for len(data) > 0 {
-		k, err := next()
+		k, rest, err := storage.NextRecord(data)
 		if err != nil {
 			return err
 		}
-		v, err := next()
+		v, rest, err := storage.NextRecord(rest)
 		if err != nil {
 			return err
 		}
+		data = rest
 		if len(k) < len(sm.prefix) || string(k[:len(sm.prefix)]) != string(sm.prefix) {
 			return fmt.Errorf("%w: range snapshot key outside the range", storage.ErrCorrupt)
 		}

@@ -216,3 +216,19 @@ func (pebbleLogger) Errorf(format string, args ...any) {
 func (pebbleLogger) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf(format, args...))
 }
+
+// AppendRecord appends b to dst as a 4-byte big-endian length and the bytes:
+// the framing of state machine snapshots.
+func AppendRecord(dst, b []byte) []byte {
+	return append(binary.BigEndian.AppendUint32(dst, uint32(len(b))), b...)
+}
+
+// NextRecord splits the first record written by AppendRecord off data. A
+// truncated record fails with ErrCorrupt.
+func NextRecord(data []byte) (rec, rest []byte, err error) {
+	if len(data) < 4 || uint64(len(data)-4) < uint64(binary.BigEndian.Uint32(data)) {
+		return nil, nil, fmt.Errorf("%w: truncated snapshot record", ErrCorrupt)
+	}
+	n := binary.BigEndian.Uint32(data)
+	return data[4 : 4+n], data[4+n:], nil
+}

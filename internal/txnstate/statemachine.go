@@ -96,13 +96,12 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 	return want
 }
 
-// Snapshot implements raftgroup.StateMachine: every record, each as a 4-byte
-// length and the marshalled record.
+// Snapshot implements raftgroup.StateMachine: every marshalled record, framed
+// by storage.AppendRecord.
 func (sm *StateMachine) Snapshot() ([]byte, error) {
 	var out []byte
 	err := sm.e.Scan(sm.prefix, storage.PrefixEnd(sm.prefix), func(_, v []byte) (bool, error) {
-		out = binary.BigEndian.AppendUint32(out, uint32(len(v)))
-		out = append(out, v...)
+		out = storage.AppendRecord(out, v)
 		return true, nil
 	})
 	return out, err
@@ -114,12 +113,11 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 		return err
 	}
 	for len(data) > 0 {
-		if len(data) < 4 || uint64(len(data)-4) < uint64(binary.BigEndian.Uint32(data)) {
-			return fmt.Errorf("%w: truncated txn-state snapshot", storage.ErrCorrupt)
+		v, rest, err := storage.NextRecord(data)
+		if err != nil {
+			return err
 		}
-		n := binary.BigEndian.Uint32(data)
-		v := data[4 : 4+n]
-		data = data[4+n:]
+		data = rest
 		rec := &txnstatepb.Record{}
 		if err := proto.Unmarshal(v, rec); err != nil || validDecision(rec) != nil {
 			return fmt.Errorf("%w: txn-state snapshot record", storage.ErrCorrupt)
