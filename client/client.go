@@ -189,7 +189,7 @@ func (db *DB) Update(ctx context.Context, fn func(ctx context.Context, tx *Txn) 
 				return nil
 			}
 		} else {
-			_ = tx.Abort(ctx)
+			_ = tx.Abort(context.WithoutCancel(ctx))
 		}
 		if !IsRetryable(err) {
 			return err

@@ -34,8 +34,9 @@ func prepareAndVanish(t *testing.T, ctx context.Context, c *localcluster.Cluster
 			t.Fatal(err)
 		}
 		rc := pb.NewRangeClient(conn)
+		var lock *pb.LockResponse
 		for {
-			_, err = rc.Lock(ctx, &pb.LockRequest{RangeId: rng, Txn: meta, Key: key})
+			lock, err = rc.Lock(ctx, &pb.LockRequest{RangeId: rng, Txn: meta, Key: key})
 			if err == nil || ctx.Err() != nil {
 				break
 			}
@@ -44,7 +45,7 @@ func prepareAndVanish(t *testing.T, ctx context.Context, c *localcluster.Cluster
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := rc.Prepare(ctx, &pb.PrepareRequest{RangeId: rng, Txn: meta, LockCount: 1,
+		if _, err := rc.Prepare(ctx, &pb.PrepareRequest{RangeId: rng, Txn: meta, LockCount: 1, Incarnation: lock.GetIncarnation(),
 			Writes: []*pb.Write{{Key: key, Value: []byte("orphan")}}}); err != nil {
 			t.Fatal(err)
 		}
@@ -119,8 +120,16 @@ func TestCoordinatorDiesAfterCommitRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	epochs, err := c.EpochReader("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := epochs.Read(ctx) // as a coordinator would, after Prepare
+	if err != nil {
+		t.Fatal(err)
+	}
 	rec, err := ts.Decide(ctx, &txnstatepb.Record{TxnId: id, Outcome: txnstatepb.Outcome_OUTCOME_COMMITTED,
-		Version: &txnstatepb.VersionID{Epoch: 1 << 40, Counter: 1}})
+		Version: &txnstatepb.VersionID{Epoch: e, Counter: 1}})
 	if err != nil || rec.GetOutcome() != txnstatepb.Outcome_OUTCOME_COMMITTED {
 		t.Fatalf("recording the commit: %v %v", rec, err)
 	}

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sort"
@@ -33,8 +34,28 @@ type Txn struct {
 
 // participant is one range the transaction touched.
 type participant struct {
-	desc  topology.Group
-	spans map[string]struct{} // distinct spans locked there
+	desc        topology.Group
+	spans       map[string]struct{} // distinct spans locked there
+	incarnation uint64              // the leader's record our locks belong to (0: none yet)
+}
+
+// locked records a lock taken at p under incarnation inc. A different
+// incarnation than before means the earlier locks are gone: the transaction
+// can no longer commit.
+func (p *participant) locked(span string, inc uint64) error {
+	if p.incarnation != 0 && p.incarnation != inc {
+		return fmt.Errorf("%w: range %d lost this transaction's locks", ErrConflict, p.desc.ID)
+	}
+	p.incarnation = inc
+	p.spans[span] = struct{}{}
+	return nil
+}
+
+// pointSpan and rangeSpan name locked spans unambiguously (keys may hold any byte).
+func pointSpan(key []byte) string { return "p" + string(key) }
+
+func rangeSpan(start, end []byte) string {
+	return "r" + string(binary.BigEndian.AppendUint32(nil, uint32(len(start)))) + string(start) + string(end)
 }
 
 // Priority returns the transaction's wait-die priority (pass it to Begin when
@@ -87,15 +108,18 @@ func (t *Txn) Get(ctx context.Context, key []byte) (value []byte, ok bool, err e
 	if err != nil {
 		return nil, false, err
 	}
+	var inc uint64
 	err = t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
 		resp, err := rc.Get(ctx, &pb.GetRequest{RangeId: g.ID, Txn: t.meta, Key: key})
-		value, ok = resp.GetValue(), resp.GetFound()
+		value, ok, inc = resp.GetValue(), resp.GetFound(), resp.GetIncarnation()
 		return err
 	})
 	if err != nil {
 		return nil, false, err
 	}
-	t.part(g).spans["p"+string(key)] = struct{}{}
+	if err := t.part(g).locked(pointSpan(key), inc); err != nil {
+		return nil, false, err
+	}
 	return value, ok, nil
 }
 
@@ -140,16 +164,19 @@ func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, e
 		if limit > 0 {
 			want = limit - len(out) + t.bufferedDeletes(start, end)
 		}
-		var kvs []*pb.KeyValue
+		var resp *pb.ScanResponse
 		err := t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-			resp, err := rc.Scan(ctx, &pb.ScanRequest{RangeId: g.ID, Txn: t.meta, Start: start, End: end, Limit: uint32(want)})
-			kvs = resp.GetKvs()
+			var err error
+			resp, err = rc.Scan(ctx, &pb.ScanRequest{RangeId: g.ID, Txn: t.meta, Start: start, End: end, Limit: uint32(want)})
 			return err
 		})
 		if err != nil {
 			return nil, err
 		}
-		t.part(g).spans["r"+string(start)+"\x00"+string(end)] = struct{}{}
+		if err := t.part(g).locked(rangeSpan(start, end), resp.GetIncarnation()); err != nil {
+			return nil, err
+		}
+		kvs := resp.GetKvs()
 		out = t.overlay(out, kvs, start, end, want == 0 || len(kvs) < want)
 		if limit > 0 && len(out) >= limit {
 			return out[:limit], nil
@@ -234,14 +261,18 @@ func (t *Txn) write(ctx context.Context, w *pb.Write) error {
 		if err != nil {
 			return err
 		}
+		var inc uint64
 		err = t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-			_, err := rc.Lock(ctx, &pb.LockRequest{RangeId: g.ID, Txn: t.meta, Key: w.GetKey()})
+			resp, err := rc.Lock(ctx, &pb.LockRequest{RangeId: g.ID, Txn: t.meta, Key: w.GetKey()})
+			inc = resp.GetIncarnation()
 			return err
 		})
 		if err != nil {
 			return err
 		}
-		t.part(g).spans["p"+string(w.GetKey())] = struct{}{}
+		if err := t.part(g).locked(pointSpan(w.GetKey()), inc); err != nil {
+			return err
+		}
 	}
 	t.writes[string(w.GetKey())] = w
 	return nil
@@ -272,8 +303,10 @@ func (t *Txn) Abort(ctx context.Context) error {
 }
 
 // abortAll tells every participant to drop the transaction (best effort: a
-// participant that misses it resolves the transaction itself).
+// participant that misses it resolves the transaction itself). It runs even
+// when ctx has ended, for one second per participant.
 func (t *Txn) abortAll(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
 	var wg sync.WaitGroup
 	for _, p := range t.parts {
 		wg.Add(1)
@@ -317,7 +350,7 @@ func (t *Txn) commitOnePhase(ctx context.Context, p *participant) (storage.Versi
 	err := t.c.rangeCall(ctx, p.desc, false, func(ctx context.Context, rc pb.RangeClient) error {
 		resp, err := rc.CommitOnePhase(ctx, &pb.OnePhaseRequest{
 			RangeId: p.desc.ID, Txn: t.meta, Writes: t.writesFor(p.desc),
-			MinEpoch: t.c.session.Load(), LockCount: uint32(len(p.spans)),
+			MinEpoch: t.c.session.Load(), LockCount: uint32(len(p.spans)), Incarnation: p.incarnation,
 		})
 		ver = resp.GetVersion()
 		return err
@@ -359,6 +392,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 				var err error
 				resp, err = rc.Prepare(ctx, &pb.PrepareRequest{
 					RangeId: p.desc.ID, Txn: t.meta, Writes: t.writesFor(p.desc), LockCount: uint32(len(p.spans)),
+					Incarnation: p.incarnation,
 				})
 				return err
 			})
@@ -393,6 +427,13 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		versionEpoch = max(versionEpoch, r.resp.GetHighestEpoch())
 		if mv := r.resp.GetMaxVersion(); newest.Less(storage.VersionID{Epoch: mv.GetEpoch(), Counter: mv.GetCounter()}) {
 			newest = storage.VersionID{Epoch: mv.GetEpoch(), Counter: mv.GetCounter()}
+		}
+	}
+	// The version's epoch must lie in every lease too: a transaction ordered
+	// after a lease's end could be overtaken by its successor's writers.
+	for _, r := range preps {
+		if firstErr == nil && versionEpoch > r.resp.GetLease().GetEnd() {
+			firstErr = fmt.Errorf("%w: version epoch %d past range %d's lease end %d", ErrConflict, versionEpoch, r.p.desc.ID, r.resp.GetLease().GetEnd())
 		}
 	}
 	if firstErr != nil {

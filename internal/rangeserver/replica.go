@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,12 +116,28 @@ type leadership struct {
 	highest uint64 // DESIGN.md §3.5: highest epoch of a transaction that released a lock
 }
 
+// leaderTxn is the leader's record of a transaction holding locks here. Its
+// fields are guarded by the leadership's mu.
 type leaderTxn struct {
-	meta       *pb.TxnMeta
-	lastActive time.Time
-	prepared   bool
-	resolving  bool
+	meta        *pb.TxnMeta
+	incarnation uint64 // random per record: a recreated record has another
+	lastActive  time.Time
+	state       txnState
+	resolving   bool
 }
+
+// txnState is where a transaction stands at this leader.
+type txnState uint8
+
+const (
+	// txnActive: executing; dropped (locks released) after OrphanAfter idle.
+	txnActive txnState = iota
+	// txnCommitting: a one-phase commit is under way; only it ends the transaction.
+	txnCommitting
+	// txnPrepared: prepared here (with or without writes); only its outcome, from
+	// the coordinator or the transaction state store, ends it.
+	txnPrepared
+)
 
 // NewReplica ties a range's state machine to its Raft group. Start begins its loop.
 func NewReplica(desc topology.Group, self uint64, group *raftgroup.Group, sm *StateMachine,
@@ -252,14 +269,19 @@ func (r *Replica) activate(lease *pb.Lease) *leadership {
 		highest: lease.GetStart()}
 	l.end.Store(lease.GetEnd())
 	now := time.Now()
+	// Re-lock every prepared transaction. Prepared transactions never share a
+	// key exclusively, so no acquisition can wait; a canceled context makes sure.
+	noWait, cancelNoWait := context.WithCancel(ctx)
+	cancelNoWait()
 	for _, rec := range r.sm.Prepared() {
 		lt := lockTxn(rec.GetTxn())
 		for _, w := range rec.GetWrites() {
-			if err := l.locks.Acquire(ctx, lt, locktable.Point(w.GetKey()), locktable.Exclusive); err != nil {
-				slog.Error("re-locking a prepared transaction failed", "range", r.desc.ID, "err", err)
+			if err := l.locks.Acquire(noWait, lt, locktable.Point(w.GetKey()), locktable.Exclusive); err != nil {
+				slog.Error("re-locking a prepared transaction failed", "range", r.desc.ID, "key", w.GetKey(), "err", err)
 			}
 		}
-		l.txns[string(rec.GetTxn().GetId())] = &leaderTxn{meta: rec.GetTxn(), lastActive: now, prepared: true}
+		l.locks.MarkPrepared(lt.ID)
+		l.txns[string(rec.GetTxn().GetId())] = &leaderTxn{meta: rec.GetTxn(), lastActive: now, state: txnPrepared, incarnation: rand.Uint64()}
 	}
 	r.lead = l
 	slog.Info("range leaseholder", "range", r.desc.ID, "replica", r.self, "lease", fmt.Sprintf("[%d, %d]", lease.GetStart(), lease.GetEnd()))
@@ -287,7 +309,7 @@ func (r *Replica) leader() (*leadership, error) {
 	r.mu.Lock()
 	l := r.lead
 	r.mu.Unlock()
-	if l == nil {
+	if l == nil || !r.group.IsLeader() {
 		return nil, ErrNotLeaseholder
 	}
 	if e := r.lastEpoch.Load(); e < l.start || e > l.end.Load() {
@@ -296,7 +318,8 @@ func (r *Replica) leader() (*leadership, error) {
 	return l, nil
 }
 
-// txn returns the leader's record of a transaction, creating it if create.
+// txn returns the leader's record of a transaction, creating it (with a fresh
+// incarnation) if create is set and there is none.
 func (l *leadership) txn(meta *pb.TxnMeta, create bool) (*leaderTxn, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -305,17 +328,18 @@ func (l *leadership) txn(meta *pb.TxnMeta, create bool) (*leaderTxn, error) {
 		if !create {
 			return nil, ErrLocksLost
 		}
-		t = &leaderTxn{meta: meta}
+		t = &leaderTxn{meta: meta, incarnation: rand.Uint64()}
 		l.txns[string(meta.GetId())] = t
 	}
 	t.lastActive = time.Now()
 	return t, nil
 }
 
-// lock takes a lock for txn, bounded by ctx and by the leadership's life.
-func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode) error {
+// lock takes a lock for txn, bounded by ctx and by the leadership's life, and
+// returns the incarnation of the transaction's record that holds it.
+func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode) (uint64, error) {
 	if _, err := l.txn(meta, true); err != nil {
-		return err
+		return 0, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -324,19 +348,22 @@ func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, spa
 	err := l.locks.Acquire(ctx, lockTxn(meta), span, mode)
 	switch {
 	case errors.Is(err, locktable.ErrWouldDie):
-		return ErrConflict
+		return 0, ErrConflict
 	case err != nil && l.ctx.Err() != nil:
-		return ErrLocksLost
+		return 0, ErrLocksLost
 	case err != nil:
-		return err
+		return 0, err
 	}
 	// Touch again: if the transaction was dropped as idle while it waited, this
-	// recreates its record, so the new lock is released in turn.
-	_, _ = l.txn(meta, true)
+	// recreates its record (with a new incarnation, which tells the client its
+	// earlier locks are gone), so the new lock is released in turn.
+	t, _ := l.txn(meta, true)
 	if cur, _ := r.leader(); cur != l {
-		return ErrLocksLost // the lock is in a table that no longer counts
+		return 0, ErrLocksLost // the lock is in a table that no longer counts
 	}
-	return nil
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return t.incarnation, nil
 }
 
 func (r *Replica) checkKey(key []byte) error {
@@ -346,25 +373,30 @@ func (r *Replica) checkKey(key []byte) error {
 	return nil
 }
 
-// Get takes a shared lock on key for txn and returns its newest committed value.
-func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) ([]byte, bool, error) {
+// Get takes a shared lock on key for txn and returns its newest committed value
+// and the incarnation of the transaction's record here.
+func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) (*pb.GetResponse, error) {
 	if err := r.checkKey(key); err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	l, err := r.leader()
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	if err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Shared); err != nil {
-		return nil, false, err
+	inc, err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Shared)
+	if err != nil {
+		return nil, err
 	}
 	v, ok, _, err := r.sm.Engine().GetMVCC(r.sm.DataPrefix(), key, maxVersion)
-	return v.Value, ok, err
+	if err != nil {
+		return nil, err
+	}
+	return &pb.GetResponse{Found: ok, Value: v.Value, Incarnation: inc}, nil
 }
 
 // Scan takes a shared key-range lock on [start, end) ∩ range (so no phantom can
 // appear in it) and returns up to limit (0: all) newest committed values.
-func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte, limit int) ([]*pb.KeyValue, error) {
+func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte, limit int) (*pb.ScanResponse, error) {
 	if bytes.Compare(start, r.desc.Start) < 0 {
 		start = r.desc.Start
 	}
@@ -372,7 +404,7 @@ func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte,
 		end = r.desc.End
 	}
 	if end != nil && bytes.Compare(start, end) >= 0 {
-		return nil, nil
+		return &pb.ScanResponse{}, nil
 	}
 	l, err := r.leader()
 	if err != nil {
@@ -382,51 +414,62 @@ func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte,
 	if end == nil {
 		span.EndKey = keyspaceEnd
 	}
-	if err := r.lock(ctx, l, meta, span, locktable.Shared); err != nil {
+	inc, err := r.lock(ctx, l, meta, span, locktable.Shared)
+	if err != nil {
 		return nil, err
 	}
-	var out []*pb.KeyValue
+	resp := &pb.ScanResponse{Incarnation: inc}
 	err = r.sm.Engine().ScanMVCC(r.sm.DataPrefix(), start, end, maxVersion, func(v storage.Version, _ storage.VersionID) bool {
-		out = append(out, &pb.KeyValue{Key: v.Key, Value: v.Value})
-		return limit == 0 || len(out) < limit
+		resp.Kvs = append(resp.Kvs, &pb.KeyValue{Key: v.Key, Value: v.Value})
+		return limit == 0 || len(resp.Kvs) < limit
 	})
-	return out, err
+	return resp, err
 }
 
 // Lock takes the exclusive lock a Put or Delete of key needs (DESIGN.md §3.4:
-// writes lock when they execute, not at Prepare).
-func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) error {
+// writes lock when they execute, not at Prepare) and returns the incarnation.
+func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) (uint64, error) {
 	if err := r.checkKey(key); err != nil {
-		return err
+		return 0, err
 	}
 	l, err := r.leader()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive)
 }
 
-// checkLocks verifies txn still holds every lock it took here (lockCount
-// distinct spans: a lock dropped with an idle transaction would leave fewer) and
-// that every write is exclusively locked by it.
-func (r *Replica) checkLocks(l *leadership, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32) error {
-	if _, err := l.txn(meta, false); err != nil {
-		return err
+// commitStart verifies, for Prepare or a one-phase commit, that txn still holds
+// every lock it took here — the same incarnation it locked under, lockCount
+// distinct spans, every write exclusively locked — and moves it to state, so
+// that it is no longer dropped as idle: from here on only its outcome ends it.
+func (r *Replica) commitStart(l *leadership, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32, incarnation uint64, state txnState) (*leaderTxn, error) {
+	t, err := l.txn(meta, false)
+	if err != nil {
+		return nil, err
 	}
 	var id locktable.TxnID
 	copy(id[:], meta.GetId())
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t.incarnation != incarnation {
+		return nil, fmt.Errorf("%w: locks taken under another incarnation", ErrLocksLost)
+	}
 	if held := l.locks.HeldBy(id); held != int(lockCount) {
-		return fmt.Errorf("%w: %d of %d locks held", ErrLocksLost, held, lockCount)
+		return nil, fmt.Errorf("%w: %d of %d locks held", ErrLocksLost, held, lockCount)
 	}
 	for _, w := range writes {
 		if err := r.checkKey(w.GetKey()); err != nil {
-			return err
+			return nil, err
 		}
 		if !l.locks.Holds(id, locktable.Point(w.GetKey()), locktable.Exclusive) {
-			return fmt.Errorf("%w: no exclusive lock on %q", ErrLocksLost, w.GetKey())
+			return nil, fmt.Errorf("%w: no exclusive lock on %q", ErrLocksLost, w.GetKey())
 		}
 	}
-	return nil
+	if t.state == txnActive {
+		t.state = state
+	}
+	return t, nil
 }
 
 // maxVersionOf returns the newest stored version among keys of writes.
@@ -444,37 +487,53 @@ func (r *Replica) maxVersionOf(writes []*pb.Write) (storage.VersionID, error) {
 	return m, nil
 }
 
+// proposeTimeout bounds the wait for a proposal the caller may have given up
+// on: its entry can still apply, so the leader keeps waiting for it.
+const proposeTimeout = 5 * time.Second
+
+// propose replicates a command and waits for it to apply, independently of the
+// caller's context; a rejected command (its lease changed) is ErrLocksLost.
+func (r *Replica) propose(ctx context.Context, cmd *pb.Command) error {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
+	defer cancel()
+	res, err := r.group.Propose(pctx, EncodeCommand(cmd))
+	if err != nil {
+		return err
+	}
+	if a, ok := res.(Applied); ok && a.Rejected {
+		return fmt.Errorf("%w: the lease changed before the command applied", ErrLocksLost)
+	}
+	if err, ok := res.(error); ok {
+		return err
+	}
+	return nil
+}
+
 // Prepare makes txn's writes durable as a prepared record (through Raft) and
 // returns what the coordinator validates and versions with (DESIGN.md §4.2): the
 // lease, the highest epoch, and the newest existing version of the write set. A
-// read-only participant (no writes) writes nothing.
-func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32) (*pb.PrepareResponse, error) {
+// read-only participant (no writes) writes nothing, but from here on it too
+// keeps its locks until the outcome is known (invariant 4).
+func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32, incarnation uint64) (*pb.PrepareResponse, error) {
 	l, err := r.leader()
 	if err != nil {
 		return nil, err
 	}
-	if err := r.checkLocks(l, meta, writes, lockCount); err != nil {
+	if _, err := r.commitStart(l, meta, writes, lockCount, incarnation, txnPrepared); err != nil {
 		return nil, err
-	}
-	if len(writes) > 0 {
-		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: meta, Writes: writes}}})
-		if _, err := r.group.Propose(ctx, cmd); err != nil {
-			return nil, err
-		}
-		t, err := l.txn(meta, false)
-		if err != nil {
-			return nil, err
-		}
-		l.mu.Lock()
-		t.prepared = true
-		l.mu.Unlock()
-	}
-	if cur, _ := r.leader(); cur != l {
-		return nil, ErrLocksLost
 	}
 	var id locktable.TxnID
 	copy(id[:], meta.GetId())
 	l.locks.MarkPrepared(id) // it takes no more locks: others may wait for it
+	if len(writes) > 0 {
+		cmd := &pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: meta, Writes: writes, LeaseStart: l.start}}}
+		if err := r.propose(ctx, cmd); err != nil {
+			return nil, err
+		}
+	}
+	if cur, _ := r.leader(); cur != l {
+		return nil, ErrLocksLost
+	}
 	mv, err := r.maxVersionOf(writes)
 	if err != nil {
 		return nil, err
@@ -515,17 +574,27 @@ func (r *Replica) Abort(ctx context.Context, txnID []byte) error {
 	return r.finish(ctx, txnID, &pb.Command{Cmd: &pb.Command_Abort{Abort: &pb.AbortCmd{TxnId: txnID}}}, 0)
 }
 
-// finish applies a transaction's outcome to its prepared record, if it has one,
-// then releases its locks (raising the highest epoch to committedEpoch).
+// finish applies a transaction's outcome to its prepared record, then releases
+// its locks (raising the highest epoch to committedEpoch). The command goes
+// through Raft whenever a prepared record exists or may still be applying (the
+// transaction prepared here), so no record outlives its outcome.
 func (r *Replica) finish(ctx context.Context, txnID []byte, cmd *pb.Command, committedEpoch uint64) error {
-	if r.sm.IsPrepared(txnID) {
-		if _, err := r.group.Propose(ctx, EncodeCommand(cmd)); err != nil {
-			return err
-		}
-	}
 	r.mu.Lock()
 	l := r.lead
 	r.mu.Unlock()
+	mayBePrepared := r.sm.IsPrepared(txnID)
+	if l != nil {
+		l.mu.Lock()
+		if t, ok := l.txns[string(txnID)]; ok && t.state == txnPrepared {
+			mayBePrepared = true
+		}
+		l.mu.Unlock()
+	}
+	if mayBePrepared {
+		if err := r.propose(ctx, cmd); err != nil {
+			return err
+		}
+	}
 	if l != nil {
 		l.release(txnID, committedEpoch)
 	}
@@ -535,33 +604,41 @@ func (r *Replica) finish(ctx context.Context, txnID []byte, cmd *pb.Command, com
 // CommitOnePhase commits a transaction whose only participant is this range
 // (DESIGN.md §4): with every lock held, read the local epoch, validate the
 // lease, version the writes, apply them through Raft, release.
-func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, minEpoch uint64, lockCount uint32) (*pb.VersionID, error) {
+func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, minEpoch uint64, lockCount uint32, incarnation uint64) (*pb.VersionID, error) {
 	l, err := r.leader()
 	if err != nil {
 		return nil, err
 	}
-	if err := r.checkLocks(l, meta, writes, lockCount); err != nil {
+	if _, err := r.commitStart(l, meta, writes, lockCount, incarnation, txnCommitting); err != nil {
 		return nil, err
 	}
 	e, err := r.epochs.Read(ctx) // after every lock is held (invariant 4)
 	if err != nil {
-		return nil, err
+		l.release(meta.GetId(), 0) // nothing proposed: the transaction aborts
+		return nil, fmt.Errorf("%w: local epoch: %v", ErrLeaseValidation, err)
 	}
 	r.observeEpoch(e)
-	if e < l.start || e > l.end.Load() {
-		return nil, fmt.Errorf("%w: epoch %d, lease [%d, %d]", ErrLeaseValidation, e, l.start, l.end.Load())
-	}
 	l.mu.Lock()
 	epoch := max(e, l.highest, minEpoch)
 	l.mu.Unlock()
+	if end := l.end.Load(); e < l.start || epoch > end {
+		l.release(meta.GetId(), 0)
+		return nil, fmt.Errorf("%w: epoch %d (version epoch %d), lease [%d, %d]", ErrLeaseValidation, e, epoch, l.start, end)
+	}
 	mv, err := r.maxVersionOf(writes)
 	if err != nil {
+		l.release(meta.GetId(), 0)
 		return nil, err
 	}
 	ver := ChooseVersion(epoch, mv)
 	if len(writes) > 0 {
-		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: meta.GetId(), Writes: writes, Version: ver}}})
-		if _, err := r.group.Propose(ctx, cmd); err != nil {
+		cmd := &pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: meta.GetId(), Writes: writes, Version: ver, LeaseStart: l.start}}}
+		if err := r.propose(ctx, cmd); err != nil {
+			if errors.Is(err, ErrLocksLost) { // rejected at apply: nothing written
+				l.release(meta.GetId(), 0)
+			}
+			// Otherwise the entry may still apply; the locks stay with this
+			// leadership until it ends.
 			return nil, err
 		}
 	}
@@ -580,30 +657,39 @@ func ChooseVersion(epoch uint64, newest storage.VersionID) *pb.VersionID {
 	return &pb.VersionID{Epoch: v.Epoch, Counter: v.Counter}
 }
 
-// resolveOrphans ends transactions whose coordinator went silent: idle ones
-// holding only locks are dropped; prepared ones are decided through the
+// resolveOrphans ends transactions whose coordinator went silent: active ones
+// idle past OrphanAfter hold only locks and are dropped; prepared ones — and
+// prepared records the leader has no transaction for — are decided through the
 // transaction state store (abort unless commit was recorded first).
 func (r *Replica) resolveOrphans(l *leadership) {
 	now := time.Now()
 	var idle [][]byte
-	var prepared []*leaderTxn
+	var orphans []*leaderTxn
 	l.mu.Lock()
 	for id, t := range l.txns {
 		if now.Sub(t.lastActive) < r.cfg.OrphanAfter || t.resolving {
 			continue
 		}
-		if t.prepared {
-			t.resolving = true
-			prepared = append(prepared, t)
-		} else {
+		switch t.state {
+		case txnActive:
 			idle = append(idle, []byte(id))
+		case txnPrepared:
+			t.resolving = true
+			orphans = append(orphans, t)
+		}
+	}
+	for _, rec := range r.sm.Prepared() {
+		if _, ok := l.txns[string(rec.GetTxn().GetId())]; !ok {
+			t := &leaderTxn{meta: rec.GetTxn(), state: txnPrepared, resolving: true, incarnation: rand.Uint64()}
+			l.txns[string(rec.GetTxn().GetId())] = t
+			orphans = append(orphans, t)
 		}
 	}
 	l.mu.Unlock()
 	for _, id := range idle {
 		l.release(id, 0)
 	}
-	for _, t := range prepared {
+	for _, t := range orphans {
 		r.wg.Add(1)
 		go r.resolve(l, t)
 	}

@@ -83,12 +83,11 @@ func (r *Replica) toStatus(err error) error {
 		return nil
 	case errors.Is(err, ErrNotLeaseholder), errors.Is(err, raftgroup.ErrNotLeader):
 		return notExecuted(err, r.LeaderHint())
-	case errors.Is(err, ErrLeaseNotActive), errors.Is(err, raftgroup.ErrBusy), errors.Is(err, raftgroup.ErrStopped),
-		errors.Is(err, epoch.ErrUnavailable):
+	case errors.Is(err, ErrLeaseNotActive), errors.Is(err, raftgroup.ErrBusy), errors.Is(err, epoch.ErrUnavailable):
 		return notExecuted(err, r.self) // retry here: the lease or leader is about to serve
 	case errors.Is(err, ErrConflict), errors.Is(err, ErrLocksLost), errors.Is(err, ErrLeaseValidation):
 		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, raftgroup.ErrOutcomeUnknown):
+	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrStopped):
 		// The command may still apply: callers must not assume it failed.
 		return status.Error(codes.Unknown, err.Error())
 	case errors.Is(err, ErrKeyOutsideRange):
@@ -120,11 +119,8 @@ func (s *Server) Get(ctx context.Context, req *pb.GetRequest) (*pb.GetResponse, 
 	if err := errors.Join(validTxn(req.GetTxn()), validKey(req.GetKey())); err != nil {
 		return nil, r.toStatus(err)
 	}
-	v, ok, err := r.Get(ctx, req.GetTxn(), req.GetKey())
-	if err != nil {
-		return nil, r.toStatus(err)
-	}
-	return &pb.GetResponse{Found: ok, Value: v}, nil
+	resp, err := r.Get(ctx, req.GetTxn(), req.GetKey())
+	return resp, r.toStatus(err)
 }
 
 // Scan implements pb.RangeServer.
@@ -140,11 +136,8 @@ func (s *Server) Scan(ctx context.Context, req *pb.ScanRequest) (*pb.ScanRespons
 	if len(req.GetEnd()) > 0 {
 		end = req.GetEnd()
 	}
-	kvs, err := r.Scan(ctx, req.GetTxn(), req.GetStart(), end, int(req.GetLimit()))
-	if err != nil {
-		return nil, r.toStatus(err)
-	}
-	return &pb.ScanResponse{Kvs: kvs}, nil
+	resp, err := r.Scan(ctx, req.GetTxn(), req.GetStart(), end, int(req.GetLimit()))
+	return resp, r.toStatus(err)
 }
 
 // Lock implements pb.RangeServer.
@@ -156,7 +149,8 @@ func (s *Server) Lock(ctx context.Context, req *pb.LockRequest) (*pb.LockRespons
 	if err := errors.Join(validTxn(req.GetTxn()), validKey(req.GetKey())); err != nil {
 		return nil, r.toStatus(err)
 	}
-	return &pb.LockResponse{}, r.toStatus(r.Lock(ctx, req.GetTxn(), req.GetKey()))
+	inc, err := r.Lock(ctx, req.GetTxn(), req.GetKey())
+	return &pb.LockResponse{Incarnation: inc}, r.toStatus(err)
 }
 
 // Prepare implements pb.RangeServer.
@@ -168,7 +162,7 @@ func (s *Server) Prepare(ctx context.Context, req *pb.PrepareRequest) (*pb.Prepa
 	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
 		return nil, r.toStatus(err)
 	}
-	resp, err := r.Prepare(ctx, req.GetTxn(), req.GetWrites(), req.GetLockCount())
+	resp, err := r.Prepare(ctx, req.GetTxn(), req.GetWrites(), req.GetLockCount(), req.GetIncarnation())
 	return resp, r.toStatus(err)
 }
 
@@ -199,7 +193,7 @@ func (s *Server) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (*
 	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
 		return nil, r.toStatus(err)
 	}
-	v, err := r.CommitOnePhase(ctx, req.GetTxn(), req.GetWrites(), req.GetMinEpoch(), req.GetLockCount())
+	v, err := r.CommitOnePhase(ctx, req.GetTxn(), req.GetWrites(), req.GetMinEpoch(), req.GetLockCount(), req.GetIncarnation())
 	if err != nil {
 		return nil, r.toStatus(err)
 	}

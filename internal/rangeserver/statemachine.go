@@ -44,6 +44,9 @@ type StateMachine struct {
 type Applied struct {
 	// LeaseGranted is set for a lease command that took effect.
 	LeaseGranted bool
+	// Rejected is set for a prepare or one-phase commit evaluated under a lease
+	// that is no longer current: it had no effect.
+	Rejected bool
 }
 
 // NewStateMachine loads range `id`'s lease and prepared transactions from e.
@@ -139,6 +142,9 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		sm.lease = proto.Clone(x.Lease.GetLease()).(*pb.Lease)
 		return Applied{LeaseGranted: true}
 	case *pb.Command_Prepare:
+		if x.Prepare.GetLeaseStart() != sm.lease.GetStart() {
+			return Applied{Rejected: true}
+		}
 		rec := &pb.PreparedRecord{Txn: x.Prepare.GetTxn(), Writes: x.Prepare.GetWrites()}
 		v, _ := proto.Marshal(rec)
 		_ = b.Set(sm.sub(subPrepared, rec.GetTxn().GetId()), v, nil)
@@ -155,6 +161,9 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		_ = b.Delete(sm.sub(subPrepared, x.Abort.GetTxnId()), nil)
 		delete(sm.prepared, string(x.Abort.GetTxnId()))
 	case *pb.Command_OnePhase:
+		if x.OnePhase.GetLeaseStart() != sm.lease.GetStart() {
+			return Applied{Rejected: true}
+		}
 		sm.writeVersions(b, x.OnePhase.GetWrites(), x.OnePhase.GetVersion())
 	default:
 		return fmt.Errorf("%w: empty command", ErrBadCommand)

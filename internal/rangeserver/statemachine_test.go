@@ -65,11 +65,24 @@ func TestPrepareCommitAndSnapshot(t *testing.T) {
 	other := &pb.TxnMeta{Id: append(make([]byte, 15), 1), Priority: 2, TxnStateGroup: 2}
 	apply(t, sm,
 		leaseCmd(1, 1, 100, 1, 0),
-		&pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: txn, Writes: []*pb.Write{{Key: []byte("a"), Value: []byte("1")}}}}},
-		&pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: other, Writes: []*pb.Write{{Key: []byte("b"), Tombstone: true}}}}},
+		&pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: txn, LeaseStart: 1, Writes: []*pb.Write{{Key: []byte("a"), Value: []byte("1")}}}}},
+		&pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: other, LeaseStart: 1, Writes: []*pb.Write{{Key: []byte("b"), Tombstone: true}}}}},
 		&pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txn.GetId(), Version: &pb.VersionID{Epoch: 5, Counter: 1}}}},
-		&pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: []byte("x"), Writes: []*pb.Write{{Key: []byte("c"), Value: []byte("3")}}, Version: &pb.VersionID{Epoch: 6, Counter: 1}}}},
+		&pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: []byte("x"), LeaseStart: 1, Writes: []*pb.Write{{Key: []byte("c"), Value: []byte("3")}}, Version: &pb.VersionID{Epoch: 6, Counter: 1}}}},
 	)
+	// Commands evaluated under another lease have no effect.
+	stale := apply(t, sm,
+		&pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: &pb.TxnMeta{Id: append(make([]byte, 15), 9)}, LeaseStart: 0, Writes: []*pb.Write{{Key: []byte("d")}}}}},
+		&pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: []byte("y"), LeaseStart: 7, Writes: []*pb.Write{{Key: []byte("e"), Value: []byte("5")}}, Version: &pb.VersionID{Epoch: 6, Counter: 2}}}},
+	)
+	for i, r := range stale {
+		if !r.(Applied).Rejected {
+			t.Errorf("command %d under a stale lease was not rejected", i)
+		}
+	}
+	if _, ok, _, _ := sm.e.GetMVCC(sm.DataPrefix(), []byte("e"), maxVersion); ok || sm.IsPrepared(append(make([]byte, 15), 9)) {
+		t.Fatal("a command under a stale lease took effect")
+	}
 	if sm.IsPrepared(txn.GetId()) || !sm.IsPrepared(other.GetId()) {
 		t.Fatal("prepared set wrong after commit")
 	}

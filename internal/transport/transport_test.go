@@ -136,7 +136,7 @@ func TestLatencyInjection(t *testing.T) {
 }
 
 func TestRaftStreamDelayKeepsOrder(t *testing.T) {
-	_, nodes := startNodes(t, 40)
+	_, nodes := startNodes(t, 200)
 	// Warm both streams, so the first timed message does not pay for the dial.
 	nodes[1].raft.Send(9, &raftpb.Message{To: proto.Uint64(3), Index: proto.Uint64(0)})
 	nodes[1].raft.Send(9, &raftpb.Message{To: proto.Uint64(2), Index: proto.Uint64(0)})
@@ -171,10 +171,11 @@ func TestRaftStreamDelayKeepsOrder(t *testing.T) {
 		}
 		firstArrival := rec.at[0].Sub(start)
 		rec.mu.Unlock()
-		if id == 3 && (firstArrival < 20*time.Millisecond || firstArrival > 30*time.Millisecond) {
-			t.Errorf("cross-region one-way delay %v, want 20 ms (RTT/2)", firstArrival)
+		// Generous upper bounds: other tests may load the machine.
+		if id == 3 && (firstArrival < 100*time.Millisecond || firstArrival > 140*time.Millisecond) {
+			t.Errorf("cross-region one-way delay %v, want 100 ms (RTT/2)", firstArrival)
 		}
-		if id == 2 && firstArrival > 10*time.Millisecond {
+		if id == 2 && firstArrival > 50*time.Millisecond {
 			t.Errorf("intra-region delivery took %v, want no injected delay", firstArrival)
 		}
 	}

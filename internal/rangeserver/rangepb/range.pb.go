@@ -552,6 +552,7 @@ type PrepareCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Txn           *TxnMeta               `protobuf:"bytes,1,opt,name=txn,proto3" json:"txn,omitempty"`
 	Writes        []*Write               `protobuf:"bytes,2,rep,name=writes,proto3" json:"writes,omitempty"`
+	LeaseStart    uint64                 `protobuf:"varint,3,opt,name=lease_start,json=leaseStart,proto3" json:"lease_start,omitempty"` // applied only under this lease (else rejected)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -598,6 +599,13 @@ func (x *PrepareCmd) GetWrites() []*Write {
 		return x.Writes
 	}
 	return nil
+}
+
+func (x *PrepareCmd) GetLeaseStart() uint64 {
+	if x != nil {
+		return x.LeaseStart
+	}
+	return 0
 }
 
 type CommitCmd struct {
@@ -701,6 +709,7 @@ type OnePhaseCmd struct {
 	TxnId         []byte                 `protobuf:"bytes,1,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
 	Writes        []*Write               `protobuf:"bytes,2,rep,name=writes,proto3" json:"writes,omitempty"`
 	Version       *VersionID             `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	LeaseStart    uint64                 `protobuf:"varint,4,opt,name=lease_start,json=leaseStart,proto3" json:"lease_start,omitempty"` // applied only under this lease (else rejected)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -754,6 +763,13 @@ func (x *OnePhaseCmd) GetVersion() *VersionID {
 		return x.Version
 	}
 	return nil
+}
+
+func (x *OnePhaseCmd) GetLeaseStart() uint64 {
+	if x != nil {
+		return x.LeaseStart
+	}
+	return 0
 }
 
 // PreparedRecord is a prepared transaction as stored by every replica.
@@ -873,6 +889,7 @@ type GetResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Found         bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
 	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Incarnation   uint64                 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"` // see LockResponse
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -919,6 +936,13 @@ func (x *GetResponse) GetValue() []byte {
 		return x.Value
 	}
 	return nil
+}
+
+func (x *GetResponse) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type ScanRequest struct {
@@ -1000,6 +1024,7 @@ func (x *ScanRequest) GetLimit() uint32 {
 type ScanResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Kvs           []*KeyValue            `protobuf:"bytes,1,rep,name=kvs,proto3" json:"kvs,omitempty"`
+	Incarnation   uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"` // see LockResponse
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1039,6 +1064,13 @@ func (x *ScanResponse) GetKvs() []*KeyValue {
 		return x.Kvs
 	}
 	return nil
+}
+
+func (x *ScanResponse) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type LockRequest struct {
@@ -1102,7 +1134,11 @@ func (x *LockRequest) GetKey() []byte {
 }
 
 type LockResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// incarnation identifies the leader's record of the transaction holding this
+	// lock. A different value than an earlier lock's means the earlier locks were
+	// lost (a new leaseholder, or the transaction was dropped as idle).
+	Incarnation   uint64 `protobuf:"varint,1,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1137,12 +1173,20 @@ func (*LockResponse) Descriptor() ([]byte, []int) {
 	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
+func (x *LockResponse) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 type PrepareRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
 	Txn           *TxnMeta               `protobuf:"bytes,2,opt,name=txn,proto3" json:"txn,omitempty"`
 	Writes        []*Write               `protobuf:"bytes,3,rep,name=writes,proto3" json:"writes,omitempty"`                         // empty for a read-only participant
 	LockCount     uint32                 `protobuf:"varint,4,opt,name=lock_count,json=lockCount,proto3" json:"lock_count,omitempty"` // distinct spans the transaction locked here
+	Incarnation   uint64                 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`              // the incarnation every lock here was taken under
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1201,6 +1245,13 @@ func (x *PrepareRequest) GetWrites() []*Write {
 func (x *PrepareRequest) GetLockCount() uint32 {
 	if x != nil {
 		return x.LockCount
+	}
+	return 0
+}
+
+func (x *PrepareRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -1456,6 +1507,7 @@ type OnePhaseRequest struct {
 	Writes        []*Write               `protobuf:"bytes,3,rep,name=writes,proto3" json:"writes,omitempty"`
 	MinEpoch      uint64                 `protobuf:"varint,4,opt,name=min_epoch,json=minEpoch,proto3" json:"min_epoch,omitempty"`    // the client session's highest epoch
 	LockCount     uint32                 `protobuf:"varint,5,opt,name=lock_count,json=lockCount,proto3" json:"lock_count,omitempty"` // distinct spans the transaction locked here
+	Incarnation   uint64                 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`              // the incarnation every lock here was taken under
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1521,6 +1573,13 @@ func (x *OnePhaseRequest) GetMinEpoch() uint64 {
 func (x *OnePhaseRequest) GetLockCount() uint32 {
 	if x != nil {
 		return x.LockCount
+	}
+	return 0
+}
+
+func (x *OnePhaseRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -1605,20 +1664,24 @@ const file_range_proto_rawDesc = "" +
 	"\x03cmd\"Q\n" +
 	"\bLeaseCmd\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x19\n" +
-	"\bprev_seq\x18\x02 \x01(\x04R\aprevSeq\"d\n" +
+	"\bprev_seq\x18\x02 \x01(\x04R\aprevSeq\"\x85\x01\n" +
 	"\n" +
 	"PrepareCmd\x12(\n" +
 	"\x03txn\x18\x01 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
-	"\x06writes\x18\x02 \x03(\v2\x14.terroir.range.WriteR\x06writes\"V\n" +
+	"\x06writes\x18\x02 \x03(\v2\x14.terroir.range.WriteR\x06writes\x12\x1f\n" +
+	"\vlease_start\x18\x03 \x01(\x04R\n" +
+	"leaseStart\"V\n" +
 	"\tCommitCmd\x12\x15\n" +
 	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\x122\n" +
 	"\aversion\x18\x02 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"!\n" +
 	"\bAbortCmd\x12\x15\n" +
-	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\"\x86\x01\n" +
+	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\"\xa7\x01\n" +
 	"\vOnePhaseCmd\x12\x15\n" +
 	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\x12,\n" +
 	"\x06writes\x18\x02 \x03(\v2\x14.terroir.range.WriteR\x06writes\x122\n" +
-	"\aversion\x18\x03 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"h\n" +
+	"\aversion\x18\x03 \x01(\v2\x18.terroir.range.VersionIDR\aversion\x12\x1f\n" +
+	"\vlease_start\x18\x04 \x01(\x04R\n" +
+	"leaseStart\"h\n" +
 	"\x0ePreparedRecord\x12(\n" +
 	"\x03txn\x18\x01 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
 	"\x06writes\x18\x02 \x03(\v2\x14.terroir.range.WriteR\x06writes\"c\n" +
@@ -1626,29 +1689,33 @@ const file_range_proto_rawDesc = "" +
 	"GetRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\fR\x03key\"9\n" +
+	"\x03key\x18\x03 \x01(\fR\x03key\"[\n" +
 	"\vGetResponse\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x90\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\"\x90\x01\n" +
 	"\vScanRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12\x14\n" +
 	"\x05start\x18\x03 \x01(\fR\x05start\x12\x10\n" +
 	"\x03end\x18\x04 \x01(\fR\x03end\x12\x14\n" +
-	"\x05limit\x18\x05 \x01(\rR\x05limit\"9\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\"[\n" +
 	"\fScanResponse\x12)\n" +
-	"\x03kvs\x18\x01 \x03(\v2\x17.terroir.range.KeyValueR\x03kvs\"d\n" +
+	"\x03kvs\x18\x01 \x03(\v2\x17.terroir.range.KeyValueR\x03kvs\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"d\n" +
 	"\vLockRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\fR\x03key\"\x0e\n" +
-	"\fLockResponse\"\xa2\x01\n" +
+	"\x03key\x18\x03 \x01(\fR\x03key\"0\n" +
+	"\fLockResponse\x12 \n" +
+	"\vincarnation\x18\x01 \x01(\x04R\vincarnation\"\xc4\x01\n" +
 	"\x0ePrepareRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
 	"\x06writes\x18\x03 \x03(\v2\x14.terroir.range.WriteR\x06writes\x12\x1d\n" +
 	"\n" +
-	"lock_count\x18\x04 \x01(\rR\tlockCount\"\x9d\x01\n" +
+	"lock_count\x18\x04 \x01(\rR\tlockCount\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\"\x9d\x01\n" +
 	"\x0fPrepareResponse\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12#\n" +
 	"\rhighest_epoch\x18\x02 \x01(\x04R\fhighestEpoch\x129\n" +
@@ -1662,14 +1729,15 @@ const file_range_proto_rawDesc = "" +
 	"\fAbortRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x15\n" +
 	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\"\x0f\n" +
-	"\rAbortResponse\"\xc0\x01\n" +
+	"\rAbortResponse\"\xe2\x01\n" +
 	"\x0fOnePhaseRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
 	"\x06writes\x18\x03 \x03(\v2\x14.terroir.range.WriteR\x06writes\x12\x1b\n" +
 	"\tmin_epoch\x18\x04 \x01(\x04R\bminEpoch\x12\x1d\n" +
 	"\n" +
-	"lock_count\x18\x05 \x01(\rR\tlockCount\"F\n" +
+	"lock_count\x18\x05 \x01(\rR\tlockCount\x12 \n" +
+	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\"F\n" +
 	"\x10OnePhaseResponse\x122\n" +
 	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion2\xef\x03\n" +
 	"\x05Range\x12<\n" +
