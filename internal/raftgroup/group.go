@@ -115,13 +115,18 @@ type Group struct {
 
 // Config tunes a group. Zero fields take the defaults noted.
 type Config struct {
-	// Tick is the Raft tick period (default 10 ms). Elections take 10–20 ticks.
+	// Tick is the Raft tick period (default 10 ms). A follower that hears no
+	// leader for 30–60 ticks campaigns; a leader that hears no quorum for 30
+	// steps down (generous, so a loaded machine does not flap leaders).
 	Tick time.Duration
 	// CompactAfter is how many applied entries accumulate before the log is
 	// truncated behind a snapshot (default 10000); the newest CompactAfter/2
 	// entries are kept so a follower slightly behind catches up from the log.
 	CompactAfter uint64
 }
+
+// electionTicks is Raft's election timeout in ticks (300 ms at the default tick).
+const electionTicks = 30
 
 func (c Config) withDefaults() Config {
 	if c.Tick <= 0 {
@@ -140,7 +145,7 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 	}
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:                        self,
-		ElectionTick:              10,
+		ElectionTick:              electionTicks,
 		HeartbeatTick:             1,
 		Storage:                   ls,
 		Applied:                   ls.applied,

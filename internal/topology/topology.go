@@ -48,7 +48,7 @@ var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true, KindRan
 const (
 	// DefaultLocalEpochInterval is how often a local epoch leader advances the epoch (paper §6.1).
 	DefaultLocalEpochInterval = 10 * time.Millisecond
-	// DefaultRaftTick is the Raft logical clock tick; elections take 10 ticks, heartbeats 1.
+	// DefaultRaftTick is the Raft logical clock tick; elections take 30–60 ticks, heartbeats 1.
 	DefaultRaftTick = 10 * time.Millisecond
 	// DefaultReplicas is the replication factor of a group that names no replicas.
 	DefaultReplicas = 3
