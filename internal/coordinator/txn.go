@@ -62,9 +62,6 @@ func rangeSpan(start, end []byte) string {
 // retrying, so the retry keeps its age).
 func (t *Txn) Priority() uint64 { return t.meta.GetPriority() }
 
-// ID returns the transaction's 16-byte ID.
-func (t *Txn) ID() []byte { return t.meta.GetId() }
-
 func (t *Txn) part(g topology.Group) *participant {
 	p, ok := t.parts[g.ID]
 	if !ok {

@@ -208,17 +208,11 @@ func (n *Node) Range(id uint64) *rangeserver.Replica {
 	return nil
 }
 
-// ID returns the node's ID.
-func (n *Node) ID() uint64 { return n.cfg.NodeID }
-
 // Addr returns the address the node serves on.
 func (n *Node) Addr() string { return n.listener.Addr().String() }
 
 // Registry returns the node's metrics registry.
 func (n *Node) Registry() *prometheus.Registry { return n.registry }
-
-// Engine returns the node's store.
-func (n *Node) Engine() *storage.Engine { return n.engine }
 
 // Group returns the node's replica of group id, or nil.
 func (n *Node) Group(id uint64) *raftgroup.Group { return n.host.Group(id) }
