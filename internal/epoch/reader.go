@@ -135,7 +135,7 @@ func (r *Reader) round() (uint64, error) {
 		}
 		r.splits.Add(1)
 		// Back off briefly: a split clears as soon as the lagging replica applies.
-		if !sleep(ctx, backoff(attempt)) {
+		if !transport.SleepCtx(ctx, backoff(attempt)) {
 			if lastErr == nil {
 				lastErr = ctx.Err()
 			}
@@ -147,17 +147,6 @@ func (r *Reader) round() (uint64, error) {
 // backoff is 100 µs doubling to 12.8 ms.
 func backoff(attempt int) time.Duration { return 100 * time.Microsecond << min(attempt, 7) }
 
-// sleep waits d; false if ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
 
 // attempt sends one request to every replica and returns as soon as a majority
 // reports the same epoch; ok is false if the replies split or too many failed.

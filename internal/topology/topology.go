@@ -39,10 +39,16 @@ const (
 	KindTxnState Kind = "txn-state"
 	// KindRange is one range of the key space: its MVCC data, lease and locks (DESIGN.md §2).
 	KindRange Kind = "range"
+	// KindPublisher is a region's epoch publisher: the global epoch as last
+	// pushed to the region (DESIGN.md §2, §7).
+	KindPublisher Kind = "publisher"
+	// KindGlobalEpoch is the global epoch service (DESIGN.md §2, §7). Its
+	// replicas may be placed in any regions.
+	KindGlobalEpoch Kind = "global-epoch"
 )
 
 // knownKinds lists the kinds this version can host.
-var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true, KindRange: true}
+var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true, KindRange: true, KindPublisher: true, KindGlobalEpoch: true}
 
 // Defaults applied when the file leaves a field out.
 const (
@@ -52,6 +58,9 @@ const (
 	DefaultRaftTick = 10 * time.Millisecond
 	// DefaultReplicas is the replication factor of a group that names no replicas.
 	DefaultReplicas = 3
+	// DefaultPublisherLease is how long a publisher serves the global epoch
+	// after its last update (DESIGN.md §7).
+	DefaultPublisherLease = time.Second
 )
 
 // ErrInvalid marks every validation failure; the wrapped message names the field.
@@ -63,6 +72,11 @@ type Topology struct {
 	LocalEpochInterval time.Duration
 	// RaftTick is the period of one Raft tick.
 	RaftTick time.Duration
+	// PublisherLease is how long a publisher serves after its last update.
+	PublisherLease time.Duration
+	// GlobalEpochMinInterval is the least time between global epoch advances
+	// (0: as fast as every publisher acknowledges).
+	GlobalEpochMinInterval time.Duration
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -106,6 +120,8 @@ func (g Group) Contains(key []byte) bool {
 
 type fileTopology struct {
 	LocalEpochInterval string      `yaml:"local_epoch_interval"`
+	PublisherLease     string      `yaml:"publisher_lease"`
+	GlobalMinInterval  string      `yaml:"global_epoch_min_interval"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -183,6 +199,14 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if t.RaftTick, err = parseDuration("raft_tick", f.RaftTick, DefaultRaftTick); err != nil {
 		return nil, err
+	}
+	if t.PublisherLease, err = parseDuration("publisher_lease", f.PublisherLease, DefaultPublisherLease); err != nil {
+		return nil, err
+	}
+	if f.GlobalMinInterval != "" {
+		if t.GlobalEpochMinInterval, err = parseDuration("global_epoch_min_interval", f.GlobalMinInterval, 0); err != nil {
+			return nil, err
+		}
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -294,6 +318,14 @@ func build(f *fileTopology) (*Topology, error) {
 	if err := t.checkRanges(); err != nil {
 		return nil, err
 	}
+	if n := len(t.GroupsOfKind(KindGlobalEpoch, "")); n > 1 {
+		return nil, invalid("groups: %d global-epoch groups, at most one is allowed", n)
+	}
+	for _, r := range t.Regions {
+		if n := len(t.GroupsOfKind(KindPublisher, r)); n > 1 {
+			return nil, invalid("region %q: %d publishers, at most one is allowed", r, n)
+		}
+	}
 	return t, nil
 }
 
@@ -354,7 +386,7 @@ func (t *Topology) placeReplicas(g fileGroup) ([]uint64, error) {
 			if seen[id] {
 				return nil, invalid("group %d: node %d listed twice", g.ID, id)
 			}
-			if n.Region != g.Region {
+			if n.Region != g.Region && Kind(g.Kind) != KindGlobalEpoch {
 				return nil, invalid("group %d: replica node %d is in %q, not the group's region %q", g.ID, id, n.Region, g.Region)
 			}
 			seen[id] = true
@@ -470,7 +502,11 @@ func (t *Topology) Marshal() ([]byte, error) {
 	f := fileTopology{
 		LocalEpochInterval: t.LocalEpochInterval.String(),
 		RaftTick:           t.RaftTick.String(),
+		PublisherLease:     t.PublisherLease.String(),
 		Regions:            t.Regions,
+	}
+	if t.GlobalEpochMinInterval > 0 {
+		f.GlobalMinInterval = t.GlobalEpochMinInterval.String()
 	}
 	for i, a := range t.Regions {
 		for _, b := range t.Regions[i+1:] {

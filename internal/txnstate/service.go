@@ -3,10 +3,7 @@ package txnstate
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -110,20 +107,15 @@ func (s *Server) Get(ctx context.Context, req *txnstatepb.GetRequest) (*txnstate
 	return &txnstatepb.GetResponse{Record: rec}, nil
 }
 
-// ErrUnavailable is returned by Client calls that found no serving leader in time.
-var ErrUnavailable = errors.New("txnstate: no leader reachable")
-
-// Client calls one txn-state group, finding and remembering its leader.
+// Client calls one txn-state group through its leader.
 type Client struct {
-	dialer   *transport.Dialer
-	group    uint64
-	replicas []uint64
-	leader   atomic.Uint64 // last replica that served a Decide; 0 if unknown
+	group uint64
+	lc    *transport.LeaderClient
 }
 
 // NewClient returns a client of group whose replicas are on the given nodes.
 func NewClient(dialer *transport.Dialer, group uint64, replicas []uint64) *Client {
-	return &Client{dialer: dialer, group: group, replicas: append([]uint64(nil), replicas...)}
+	return &Client{group: group, lc: transport.NewLeaderClient(dialer, replicas)}
 }
 
 // Decide records rec's outcome unless another was recorded first, and returns
@@ -131,8 +123,8 @@ func NewClient(dialer *transport.Dialer, group uint64, replicas []uint64) *Clien
 // ends; the caller must treat an error as "outcome unknown".
 func (c *Client) Decide(ctx context.Context, rec *txnstatepb.Record) (*txnstatepb.Record, error) {
 	var out *txnstatepb.Record
-	err := c.call(ctx, func(ctx context.Context, cl txnstatepb.TxnStateClient) error {
-		resp, err := cl.Decide(ctx, &txnstatepb.DecideRequest{GroupId: c.group, Record: rec})
+	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		resp, err := txnstatepb.NewTxnStateClient(conn).Decide(ctx, &txnstatepb.DecideRequest{GroupId: c.group, Record: rec})
 		out = resp.GetRecord()
 		return err
 	})
@@ -142,50 +134,10 @@ func (c *Client) Decide(ctx context.Context, rec *txnstatepb.Record) (*txnstatep
 // Get returns the recorded outcome of txnID (UNKNOWN if none yet).
 func (c *Client) Get(ctx context.Context, txnID []byte) (*txnstatepb.Record, error) {
 	var out *txnstatepb.Record
-	err := c.call(ctx, func(ctx context.Context, cl txnstatepb.TxnStateClient) error {
-		resp, err := cl.Get(ctx, &txnstatepb.GetRequest{GroupId: c.group, TxnId: txnID})
+	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		resp, err := txnstatepb.NewTxnStateClient(conn).Get(ctx, &txnstatepb.GetRequest{GroupId: c.group, TxnId: txnID})
 		out = resp.GetRecord()
 		return err
 	})
 	return out, err
-}
-
-// call tries the remembered leader first, then each replica in turn, pausing
-// between rounds, until one answers or ctx ends.
-func (c *Client) call(ctx context.Context, f func(context.Context, txnstatepb.TxnStateClient) error) error {
-	var lastErr error
-	for round := 0; ; round++ {
-		order := c.replicas
-		if l := c.leader.Load(); l != 0 {
-			order = append([]uint64{l}, c.replicas...)
-		}
-		for _, id := range order {
-			conn, err := c.dialer.Conn(id)
-			if err != nil {
-				return err
-			}
-			actx, cancel := context.WithTimeout(ctx, time.Second)
-			err = f(actx, txnstatepb.NewTxnStateClient(conn))
-			cancel()
-			if err == nil {
-				c.leader.Store(id)
-				return nil
-			}
-			lastErr = err
-			switch status.Code(err) {
-			case codes.InvalidArgument, codes.DataLoss, codes.Internal:
-				return err
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
-			}
-		}
-		t := time.NewTimer(time.Duration(min(round+1, 10)) * 10 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
-		}
-	}
 }
