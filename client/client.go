@@ -60,6 +60,9 @@ var (
 	ErrTxnFinished = coordinator.ErrTxnFinished
 	// ErrUnknownRegion: a region the topology does not declare.
 	ErrUnknownRegion = coordinator.ErrUnknownRegion
+	// ErrCrossRegion: a key homed in another region (multi-region read-write
+	// transactions are not supported yet).
+	ErrCrossRegion = coordinator.ErrCrossRegion
 )
 
 // IsRetryable reports whether retrying the whole transaction may succeed.

@@ -76,7 +76,16 @@ func (t *Txn) rangeFor(key []byte) (topology.Group, error) {
 	if !ok {
 		return g, fmt.Errorf("coordinator: the topology has no ranges")
 	}
-	return g, nil
+	return g, t.c.local(g)
+}
+
+// local refuses a range homed outside the client's region: validating its
+// lease needs that region's epoch, and versioning across regions the global one.
+func (c *Coordinator) local(g topology.Group) error {
+	if g.Region != c.region {
+		return fmt.Errorf("%w: range %d is in %s, the client in %s", ErrCrossRegion, g.ID, g.Region, c.region)
+	}
+	return nil
 }
 
 // begin checks the transaction is still open; callers hold t.mu.
@@ -155,6 +164,9 @@ func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, e
 		}
 		if end != nil && bytes.Equal(start, end) {
 			continue
+		}
+		if err := t.c.local(g); err != nil {
+			return nil, err
 		}
 		// Ask for enough that buffered deletes cannot leave us short.
 		want := 0

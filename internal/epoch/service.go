@@ -76,35 +76,59 @@ func (r *Replica) advanceLoop() {
 	}
 }
 
-// Server answers ReadEpoch for every epoch replica a node hosts.
+// served is one epoch-like replica the server answers for.
+type served struct {
+	group *raftgroup.Group
+	sm    *StateMachine
+	pub   *Publisher // nil unless a publisher
+}
+
+// Server answers the Epoch service for every epoch, publisher and global epoch
+// replica a node hosts.
 type Server struct {
 	epochpb.UnimplementedEpochServer
 
 	mu       sync.RWMutex
-	replicas map[uint64]*Replica
+	replicas map[uint64]served
 }
 
 // NewServer returns a server with no replicas.
-func NewServer() *Server { return &Server{replicas: map[uint64]*Replica{}} }
+func NewServer() *Server { return &Server{replicas: map[uint64]served{}} }
 
-// Add makes r's group readable through the server.
-func (s *Server) Add(r *Replica) {
+// Add makes a local or global epoch replica readable through the server.
+func (s *Server) Add(group *raftgroup.Group, sm *StateMachine) {
 	s.mu.Lock()
-	s.replicas[r.group.ID()] = r
+	s.replicas[group.ID()] = served{group: group, sm: sm}
+	s.mu.Unlock()
+}
+
+// AddPublisher makes a publisher replica readable and publishable.
+func (s *Server) AddPublisher(p *Publisher) {
+	s.mu.Lock()
+	s.replicas[p.group.ID()] = served{group: p.group, sm: p.sm, pub: p}
 	s.mu.Unlock()
 }
 
 // Register installs the Epoch service on g.
 func (s *Server) Register(g *grpc.Server) { epochpb.RegisterEpochServer(g, s) }
 
-// ReadEpoch implements epochpb.EpochServer. It fails with NotFound for a group the
-// node does not host and Unavailable while the replica replays its log.
-func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+func (s *Server) lookup(id uint64) (served, error) {
 	s.mu.RLock()
-	r := s.replicas[req.GetGroupId()]
+	r, ok := s.replicas[id]
 	s.mu.RUnlock()
-	if r == nil {
-		return nil, status.Errorf(codes.NotFound, "epoch group %d is not hosted here", req.GetGroupId())
+	if !ok {
+		return r, status.Errorf(codes.NotFound, "epoch group %d is not hosted here", id)
+	}
+	return r, nil
+}
+
+// ReadEpoch implements epochpb.EpochServer. It fails with NotFound for a group the
+// node does not host, and Unavailable while the replica replays its log or, for
+// a publisher, once it has not been updated for its lease.
+func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+	r, err := s.lookup(req.GetGroupId())
+	if err != nil {
+		return nil, err
 	}
 	st := r.group.Status()
 	if !st.CaughtUp {
@@ -113,5 +137,27 @@ func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*e
 	if err := r.group.Err(); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "epoch group %d replica %d stopped: %v", st.Group, st.Replica, err)
 	}
+	if r.pub != nil && !r.pub.Fresh() {
+		return nil, status.Errorf(codes.Unavailable, "publisher %d replica %d: no global epoch update for %v", st.Group, st.Replica, r.pub.lease)
+	}
 	return &epochpb.ReadEpochResponse{Epoch: r.sm.Epoch(), ReplicaId: st.Replica}, nil
+}
+
+// Publish implements epochpb.EpochServer.
+func (s *Server) Publish(ctx context.Context, req *epochpb.PublishRequest) (*epochpb.PublishResponse, error) {
+	r, err := s.lookup(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	if r.pub == nil {
+		return nil, status.Errorf(codes.InvalidArgument, "epoch group %d is not a publisher", req.GetGroupId())
+	}
+	_, err = r.group.Propose(ctx, EncodePublish(req.GetEpoch()))
+	switch {
+	case err == nil:
+		return &epochpb.PublishResponse{}, nil
+	case errors.Is(err, raftgroup.ErrNotLeader):
+		return nil, status.Errorf(codes.FailedPrecondition, "publisher %d: not the leader", req.GetGroupId())
+	}
+	return nil, status.Errorf(codes.Unavailable, "publisher %d: %v", req.GetGroupId(), err)
 }

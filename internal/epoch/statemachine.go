@@ -23,6 +23,7 @@ const InitialEpoch uint64 = 1
 const (
 	opAdvance byte = 1 // advance from the epoch that follows, if still current
 	opNop     byte = 2 // no effect; used to measure Raft commit latency
+	opPublish byte = 3 // raise to at least the epoch that follows (publishers)
 )
 
 // ErrBadCommand marks a log entry that does not decode as an epoch command.
@@ -35,6 +36,11 @@ func EncodeAdvance(from uint64) []byte {
 	return binary.BigEndian.AppendUint64([]byte{opAdvance}, from)
 }
 
+// EncodePublish returns the command that raises a publisher's epoch to at least e.
+func EncodePublish(e uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{opPublish}, e)
+}
+
 // EncodeNop returns a command that changes nothing.
 func EncodeNop() []byte { return []byte{opNop} }
 
@@ -45,11 +51,11 @@ func DecodeCommand(cmd []byte) (op byte, from uint64, err error) {
 		return 0, 0, fmt.Errorf("%w: empty", ErrBadCommand)
 	}
 	switch cmd[0] {
-	case opAdvance:
+	case opAdvance, opPublish:
 		if len(cmd) != 9 {
-			return 0, 0, fmt.Errorf("%w: advance of %d bytes", ErrBadCommand, len(cmd))
+			return 0, 0, fmt.Errorf("%w: command %d of %d bytes", ErrBadCommand, cmd[0], len(cmd))
 		}
-		return opAdvance, binary.BigEndian.Uint64(cmd[1:]), nil
+		return cmd[0], binary.BigEndian.Uint64(cmd[1:]), nil
 	case opNop:
 		if len(cmd) != 1 {
 			return 0, 0, fmt.Errorf("%w: nop of %d bytes", ErrBadCommand, len(cmd))
@@ -59,10 +65,15 @@ func DecodeCommand(cmd []byte) (op byte, from uint64, err error) {
 	return 0, 0, fmt.Errorf("%w: opcode %d", ErrBadCommand, cmd[0])
 }
 
-// StateMachine is an epoch group's replicated counter (raftgroup.StateMachine).
+// StateMachine is an epoch group's replicated counter (raftgroup.StateMachine):
+// a local or global epoch (advanced) or a publisher's copy of the global epoch
+// (published).
 type StateMachine struct {
 	key   []byte
 	epoch atomic.Uint64
+
+	// published is called (on the group's goroutine) after each publish applies.
+	published func()
 }
 
 func stateKey(group uint64) []byte {
@@ -107,10 +118,18 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		return err
 	}
 	cur := sm.epoch.Load()
-	if op == opAdvance && from == cur {
+	switch {
+	case op == opAdvance && from == cur:
 		cur++
+	case op == opPublish && from > cur:
+		cur = from
+	}
+	if cur != sm.epoch.Load() {
 		sm.epoch.Store(cur)
 		_ = b.Set(sm.key, binary.BigEndian.AppendUint64(nil, cur), nil)
+	}
+	if op == opPublish && sm.published != nil {
+		sm.published()
 	}
 	return cur
 }

@@ -181,11 +181,17 @@ func (c *Cluster) Dialer(region string) *transport.Dialer {
 // EpochReader returns a client in region reading the local epoch group of that
 // region; Close closes it.
 func (c *Cluster) EpochReader(region string) (*epoch.Reader, error) {
-	groups := c.Topology.GroupsOfKind(topology.KindLocalEpoch, region)
+	return c.Reader(topology.KindLocalEpoch, region, region)
+}
+
+// Reader returns a client located in `from` reading the group of kind (local
+// epoch, publisher or global epoch) of region (any region if ""); Close closes it.
+func (c *Cluster) Reader(kind topology.Kind, from, region string) (*epoch.Reader, error) {
+	groups := c.Topology.GroupsOfKind(kind, region)
 	if len(groups) == 0 {
-		return nil, fmt.Errorf("localcluster: region %q has no local epoch group", region)
+		return nil, fmt.Errorf("localcluster: no %s group in region %q", kind, region)
 	}
-	r := epoch.NewReader(c.Dialer(region), groups[0].ID, groups[0].Replicas)
+	r := epoch.NewReader(c.Dialer(from), groups[0].ID, groups[0].Replicas)
 	c.mu.Lock()
 	c.readers = append(c.readers, r)
 	c.mu.Unlock()

@@ -55,6 +55,7 @@ type Node struct {
 	server   *grpc.Server
 	listener net.Listener
 	epochs   map[uint64]*epoch.Replica
+	global   *epoch.Global // nil unless the node hosts a global epoch replica
 	ranges   []*rangeserver.Replica
 	readers  map[string]*epoch.Reader // local epoch readers, by region
 	mu       sync.Mutex
@@ -108,7 +109,32 @@ func Start(cfg Config) (_ *Node, err error) {
 			}
 			r := epoch.NewReplica(rg, sm, top.LocalEpochInterval)
 			n.epochs[g.ID] = r
-			epochServer.Add(r)
+			epochServer.Add(rg, sm)
+		case topology.KindPublisher:
+			sm, err := epoch.NewStateMachine(n.engine, g.ID)
+			if err != nil {
+				return nil, err
+			}
+			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
+			if err != nil {
+				return nil, err
+			}
+			epochServer.AddPublisher(epoch.NewPublisher(rg, sm, top.PublisherLease))
+		case topology.KindGlobalEpoch:
+			sm, err := epoch.NewStateMachine(n.engine, g.ID)
+			if err != nil {
+				return nil, err
+			}
+			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
+			if err != nil {
+				return nil, err
+			}
+			var targets []epoch.PublisherTarget
+			for _, p := range top.GroupsOfKind(topology.KindPublisher, "") {
+				targets = append(targets, epoch.PublisherTarget{Group: p.ID, Replicas: p.Replicas})
+			}
+			n.global = epoch.NewGlobal(rg, sm, n.dialer, targets, top.RaftTick, top.GlobalEpochMinInterval)
+			epochServer.Add(rg, sm)
 		case topology.KindTxnState:
 			sm := txnstate.NewStateMachine(n.engine, g.ID)
 			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
@@ -163,6 +189,9 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	for _, r := range n.ranges {
 		r.Start()
+	}
+	if n.global != nil {
+		n.global.Start()
 	}
 	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(top.GroupsOn(cfg.NodeID)))
 	return n, nil
@@ -228,6 +257,9 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) closeParts() error {
+	if n.global != nil {
+		n.global.Close()
+	}
 	for _, r := range n.ranges {
 		r.Close()
 	}
