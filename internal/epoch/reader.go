@@ -147,7 +147,6 @@ func (r *Reader) round() (uint64, error) {
 // backoff is 100 µs doubling to 12.8 ms.
 func backoff(attempt int) time.Duration { return 100 * time.Microsecond << min(attempt, 7) }
 
-
 // attempt sends one request to every replica and returns as soon as a majority
 // reports the same epoch; ok is false if the replies split or too many failed.
 func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error) {
