@@ -23,7 +23,8 @@ type Coordinator struct {
 	top      *topology.Topology
 	region   string
 	dialer   *transport.Dialer
-	epochs   *epoch.Reader
+	epochs   *epoch.Reader // the region's local epoch
+	global   epoch.Source  // the region's publisher; nil in a regional-only deployment
 	txnState *txnstate.Client
 	stateID  uint64
 
@@ -46,18 +47,25 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 	if len(eg) == 0 || len(tg) == 0 {
 		return nil, fmt.Errorf("coordinator: region %q needs a local-epoch and a txn-state group", region)
 	}
-	return &Coordinator{
+	c := &Coordinator{
 		top: top, region: region, dialer: dialer,
 		epochs:   epoch.NewReader(dialer, eg[0].ID, eg[0].Replicas),
 		txnState: txnstate.NewClient(dialer, tg[0].ID, tg[0].Replicas),
 		stateID:  tg[0].ID,
-	}, nil
+	}
+	if pg := top.GroupsOfKind(topology.KindPublisher, region); len(pg) > 0 {
+		c.global = epoch.NewReader(dialer, pg[0].ID, pg[0].Replicas)
+	}
+	return c, nil
 }
 
 // Close waits for commit notifications in flight and stops the epoch reader.
 func (c *Coordinator) Close() {
 	c.wg.Wait()
 	c.epochs.Close()
+	if r, ok := c.global.(*epoch.Reader); ok {
+		r.Close()
+	}
 }
 
 // priority returns a start-order priority for wait-die: the wall clock in

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
@@ -408,7 +409,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			results <- prepared{p, resp, err}
 		}(p)
 	}
-	epoch, epochErr := t.c.epochs.Read(ctx)
+	local, global, epochErr := epoch.ReadLocalAndGlobal(ctx, t.c.epochs, t.c.global)
 	var preps []prepared
 	var firstErr error
 	for range t.parts {
@@ -421,16 +422,18 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	if firstErr == nil && epochErr != nil {
 		firstErr = fmt.Errorf("%w: local epoch: %v", ErrUnavailable, epochErr)
 	}
-	// Validate: the epoch lies in every participant's lease (paper §4.2).
-	versionEpoch := max(epoch, t.c.session.Load())
+	// Validate: the local epoch lies in every participant's lease (paper §4.2).
+	// The version's epoch is the global one, raised to every participant's
+	// highest and this client's (paper §5.1).
+	versionEpoch := max(global, t.c.session.Load())
 	var newest storage.VersionID
 	for _, r := range preps {
 		if firstErr != nil {
 			break
 		}
 		l := r.resp.GetLease()
-		if epoch < l.GetStart() || epoch > l.GetEnd() {
-			firstErr = fmt.Errorf("%w: local epoch %d outside range %d's lease [%d, %d]", ErrConflict, epoch, r.p.desc.ID, l.GetStart(), l.GetEnd())
+		if local < l.GetStart() || local > l.GetEnd() {
+			firstErr = fmt.Errorf("%w: local epoch %d outside range %d's lease [%d, %d]", ErrConflict, local, r.p.desc.ID, l.GetStart(), l.GetEnd())
 			break
 		}
 		versionEpoch = max(versionEpoch, r.resp.GetHighestEpoch())
@@ -438,10 +441,11 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			newest = storage.VersionID{Epoch: mv.GetEpoch(), Counter: mv.GetCounter()}
 		}
 	}
-	// The version's epoch must lie in every lease too: a transaction ordered
-	// after a lease's end could be overtaken by its successor's writers.
+	// With local-epoch versions (no publisher), the version's epoch must lie in
+	// every lease too: a transaction ordered after a lease's end could be
+	// overtaken by its successor's writers.
 	for _, r := range preps {
-		if firstErr == nil && versionEpoch > r.resp.GetLease().GetEnd() {
+		if firstErr == nil && t.c.global == nil && versionEpoch > r.resp.GetLease().GetEnd() {
 			firstErr = fmt.Errorf("%w: version epoch %d past range %d's lease end %d", ErrConflict, versionEpoch, r.p.desc.ID, r.resp.GetLease().GetEnd())
 		}
 	}

@@ -206,3 +206,27 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 // splitGrace is how long an attempt waits for the remaining replicas once a
 // majority has answered without agreeing: 2 ms, several intra-region round trips.
 const splitGrace = 2 * time.Millisecond
+
+// Source reads an epoch; *Reader implements it.
+type Source interface {
+	Read(ctx context.Context) (uint64, error)
+}
+
+// ReadLocalAndGlobal reads the local epoch and, in parallel, the global epoch
+// (at the region's publisher). With a nil global source — a regional-only
+// deployment — the local epoch stands in for the global one.
+func ReadLocalAndGlobal(ctx context.Context, local, global Source) (l, g uint64, err error) {
+	if global == nil {
+		l, err = local.Read(ctx)
+		return l, l, err
+	}
+	var gerr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g, gerr = global.Read(ctx)
+	}()
+	l, err = local.Read(ctx)
+	<-done
+	return l, g, errors.Join(err, gerr)
+}

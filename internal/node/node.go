@@ -57,7 +57,7 @@ type Node struct {
 	epochs   map[uint64]*epoch.Replica
 	global   *epoch.Global // nil unless the node hosts a global epoch replica
 	ranges   []*rangeserver.Replica
-	readers  map[string]*epoch.Reader // local epoch readers, by region
+	readers  map[string]*epoch.Reader // epoch and publisher readers, by kind/region
 	mu       sync.Mutex
 	deciders map[uint64]*txnstate.Client
 	registry *prometheus.Registry
@@ -151,11 +151,15 @@ func Start(cfg Config) (_ *Node, err error) {
 			if err != nil {
 				return nil, err
 			}
-			epochs, err := n.localEpochReader(g.Region)
+			epochs, err := n.reader(topology.KindLocalEpoch, g.Region)
 			if err != nil {
 				return nil, err
 			}
-			r := rangeserver.NewReplica(g, cfg.NodeID, rg, sm, epochs, n.decider,
+			var global rangeserver.EpochSource // regional-only without a publisher
+			if pub, err := n.reader(topology.KindPublisher, g.Region); err == nil {
+				global = pub
+			}
+			r := rangeserver.NewReplica(g, cfg.NodeID, rg, sm, epochs, global, n.decider,
 				rangeserver.Config{Tick: top.LocalEpochInterval, OrphanAfter: cfg.OrphanAfter})
 			n.ranges = append(n.ranges, r)
 			rangeServer.Add(r)
@@ -197,17 +201,19 @@ func Start(cfg Config) (_ *Node, err error) {
 	return n, nil
 }
 
-// localEpochReader returns the node's reader of region's local epoch group.
-func (n *Node) localEpochReader(region string) (*epoch.Reader, error) {
-	if r, ok := n.readers[region]; ok {
+// reader returns the node's reader of region's group of kind (a local epoch
+// group or a publisher), shared by the node's replicas.
+func (n *Node) reader(kind topology.Kind, region string) (*epoch.Reader, error) {
+	key := string(kind) + "/" + region
+	if r, ok := n.readers[key]; ok {
 		return r, nil
 	}
-	groups := n.cfg.Topology.GroupsOfKind(topology.KindLocalEpoch, region)
+	groups := n.cfg.Topology.GroupsOfKind(kind, region)
 	if len(groups) == 0 {
-		return nil, fmt.Errorf("node: region %q has ranges but no local epoch group", region)
+		return nil, fmt.Errorf("node: region %q has ranges but no %s group", region, kind)
 	}
 	r := epoch.NewReader(n.dialer, groups[0].ID, groups[0].Replicas)
-	n.readers[region] = r
+	n.readers[key] = r
 	return r, nil
 }
 

@@ -11,18 +11,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/locktable"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
 )
 
-// EpochSource reads the region's local epoch; epoch.Reader implements it.
-type EpochSource interface {
-	Read(ctx context.Context) (uint64, error)
-}
+// EpochSource reads an epoch: the region's local epoch, or its publisher.
+type EpochSource = epoch.Source
 
 // Decider records transaction outcomes; txnstate.Client implements it.
 type Decider interface {
@@ -90,7 +90,8 @@ type Replica struct {
 	self     uint64
 	group    *raftgroup.Group
 	sm       *StateMachine
-	epochs   EpochSource
+	epochs   EpochSource // the region's local epoch
+	global   EpochSource // the region's publisher; nil: versions use local epochs
 	deciders func(txnStateGroup uint64) Decider
 	cfg      Config
 
@@ -140,10 +141,14 @@ const (
 )
 
 // NewReplica ties a range's state machine to its Raft group. Start begins its loop.
+//
+// epochs reads the region's local epoch (leases); global, if not nil, reads the
+// region's publisher, and version ids then carry global epochs (paper §5.1);
+// without it they carry local epochs (a regional-only deployment).
 func NewReplica(desc topology.Group, self uint64, group *raftgroup.Group, sm *StateMachine,
-	epochs EpochSource, deciders func(uint64) Decider, cfg Config) *Replica {
+	epochs, global EpochSource, deciders func(uint64) Decider, cfg Config) *Replica {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Replica{desc: desc, self: self, group: group, sm: sm, epochs: epochs, deciders: deciders,
+	return &Replica{desc: desc, self: self, group: group, sm: sm, epochs: epochs, global: global, deciders: deciders,
 		cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
 }
 
@@ -232,8 +237,46 @@ func (r *Replica) tick() {
 		r.stepDown()
 		return
 	}
-	l := r.activate(lease)
+	highest := lease.GetStart()
+	if r.global != nil && !r.leading(lease) {
+		// A new leaseholder does not trust its predecessor's highest epoch: it
+		// waits for the global epoch to advance once (DESIGN.md §3.5).
+		if highest, err = r.nextGlobalEpoch(); err != nil {
+			return
+		}
+	}
+	l := r.activate(lease, highest)
 	r.resolveOrphans(l)
+}
+
+// leading reports whether this replica already leads under lease.
+func (r *Replica) leading(lease *pb.Lease) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lead != nil && r.lead.start == lease.GetStart()
+}
+
+// nextGlobalEpoch reads the global epoch g at the region's publisher and waits
+// until the publisher shows g+1, which it returns.
+func (r *Replica) nextGlobalEpoch() (uint64, error) {
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	defer cancel()
+	g, err := r.global.Read(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for {
+		next, err := r.global.Read(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if next > g {
+			return next, nil
+		}
+		if !transport.SleepCtx(ctx, r.cfg.Tick) {
+			return 0, ctx.Err()
+		}
+	}
 }
 
 func (r *Replica) observeEpoch(e uint64) uint64 {
@@ -250,8 +293,8 @@ func (r *Replica) observeEpoch(e uint64) uint64 {
 
 // activate returns the leadership of lease, building it if the lease is new: a
 // fresh lock table holding the exclusive locks of every prepared transaction,
-// and a highest epoch no lower than any epoch of the previous leaseholders.
-func (r *Replica) activate(lease *pb.Lease) *leadership {
+// and highest, an epoch no lower than any of the previous leaseholders'.
+func (r *Replica) activate(lease *pb.Lease, highest uint64) *leadership {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if l := r.lead; l != nil && l.start == lease.GetStart() {
@@ -263,10 +306,7 @@ func (r *Replica) activate(lease *pb.Lease) *leadership {
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	l := &leadership{start: lease.GetStart(), locks: locktable.New(), ctx: ctx, cancel: cancel,
-		txns: map[string]*leaderTxn{},
-		// Earlier leases ended before this one starts, and every transaction
-		// that released a lock under them had an epoch inside them.
-		highest: lease.GetStart()}
+		txns: map[string]*leaderTxn{}, highest: highest}
 	l.end.Store(lease.GetEnd())
 	now := time.Now()
 	// Re-lock every prepared transaction. Prepared transactions never share a
@@ -612,16 +652,20 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	if _, err := r.commitStart(l, meta, writes, lockCount, incarnation, txnCommitting); err != nil {
 		return nil, err
 	}
-	e, err := r.epochs.Read(ctx) // after every lock is held (invariant 4)
+	// Read the epochs only now that every lock is held (invariant 4); the
+	// local epoch validates the lease, the global one versions the writes.
+	e, g, err := epoch.ReadLocalAndGlobal(ctx, r.epochs, r.global)
 	if err != nil {
 		l.release(meta.GetId(), 0) // nothing proposed: the transaction aborts
-		return nil, fmt.Errorf("%w: local epoch: %v", ErrLeaseValidation, err)
+		return nil, fmt.Errorf("%w: reading epochs: %v", ErrLeaseValidation, err)
 	}
 	r.observeEpoch(e)
 	l.mu.Lock()
-	epoch := max(e, l.highest, minEpoch)
+	epoch := max(g, l.highest, minEpoch)
 	l.mu.Unlock()
-	if end := l.end.Load(); e < l.start || epoch > end {
+	// With local-epoch versions the version's epoch must lie in the lease too
+	// (a later leaseholder's writers could otherwise be ordered before it).
+	if end := l.end.Load(); e < l.start || e > end || (r.global == nil && epoch > end) {
 		l.release(meta.GetId(), 0)
 		return nil, fmt.Errorf("%w: epoch %d (version epoch %d), lease [%d, %d]", ErrLeaseValidation, e, epoch, l.start, end)
 	}

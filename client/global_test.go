@@ -1,0 +1,78 @@
+package client_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// TestVersionsCarryTheGlobalEpoch commits single-region transactions in the
+// three-region layout, where the global epoch (one round trip to us-central1
+// per advance) moves several times slower than the local one (10 ms): versions
+// must carry the global epoch read at the publisher (paper §5.1), raised by the
+// client session, never the local epoch.
+func TestVersionsCarryTheGlobalEpoch(t *testing.T) {
+	top, err := topology.Load("../examples/three-regions.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := localcluster.Start(top, localcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t, 60*time.Second)
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := c.Reader(topology.KindPublisher, "us-east1", "us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, err := c.EpochReader("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // let the local epoch run ahead of the global one
+	var last uint64
+	for i := 0; i < 10; i++ {
+		before, err := pub.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx := db.Begin()
+		if err := tx.Put(ctx, []byte("a-key"), []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Put(ctx, []byte("h-key"), []byte{byte(i)}); err != nil { // a second range: two-phase
+			t.Fatal(err)
+		}
+		ver, err := tx.Commit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, _ := pub.Read(ctx)
+		l, _ := local.Read(ctx)
+		if ver.Epoch+1 < before || ver.Epoch > after+1 {
+			t.Fatalf("commit %d at epoch %d; the global epoch went from %d to %d around it (local epoch %d)", i, ver.Epoch, before, after, l)
+		}
+		if ver.Epoch < last {
+			t.Fatalf("version epochs went backwards in one session: %d after %d", ver.Epoch, last)
+		}
+		last = ver.Epoch
+		if l < 2*ver.Epoch { // the local epoch is ~4× ahead by now: the version is not local
+			t.Fatalf("version epoch %d is not the global epoch (local epoch %d)", ver.Epoch, l)
+		}
+	}
+	// A key homed in us-west1 is refused by a us-east1 client, for now.
+	tx := db.Begin()
+	if err := tx.Put(ctx, []byte("zebra"), []byte("1")); !errors.Is(err, client.ErrCrossRegion) {
+		t.Fatalf("write to a key homed in another region = %v, want ErrCrossRegion", err)
+	}
+	_ = tx.Abort(ctx)
+}
