@@ -15,15 +15,26 @@ import (
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/history"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/topology"
 )
 
-// modelKey maps model key k to a real key: 0–2 in range [,m), 3–5 in [m,).
-func modelKey(k int) []byte {
+// keyspace maps model key k to a real key: the lower half and the upper half
+// in two different ranges, so that transactions commit in one and two phases.
+type keyspace struct{ low, high string }
+
+func (ks keyspace) key(k int) []byte {
 	if k < history.Keys/2 {
-		return []byte(fmt.Sprintf("h-%d", k))
+		return []byte(fmt.Sprintf("%s-%d", ks.low, k))
 	}
-	return []byte(fmt.Sprintf("y-%d", k))
+	return []byte(fmt.Sprintf("%s-%d", ks.high, k))
 }
+
+var (
+	// oneRegionKeys fall in examples/one-region.yaml's two ranges.
+	oneRegionKeys = keyspace{"h", "y"}
+	// eastKeys fall in us-east1's two ranges of examples/three-regions.yaml.
+	eastKeys = keyspace{"b", "h"}
+)
 
 func randomTxn(r *rand.Rand, client, seq int) history.Txn {
 	var txn history.Txn
@@ -41,7 +52,8 @@ func randomTxn(r *rand.Rand, client, seq int) history.Txn {
 }
 
 // run executes txn and returns its results.
-func run(ctx context.Context, tx *client.Txn, txn history.Txn) (history.Outcome, error) {
+func run(ctx context.Context, tx *client.Txn, txn history.Txn, ks keyspace) (history.Outcome, error) {
+	modelKey := ks.key
 	var out history.Outcome
 	for _, op := range txn.Ops {
 		var res history.Result
@@ -89,15 +101,23 @@ func run(ctx context.Context, tx *client.Txn, txn history.Txn) (history.Outcome,
 
 // checkStrictSerializability runs random transactions from `clients` clients
 // while chaos runs, and checks the history with porcupine.
-func checkStrictSerializability(t *testing.T, clients, perClient int, chaos func(c *localcluster.Cluster)) {
-	c, _ := startCluster(t, localcluster.Options{OrphanAfter: 500 * time.Millisecond})
+func checkStrictSerializability(t *testing.T, topologyPath, region string, ks keyspace, clients, perClient int, chaos func(c *localcluster.Cluster)) {
+	top, err := topology.Load(topologyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := localcluster.Start(top, localcluster.Options{OrphanAfter: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	ctx := ctxT(t, 120*time.Second)
 	var mu sync.Mutex
 	rec := &history.Recorder{}
 	start := time.Now()
 	var wg sync.WaitGroup
 	for cl := 0; cl < clients; cl++ {
-		db, err := c.Client("us-east1")
+		db, err := c.Client(region)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +131,7 @@ func checkStrictSerializability(t *testing.T, clients, perClient int, chaos func
 				var out history.Outcome
 				err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
 					var err error
-					out, err = run(ctx, tx, txn) // the committed attempt's results
+					out, err = run(ctx, tx, txn, ks) // the committed attempt's results
 					return err
 				})
 				ret := time.Since(start).Nanoseconds()
@@ -146,11 +166,17 @@ func checkStrictSerializability(t *testing.T, clients, perClient int, chaos func
 }
 
 func TestStrictSerializability(t *testing.T) {
-	checkStrictSerializability(t, 6, 40, nil)
+	checkStrictSerializability(t, "../examples/one-region.yaml", "us-east1", oneRegionKeys, 6, 40, nil)
+}
+
+// TestStrictSerializabilityGlobalVersions runs the same check in us-east1 of the
+// three-region layout, where versions carry the global epoch.
+func TestStrictSerializabilityGlobalVersions(t *testing.T) {
+	checkStrictSerializability(t, "../examples/three-regions.yaml", "us-east1", eastKeys, 4, 30, nil)
 }
 
 func TestStrictSerializabilityWithLeaderKills(t *testing.T) {
-	checkStrictSerializability(t, 6, 40, func(c *localcluster.Cluster) {
+	checkStrictSerializability(t, "../examples/one-region.yaml", "us-east1", oneRegionKeys, 6, 40, func(c *localcluster.Cluster) {
 		for _, rng := range []uint64{10, 11} {
 			time.Sleep(300 * time.Millisecond)
 			leader := c.Leader(rng)
