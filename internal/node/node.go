@@ -98,7 +98,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	rangeServer := rangeserver.NewServer()
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		switch g.Kind {
-		case topology.KindLocalEpoch:
+		case topology.KindLocalEpoch, topology.KindPublisher, topology.KindGlobalEpoch:
 			sm, err := epoch.NewStateMachine(n.engine, g.ID)
 			if err != nil {
 				return nil, err
@@ -107,34 +107,20 @@ func Start(cfg Config) (_ *Node, err error) {
 			if err != nil {
 				return nil, err
 			}
-			r := epoch.NewReplica(rg, sm, top.LocalEpochInterval)
-			n.epochs[g.ID] = r
-			epochServer.Add(rg, sm)
-		case topology.KindPublisher:
-			sm, err := epoch.NewStateMachine(n.engine, g.ID)
-			if err != nil {
-				return nil, err
+			switch g.Kind {
+			case topology.KindLocalEpoch:
+				n.epochs[g.ID] = epoch.NewReplica(rg, sm, top.LocalEpochInterval)
+				epochServer.Add(rg, sm)
+			case topology.KindPublisher:
+				epochServer.AddPublisher(epoch.NewPublisher(rg, sm, top.PublisherLease))
+			case topology.KindGlobalEpoch:
+				var targets []epoch.PublisherTarget
+				for _, p := range top.GroupsOfKind(topology.KindPublisher, "") {
+					targets = append(targets, epoch.PublisherTarget{Group: p.ID, Replicas: p.Replicas})
+				}
+				n.global = epoch.NewGlobal(rg, sm, n.dialer, targets, top.RaftTick, top.GlobalEpochMinInterval)
+				epochServer.Add(rg, sm)
 			}
-			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
-			if err != nil {
-				return nil, err
-			}
-			epochServer.AddPublisher(epoch.NewPublisher(rg, sm, top.PublisherLease))
-		case topology.KindGlobalEpoch:
-			sm, err := epoch.NewStateMachine(n.engine, g.ID)
-			if err != nil {
-				return nil, err
-			}
-			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
-			if err != nil {
-				return nil, err
-			}
-			var targets []epoch.PublisherTarget
-			for _, p := range top.GroupsOfKind(topology.KindPublisher, "") {
-				targets = append(targets, epoch.PublisherTarget{Group: p.ID, Replicas: p.Replicas})
-			}
-			n.global = epoch.NewGlobal(rg, sm, n.dialer, targets, top.RaftTick, top.GlobalEpochMinInterval)
-			epochServer.Add(rg, sm)
 		case topology.KindTxnState:
 			sm := txnstate.NewStateMachine(n.engine, g.ID)
 			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
