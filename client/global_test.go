@@ -1,11 +1,9 @@
 package client_test
 
 import (
-	"errors"
 	"testing"
 	"time"
 
-	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
 )
@@ -69,10 +67,32 @@ func TestVersionsCarryTheGlobalEpoch(t *testing.T) {
 			t.Fatalf("version epoch %d is not the global epoch (local epoch %d)", ver.Epoch, l)
 		}
 	}
-	// A key homed in us-west1 is refused by a us-east1 client, for now.
-	tx := db.Begin()
-	if err := tx.Put(ctx, []byte("zebra"), []byte("1")); !errors.Is(err, client.ErrCrossRegion) {
-		t.Fatalf("write to a key homed in another region = %v, want ErrCrossRegion", err)
+	// A transaction writing in both regions commits at a global epoch, and a
+	// client in the other region reads it.
+	ver, err := func() (v interface{ String() string }, err error) {
+		tx := db.Begin()
+		if err := tx.Put(ctx, []byte("a-both"), []byte("east")); err != nil {
+			return nil, err
+		}
+		if err := tx.Put(ctx, []byte("zebra"), []byte("west")); err != nil {
+			return nil, err
+		}
+		return tx.Commit(ctx)
+	}()
+	if err != nil {
+		t.Fatalf("multi-region transaction: %v", err)
 	}
-	_ = tx.Abort(ctx)
+	west, err := c.Client("us-west1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx := west.Begin()
+	a, _, err1 := tx.Get(ctx, []byte("a-both"))
+	z, _, err2 := tx.Get(ctx, []byte("zebra"))
+	if err1 != nil || err2 != nil || string(a) != "east" || string(z) != "west" {
+		t.Fatalf("read from us-west1 after %v: %q %q (%v %v)", ver, a, z, err1, err2)
+	}
+	if _, err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -34,6 +34,8 @@ var (
 	oneRegionKeys = keyspace{"h", "y"}
 	// eastKeys fall in us-east1's two ranges of examples/three-regions.yaml.
 	eastKeys = keyspace{"b", "h"}
+	// crossRegionKeys fall in a us-east1 range and a us-west1 range.
+	crossRegionKeys = keyspace{"b", "t"}
 )
 
 func randomTxn(r *rand.Rand, client, seq int) history.Txn {
@@ -101,7 +103,7 @@ func run(ctx context.Context, tx *client.Txn, txn history.Txn, ks keyspace) (his
 
 // checkStrictSerializability runs random transactions from `clients` clients
 // while chaos runs, and checks the history with porcupine.
-func checkStrictSerializability(t *testing.T, topologyPath, region string, ks keyspace, clients, perClient int, chaos func(c *localcluster.Cluster)) {
+func checkStrictSerializability(t *testing.T, topologyPath string, regions []string, ks keyspace, clients, perClient int, chaos func(c *localcluster.Cluster)) {
 	top, err := topology.Load(topologyPath)
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +119,7 @@ func checkStrictSerializability(t *testing.T, topologyPath, region string, ks ke
 	start := time.Now()
 	var wg sync.WaitGroup
 	for cl := 0; cl < clients; cl++ {
-		db, err := c.Client(region)
+		db, err := c.Client(regions[cl%len(regions)])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,17 +168,24 @@ func checkStrictSerializability(t *testing.T, topologyPath, region string, ks ke
 }
 
 func TestStrictSerializability(t *testing.T) {
-	checkStrictSerializability(t, "../examples/one-region.yaml", "us-east1", oneRegionKeys, 6, 40, nil)
+	checkStrictSerializability(t, "../examples/one-region.yaml", []string{"us-east1"}, oneRegionKeys, 6, 40, nil)
 }
 
 // TestStrictSerializabilityGlobalVersions runs the same check in us-east1 of the
 // three-region layout, where versions carry the global epoch.
 func TestStrictSerializabilityGlobalVersions(t *testing.T) {
-	checkStrictSerializability(t, "../examples/three-regions.yaml", "us-east1", eastKeys, 4, 30, nil)
+	checkStrictSerializability(t, "../examples/three-regions.yaml", []string{"us-east1"}, eastKeys, 4, 30, nil)
+}
+
+// TestStrictSerializabilityAcrossRegions: clients in both data regions run
+// transactions over keys homed in both (63 ms apart), committed by 2PC across
+// regions with global-epoch versions.
+func TestStrictSerializabilityAcrossRegions(t *testing.T) {
+	checkStrictSerializability(t, "../examples/three-regions.yaml", []string{"us-east1", "us-west1"}, crossRegionKeys, 4, 12, nil)
 }
 
 func TestStrictSerializabilityWithLeaderKills(t *testing.T) {
-	checkStrictSerializability(t, "../examples/one-region.yaml", "us-east1", oneRegionKeys, 6, 40, func(c *localcluster.Cluster) {
+	checkStrictSerializability(t, "../examples/one-region.yaml", []string{"us-east1"}, oneRegionKeys, 6, 40, func(c *localcluster.Cluster) {
 		for _, rng := range []uint64{10, 11} {
 			time.Sleep(300 * time.Millisecond)
 			leader := c.Leader(rng)

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -23,8 +24,8 @@ type Coordinator struct {
 	top      *topology.Topology
 	region   string
 	dialer   *transport.Dialer
-	epochs   *epoch.Reader // the region's local epoch
-	global   epoch.Source  // the region's publisher; nil in a regional-only deployment
+	epochs   map[string]*epoch.Reader // each region's local epoch, by region
+	global   epoch.Source             // the region's publisher; nil in a regional-only deployment
 	txnState *txnstate.Client
 	stateID  uint64
 
@@ -49,9 +50,14 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 	}
 	c := &Coordinator{
 		top: top, region: region, dialer: dialer,
-		epochs:   epoch.NewReader(dialer, eg[0].ID, eg[0].Replicas),
+		epochs:   map[string]*epoch.Reader{},
 		txnState: txnstate.NewClient(dialer, tg[0].ID, tg[0].Replicas),
 		stateID:  tg[0].ID,
+	}
+	for _, r := range top.Regions {
+		if g := top.GroupsOfKind(topology.KindLocalEpoch, r); len(g) > 0 {
+			c.epochs[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
+		}
 	}
 	if pg := top.GroupsOfKind(topology.KindPublisher, region); len(pg) > 0 {
 		c.global = epoch.NewReader(dialer, pg[0].ID, pg[0].Replicas)
@@ -62,7 +68,9 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 // Close waits for commit notifications in flight and stops the epoch reader.
 func (c *Coordinator) Close() {
 	c.wg.Wait()
-	c.epochs.Close()
+	for _, r := range c.epochs {
+		r.Close()
+	}
 	if r, ok := c.global.(*epoch.Reader); ok {
 		r.Close()
 	}
@@ -158,4 +166,45 @@ func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempoten
 			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, g.ID, lastErr)
 		}
 	}
+}
+
+// readEpochs reads, in parallel, the local epoch of every region in regions and
+// the global epoch at this client's publisher (in a regional-only deployment,
+// this region's local epoch stands in for it).
+func (c *Coordinator) readEpochs(ctx context.Context, regions []string) (locals map[string]uint64, global uint64, err error) {
+	type result struct {
+		region string // "" for the global epoch
+		e      uint64
+		err    error
+	}
+	results := make(chan result, len(regions)+1)
+	read := func(region string, src epoch.Source) {
+		e, err := src.Read(ctx)
+		results <- result{region, e, err}
+	}
+	for _, r := range regions {
+		go read(r, c.epochs[r])
+	}
+	n := len(regions)
+	if c.global != nil {
+		go read("", c.global)
+		n++
+	}
+	locals = map[string]uint64{}
+	var errs []error
+	for i := 0; i < n; i++ {
+		r := <-results
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case r.region == "":
+			global = r.e
+		default:
+			locals[r.region] = r.e
+		}
+	}
+	if c.global == nil {
+		global = locals[c.region]
+	}
+	return locals, global, errors.Join(errs...)
 }

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
@@ -80,13 +79,16 @@ func (t *Txn) rangeFor(key []byte) (topology.Group, error) {
 	return g, t.c.local(g)
 }
 
-// local refuses a range homed outside the client's region: validating its
-// lease needs that region's epoch, and versioning across regions the global one.
+// local refuses a range homed outside the client's region unless both regions
+// take part in the global epoch: versions across regions need it (paper §4.3).
 func (c *Coordinator) local(g topology.Group) error {
-	if g.Region != c.region {
-		return fmt.Errorf("%w: range %d is in %s, the client in %s", ErrCrossRegion, g.ID, g.Region, c.region)
+	if g.Region == c.region {
+		return nil
 	}
-	return nil
+	if c.global != nil && len(c.top.GroupsOfKind(topology.KindPublisher, g.Region)) > 0 && c.epochs[g.Region] != nil {
+		return nil
+	}
+	return fmt.Errorf("%w: range %d is in %s, the client in %s, and not both have a publisher", ErrCrossRegion, g.ID, g.Region, c.region)
 }
 
 // begin checks the transaction is still open; callers hold t.mu.
@@ -409,7 +411,16 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			results <- prepared{p, resp, err}
 		}(p)
 	}
-	local, global, epochErr := epoch.ReadLocalAndGlobal(ctx, t.c.epochs, t.c.global)
+	// The local epoch of every region touched (paper §4.3), and the global one.
+	var regions []string
+	seen := map[string]bool{}
+	for _, p := range t.parts {
+		if !seen[p.desc.Region] {
+			seen[p.desc.Region] = true
+			regions = append(regions, p.desc.Region)
+		}
+	}
+	locals, global, epochErr := t.c.readEpochs(ctx, regions)
 	var preps []prepared
 	var firstErr error
 	for range t.parts {
@@ -420,9 +431,10 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		}
 	}
 	if firstErr == nil && epochErr != nil {
-		firstErr = fmt.Errorf("%w: local epoch: %v", ErrUnavailable, epochErr)
+		firstErr = fmt.Errorf("%w: reading epochs: %v", ErrUnavailable, epochErr)
 	}
-	// Validate: the local epoch lies in every participant's lease (paper §4.2).
+	// Validate: each region's local epoch lies in the lease of every
+	// participant of that region (paper §4.2).
 	// The version's epoch is the global one, raised to every participant's
 	// highest and this client's (paper §5.1).
 	versionEpoch := max(global, t.c.session.Load())
@@ -432,6 +444,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			break
 		}
 		l := r.resp.GetLease()
+		local := locals[r.p.desc.Region]
 		if local < l.GetStart() || local > l.GetEnd() {
 			firstErr = fmt.Errorf("%w: local epoch %d outside range %d's lease [%d, %d]", ErrConflict, local, r.p.desc.ID, l.GetStart(), l.GetEnd())
 			break
