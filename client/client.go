@@ -60,8 +60,8 @@ var (
 	ErrTxnFinished = coordinator.ErrTxnFinished
 	// ErrUnknownRegion: a region the topology does not declare.
 	ErrUnknownRegion = coordinator.ErrUnknownRegion
-	// ErrCrossRegion: a key homed in another region (multi-region read-write
-	// transactions are not supported yet).
+	// ErrCrossRegion: a key homed in another region when the two regions do not
+	// both run a publisher of the global epoch.
 	ErrCrossRegion = coordinator.ErrCrossRegion
 )
 

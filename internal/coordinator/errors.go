@@ -44,9 +44,10 @@ var (
 	ErrTxnFinished = errors.New("terroir: transaction already finished")
 	// ErrUnknownRegion: a region the topology does not declare.
 	ErrUnknownRegion = errors.New("terroir: unknown region")
-	// ErrCrossRegion: the key is homed in another region than the client's;
-	// multi-region read-write transactions need the global epoch (not yet).
-	ErrCrossRegion = errors.New("terroir: key homed in another region: multi-region read-write transactions are not supported yet")
+	// ErrCrossRegion: the key is homed in another region than the client's, and
+	// the two regions do not both run a publisher of the global epoch, which
+	// multi-region read-write transactions need.
+	ErrCrossRegion = errors.New("terroir: key homed in another region without a global epoch publisher")
 )
 
 // IsRetryable reports whether retrying the whole transaction may succeed.
