@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -172,39 +171,18 @@ func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempoten
 // the global epoch at this client's publisher (in a regional-only deployment,
 // this region's local epoch stands in for it).
 func (c *Coordinator) readEpochs(ctx context.Context, regions []string) (locals map[string]uint64, global uint64, err error) {
-	type result struct {
-		region string // "" for the global epoch
-		e      uint64
-		err    error
-	}
-	results := make(chan result, len(regions)+1)
-	read := func(region string, src epoch.Source) {
-		e, err := src.Read(ctx)
-		results <- result{region, e, err}
-	}
+	sources := []epoch.Source{c.global}
 	for _, r := range regions {
-		go read(r, c.epochs[r])
+		sources = append(sources, c.epochs[r])
 	}
-	n := len(regions)
-	if c.global != nil {
-		go read("", c.global)
-		n++
-	}
+	epochs, err := epoch.ReadAll(ctx, sources...)
 	locals = map[string]uint64{}
-	var errs []error
-	for i := 0; i < n; i++ {
-		r := <-results
-		switch {
-		case r.err != nil:
-			errs = append(errs, r.err)
-		case r.region == "":
-			global = r.e
-		default:
-			locals[r.region] = r.e
-		}
+	for i, r := range regions {
+		locals[r] = epochs[i+1]
 	}
+	global = epochs[0]
 	if c.global == nil {
 		global = locals[c.region]
 	}
-	return locals, global, errors.Join(errs...)
+	return locals, global, err
 }

@@ -212,21 +212,22 @@ type Source interface {
 	Read(ctx context.Context) (uint64, error)
 }
 
-// ReadLocalAndGlobal reads the local epoch and, in parallel, the global epoch
-// (at the region's publisher). With a nil global source — a regional-only
-// deployment — the local epoch stands in for the global one.
-func ReadLocalAndGlobal(ctx context.Context, local, global Source) (l, g uint64, err error) {
-	if global == nil {
-		l, err = local.Read(ctx)
-		return l, l, err
+// ReadAll reads every source in parallel (a nil source is skipped and reads as
+// 0) and returns the epochs in the order of sources, or the errors joined.
+func ReadAll(ctx context.Context, sources ...Source) ([]uint64, error) {
+	out := make([]uint64, len(sources))
+	errs := make([]error, len(sources))
+	var wg sync.WaitGroup
+	for i, src := range sources {
+		if src == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i], errs[i] = src.Read(ctx)
+		}()
 	}
-	var gerr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		g, gerr = global.Read(ctx)
-	}()
-	l, err = local.Read(ctx)
-	<-done
-	return l, g, errors.Join(err, gerr)
+	wg.Wait()
+	return out, errors.Join(errs...)
 }

@@ -654,7 +654,11 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	}
 	// Read the epochs only now that every lock is held (invariant 4); the
 	// local epoch validates the lease, the global one versions the writes.
-	e, g, err := epoch.ReadLocalAndGlobal(ctx, r.epochs, r.global)
+	epochs, err := epoch.ReadAll(ctx, r.epochs, r.global)
+	e, g := epochs[0], epochs[1]
+	if r.global == nil {
+		g = e // regional-only: local-epoch versions
+	}
 	if err != nil {
 		l.release(meta.GetId(), 0) // nothing proposed: the transaction aborts
 		return nil, fmt.Errorf("%w: reading epochs: %v", ErrLeaseValidation, err)

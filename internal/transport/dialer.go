@@ -81,8 +81,8 @@ func (d *Dialer) Conn(id uint64) (*grpc.ClientConn, error) {
 // wanInterceptor applies the network model to one unary call towards `to`.
 func (d *Dialer) wanInterceptor(to Endpoint) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if err := sleepCtx(ctx, d.net.OneWayDelay(d.self, to)); err != nil {
-			return status.FromContextError(err).Err()
+		if !SleepCtx(ctx, d.net.OneWayDelay(d.self, to)) {
+			return status.FromContextError(ctx.Err()).Err()
 		}
 		if !d.net.Deliverable(d.self, to) {
 			return status.Errorf(codes.Unavailable, "transport: request to node %d dropped by the network", to.Node)
@@ -90,8 +90,8 @@ func (d *Dialer) wanInterceptor(to Endpoint) grpc.UnaryClientInterceptor {
 		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
 			return err
 		}
-		if err := sleepCtx(ctx, d.net.OneWayDelay(to, d.self)); err != nil {
-			return status.FromContextError(err).Err()
+		if !SleepCtx(ctx, d.net.OneWayDelay(to, d.self)) {
+			return status.FromContextError(ctx.Err()).Err()
 		}
 		if !d.net.Deliverable(to, d.self) {
 			return status.Errorf(codes.Unavailable, "transport: reply from node %d dropped by the network", to.Node)
@@ -109,21 +109,6 @@ func (d *Dialer) Close() {
 	d.mu.Unlock()
 	for _, c := range conns {
 		_ = c.Close()
-	}
-}
-
-// sleepCtx waits d or until ctx is done, whichever is first.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

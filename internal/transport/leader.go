@@ -69,8 +69,12 @@ func (c *LeaderClient) Call(ctx context.Context, f func(ctx context.Context, con
 	}
 }
 
-// SleepCtx waits d; false if ctx ended first.
+// SleepCtx waits d; false if ctx ended first. A zero or negative d returns at
+// once, without a timer (the intra-region fast path of every call).
 func SleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
