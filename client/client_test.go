@@ -11,26 +11,13 @@ import (
 
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/localcluster"
-	"github.com/terroir-db/terroir/internal/topology"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func startCluster(t *testing.T, opts localcluster.Options) (*localcluster.Cluster, *client.DB) {
 	t.Helper()
-	top, err := topology.Load("../examples/one-region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := localcluster.Start(top, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	c := localcluster.StartT(t, "../examples/one-region.yaml", opts)
 	db, err := c.Client("us-east1")
 	if err != nil {
 		t.Fatal(err)

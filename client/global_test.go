@@ -14,15 +14,7 @@ import (
 // must carry the global epoch read at the publisher (paper §5.1), raised by the
 // client session, never the local epoch.
 func TestVersionsCarryTheGlobalEpoch(t *testing.T) {
-	top, err := topology.Load("../examples/three-regions.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := localcluster.Start(top, localcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
 	ctx := ctxT(t, 60*time.Second)
 	db, err := c.Client("us-east1")
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/history"
 	"github.com/terroir-db/terroir/internal/localcluster"
-	"github.com/terroir-db/terroir/internal/topology"
 )
 
 // keyspace maps model key k to a real key: the lower half and the upper half
@@ -104,15 +103,7 @@ func run(ctx context.Context, tx *client.Txn, txn history.Txn, ks keyspace) (his
 // checkStrictSerializability runs random transactions from `clients` clients
 // while chaos runs, and checks the history with porcupine.
 func checkStrictSerializability(t *testing.T, topologyPath string, regions []string, ks keyspace, clients, perClient int, chaos func(c *localcluster.Cluster)) {
-	top, err := topology.Load(topologyPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := localcluster.Start(top, localcluster.Options{OrphanAfter: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := localcluster.StartT(t, topologyPath, localcluster.Options{OrphanAfter: 500 * time.Millisecond})
 	ctx := ctxT(t, 120*time.Second)
 	var mu sync.Mutex
 	rec := &history.Recorder{}

@@ -41,15 +41,7 @@ func TestStartRejectsBadInput(t *testing.T) {
 }
 
 func TestKVAgainstACluster(t *testing.T) {
-	top, err := topology.Load("../../examples/one-region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := localcluster.Start(top, localcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
 	data, err := c.Topology.Marshal()
 	if err != nil {
 		t.Fatal(err)

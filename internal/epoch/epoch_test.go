@@ -11,7 +11,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/terroir-db/terroir/internal/localcluster"
-	"github.com/terroir-db/terroir/internal/topology"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -79,20 +78,7 @@ func TestCheckMonotonicCatchesViolation(t *testing.T) {
 
 func startCluster(t *testing.T) *localcluster.Cluster {
 	t.Helper()
-	top, err := topology.Load("../../examples/one-region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := localcluster.Start(top, localcluster.Options{CompactAfter: 200})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return c
+	return localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{CompactAfter: 200})
 }
 
 func waitLeader(t *testing.T, c *localcluster.Cluster, group uint64) uint64 {

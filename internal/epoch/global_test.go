@@ -14,20 +14,7 @@ import (
 
 func startThreeRegions(t *testing.T) *localcluster.Cluster {
 	t.Helper()
-	top, err := topology.Load("../../examples/three-regions.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := localcluster.Start(top, localcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return c
+	return localcluster.StartT(t, "../../examples/three-regions.yaml", localcluster.Options{})
 }
 
 // readPublishers reads both regions' publishers from clients in those regions,

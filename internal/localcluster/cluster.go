@@ -10,6 +10,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/terroir-db/terroir/client"
@@ -249,4 +250,24 @@ func (c *Cluster) Close() error {
 		}
 	}
 	return first
+}
+
+// StartT starts the cluster of the topology file at path for a test or
+// benchmark, failing it on error, and closes the cluster when it ends.
+func StartT(tb testing.TB, path string, opts Options) *Cluster {
+	tb.Helper()
+	top, err := topology.Load(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c, err := Start(top, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return c
 }

@@ -175,15 +175,7 @@ func TestCrashRestartKeepsEpoch(t *testing.T) {
 }
 
 func TestCorruptDataDirIsAnError(t *testing.T) {
-	top, err := topology.Load("../../examples/one-region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := localcluster.Start(top, localcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
 	if err := c.StopNode(2); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +189,7 @@ func TestCorruptDataDirIsAnError(t *testing.T) {
 	if err := os.WriteFile(m, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err = c.RestartNode(2)
+	err := c.RestartNode(2)
 	if !errors.Is(err, storage.ErrCorrupt) {
 		t.Fatalf("restart on a corrupt MANIFEST = %v, want storage.ErrCorrupt", err)
 	}

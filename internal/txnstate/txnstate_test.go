@@ -95,16 +95,8 @@ func TestFirstDecisionWins(t *testing.T) {
 // TestExactlyOneOutcomeUnderLeaderKill races commit against abort for many
 // transactions from concurrent clients while the group's leader is killed.
 func TestExactlyOneOutcomeUnderLeaderKill(t *testing.T) {
-	top, err := topology.Load("../../examples/one-region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := localcluster.Start(top, localcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	group := top.GroupsOfKind(topology.KindTxnState, "us-east1")[0].ID
+	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
+	group := c.Topology.GroupsOfKind(topology.KindTxnState, "us-east1")[0].ID
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
