@@ -132,31 +132,41 @@ func printHeader() {
 	fmt.Printf("%-40s %9s %9s %12s %7s\n", "measurement", "p50", "p99", "ops/s", "errors")
 }
 
-func benchRaftCmd() *cobra.Command {
+// benchCommand is a benchmark on the embedded cluster: run gets the cluster, its
+// first local epoch group and the --duration of each measurement, after the
+// table header is printed.
+func benchCommand(use, short string, run func(c *localcluster.Cluster, group topology.Group, d time.Duration) error) *cobra.Command {
 	var f benchFlags
 	cmd := &cobra.Command{
-		Use:   "raft",
-		Short: "Floor of the commit path: loopback RPC round trip, fsync, one 3-replica Raft commit",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use: use, Short: short, Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
 			c, group, err := f.startBench()
 			if err != nil {
 				return err
 			}
 			defer c.Close()
 			printHeader()
+			return run(c, group, f.duration)
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
 
-			h, fails, err := benchPing(c, group, f.duration)
+func benchRaftCmd() *cobra.Command {
+	return benchCommand("raft", "Floor of the commit path: loopback RPC round trip, fsync, one 3-replica Raft commit",
+		func(c *localcluster.Cluster, group topology.Group, d time.Duration) error {
+			h, fails, err := benchPing(c, group, d)
 			if err != nil {
 				return err
 			}
-			printRow("loopback gRPC round trip", h, f.duration, fails)
+			printRow("loopback gRPC round trip", h, d, fails)
 
-			h, fails, err = benchFsync(c.DataDir(), f.duration)
+			h, fails, err = benchFsync(c.DataDir(), d)
 			if err != nil {
 				return err
 			}
-			printRow("fsync (4 KiB write + fsync)", h, f.duration, fails)
+			printRow("fsync (4 KiB write + fsync)", h, d, fails)
 
 			leader := func() *raftgroup.Group {
 				if n := c.Node(c.Leader(group.ID)); n != nil {
@@ -165,7 +175,7 @@ func benchRaftCmd() *cobra.Command {
 				return nil
 			}
 			for _, workers := range []int{1, 16} {
-				h, fails = runFor(f.duration, workers, func(ctx context.Context) error {
+				h, fails = runFor(d, workers, func(ctx context.Context) error {
 					g := leader()
 					if g == nil {
 						return raftgroup.ErrNotLeader
@@ -173,13 +183,10 @@ func benchRaftCmd() *cobra.Command {
 					_, err := g.Propose(ctx, epoch.EncodeNop())
 					return err
 				})
-				printRow(fmt.Sprintf("raft commit, 3 replicas, %d proposer(s)", workers), h, f.duration, fails)
+				printRow(fmt.Sprintf("raft commit, 3 replicas, %d proposer(s)", workers), h, d, fails)
 			}
 			return nil
-		},
-	}
-	f.register(cmd)
-	return cmd
+		})
 }
 
 // benchPing measures the gRPC round trip from a client in group's region to one
@@ -224,35 +231,22 @@ func benchFsync(dir string, d time.Duration) (*latency.Histogram, int, error) {
 }
 
 func benchEpochCmd() *cobra.Command {
-	var f benchFlags
-	cmd := &cobra.Command{
-		Use:   "epoch",
-		Short: "Linearizable ReadEpoch latency and throughput with 1 and 64 concurrent readers",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, group, err := f.startBench()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			printHeader()
+	return benchCommand("epoch", "Linearizable ReadEpoch latency and throughput with 1 and 64 concurrent readers",
+		func(c *localcluster.Cluster, group topology.Group, d time.Duration) error {
 			for _, readers := range []int{1, 64} {
 				r, err := c.EpochReader(group.Region)
 				if err != nil {
 					return err
 				}
-				h, fails := runFor(f.duration, readers, func(ctx context.Context) error {
+				h, fails := runFor(d, readers, func(ctx context.Context) error {
 					_, err := r.Read(ctx)
 					return err
 				})
-				printRow(fmt.Sprintf("ReadEpoch, %d reader(s)", readers), h, f.duration, fails)
+				printRow(fmt.Sprintf("ReadEpoch, %d reader(s)", readers), h, d, fails)
 				rounds, splits := r.Stats()
 				fmt.Printf("  %d reads in %d rounds (%.1f reads per round of %d requests), %d split replies retried\n",
 					h.Count(), rounds, float64(h.Count())/float64(max(rounds, 1)), len(group.Replicas), splits)
 			}
 			return nil
-		},
-	}
-	f.register(cmd)
-	return cmd
+		})
 }
