@@ -70,10 +70,9 @@ type Global struct {
 	tick        time.Duration
 	minInterval time.Duration
 
-	advances atomic.Uint64
-	ctx      context.Context
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // NewGlobal returns the global epoch service replica; tick is how often a
@@ -99,9 +98,6 @@ func (g *Global) Close() {
 	g.cancel()
 	g.wg.Wait()
 }
-
-// Advances returns how many advances this replica made while leading.
-func (g *Global) Advances() uint64 { return g.advances.Load() }
 
 func (g *Global) loop() {
 	defer g.wg.Done()
@@ -131,7 +127,6 @@ func (g *Global) loop() {
 			continue
 		}
 		last = time.Now()
-		g.advances.Add(1)
 	}
 }
 

@@ -48,9 +48,6 @@ func (r *Replica) Close() {
 // Epoch returns this replica's applied epoch (not linearizable on its own).
 func (r *Replica) Epoch() uint64 { return r.sm.Epoch() }
 
-// Group returns the replica's Raft group.
-func (r *Replica) Group() *raftgroup.Group { return r.group }
-
 func (r *Replica) advanceLoop() {
 	defer r.wg.Done()
 	t := time.NewTicker(r.interval)
