@@ -1,5 +1,6 @@
 // Package client is Terroir's Go API: strictly serializable, interactive
-// read-write transactions over a cluster described by its topology file.
+// read-write transactions, and lock-free snapshot transactions, over a cluster
+// described by its topology file.
 //
 //	db, err := client.Open("examples/one-region.yaml", client.Options{})
 //	defer db.Close()
@@ -12,6 +13,15 @@
 // Reads take shared locks and writes take exclusive locks at the key's range
 // leader as they execute; Commit runs two-phase commit (one phase for a single
 // range). Transactions that touch only one region never wait on another region.
+//
+// Snapshot transactions are declared read-only at the start and read one
+// consistent snapshot without taking locks, in a mode that trades freshness
+// and cross-region calls (SnapshotMode):
+//
+//	stats, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+//		v, ok, err := s.Get(ctx, []byte("k"))
+//		...
+//	})
 //
 // Errors are typed: compare with errors.Is against the Err values; IsRetryable
 // tells which ones Update retries.
@@ -63,6 +73,14 @@ var (
 	// ErrCrossRegion: a key homed in another region when the two regions do not
 	// both run a publisher of the global epoch.
 	ErrCrossRegion = coordinator.ErrCrossRegion
+	// ErrReadOnly: a write in a snapshot transaction.
+	ErrReadOnly = coordinator.ErrReadOnly
+	// ErrSnapshotRetry: a Linearizable snapshot must run again at a later
+	// epoch (paper §5.3.1). Retryable; View does it.
+	ErrSnapshotRetry = coordinator.ErrSnapshotRetry
+	// ErrSnapshotRestart: a Regional snapshot read a key homed in another
+	// region and must run again as a multi-region one. View does it.
+	ErrSnapshotRestart = coordinator.ErrSnapshotRestart
 )
 
 // IsRetryable reports whether retrying the whole transaction may succeed.
@@ -208,3 +226,87 @@ func (db *DB) Update(ctx context.Context, fn func(ctx context.Context, tx *Txn) 
 		backoff = min(backoff*2, 100*time.Millisecond)
 	}
 }
+
+// SnapshotMode chooses a snapshot transaction's epoch and guarantee; see the
+// constants.
+type SnapshotMode = coordinator.SnapshotMode
+
+// Snapshot modes (paper §5, DESIGN.md §5).
+const (
+	// Strong: serializable and single-key linearizable; one call to the global
+	// epoch service (paper §5.3).
+	Strong = coordinator.Strong
+	// StrongLocal: as Strong, with no cross-region epoch call and one more
+	// epoch advance to wait for.
+	StrongLocal = coordinator.StrongLocal
+	// Linearizable: strictly serializable; may retry (paper §5.3.1).
+	Linearizable = coordinator.Linearizable
+	// Serializable: serializable, possibly stale by one epoch.
+	Serializable = coordinator.Serializable
+	// SerializableStale: serializable, stale by up to two epochs, never waits
+	// for an epoch.
+	SerializableStale = coordinator.SerializableStale
+	// Regional: strictly serializable within the client's region, lowest
+	// latency; restarted as Linearizable if it reads another region (§5.4).
+	Regional = coordinator.Regional
+)
+
+// ParseSnapshotMode parses a mode name: strong, strong-local, linearizable,
+// serializable, serializable-stale or regional.
+func ParseSnapshotMode(s string) (SnapshotMode, error) { return coordinator.ParseSnapshotMode(s) }
+
+// SnapshotStats reports how a snapshot ran: the epoch it read at, time spent
+// waiting for the epoch and for locks, and retries.
+type SnapshotStats = coordinator.SnapshotStats
+
+// Snapshot is a read-only transaction over one consistent snapshot. Reads take
+// no locks and never delay writers.
+type Snapshot struct {
+	s *coordinator.Snapshot
+}
+
+// BeginSnapshot starts a snapshot transaction in mode. Most callers want View,
+// which also runs it again when the mode requires. Errors: ErrUnavailable.
+func (db *DB) BeginSnapshot(ctx context.Context, mode SnapshotMode) (*Snapshot, error) {
+	s, err := db.coord.BeginSnapshot(ctx, mode, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Snapshot{s: s}, nil
+}
+
+// View runs fn in a snapshot transaction in mode, running it again at a later
+// epoch when a Linearizable check fails and as Linearizable when a Regional
+// snapshot touches another region. fn may run more than once: it should only
+// read. Any other error from fn ends View and is returned.
+func (db *DB) View(ctx context.Context, mode SnapshotMode, fn func(ctx context.Context, s *Snapshot) error) (SnapshotStats, error) {
+	return db.coord.View(ctx, mode, func(ctx context.Context, s *coordinator.Snapshot) error {
+		return fn(ctx, &Snapshot{s: s})
+	})
+}
+
+// Get returns key's value in the snapshot; ok is false if the key does not
+// exist. Errors: ErrEmptyKey, ErrKeyTooLarge, ErrTxnFinished,
+// ErrSnapshotRetry, ErrSnapshotRestart, ErrUnavailable.
+func (s *Snapshot) Get(ctx context.Context, key []byte) (value []byte, ok bool, err error) {
+	return s.s.Get(ctx, key)
+}
+
+// Scan returns up to limit (0: all) pairs of the snapshot with lo ≤ key < hi,
+// in key order; a nil hi means the end of the key space. Errors as Get's, and
+// ErrInvalidRange.
+func (s *Snapshot) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, error) {
+	return s.s.Scan(ctx, lo, hi, limit)
+}
+
+// Put fails with ErrReadOnly: snapshots are read-only.
+func (s *Snapshot) Put(ctx context.Context, key, value []byte) error { return s.s.Put(ctx, key, value) }
+
+// Delete fails with ErrReadOnly: snapshots are read-only.
+func (s *Snapshot) Delete(ctx context.Context, key []byte) error { return s.s.Delete(ctx, key) }
+
+// Finish ends the snapshot and returns its stats (ErrTxnFinished the second time).
+func (s *Snapshot) Finish() (SnapshotStats, error) { return s.s.Finish() }
+
+// Stats returns the snapshot's stats so far.
+func (s *Snapshot) Stats() SnapshotStats { return s.s.Stats() }

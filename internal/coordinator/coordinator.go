@@ -23,8 +23,11 @@ type Coordinator struct {
 	top      *topology.Topology
 	region   string
 	dialer   *transport.Dialer
-	epochs   map[string]*epoch.Reader // each region's local epoch, by region
-	global   epoch.Source             // the region's publisher; nil in a regional-only deployment
+	epochs     map[string]*epoch.Reader // each region's local epoch, by region
+	publishers map[string]*epoch.Reader // each region's publisher, by region (regions that have one)
+	global     epoch.Source             // this region's publisher; nil in a regional-only deployment
+	service    *epoch.Reader            // the global epoch service; nil if there is none
+	quiet      uint64                   // quiet_epochs (paper §5.3.1)
 	txnState *txnstate.Client
 	stateID  uint64
 
@@ -49,17 +52,25 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 	}
 	c := &Coordinator{
 		top: top, region: region, dialer: dialer,
-		epochs:   map[string]*epoch.Reader{},
-		txnState: txnstate.NewClient(dialer, tg[0].ID, tg[0].Replicas),
-		stateID:  tg[0].ID,
+		epochs:     map[string]*epoch.Reader{},
+		publishers: map[string]*epoch.Reader{},
+		txnState:   txnstate.NewClient(dialer, tg[0].ID, tg[0].Replicas),
+		stateID:    tg[0].ID,
+		quiet:      top.QuietEpochs,
 	}
 	for _, r := range top.Regions {
 		if g := top.GroupsOfKind(topology.KindLocalEpoch, r); len(g) > 0 {
 			c.epochs[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
 		}
+		if g := top.GroupsOfKind(topology.KindPublisher, r); len(g) > 0 {
+			c.publishers[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
+		}
 	}
-	if pg := top.GroupsOfKind(topology.KindPublisher, region); len(pg) > 0 {
-		c.global = epoch.NewReader(dialer, pg[0].ID, pg[0].Replicas)
+	if p, ok := c.publishers[region]; ok {
+		c.global = p
+	}
+	if g := top.GroupsOfKind(topology.KindGlobalEpoch, ""); len(g) > 0 {
+		c.service = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
 	}
 	return c, nil
 }
@@ -70,8 +81,11 @@ func (c *Coordinator) Close() {
 	for _, r := range c.epochs {
 		r.Close()
 	}
-	if r, ok := c.global.(*epoch.Reader); ok {
+	for _, r := range c.publishers {
 		r.Close()
+	}
+	if c.service != nil {
+		c.service.Close()
 	}
 }
 
@@ -167,20 +181,29 @@ func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempoten
 	}
 }
 
-// readEpochs reads, in parallel, the local epoch of every region in regions and
-// the global epoch at this client's publisher (in a regional-only deployment,
-// this region's local epoch stands in for it).
+// readEpochs reads, in parallel, the local epoch of every region in regions
+// and the global epoch: the maximum over the publishers of those regions, so
+// that once a region's publisher shows e, no transaction touching that region
+// commits below it (which snapshot reads rely on, DESIGN.md §5). In a
+// regional-only deployment this region's local epoch stands in for it.
 func (c *Coordinator) readEpochs(ctx context.Context, regions []string) (locals map[string]uint64, global uint64, err error) {
-	sources := []epoch.Source{c.global}
+	var sources []epoch.Source
 	for _, r := range regions {
 		sources = append(sources, c.epochs[r])
+	}
+	for _, r := range regions {
+		if p, ok := c.publishers[r]; ok && c.global != nil {
+			sources = append(sources, p)
+		}
 	}
 	epochs, err := epoch.ReadAll(ctx, sources...)
 	locals = map[string]uint64{}
 	for i, r := range regions {
-		locals[r] = epochs[i+1]
+		locals[r] = epochs[i]
 	}
-	global = epochs[0]
+	for _, e := range epochs[len(regions):] {
+		global = max(global, e)
+	}
 	if c.global == nil {
 		global = locals[c.region]
 	}

@@ -48,11 +48,20 @@ var (
 	// the two regions do not both run a publisher of the global epoch, which
 	// multi-region read-write transactions need.
 	ErrCrossRegion = errors.New("terroir: key homed in another region without a global epoch publisher")
+	// ErrReadOnly: a write in a snapshot transaction, which is read-only.
+	ErrReadOnly = errors.New("terroir: write in a read-only snapshot transaction")
+	// ErrSnapshotRetry: a linearizable snapshot's check failed (paper §5.3.1);
+	// it must run again at a later epoch. Retryable; View does it.
+	ErrSnapshotRetry = errors.New("terroir: linearizable snapshot must retry at a later epoch")
+	// ErrSnapshotRestart: a regional snapshot read a key homed in another region;
+	// it must run again as a multi-region snapshot (paper §5.4). View does it.
+	ErrSnapshotRestart = errors.New("terroir: regional snapshot touched another region")
 )
 
 // IsRetryable reports whether retrying the whole transaction may succeed.
 func IsRetryable(err error) bool {
-	return errors.Is(err, ErrConflict) || errors.Is(err, ErrAborted) || errors.Is(err, ErrUnavailable)
+	return errors.Is(err, ErrConflict) || errors.Is(err, ErrAborted) || errors.Is(err, ErrUnavailable) ||
+		errors.Is(err, ErrSnapshotRetry) || errors.Is(err, ErrSnapshotRestart)
 }
 
 // CheckKey validates a key.

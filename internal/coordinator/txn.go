@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
@@ -142,11 +143,8 @@ type KeyValue struct {
 // key-range locks so that no key can appear in the range until the transaction
 // ends. It fails with ErrInvalidRange if hi < lo.
 func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, error) {
-	if hi != nil && bytes.Compare(hi, lo) < 0 {
-		return nil, ErrInvalidRange
-	}
-	if len(lo) > MaxKeySize || len(hi) > MaxKeySize {
-		return nil, fmt.Errorf("%w: scan bound", ErrKeyTooLarge)
+	if err := checkScan(lo, hi); err != nil {
+		return nil, err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -154,20 +152,8 @@ func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, e
 		return nil, err
 	}
 	var out []KeyValue
-	for _, g := range t.c.top.Ranges() {
-		if (hi != nil && bytes.Compare(g.Start, hi) >= 0) || (g.End != nil && bytes.Compare(g.End, lo) <= 0) {
-			continue
-		}
-		start, end := lo, hi
-		if bytes.Compare(start, g.Start) < 0 {
-			start = g.Start
-		}
-		if g.End != nil && (end == nil || bytes.Compare(end, g.End) > 0) {
-			end = g.End
-		}
-		if end != nil && bytes.Equal(start, end) {
-			continue
-		}
+	for _, part := range t.c.rangesOverlapping(lo, hi) {
+		g, start, end := part.g, part.start, part.end
 		if err := t.c.local(g); err != nil {
 			return nil, err
 		}
@@ -195,6 +181,46 @@ func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, e
 		}
 	}
 	return out, nil
+}
+
+// rangePart is the part [start, end) of a scan that falls in range g.
+type rangePart struct {
+	g          topology.Group
+	start, end []byte
+}
+
+// rangesOverlapping splits [lo, hi) (a nil hi: to the end of the key space)
+// by range, in key order, skipping empty parts.
+func (c *Coordinator) rangesOverlapping(lo, hi []byte) []rangePart {
+	var out []rangePart
+	for _, g := range c.top.Ranges() {
+		if (hi != nil && bytes.Compare(g.Start, hi) >= 0) || (g.End != nil && bytes.Compare(g.End, lo) <= 0) {
+			continue
+		}
+		start, end := lo, hi
+		if bytes.Compare(start, g.Start) < 0 {
+			start = g.Start
+		}
+		if g.End != nil && (end == nil || bytes.Compare(end, g.End) > 0) {
+			end = g.End
+		}
+		if end != nil && bytes.Equal(start, end) {
+			continue
+		}
+		out = append(out, rangePart{g, start, end})
+	}
+	return out
+}
+
+// checkScan validates a scan's bounds.
+func checkScan(lo, hi []byte) error {
+	if hi != nil && bytes.Compare(hi, lo) < 0 {
+		return ErrInvalidRange
+	}
+	if len(lo) > MaxKeySize || len(hi) > MaxKeySize {
+		return fmt.Errorf("%w: scan bound", ErrKeyTooLarge)
+	}
+	return nil
 }
 
 func inSpan(key, start, end []byte) bool {
@@ -439,6 +465,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	// highest and this client's (paper §5.1).
 	versionEpoch := max(global, t.c.session.Load())
 	var newest storage.VersionID
+	newestRegional := map[string]storage.VersionID{} // by region
 	for _, r := range preps {
 		if firstErr != nil {
 			break
@@ -450,8 +477,11 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			break
 		}
 		versionEpoch = max(versionEpoch, r.resp.GetHighestEpoch())
-		if mv := r.resp.GetMaxVersion(); newest.Less(storage.VersionID{Epoch: mv.GetEpoch(), Counter: mv.GetCounter()}) {
-			newest = storage.VersionID{Epoch: mv.GetEpoch(), Counter: mv.GetCounter()}
+		if mv := versionOf(r.resp.GetMaxVersion()); newest.Less(mv) {
+			newest = mv
+		}
+		if mr := versionOf(r.resp.GetMaxRegionalVersion()); newestRegional[r.p.desc.Region].Less(mr) {
+			newestRegional[r.p.desc.Region] = mr
 		}
 	}
 	// With local-epoch versions (no publisher), the version's epoch must lie in
@@ -469,13 +499,36 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		}
 		return storage.VersionID{}, firstErr
 	}
+	// Quiet epochs (paper §5.3.1): a writer whose epoch is quiet waits, locks
+	// held, for the next one.
+	for firstErr == nil && t.c.global != nil && len(t.writes) > 0 && rangeserver.IsQuiet(versionEpoch, t.c.quiet) {
+		if versionEpoch, firstErr = epoch.WaitAtLeast(ctx, t.c.publishers[regions[0]], versionEpoch+1, time.Millisecond); firstErr != nil {
+			firstErr = fmt.Errorf("%w: waiting out quiet epoch: %v", ErrUnavailable, firstErr)
+		}
+	}
+	if firstErr != nil {
+		t.abortAll(ctx)
+		return storage.VersionID{}, firstErr
+	}
 	ver := rangeserver.ChooseVersion(versionEpoch, newest)
+	// Regions with a publisher also store the writes under local-epoch
+	// versions, one per region (paper §5.4).
+	regional := map[string]*pb.VersionID{}
+	for _, r := range regions {
+		if _, ok := t.c.publishers[r]; ok && t.c.global != nil {
+			regional[r] = rangeserver.ChooseVersion(locals[r], newestRegional[r])
+		}
+	}
 
 	// The commit point: record the decision (DESIGN.md §4.4).
 	rec := &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_COMMITTED,
 		Version: &txnstatepb.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}}
 	for _, p := range t.parts {
-		rec.Participants = append(rec.Participants, &txnstatepb.Participant{RangeId: p.desc.ID, Writes: len(t.writesFor(p.desc)) > 0})
+		part := &txnstatepb.Participant{RangeId: p.desc.ID, Writes: len(t.writesFor(p.desc)) > 0}
+		if rv := regional[p.desc.Region]; rv != nil {
+			part.RegionalVersion = &txnstatepb.VersionID{Epoch: rv.GetEpoch(), Counter: rv.GetCounter()}
+		}
+		rec.Participants = append(rec.Participants, part)
 	}
 	won, err := t.c.txnState.Decide(ctx, rec)
 	if err != nil {
@@ -503,7 +556,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			go func(g topology.Group) {
 				defer wg.Done()
 				_ = t.c.rangeCall(nctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-					_, err := rc.Commit(ctx, &pb.CommitRequest{RangeId: g.ID, TxnId: t.meta.GetId(), Version: ver})
+					_, err := rc.Commit(ctx, &pb.CommitRequest{RangeId: g.ID, TxnId: t.meta.GetId(), Version: ver, RegionalVersion: regional[g.Region]})
 					return err
 				})
 			}(g)
@@ -511,6 +564,10 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		wg.Wait()
 	}()
 	return storage.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}, nil
+}
+
+func versionOf(v *pb.VersionID) storage.VersionID {
+	return storage.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()}
 }
 
 // isAmbiguousPrepare reports a prepare failure that is not already typed: since no

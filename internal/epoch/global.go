@@ -22,18 +22,20 @@ import (
 // the lease. Freshness counts only updates applied after the replica caught up
 // following a restart, never replayed ones.
 type Publisher struct {
-	group *raftgroup.Group
-	sm    *StateMachine
-	lease time.Duration
+	group  *raftgroup.Group
+	sm     *StateMachine
+	lease  time.Duration
+	quorum Source // a majority read of the publisher's own group
 
 	start      time.Time    // monotonic origin of lastUpdate
 	lastUpdate atomic.Int64 // ns since start of the last live update; 0: none
 }
 
 // NewPublisher ties a publisher's state machine to its group; lease is
-// publisher_lease.
-func NewPublisher(group *raftgroup.Group, sm *StateMachine, lease time.Duration) *Publisher {
-	p := &Publisher{group: group, sm: sm, lease: lease, start: time.Now()}
+// publisher_lease, and quorum reads the group as clients do (a Reader on it):
+// Publish acknowledges an epoch only once quorum shows it.
+func NewPublisher(group *raftgroup.Group, sm *StateMachine, lease time.Duration, quorum Source) *Publisher {
+	p := &Publisher{group: group, sm: sm, lease: lease, quorum: quorum, start: time.Now()}
 	sm.published = p.onPublish
 	return p
 }

@@ -231,3 +231,24 @@ func ReadAll(ctx context.Context, sources ...Source) ([]uint64, error) {
 	wg.Wait()
 	return out, errors.Join(errs...)
 }
+
+// WaitAtLeast reads src every poll until it shows at least e, and returns the
+// epoch read. It fails with the last read's error once ctx ends. Read errors
+// before that are retried: a publisher refuses while its lease has lapsed.
+func WaitAtLeast(ctx context.Context, src Source, e uint64, poll time.Duration) (uint64, error) {
+	for {
+		got, err := src.Read(ctx)
+		if err == nil && got >= e {
+			return got, nil
+		}
+		if ctx.Err() != nil {
+			if err == nil {
+				err = fmt.Errorf("epoch: waiting for epoch %d, at %d: %w", e, got, ctx.Err())
+			}
+			return got, err
+		}
+		if !transport.SleepCtx(ctx, poll) {
+			return got, fmt.Errorf("epoch: waiting for epoch %d, at %d: %w", e, got, ctx.Err())
+		}
+	}
+}

@@ -151,10 +151,17 @@ func (s *Server) Publish(ctx context.Context, req *epochpb.PublishRequest) (*epo
 	}
 	_, err = r.group.Propose(ctx, EncodePublish(req.GetEpoch()))
 	switch {
-	case err == nil:
-		return &epochpb.PublishResponse{}, nil
 	case errors.Is(err, raftgroup.ErrNotLeader):
 		return nil, status.Errorf(codes.FailedPrecondition, "publisher %d: not the leader", req.GetGroupId())
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "publisher %d: %v", req.GetGroupId(), err)
 	}
-	return nil, status.Errorf(codes.Unavailable, "publisher %d: %v", req.GetGroupId(), err)
+	// Committed and applied here is not yet enough: a read needs a majority of
+	// replicas to agree, and followers apply a moment later. Acknowledge only
+	// once a majority read shows the epoch, so that every later read anywhere
+	// does too (the global epoch invariant, DESIGN.md §3.2).
+	if _, err := WaitAtLeast(ctx, r.pub.quorum, req.GetEpoch(), 100*time.Microsecond); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "publisher %d: epoch %d not yet applied by a majority: %v", req.GetGroupId(), req.GetEpoch(), err)
+	}
+	return &epochpb.PublishResponse{}, nil
 }

@@ -324,15 +324,29 @@ func (t *Table) MarkPrepared(txn TxnID) {
 	}
 }
 
-// WaitNoExclusive waits, bounded by ctx, until no exclusive lock overlaps span.
-// It takes no lock and never delays an acquisition (snapshot reads, paper §5.2).
+// WaitNoExclusive waits, bounded by ctx, until none of the transactions that
+// hold an exclusive lock overlapping span when it is called holds one any
+// more. It takes no lock and never delays an acquisition; locks taken after
+// the call are not waited for, so a stream of writers cannot starve it
+// (snapshot reads, paper §5.2: a writer that locks after the read has begun
+// commits at a later epoch than the snapshot's).
 func (t *Table) WaitNoExclusive(ctx context.Context, span Span) error {
 	span = cloneSpan(span)
+	var waitFor map[TxnID]bool // the exclusive holders at the call
 	for {
 		t.mu.Lock()
+		holders := t.holdersOverlapping(span)
+		if waitFor == nil {
+			waitFor = map[TxnID]bool{}
+			for _, h := range holders {
+				if h.mode == Exclusive {
+					waitFor[h.txn.ID] = true
+				}
+			}
+		}
 		blocked := false
-		for _, h := range t.holdersOverlapping(span) {
-			if h.mode == Exclusive {
+		for _, h := range holders {
+			if h.mode == Exclusive && waitFor[h.txn.ID] {
 				blocked = true
 				break
 			}

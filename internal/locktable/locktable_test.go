@@ -187,6 +187,7 @@ func TestInvalidAndEmptySpans(t *testing.T) {
 func TestSnapshotWaitNeverDelaysWriters(t *testing.T) {
 	tb := New()
 	mustAcquire(t, tb, txn(5), Point([]byte("k")), Exclusive)
+	mustAcquire(t, tb, txn(6), Point([]byte("m")), Exclusive)
 	done := make(chan error, 1)
 	go func() { done <- tb.WaitNoExclusive(ctxT(t), rng("a", "z")) }()
 	waitWaiters(t, tb, 1)
@@ -196,12 +197,17 @@ func TestSnapshotWaitNeverDelaysWriters(t *testing.T) {
 	tb.ReleaseAll(txn(5).ID)
 	select {
 	case err := <-done:
-		t.Fatalf("snapshot wait ended (%v) while txn 900 still holds an exclusive lock in range", err)
+		t.Fatalf("snapshot wait ended (%v) while txn 6, a holder when it began, still holds its lock", err)
 	case <-time.After(20 * time.Millisecond):
 	}
-	tb.ReleaseAll(txn(900).ID)
+	// Txn 900 locked after the wait began: it is not waited for (it commits
+	// at a later epoch than the snapshot's), so writers cannot starve a snapshot.
+	tb.ReleaseAll(txn(6).ID)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	if !tb.Holds(txn(900).ID, Point([]byte("q")), Exclusive) {
+		t.Fatal("txn 900 lost its lock")
 	}
 	// Shared locks do not hold a snapshot back.
 	if err := tb.WaitNoExclusive(ctxT(t), Point([]byte("c"))); err != nil {

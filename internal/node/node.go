@@ -112,7 +112,11 @@ func Start(cfg Config) (_ *Node, err error) {
 				n.epochs[g.ID] = epoch.NewReplica(rg, sm, top.LocalEpochInterval)
 				epochServer.Add(rg, sm)
 			case topology.KindPublisher:
-				epochServer.AddPublisher(epoch.NewPublisher(rg, sm, top.PublisherLease))
+				quorum, err := n.reader(topology.KindPublisher, g.Region)
+				if err != nil {
+					return nil, err
+				}
+				epochServer.AddPublisher(epoch.NewPublisher(rg, sm, top.PublisherLease, quorum))
 			case topology.KindGlobalEpoch:
 				var targets []epoch.PublisherTarget
 				for _, p := range top.GroupsOfKind(topology.KindPublisher, "") {
@@ -146,7 +150,7 @@ func Start(cfg Config) (_ *Node, err error) {
 				global = pub
 			}
 			r := rangeserver.NewReplica(g, cfg.NodeID, rg, sm, epochs, global, n.decider,
-				rangeserver.Config{Tick: top.LocalEpochInterval, OrphanAfter: cfg.OrphanAfter})
+				rangeserver.Config{Tick: top.LocalEpochInterval, OrphanAfter: cfg.OrphanAfter, QuietEpochs: top.QuietEpochs})
 			n.ranges = append(n.ranges, r)
 			rangeServer.Add(r)
 		default:

@@ -40,6 +40,9 @@ type Config struct {
 	// prepared without a decision, before the leader resolves it through the
 	// transaction state store (default 2 s).
 	OrphanAfter time.Duration
+	// QuietEpochs is k of the paper's §5.3.1: no one-phase commit here takes a
+	// global epoch that is a multiple of k (0: off).
+	QuietEpochs uint64
 }
 
 func (c Config) withDefaults() Config {
@@ -460,6 +463,9 @@ func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte,
 	}
 	resp := &pb.ScanResponse{Incarnation: inc}
 	err = r.sm.Engine().ScanMVCC(r.sm.DataPrefix(), start, end, maxVersion, func(v storage.Version, _ storage.VersionID) bool {
+		if !v.Live() {
+			return true
+		}
 		resp.Kvs = append(resp.Kvs, &pb.KeyValue{Key: v.Key, Value: v.Value})
 		return limit == 0 || len(resp.Kvs) < limit
 	})
@@ -512,19 +518,30 @@ func (r *Replica) commitStart(l *leadership, meta *pb.TxnMeta, writes []*pb.Writ
 	return t, nil
 }
 
-// maxVersionOf returns the newest stored version among keys of writes.
-func (r *Replica) maxVersionOf(writes []*pb.Write) (storage.VersionID, error) {
-	var m storage.VersionID
+// maxVersionOf returns the newest stored version among the keys of writes, in
+// the global version ids and in the local-epoch ones (zero when this range
+// does not store them twice).
+func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.VersionID, err error) {
 	for _, w := range writes {
 		_, _, newest, err := r.sm.Engine().GetMVCC(r.sm.DataPrefix(), w.GetKey(), maxVersion)
 		if err != nil {
-			return m, err
+			return global, regional, err
 		}
-		if m.Less(newest) {
-			m = newest
+		if global.Less(newest) {
+			global = newest
+		}
+		if r.global == nil {
+			continue
+		}
+		_, _, newest, err = r.sm.Engine().GetMVCC(r.sm.RegionalPrefix(), w.GetKey(), maxVersion)
+		if err != nil {
+			return global, regional, err
+		}
+		if regional.Less(newest) {
+			regional = newest
 		}
 	}
-	return m, nil
+	return global, regional, nil
 }
 
 // proposeTimeout bounds the wait for a proposal the caller may have given up
@@ -574,7 +591,7 @@ func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Wr
 	if cur, _ := r.leader(); cur != l {
 		return nil, ErrLocksLost
 	}
-	mv, err := r.maxVersionOf(writes)
+	mv, mr, err := r.maxVersionOf(writes)
 	if err != nil {
 		return nil, err
 	}
@@ -582,9 +599,10 @@ func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Wr
 	highest := l.highest
 	l.mu.Unlock()
 	return &pb.PrepareResponse{
-		Lease:        &pb.Lease{Holder: r.self, Start: l.start, End: l.end.Load()},
-		HighestEpoch: highest,
-		MaxVersion:   &pb.VersionID{Epoch: mv.Epoch, Counter: mv.Counter},
+		Lease:              &pb.Lease{Holder: r.self, Start: l.start, End: l.end.Load()},
+		HighestEpoch:       highest,
+		MaxVersion:         &pb.VersionID{Epoch: mv.Epoch, Counter: mv.Counter},
+		MaxRegionalVersion: &pb.VersionID{Epoch: mr.Epoch, Counter: mr.Counter},
 	}, nil
 }
 
@@ -600,12 +618,13 @@ func (l *leadership) release(txnID []byte, committedEpoch uint64) {
 	l.locks.ReleaseAll(id)
 }
 
-// Commit applies a committed transaction's prepared writes at version and
-// releases its locks. The decision is already durable in the transaction state
-// store, so a replica that is not the leader can ignore this: the next leader
-// resolves the prepared record.
-func (r *Replica) Commit(ctx context.Context, txnID []byte, version *pb.VersionID) error {
-	cmd := &pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txnID, Version: version}}}
+// Commit applies a committed transaction's prepared writes at version (and,
+// if set, at the local-epoch version regional) and releases its locks. The
+// decision is already durable in the transaction state store, so a replica
+// that is not the leader can ignore this: the next leader resolves the
+// prepared record.
+func (r *Replica) Commit(ctx context.Context, txnID []byte, version, regional *pb.VersionID) error {
+	cmd := &pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txnID, Version: version, RegionalVersion: regional}}}
 	return r.finish(ctx, txnID, cmd, version.GetEpoch())
 }
 
@@ -673,14 +692,26 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 		l.release(meta.GetId(), 0)
 		return nil, fmt.Errorf("%w: epoch %d (version epoch %d), lease [%d, %d]", ErrLeaseValidation, e, epoch, l.start, end)
 	}
-	mv, err := r.maxVersionOf(writes)
+	for r.global != nil && len(writes) > 0 && IsQuiet(epoch, r.cfg.QuietEpochs) {
+		// Quiet epoch (paper §5.3.1): wait, locks held, for the next one.
+		if epoch, err = r.nextAfter(ctx, epoch); err != nil {
+			l.release(meta.GetId(), 0)
+			return nil, fmt.Errorf("%w: waiting out quiet epoch: %v", ErrLeaseValidation, err)
+		}
+	}
+	mv, mr, err := r.maxVersionOf(writes)
 	if err != nil {
 		l.release(meta.GetId(), 0)
 		return nil, err
 	}
 	ver := ChooseVersion(epoch, mv)
+	var regional *pb.VersionID
+	if r.global != nil {
+		regional = ChooseVersion(e, mr)
+	}
 	if len(writes) > 0 {
-		cmd := &pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: meta.GetId(), Writes: writes, Version: ver, LeaseStart: l.start}}}
+		cmd := &pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: meta.GetId(), Writes: writes, Version: ver,
+			LeaseStart: l.start, RegionalVersion: regional}}}
 		if err := r.propose(ctx, cmd); err != nil {
 			if errors.Is(err, ErrLocksLost) { // rejected at apply: nothing written
 				l.release(meta.GetId(), 0)
@@ -692,6 +723,16 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	}
 	l.release(meta.GetId(), ver.GetEpoch())
 	return ver, nil
+}
+
+// IsQuiet reports whether global epoch e is quiet: a multiple of k > 0, at
+// which no transaction commits (paper §5.3.1).
+func IsQuiet(e, k uint64) bool { return k > 0 && e%k == 0 }
+
+// nextAfter waits until the region's publisher shows an epoch above e and
+// returns it.
+func (r *Replica) nextAfter(ctx context.Context, e uint64) (uint64, error) {
+	return epoch.WaitAtLeast(ctx, r.global, e+1, time.Millisecond)
 }
 
 // ChooseVersion returns the version id of a transaction with epoch `epoch` whose
@@ -764,7 +805,13 @@ func (r *Replica) resolve(l *leadership, t *leaderTxn) {
 	}
 	if rec.GetOutcome() == txnstatepb.Outcome_OUTCOME_COMMITTED {
 		v := rec.GetVersion()
-		err = r.Commit(ctx, t.meta.GetId(), &pb.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()})
+		var regional *pb.VersionID
+		for _, p := range rec.GetParticipants() {
+			if rv := p.GetRegionalVersion(); p.GetRangeId() == r.desc.ID && rv != nil {
+				regional = &pb.VersionID{Epoch: rv.GetEpoch(), Counter: rv.GetCounter()}
+			}
+		}
+		err = r.Commit(ctx, t.meta.GetId(), &pb.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()}, regional)
 	} else {
 		err = r.Abort(ctx, t.meta.GetId())
 	}
@@ -773,4 +820,130 @@ func (r *Replica) resolve(l *leadership, t *leaderTxn) {
 		return
 	}
 	slog.Info("resolved orphaned transaction", "range", r.desc.ID, "outcome", rec.GetOutcome().String())
+}
+
+// ErrSnapshotEpoch: the epoch a snapshot reads at did not arrive in time (the
+// region's publisher lags or refuses).
+var ErrSnapshotEpoch = errors.New("rangeserver: snapshot epoch not reached")
+
+// snapshotPoll is how often a snapshot read re-reads the epoch it waits for;
+// snapshotEpochWait bounds that wait (the caller may retry).
+const (
+	snapshotPoll      = time.Millisecond
+	snapshotEpochWait = 5 * time.Second
+)
+
+// SnapshotRead serves one read of a snapshot transaction (paper §5.2,
+// Algorithm 1; DESIGN.md §5). It waits until the region's publisher (for a
+// regional read: its local epoch) shows at least req.At, so that every
+// transaction that could still commit below <At, 0> already holds its locks;
+// reads l_R (once per snapshot and region: the caller passes it back); refuses
+// if l_R is past this leader's lease; waits until the transactions holding an
+// exclusive lock on the span have finished; and reads the newest versions
+// below <At, 0>. It takes no lock, so it never delays a writer.
+//
+// Errors: ErrKeyOutsideRange, ErrNotLeaseholder (retry at another replica),
+// ErrSnapshotEpoch, or ctx's error.
+func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
+	start, end := req.GetStart(), req.GetEnd()
+	if len(end) == 0 {
+		end = nil
+	}
+	if !req.GetScan() {
+		if err := r.checkKey(start); err != nil {
+			return nil, err
+		}
+	} else {
+		if bytes.Compare(start, r.desc.Start) < 0 {
+			start = r.desc.Start
+		}
+		if r.desc.End != nil && (end == nil || bytes.Compare(end, r.desc.End) > 0) {
+			end = r.desc.End
+		}
+		if end != nil && bytes.Compare(start, end) >= 0 {
+			return &pb.SnapshotReadResponse{LocalEpoch: req.GetLocalEpoch()}, nil
+		}
+	}
+	if _, err := r.leader(); err != nil {
+		return nil, err
+	}
+	src, prefix := r.global, r.sm.DataPrefix()
+	switch {
+	case r.global == nil: // regional-only: the data carries local epochs
+		src = r.epochs
+	case req.GetRegional():
+		src, prefix = r.epochs, r.sm.RegionalPrefix()
+	}
+	began := time.Now()
+	ectx, ecancel := context.WithTimeout(ctx, snapshotEpochWait)
+	got, err := epoch.WaitAtLeast(ectx, src, req.GetAt(), snapshotPoll)
+	ecancel()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %d: %v", ErrSnapshotEpoch, req.GetAt(), err)
+	}
+	lR := req.GetLocalEpoch()
+	if lR == 0 {
+		if src == r.epochs {
+			lR = got
+		} else if lR, err = r.epochs.Read(ctx); err != nil {
+			return nil, err
+		}
+	}
+	resp := &pb.SnapshotReadResponse{LocalEpoch: lR, EpochWaitUs: uint64(time.Since(began).Microseconds())}
+	r.observeEpoch(lR)
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	if end := l.end.Load(); lR > end {
+		// A later lease may hold locks this leader does not know of.
+		return nil, fmt.Errorf("%w: the snapshot's local epoch %d is past the lease's end %d", ErrNotLeaseholder, lR, end)
+	}
+	span := locktable.Point(start)
+	if req.GetScan() {
+		span = locktable.Span{Key: start, EndKey: end}
+		if end == nil {
+			span.EndKey = keyspaceEnd
+		}
+	}
+	began = time.Now()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(l.ctx, cancel)
+	defer stop()
+	if err := l.locks.WaitNoExclusive(wctx, span); err != nil {
+		if ctx.Err() == nil {
+			return nil, fmt.Errorf("%w: the lease ended while waiting for locks", ErrNotLeaseholder)
+		}
+		return nil, err
+	}
+	resp.LockWaitUs = uint64(time.Since(began).Microseconds())
+	if cur, _ := r.leader(); cur != l {
+		return nil, fmt.Errorf("%w: the lease ended while waiting for locks", ErrNotLeaseholder)
+	}
+	below := storage.EpochStart(req.GetAt())
+	note := func(v storage.Version, newest storage.VersionID) {
+		resp.SnapshotEpoch = max(resp.SnapshotEpoch, v.ID.Epoch)
+		resp.LatestEpoch = max(resp.LatestEpoch, newest.Epoch)
+	}
+	if !req.GetScan() {
+		v, ok, newest, err := r.sm.Engine().GetMVCC(prefix, start, below)
+		if err != nil {
+			return nil, err
+		}
+		note(v, newest)
+		if ok {
+			resp.Kvs = []*pb.KeyValue{{Key: v.Key, Value: v.Value}}
+		}
+		return resp, nil
+	}
+	limit := int(req.GetLimit())
+	err = r.sm.Engine().ScanMVCC(prefix, start, end, below, func(v storage.Version, newest storage.VersionID) bool {
+		note(v, newest)
+		if v.Live() {
+			resp.Kvs = append(resp.Kvs, &pb.KeyValue{Key: v.Key, Value: v.Value})
+		}
+		return limit == 0 || len(resp.Kvs) < limit
+	})
+	return resp, err
 }

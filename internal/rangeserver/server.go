@@ -1,6 +1,7 @@
 package rangeserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -90,6 +91,8 @@ func (r *Replica) toStatus(err error) error {
 	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrStopped):
 		// The command may still apply: callers must not assume it failed.
 		return status.Error(codes.Unknown, err.Error())
+	case errors.Is(err, ErrSnapshotEpoch):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, ErrKeyOutsideRange):
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, ErrBadRequest):
@@ -172,7 +175,7 @@ func (s *Server) Commit(ctx context.Context, req *pb.CommitRequest) (*pb.CommitR
 	if err != nil {
 		return nil, err
 	}
-	return &pb.CommitResponse{}, r.toStatus(r.Commit(ctx, req.GetTxnId(), req.GetVersion()))
+	return &pb.CommitResponse{}, r.toStatus(r.Commit(ctx, req.GetTxnId(), req.GetVersion(), req.GetRegionalVersion()))
 }
 
 // Abort implements pb.RangeServer.
@@ -198,4 +201,21 @@ func (s *Server) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (*
 		return nil, r.toStatus(err)
 	}
 	return &pb.OnePhaseResponse{Version: v}, nil
+}
+
+// SnapshotRead implements pb.RangeServer.
+func (s *Server) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	if !req.GetScan() {
+		if err := validKey(req.GetStart()); err != nil {
+			return nil, r.toStatus(err)
+		}
+	} else if len(req.GetEnd()) > 0 && bytes.Compare(req.GetEnd(), req.GetStart()) < 0 {
+		return nil, r.toStatus(fmt.Errorf("%w: scan end before start", ErrBadRequest))
+	}
+	resp, err := r.SnapshotRead(ctx, req)
+	return resp, r.toStatus(err)
 }

@@ -20,7 +20,8 @@ import (
 
 // Sub-spaces of a range's state under storage.PrefixState/<range>.
 const (
-	subData     byte = 'd' // MVCC data
+	subData     byte = 'd' // MVCC data under global version ids
+	subRegional byte = 'r' // the same data under local-epoch version ids (paper §5.4)
 	subPrepared byte = 'p' // prepared transactions, by transaction ID
 	subLease    byte = 'l' // the current lease
 )
@@ -32,8 +33,9 @@ var ErrBadCommand = errors.New("rangeserver: malformed command")
 // and the prepared transactions are also kept in memory for the leader.
 type StateMachine struct {
 	e      *storage.Engine
-	prefix []byte // storage.PrefixState | range ID
-	data   []byte // prefix | subData
+	prefix   []byte // storage.PrefixState | range ID
+	data     []byte // prefix | subData
+	regional []byte // prefix | subRegional
 
 	mu       sync.Mutex
 	lease    *pb.Lease
@@ -53,7 +55,8 @@ type Applied struct {
 // Damaged records wrap storage.ErrCorrupt.
 func NewStateMachine(e *storage.Engine, id uint64) (*StateMachine, error) {
 	prefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, id)
-	sm := &StateMachine{e: e, prefix: prefix, data: append(append([]byte{}, prefix...), subData)}
+	sm := &StateMachine{e: e, prefix: prefix, data: append(append([]byte{}, prefix...), subData),
+		regional: append(append([]byte{}, prefix...), subRegional)}
 	if err := sm.load(); err != nil {
 		return nil, fmt.Errorf("range %d: %w", id, err)
 	}
@@ -86,6 +89,11 @@ func (sm *StateMachine) load() error {
 
 // DataPrefix returns the key prefix of the range's MVCC data in the engine.
 func (sm *StateMachine) DataPrefix() []byte { return sm.data }
+
+// RegionalPrefix returns the key prefix of the range's local-epoch versions.
+// Only a range in a region with a publisher stores them; elsewhere the data
+// under DataPrefix already carries local epochs.
+func (sm *StateMachine) RegionalPrefix() []byte { return sm.regional }
 
 // Engine returns the engine holding the range's data.
 func (sm *StateMachine) Engine() *storage.Engine { return sm.e }
@@ -154,7 +162,7 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		if !ok {
 			return Applied{} // already resolved
 		}
-		sm.writeVersions(b, rec.GetWrites(), x.Commit.GetVersion())
+		sm.writeVersions(b, rec.GetWrites(), x.Commit.GetVersion(), x.Commit.GetRegionalVersion())
 		_ = b.Delete(sm.sub(subPrepared, x.Commit.GetTxnId()), nil)
 		delete(sm.prepared, string(x.Commit.GetTxnId()))
 	case *pb.Command_Abort:
@@ -164,17 +172,24 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		if x.OnePhase.GetLeaseStart() != sm.lease.GetStart() {
 			return Applied{Rejected: true}
 		}
-		sm.writeVersions(b, x.OnePhase.GetWrites(), x.OnePhase.GetVersion())
+		sm.writeVersions(b, x.OnePhase.GetWrites(), x.OnePhase.GetVersion(), x.OnePhase.GetRegionalVersion())
 	default:
 		return fmt.Errorf("%w: empty command", ErrBadCommand)
 	}
 	return Applied{}
 }
 
-func (sm *StateMachine) writeVersions(b *pebble.Batch, writes []*pb.Write, v *pb.VersionID) {
+// writeVersions stores writes at version v and, if regional is set, again at
+// the local-epoch version regional (stored twice, paper §5.4).
+func (sm *StateMachine) writeVersions(b *pebble.Batch, writes []*pb.Write, v, regional *pb.VersionID) {
 	ver := storage.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()}
+	reg := storage.VersionID{Epoch: regional.GetEpoch(), Counter: regional.GetCounter()}
 	for _, w := range writes {
-		_ = b.Set(storage.EncodeMVCCKey(sm.data, w.GetKey(), ver), storage.EncodeMVCCValue(w.GetValue(), w.GetTombstone()), nil)
+		val := storage.EncodeMVCCValue(w.GetValue(), w.GetTombstone())
+		_ = b.Set(storage.EncodeMVCCKey(sm.data, w.GetKey(), ver), val, nil)
+		if reg != (storage.VersionID{}) {
+			_ = b.Set(storage.EncodeMVCCKey(sm.regional, w.GetKey(), reg), val, nil)
+		}
 	}
 }
 

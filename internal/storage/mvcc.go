@@ -177,45 +177,71 @@ type Version struct {
 }
 
 // ScanMVCC calls fn, in key order, with each user key in [start, end) under
-// prefix: its newest version below `below`, and the key's newest version overall
-// (the two are equal when nothing newer exists). Keys whose visible version is a
-// tombstone or that have no visible version are skipped. fn returning false stops
-// the scan. A nil end scans to the end of the key space. Slices passed to fn are
-// copies the callee may keep.
+// prefix that has any version: its newest version below `below` (visible.ID is
+// zero if it has none; visible.Tombstone marks a delete) and the key's newest
+// version overall (the two are equal when nothing newer exists). Readers skip
+// keys where Live is false. fn returning false stops the scan. A nil end scans
+// to the end of the key space. Slices passed to fn are copies the callee may keep.
 func (e *Engine) ScanMVCC(prefix, start, end []byte, below VersionID, fn func(visible Version, newest VersionID) bool) error {
 	lo, hi := MVCCKeyBounds(prefix, start, end)
 	var (
-		cur    []byte
-		newest VersionID
-		found  bool
+		cur     []byte
+		newest  VersionID
+		pending bool // cur has no version below `below` yet
 	)
+	// A key with no version below `below` is reported when the next key starts
+	// (or at the end), since only then is it known to have none.
+	flushNone := func() bool {
+		if !pending {
+			return true
+		}
+		pending = false
+		return fn(Version{Key: cur}, newest)
+	}
+	stopped := false
 	err := e.Scan(lo, hi, func(k, v []byte) (bool, error) {
 		key, ver, err := DecodeMVCCKey(prefix, k)
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
 		}
 		if cur == nil || !bytes.Equal(key, cur) {
-			cur, newest, found = key, ver, false
+			if !flushNone() {
+				stopped = true
+				return false, nil
+			}
+			cur, newest, pending = key, ver, true
 		}
-		if found || !ver.Less(below) {
+		if !pending || !ver.Less(below) {
 			return true, nil
 		}
-		found = true
+		pending = false
 		val, tomb, err := DecodeMVCCValue(v)
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
 		}
-		if tomb {
-			return true, nil
+		vis := Version{Key: key, ID: ver, Tombstone: tomb}
+		if !tomb {
+			vis.Value = append([]byte{}, val...)
 		}
-		return fn(Version{Key: key, ID: ver, Value: append([]byte{}, val...)}, newest), nil
+		if !fn(vis, newest) {
+			stopped = true
+			return false, nil
+		}
+		return true, nil
 	})
+	if err == nil && !stopped {
+		flushNone()
+	}
 	return err
 }
 
+// Live reports whether v is a value a reader sees: a version exists below the
+// read's bound and it is not a tombstone.
+func (v Version) Live() bool { return v.ID != (VersionID{}) && !v.Tombstone }
+
 // GetMVCC returns key's newest version below `below` (ok false if none, or if it
-// is a tombstone) and the key's newest version id overall (zero if the key was
-// never written).
+// is a tombstone; v.ID and v.Tombstone still tell which) and the key's newest
+// version id overall (zero if the key was never written).
 func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok bool, newest VersionID, err error) {
 	lo := appendEscaped(append([]byte{}, prefix...), key)
 	hi := PrefixEnd(lo)
@@ -235,8 +261,9 @@ func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok boo
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
 		}
+		v = Version{Key: append([]byte{}, key...), ID: ver, Tombstone: tomb}
 		if !tomb {
-			v, ok = Version{Key: append([]byte{}, key...), ID: ver, Value: append([]byte{}, data...)}, true
+			v.Value, ok = append([]byte{}, data...), true
 		}
 		return false, nil
 	})

@@ -3,6 +3,7 @@ package storage
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sort"
 	"testing"
@@ -91,8 +92,8 @@ func TestGetAndScanAsOf(t *testing.T) {
 	if err != nil || !ok || string(v.Value) != "a1" || newest != (VersionID{3, 1}) {
 		t.Fatalf("Get a as of <3,0> = %q %v newest %v %v", v.Value, ok, newest, err)
 	}
-	if _, ok, _, _ := e.GetMVCC(prefix, []byte("b"), EpochStart(5)); ok {
-		t.Fatal("a deleted key is visible after its tombstone")
+	if v, ok, _, _ := e.GetMVCC(prefix, []byte("b"), EpochStart(5)); ok || !v.Tombstone || v.ID != (VersionID{4, 2}) {
+		t.Fatalf("b after its tombstone = %+v %v; want the tombstone <4,2>, not visible", v, ok)
 	}
 	if v, ok, _, _ := e.GetMVCC(prefix, []byte("b"), VersionID{4, 2}); !ok || string(v.Value) != "b2" {
 		t.Fatalf("b just below its tombstone = %q %v", v.Value, ok)
@@ -101,17 +102,18 @@ func TestGetAndScanAsOf(t *testing.T) {
 		t.Fatal("a never-written key has a version")
 	}
 	var got []string
-	err = e.ScanMVCC(prefix, []byte("a"), []byte("c"), EpochStart(4), func(v Version, newest VersionID) bool {
-		got = append(got, string(v.Key)+"="+string(v.Value)+"@"+v.ID.String()+"/"+newest.String())
+	err = e.ScanMVCC(prefix, []byte("a"), []byte("d"), EpochStart(5), func(v Version, newest VersionID) bool {
+		got = append(got, fmt.Sprintf("%s=%s@%v/%v live=%v", v.Key, v.Value, v.ID, newest, v.Live()))
 		return true
 	})
-	want := []string{"a=a3@<3,1>/<3,1>", "a\x00=nul@<1,1>/<1,1>", "b=b2@<2,1>/<4,2>"}
+	want := []string{"a=a3@<3,1>/<3,1> live=true", "a\x00=nul@<1,1>/<1,1> live=true",
+		"b=@<4,2>/<4,2> live=false", "c=@<0,0>/<5,1> live=false"}
 	if err != nil || len(got) != len(want) {
-		t.Fatalf("scan [a, c) as of <4,0> = %q, %v; want %q", got, err, want)
+		t.Fatalf("scan [a, d) as of <5,0> = %q, %v; want %q", got, err, want)
 	}
 	for i := range want {
 		if got[i] != want[i] {
-			t.Fatalf("scan [a, c) as of <4,0> = %q; want %q", got, want)
+			t.Fatalf("scan [a, d) as of <5,0> = %q; want %q", got, want)
 		}
 	}
 	n := 0

@@ -77,6 +77,14 @@ type Topology struct {
 	// GlobalEpochMinInterval is the least time between global epoch advances
 	// (0: as fast as every publisher acknowledges).
 	GlobalEpochMinInterval time.Duration
+	// QuietEpochs is k of the paper's §5.3.1: no transaction commits at a
+	// global epoch that is a multiple of k, which bounds linearizable snapshot
+	// retries (0: off).
+	QuietEpochs uint64
+	// AutoExcludeAfter is how long the global epoch service waits on a
+	// publisher that does not acknowledge before excluding its region on its
+	// own (DESIGN.md §7; 0: never, an operator decides).
+	AutoExcludeAfter time.Duration
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -122,6 +130,8 @@ type fileTopology struct {
 	LocalEpochInterval string      `yaml:"local_epoch_interval"`
 	PublisherLease     string      `yaml:"publisher_lease"`
 	GlobalMinInterval  string      `yaml:"global_epoch_min_interval"`
+	QuietEpochs        uint64      `yaml:"quiet_epochs"`
+	AutoExcludeAfter   string      `yaml:"auto_exclude_after"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -205,6 +215,14 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if f.GlobalMinInterval != "" {
 		if t.GlobalEpochMinInterval, err = parseDuration("global_epoch_min_interval", f.GlobalMinInterval, 0); err != nil {
+			return nil, err
+		}
+	}
+	if t.QuietEpochs = f.QuietEpochs; t.QuietEpochs == 1 {
+		return nil, invalid("quiet_epochs: 1 would make every epoch quiet; use 0 (off) or at least 2")
+	}
+	if f.AutoExcludeAfter != "" {
+		if t.AutoExcludeAfter, err = parseDuration("auto_exclude_after", f.AutoExcludeAfter, 0); err != nil {
 			return nil, err
 		}
 	}
@@ -503,7 +521,11 @@ func (t *Topology) Marshal() ([]byte, error) {
 		LocalEpochInterval: t.LocalEpochInterval.String(),
 		RaftTick:           t.RaftTick.String(),
 		PublisherLease:     t.PublisherLease.String(),
+		QuietEpochs:        t.QuietEpochs,
 		Regions:            t.Regions,
+	}
+	if t.AutoExcludeAfter > 0 {
+		f.AutoExcludeAfter = t.AutoExcludeAfter.String()
 	}
 	if t.GlobalEpochMinInterval > 0 {
 		f.GlobalMinInterval = t.GlobalEpochMinInterval.String()

@@ -609,11 +609,15 @@ func (x *PrepareCmd) GetLeaseStart() uint64 {
 }
 
 type CommitCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TxnId         []byte                 `protobuf:"bytes,1,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
-	Version       *VersionID             `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	TxnId   []byte                 `protobuf:"bytes,1,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
+	Version *VersionID             `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// regional_version, when set, is <local epoch, counter>: the writes are
+	// also stored under it, in the range's local-epoch versions that regional
+	// snapshots read (paper §5.4).
+	RegionalVersion *VersionID `protobuf:"bytes,3,opt,name=regional_version,json=regionalVersion,proto3" json:"regional_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CommitCmd) Reset() {
@@ -656,6 +660,13 @@ func (x *CommitCmd) GetTxnId() []byte {
 func (x *CommitCmd) GetVersion() *VersionID {
 	if x != nil {
 		return x.Version
+	}
+	return nil
+}
+
+func (x *CommitCmd) GetRegionalVersion() *VersionID {
+	if x != nil {
+		return x.RegionalVersion
 	}
 	return nil
 }
@@ -705,13 +716,14 @@ func (x *AbortCmd) GetTxnId() []byte {
 }
 
 type OnePhaseCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TxnId         []byte                 `protobuf:"bytes,1,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
-	Writes        []*Write               `protobuf:"bytes,2,rep,name=writes,proto3" json:"writes,omitempty"`
-	Version       *VersionID             `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
-	LeaseStart    uint64                 `protobuf:"varint,4,opt,name=lease_start,json=leaseStart,proto3" json:"lease_start,omitempty"` // applied only under this lease (else rejected)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TxnId           []byte                 `protobuf:"bytes,1,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
+	Writes          []*Write               `protobuf:"bytes,2,rep,name=writes,proto3" json:"writes,omitempty"`
+	Version         *VersionID             `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	LeaseStart      uint64                 `protobuf:"varint,4,opt,name=lease_start,json=leaseStart,proto3" json:"lease_start,omitempty"`               // applied only under this lease (else rejected)
+	RegionalVersion *VersionID             `protobuf:"bytes,5,opt,name=regional_version,json=regionalVersion,proto3" json:"regional_version,omitempty"` // as in CommitCmd
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *OnePhaseCmd) Reset() {
@@ -770,6 +782,13 @@ func (x *OnePhaseCmd) GetLeaseStart() uint64 {
 		return x.LeaseStart
 	}
 	return 0
+}
+
+func (x *OnePhaseCmd) GetRegionalVersion() *VersionID {
+	if x != nil {
+		return x.RegionalVersion
+	}
+	return nil
 }
 
 // PreparedRecord is a prepared transaction as stored by every replica.
@@ -1257,12 +1276,13 @@ func (x *PrepareRequest) GetIncarnation() uint64 {
 }
 
 type PrepareResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
-	HighestEpoch  uint64                 `protobuf:"varint,2,opt,name=highest_epoch,json=highestEpoch,proto3" json:"highest_epoch,omitempty"` // DESIGN.md §3.5
-	MaxVersion    *VersionID             `protobuf:"bytes,3,opt,name=max_version,json=maxVersion,proto3" json:"max_version,omitempty"`        // the newest existing version in the write set
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Lease              *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	HighestEpoch       uint64                 `protobuf:"varint,2,opt,name=highest_epoch,json=highestEpoch,proto3" json:"highest_epoch,omitempty"`                    // DESIGN.md §3.5
+	MaxVersion         *VersionID             `protobuf:"bytes,3,opt,name=max_version,json=maxVersion,proto3" json:"max_version,omitempty"`                           // the newest existing version in the write set
+	MaxRegionalVersion *VersionID             `protobuf:"bytes,4,opt,name=max_regional_version,json=maxRegionalVersion,proto3" json:"max_regional_version,omitempty"` // the same among local-epoch versions
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *PrepareResponse) Reset() {
@@ -1316,13 +1336,21 @@ func (x *PrepareResponse) GetMaxVersion() *VersionID {
 	return nil
 }
 
+func (x *PrepareResponse) GetMaxRegionalVersion() *VersionID {
+	if x != nil {
+		return x.MaxRegionalVersion
+	}
+	return nil
+}
+
 type CommitRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
-	TxnId         []byte                 `protobuf:"bytes,2,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
-	Version       *VersionID             `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RangeId         uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	TxnId           []byte                 `protobuf:"bytes,2,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
+	Version         *VersionID             `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	RegionalVersion *VersionID             `protobuf:"bytes,4,opt,name=regional_version,json=regionalVersion,proto3" json:"regional_version,omitempty"` // as in CommitCmd
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CommitRequest) Reset() {
@@ -1372,6 +1400,13 @@ func (x *CommitRequest) GetTxnId() []byte {
 func (x *CommitRequest) GetVersion() *VersionID {
 	if x != nil {
 		return x.Version
+	}
+	return nil
+}
+
+func (x *CommitRequest) GetRegionalVersion() *VersionID {
+	if x != nil {
+		return x.RegionalVersion
 	}
 	return nil
 }
@@ -1628,6 +1663,201 @@ func (x *OnePhaseResponse) GetVersion() *VersionID {
 	return nil
 }
 
+// SnapshotReadRequest is one read of a snapshot transaction (paper §5.2,
+// Algorithm 1): it takes no lock.
+type SnapshotReadRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RangeId uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Start   []byte                 `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"` // the key of a point read, or a scan's first key
+	End     []byte                 `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`     // a scan's end (exclusive); empty: the end of the range
+	Scan    bool                   `protobuf:"varint,4,opt,name=scan,proto3" json:"scan,omitempty"`
+	Limit   uint32                 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"` // scan: at most this many pairs (0: all)
+	// at: read as of the start of this epoch, the newest version below <at, 0>.
+	// The leader first waits until its region's publisher (regional: its local
+	// epoch) shows at least `at`.
+	At       uint64 `protobuf:"varint,6,opt,name=at,proto3" json:"at,omitempty"`
+	Regional bool   `protobuf:"varint,7,opt,name=regional,proto3" json:"regional,omitempty"` // local-epoch versions (paper §5.4)
+	// local_epoch is l_R, this region's local epoch as already read for this
+	// snapshot; 0: the leader reads it.
+	LocalEpoch    uint64 `protobuf:"varint,8,opt,name=local_epoch,json=localEpoch,proto3" json:"local_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotReadRequest) Reset() {
+	*x = SnapshotReadRequest{}
+	mi := &file_range_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotReadRequest) ProtoMessage() {}
+
+func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SnapshotReadRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *SnapshotReadRequest) GetStart() []byte {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *SnapshotReadRequest) GetEnd() []byte {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+func (x *SnapshotReadRequest) GetScan() bool {
+	if x != nil {
+		return x.Scan
+	}
+	return false
+}
+
+func (x *SnapshotReadRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SnapshotReadRequest) GetAt() uint64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+func (x *SnapshotReadRequest) GetRegional() bool {
+	if x != nil {
+		return x.Regional
+	}
+	return false
+}
+
+func (x *SnapshotReadRequest) GetLocalEpoch() uint64 {
+	if x != nil {
+		return x.LocalEpoch
+	}
+	return 0
+}
+
+type SnapshotReadResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Kvs        []*KeyValue            `protobuf:"bytes,1,rep,name=kvs,proto3" json:"kvs,omitempty"`
+	LocalEpoch uint64                 `protobuf:"varint,2,opt,name=local_epoch,json=localEpoch,proto3" json:"local_epoch,omitempty"` // l_R as used: pass it on the snapshot's next reads here
+	// snapshot_epoch: the newest epoch among the versions read (tombstones
+	// included; 0 if none). latest_epoch: the newest epoch of any version in the
+	// span at the time of the read. Together they drive the linearizable check
+	// (paper §5.3.1).
+	SnapshotEpoch uint64 `protobuf:"varint,3,opt,name=snapshot_epoch,json=snapshotEpoch,proto3" json:"snapshot_epoch,omitempty"`
+	LatestEpoch   uint64 `protobuf:"varint,4,opt,name=latest_epoch,json=latestEpoch,proto3" json:"latest_epoch,omitempty"`
+	EpochWaitUs   uint64 `protobuf:"varint,5,opt,name=epoch_wait_us,json=epochWaitUs,proto3" json:"epoch_wait_us,omitempty"` // time spent waiting for the epoch, µs
+	LockWaitUs    uint64 `protobuf:"varint,6,opt,name=lock_wait_us,json=lockWaitUs,proto3" json:"lock_wait_us,omitempty"`    // time spent waiting out exclusive locks, µs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotReadResponse) Reset() {
+	*x = SnapshotReadResponse{}
+	mi := &file_range_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotReadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotReadResponse) ProtoMessage() {}
+
+func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
+	if x != nil {
+		return x.Kvs
+	}
+	return nil
+}
+
+func (x *SnapshotReadResponse) GetLocalEpoch() uint64 {
+	if x != nil {
+		return x.LocalEpoch
+	}
+	return 0
+}
+
+func (x *SnapshotReadResponse) GetSnapshotEpoch() uint64 {
+	if x != nil {
+		return x.SnapshotEpoch
+	}
+	return 0
+}
+
+func (x *SnapshotReadResponse) GetLatestEpoch() uint64 {
+	if x != nil {
+		return x.LatestEpoch
+	}
+	return 0
+}
+
+func (x *SnapshotReadResponse) GetEpochWaitUs() uint64 {
+	if x != nil {
+		return x.EpochWaitUs
+	}
+	return 0
+}
+
+func (x *SnapshotReadResponse) GetLockWaitUs() uint64 {
+	if x != nil {
+		return x.LockWaitUs
+	}
+	return 0
+}
+
 var File_range_proto protoreflect.FileDescriptor
 
 const file_range_proto_rawDesc = "" +
@@ -1670,18 +1900,20 @@ const file_range_proto_rawDesc = "" +
 	"\x03txn\x18\x01 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
 	"\x06writes\x18\x02 \x03(\v2\x14.terroir.range.WriteR\x06writes\x12\x1f\n" +
 	"\vlease_start\x18\x03 \x01(\x04R\n" +
-	"leaseStart\"V\n" +
+	"leaseStart\"\x9b\x01\n" +
 	"\tCommitCmd\x12\x15\n" +
 	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\x122\n" +
-	"\aversion\x18\x02 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"!\n" +
+	"\aversion\x18\x02 \x01(\v2\x18.terroir.range.VersionIDR\aversion\x12C\n" +
+	"\x10regional_version\x18\x03 \x01(\v2\x18.terroir.range.VersionIDR\x0fregionalVersion\"!\n" +
 	"\bAbortCmd\x12\x15\n" +
-	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\"\xa7\x01\n" +
+	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\"\xec\x01\n" +
 	"\vOnePhaseCmd\x12\x15\n" +
 	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\x12,\n" +
 	"\x06writes\x18\x02 \x03(\v2\x14.terroir.range.WriteR\x06writes\x122\n" +
 	"\aversion\x18\x03 \x01(\v2\x18.terroir.range.VersionIDR\aversion\x12\x1f\n" +
 	"\vlease_start\x18\x04 \x01(\x04R\n" +
-	"leaseStart\"h\n" +
+	"leaseStart\x12C\n" +
+	"\x10regional_version\x18\x05 \x01(\v2\x18.terroir.range.VersionIDR\x0fregionalVersion\"h\n" +
 	"\x0ePreparedRecord\x12(\n" +
 	"\x03txn\x18\x01 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
 	"\x06writes\x18\x02 \x03(\v2\x14.terroir.range.WriteR\x06writes\"c\n" +
@@ -1715,16 +1947,18 @@ const file_range_proto_rawDesc = "" +
 	"\x06writes\x18\x03 \x03(\v2\x14.terroir.range.WriteR\x06writes\x12\x1d\n" +
 	"\n" +
 	"lock_count\x18\x04 \x01(\rR\tlockCount\x12 \n" +
-	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\"\x9d\x01\n" +
+	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\"\xe9\x01\n" +
 	"\x0fPrepareResponse\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12#\n" +
 	"\rhighest_epoch\x18\x02 \x01(\x04R\fhighestEpoch\x129\n" +
 	"\vmax_version\x18\x03 \x01(\v2\x18.terroir.range.VersionIDR\n" +
-	"maxVersion\"u\n" +
+	"maxVersion\x12J\n" +
+	"\x14max_regional_version\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\x12maxRegionalVersion\"\xba\x01\n" +
 	"\rCommitRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x15\n" +
 	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\x122\n" +
-	"\aversion\x18\x03 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\x10\n" +
+	"\aversion\x18\x03 \x01(\v2\x18.terroir.range.VersionIDR\aversion\x12C\n" +
+	"\x10regional_version\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\x0fregionalVersion\"\x10\n" +
 	"\x0eCommitResponse\"@\n" +
 	"\fAbortRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x15\n" +
@@ -1739,7 +1973,26 @@ const file_range_proto_rawDesc = "" +
 	"lock_count\x18\x05 \x01(\rR\tlockCount\x12 \n" +
 	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\"F\n" +
 	"\x10OnePhaseResponse\x122\n" +
-	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion2\xef\x03\n" +
+	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\xcf\x01\n" +
+	"\x13SnapshotReadRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\fR\x03end\x12\x12\n" +
+	"\x04scan\x18\x04 \x01(\bR\x04scan\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\x12\x0e\n" +
+	"\x02at\x18\x06 \x01(\x04R\x02at\x12\x1a\n" +
+	"\bregional\x18\a \x01(\bR\bregional\x12\x1f\n" +
+	"\vlocal_epoch\x18\b \x01(\x04R\n" +
+	"localEpoch\"\xf2\x01\n" +
+	"\x14SnapshotReadResponse\x12)\n" +
+	"\x03kvs\x18\x01 \x03(\v2\x17.terroir.range.KeyValueR\x03kvs\x12\x1f\n" +
+	"\vlocal_epoch\x18\x02 \x01(\x04R\n" +
+	"localEpoch\x12%\n" +
+	"\x0esnapshot_epoch\x18\x03 \x01(\x04R\rsnapshotEpoch\x12!\n" +
+	"\flatest_epoch\x18\x04 \x01(\x04R\vlatestEpoch\x12\"\n" +
+	"\repoch_wait_us\x18\x05 \x01(\x04R\vepochWaitUs\x12 \n" +
+	"\flock_wait_us\x18\x06 \x01(\x04R\n" +
+	"lockWaitUs2\xc8\x04\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -1747,7 +2000,8 @@ const file_range_proto_rawDesc = "" +
 	"\aPrepare\x12\x1d.terroir.range.PrepareRequest\x1a\x1e.terroir.range.PrepareResponse\x12E\n" +
 	"\x06Commit\x12\x1c.terroir.range.CommitRequest\x1a\x1d.terroir.range.CommitResponse\x12B\n" +
 	"\x05Abort\x12\x1b.terroir.range.AbortRequest\x1a\x1c.terroir.range.AbortResponse\x12Q\n" +
-	"\x0eCommitOnePhase\x12\x1e.terroir.range.OnePhaseRequest\x1a\x1f.terroir.range.OnePhaseResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
+	"\x0eCommitOnePhase\x12\x1e.terroir.range.OnePhaseRequest\x1a\x1f.terroir.range.OnePhaseResponse\x12W\n" +
+	"\fSnapshotRead\x12\".terroir.range.SnapshotReadRequest\x1a#.terroir.range.SnapshotReadResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -1761,35 +2015,37 @@ func file_range_proto_rawDescGZIP() []byte {
 	return file_range_proto_rawDescData
 }
 
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_range_proto_goTypes = []any{
-	(*VersionID)(nil),        // 0: terroir.range.VersionID
-	(*TxnMeta)(nil),          // 1: terroir.range.TxnMeta
-	(*Lease)(nil),            // 2: terroir.range.Lease
-	(*Write)(nil),            // 3: terroir.range.Write
-	(*KeyValue)(nil),         // 4: terroir.range.KeyValue
-	(*NotLeader)(nil),        // 5: terroir.range.NotLeader
-	(*Command)(nil),          // 6: terroir.range.Command
-	(*LeaseCmd)(nil),         // 7: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),       // 8: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),        // 9: terroir.range.CommitCmd
-	(*AbortCmd)(nil),         // 10: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),      // 11: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),   // 12: terroir.range.PreparedRecord
-	(*GetRequest)(nil),       // 13: terroir.range.GetRequest
-	(*GetResponse)(nil),      // 14: terroir.range.GetResponse
-	(*ScanRequest)(nil),      // 15: terroir.range.ScanRequest
-	(*ScanResponse)(nil),     // 16: terroir.range.ScanResponse
-	(*LockRequest)(nil),      // 17: terroir.range.LockRequest
-	(*LockResponse)(nil),     // 18: terroir.range.LockResponse
-	(*PrepareRequest)(nil),   // 19: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),  // 20: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),    // 21: terroir.range.CommitRequest
-	(*CommitResponse)(nil),   // 22: terroir.range.CommitResponse
-	(*AbortRequest)(nil),     // 23: terroir.range.AbortRequest
-	(*AbortResponse)(nil),    // 24: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),  // 25: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil), // 26: terroir.range.OnePhaseResponse
+	(*VersionID)(nil),            // 0: terroir.range.VersionID
+	(*TxnMeta)(nil),              // 1: terroir.range.TxnMeta
+	(*Lease)(nil),                // 2: terroir.range.Lease
+	(*Write)(nil),                // 3: terroir.range.Write
+	(*KeyValue)(nil),             // 4: terroir.range.KeyValue
+	(*NotLeader)(nil),            // 5: terroir.range.NotLeader
+	(*Command)(nil),              // 6: terroir.range.Command
+	(*LeaseCmd)(nil),             // 7: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),           // 8: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),            // 9: terroir.range.CommitCmd
+	(*AbortCmd)(nil),             // 10: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),          // 11: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),       // 12: terroir.range.PreparedRecord
+	(*GetRequest)(nil),           // 13: terroir.range.GetRequest
+	(*GetResponse)(nil),          // 14: terroir.range.GetResponse
+	(*ScanRequest)(nil),          // 15: terroir.range.ScanRequest
+	(*ScanResponse)(nil),         // 16: terroir.range.ScanResponse
+	(*LockRequest)(nil),          // 17: terroir.range.LockRequest
+	(*LockResponse)(nil),         // 18: terroir.range.LockResponse
+	(*PrepareRequest)(nil),       // 19: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),      // 20: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),        // 21: terroir.range.CommitRequest
+	(*CommitResponse)(nil),       // 22: terroir.range.CommitResponse
+	(*AbortRequest)(nil),         // 23: terroir.range.AbortRequest
+	(*AbortResponse)(nil),        // 24: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),      // 25: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),     // 26: terroir.range.OnePhaseResponse
+	(*SnapshotReadRequest)(nil),  // 27: terroir.range.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil), // 28: terroir.range.SnapshotReadResponse
 }
 var file_range_proto_depIdxs = []int32{
 	7,  // 0: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
@@ -1801,41 +2057,48 @@ var file_range_proto_depIdxs = []int32{
 	1,  // 6: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
 	3,  // 7: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
 	0,  // 8: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	3,  // 9: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	0,  // 10: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	1,  // 11: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	3,  // 12: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	1,  // 13: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	1,  // 14: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 15: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	1,  // 16: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	1,  // 17: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	3,  // 18: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	2,  // 19: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	0,  // 20: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	0,  // 21: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	1,  // 22: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	3,  // 23: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	0,  // 24: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	13, // 25: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	15, // 26: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	17, // 27: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	19, // 28: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	21, // 29: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	23, // 30: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	25, // 31: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	14, // 32: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	16, // 33: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	18, // 34: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	20, // 35: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	22, // 36: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	24, // 37: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	26, // 38: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	32, // [32:39] is the sub-list for method output_type
-	25, // [25:32] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	0,  // 9: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	3,  // 10: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	0,  // 11: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	0,  // 12: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	1,  // 13: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	3,  // 14: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	1,  // 15: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	1,  // 16: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 17: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	1,  // 18: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	1,  // 19: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	3,  // 20: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	2,  // 21: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	0,  // 22: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	0,  // 23: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	0,  // 24: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	0,  // 25: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	1,  // 26: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	3,  // 27: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	0,  // 28: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	4,  // 29: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	13, // 30: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	15, // 31: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	17, // 32: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	19, // 33: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	21, // 34: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	23, // 35: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	25, // 36: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	27, // 37: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	14, // 38: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	16, // 39: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	18, // 40: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	20, // 41: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	22, // 42: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	24, // 43: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	26, // 44: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	28, // 45: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	38, // [38:46] is the sub-list for method output_type
+	30, // [30:38] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -1856,7 +2119,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

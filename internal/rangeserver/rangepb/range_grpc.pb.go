@@ -29,6 +29,7 @@ const (
 	Range_Commit_FullMethodName         = "/terroir.range.Range/Commit"
 	Range_Abort_FullMethodName          = "/terroir.range.Range/Abort"
 	Range_CommitOnePhase_FullMethodName = "/terroir.range.Range/CommitOnePhase"
+	Range_SnapshotRead_FullMethodName   = "/terroir.range.Range/SnapshotRead"
 )
 
 // RangeClient is the client API for Range service.
@@ -42,6 +43,7 @@ type RangeClient interface {
 	Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*CommitResponse, error)
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error)
 	CommitOnePhase(ctx context.Context, in *OnePhaseRequest, opts ...grpc.CallOption) (*OnePhaseResponse, error)
+	SnapshotRead(ctx context.Context, in *SnapshotReadRequest, opts ...grpc.CallOption) (*SnapshotReadResponse, error)
 }
 
 type rangeClient struct {
@@ -122,6 +124,16 @@ func (c *rangeClient) CommitOnePhase(ctx context.Context, in *OnePhaseRequest, o
 	return out, nil
 }
 
+func (c *rangeClient) SnapshotRead(ctx context.Context, in *SnapshotReadRequest, opts ...grpc.CallOption) (*SnapshotReadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotReadResponse)
+	err := c.cc.Invoke(ctx, Range_SnapshotRead_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServer is the server API for Range service.
 // All implementations must embed UnimplementedRangeServer
 // for forward compatibility.
@@ -133,6 +145,7 @@ type RangeServer interface {
 	Commit(context.Context, *CommitRequest) (*CommitResponse, error)
 	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
 	CommitOnePhase(context.Context, *OnePhaseRequest) (*OnePhaseResponse, error)
+	SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error)
 	mustEmbedUnimplementedRangeServer()
 }
 
@@ -163,6 +176,9 @@ func (UnimplementedRangeServer) Abort(context.Context, *AbortRequest) (*AbortRes
 }
 func (UnimplementedRangeServer) CommitOnePhase(context.Context, *OnePhaseRequest) (*OnePhaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CommitOnePhase not implemented")
+}
+func (UnimplementedRangeServer) SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SnapshotRead not implemented")
 }
 func (UnimplementedRangeServer) mustEmbedUnimplementedRangeServer() {}
 func (UnimplementedRangeServer) testEmbeddedByValue()               {}
@@ -311,6 +327,24 @@ func _Range_CommitOnePhase_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_SnapshotRead_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotReadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).SnapshotRead(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_SnapshotRead_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).SnapshotRead(ctx, req.(*SnapshotReadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Range_ServiceDesc is the grpc.ServiceDesc for Range service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -345,6 +379,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CommitOnePhase",
 			Handler:    _Range_CommitOnePhase_Handler,
+		},
+		{
+			MethodName: "SnapshotRead",
+			Handler:    _Range_SnapshotRead_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

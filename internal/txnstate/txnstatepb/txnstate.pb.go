@@ -126,11 +126,12 @@ func (x *VersionID) GetCounter() uint32 {
 }
 
 type Participant struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
-	Writes        bool                   `protobuf:"varint,2,opt,name=writes,proto3" json:"writes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RangeId         uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Writes          bool                   `protobuf:"varint,2,opt,name=writes,proto3" json:"writes,omitempty"`
+	RegionalVersion *VersionID             `protobuf:"bytes,3,opt,name=regional_version,json=regionalVersion,proto3" json:"regional_version,omitempty"` // <local epoch, counter> in the range's region (unset: none)
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Participant) Reset() {
@@ -175,6 +176,13 @@ func (x *Participant) GetWrites() bool {
 		return x.Writes
 	}
 	return false
+}
+
+func (x *Participant) GetRegionalVersion() *VersionID {
+	if x != nil {
+		return x.RegionalVersion
+	}
+	return nil
 }
 
 // Record is a transaction's durable state.
@@ -447,10 +455,11 @@ const file_txnstate_proto_rawDesc = "" +
 	"\x0etxnstate.proto\x12\x10terroir.txnstate\";\n" +
 	"\tVersionID\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\acounter\x18\x02 \x01(\rR\acounter\"@\n" +
+	"\acounter\x18\x02 \x01(\rR\acounter\"\x88\x01\n" +
 	"\vParticipant\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x16\n" +
-	"\x06writes\x18\x02 \x01(\bR\x06writes\"\xce\x01\n" +
+	"\x06writes\x18\x02 \x01(\bR\x06writes\x12F\n" +
+	"\x10regional_version\x18\x03 \x01(\v2\x1b.terroir.txnstate.VersionIDR\x0fregionalVersion\"\xce\x01\n" +
 	"\x06Record\x12\x15\n" +
 	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\x123\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x19.terroir.txnstate.OutcomeR\aoutcome\x125\n" +
@@ -500,21 +509,22 @@ var file_txnstate_proto_goTypes = []any{
 	(*GetResponse)(nil),    // 7: terroir.txnstate.GetResponse
 }
 var file_txnstate_proto_depIdxs = []int32{
-	0, // 0: terroir.txnstate.Record.outcome:type_name -> terroir.txnstate.Outcome
-	1, // 1: terroir.txnstate.Record.version:type_name -> terroir.txnstate.VersionID
-	2, // 2: terroir.txnstate.Record.participants:type_name -> terroir.txnstate.Participant
-	3, // 3: terroir.txnstate.DecideRequest.record:type_name -> terroir.txnstate.Record
-	3, // 4: terroir.txnstate.DecideResponse.record:type_name -> terroir.txnstate.Record
-	3, // 5: terroir.txnstate.GetResponse.record:type_name -> terroir.txnstate.Record
-	4, // 6: terroir.txnstate.TxnState.Decide:input_type -> terroir.txnstate.DecideRequest
-	6, // 7: terroir.txnstate.TxnState.Get:input_type -> terroir.txnstate.GetRequest
-	5, // 8: terroir.txnstate.TxnState.Decide:output_type -> terroir.txnstate.DecideResponse
-	7, // 9: terroir.txnstate.TxnState.Get:output_type -> terroir.txnstate.GetResponse
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	1, // 0: terroir.txnstate.Participant.regional_version:type_name -> terroir.txnstate.VersionID
+	0, // 1: terroir.txnstate.Record.outcome:type_name -> terroir.txnstate.Outcome
+	1, // 2: terroir.txnstate.Record.version:type_name -> terroir.txnstate.VersionID
+	2, // 3: terroir.txnstate.Record.participants:type_name -> terroir.txnstate.Participant
+	3, // 4: terroir.txnstate.DecideRequest.record:type_name -> terroir.txnstate.Record
+	3, // 5: terroir.txnstate.DecideResponse.record:type_name -> terroir.txnstate.Record
+	3, // 6: terroir.txnstate.GetResponse.record:type_name -> terroir.txnstate.Record
+	4, // 7: terroir.txnstate.TxnState.Decide:input_type -> terroir.txnstate.DecideRequest
+	6, // 8: terroir.txnstate.TxnState.Get:input_type -> terroir.txnstate.GetRequest
+	5, // 9: terroir.txnstate.TxnState.Decide:output_type -> terroir.txnstate.DecideResponse
+	7, // 10: terroir.txnstate.TxnState.Get:output_type -> terroir.txnstate.GetResponse
+	9, // [9:11] is the sub-list for method output_type
+	7, // [7:9] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_txnstate_proto_init() }
