@@ -52,8 +52,30 @@ func randomTxn(r *rand.Rand, client, seq int) history.Txn {
 	return txn
 }
 
+// randomReadOnly returns a transaction of 1–4 reads (gets and scans).
+func randomReadOnly(r *rand.Rand) history.Txn {
+	var txn history.Txn
+	for i := 0; i < 1+r.IntN(4); i++ {
+		op := history.Op{Kind: history.Get, Key: r.IntN(history.Keys)}
+		if r.IntN(2) == 0 {
+			op.Kind = history.Scan
+			op.Hi = op.Key + 1 + r.IntN(history.Keys-op.Key)
+		}
+		txn.Ops = append(txn.Ops, op)
+	}
+	return txn
+}
+
+// kvTxn is what run needs: a read-write transaction or a snapshot.
+type kvTxn interface {
+	Get(ctx context.Context, key []byte) ([]byte, bool, error)
+	Scan(ctx context.Context, lo, hi []byte, limit int) ([]client.KeyValue, error)
+	Put(ctx context.Context, key, value []byte) error
+	Delete(ctx context.Context, key []byte) error
+}
+
 // run executes txn and returns its results.
-func run(ctx context.Context, tx *client.Txn, txn history.Txn, ks keyspace) (history.Outcome, error) {
+func run(ctx context.Context, tx kvTxn, txn history.Txn, ks keyspace) (history.Outcome, error) {
 	modelKey := ks.key
 	var out history.Outcome
 	for _, op := range txn.Ops {
@@ -100,17 +122,31 @@ func run(ctx context.Context, tx *client.Txn, txn history.Txn, ks keyspace) (his
 	return out, nil
 }
 
-// checkStrictSerializability runs random transactions from `clients` clients
-// while chaos runs, and checks the history with porcupine.
-func checkStrictSerializability(t *testing.T, topologyPath string, regions []string, ks keyspace, clients, perClient int, chaos func(c *localcluster.Cluster)) {
-	c := localcluster.StartT(t, topologyPath, localcluster.Options{OrphanAfter: 500 * time.Millisecond})
+// ssRun is one strict serializability check: random transactions from
+// `clients` clients spread over regions, on keys ks, while chaos runs.
+type ssRun struct {
+	topology  string
+	regions   []string
+	ks        keyspace
+	clients   int
+	perClient int
+	chaos     func(c *localcluster.Cluster)
+	snapshots bool                  // every third transaction is a read-only snapshot...
+	modes     []client.SnapshotMode // ...in these modes, by turns
+}
+
+// checkStrictSerializability runs the transactions of cfg and checks the
+// history with porcupine.
+func checkStrictSerializability(t *testing.T, cfg ssRun) {
+	c := localcluster.StartT(t, cfg.topology, localcluster.Options{OrphanAfter: 500 * time.Millisecond})
 	ctx := ctxT(t, 120*time.Second)
 	var mu sync.Mutex
 	rec := &history.Recorder{}
+	snapshots := 0
 	start := time.Now()
 	var wg sync.WaitGroup
-	for cl := 0; cl < clients; cl++ {
-		db, err := c.Client(regions[cl%len(regions)])
+	for cl := 0; cl < cfg.clients; cl++ {
+		db, err := c.Client(cfg.regions[cl%len(cfg.regions)])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,20 +154,37 @@ func checkStrictSerializability(t *testing.T, topologyPath string, regions []str
 		go func(cl int) {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(cl), 7))
-			for seq := 0; seq < perClient; seq++ {
+			for seq := 0; seq < cfg.perClient; seq++ {
+				snapshot := cfg.snapshots && seq%3 == 2
 				txn := randomTxn(r, cl+1, seq)
+				if snapshot {
+					txn = randomReadOnly(r)
+				}
 				call := time.Since(start).Nanoseconds()
 				var out history.Outcome
-				err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-					var err error
-					out, err = run(ctx, tx, txn, ks) // the committed attempt's results
-					return err
-				})
+				var err error
+				if snapshot {
+					mode := cfg.modes[(seq/3)%len(cfg.modes)]
+					_, err = db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error {
+						var err error
+						out, err = run(ctx, s, txn, cfg.ks) // the last attempt's results
+						return err
+					})
+				} else {
+					err = db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+						var err error
+						out, err = run(ctx, tx, txn, cfg.ks) // the committed attempt's results
+						return err
+					})
+				}
 				ret := time.Since(start).Nanoseconds()
 				mu.Lock()
 				switch {
 				case err == nil:
 					rec.Committed(cl, txn, out, call, ret)
+					if snapshot {
+						snapshots++
+					}
 				case errors.Is(err, client.ErrCommitUnknown):
 					rec.Unknown(cl, txn, out, call)
 				default:
@@ -141,13 +194,13 @@ func checkStrictSerializability(t *testing.T, topologyPath string, regions []str
 			}
 		}(cl)
 	}
-	if chaos != nil {
-		chaos(c)
+	if cfg.chaos != nil {
+		cfg.chaos(c)
 	}
 	wg.Wait()
 	committed, unknown := rec.Len()
-	if committed < clients*perClient*3/4 {
-		t.Fatalf("only %d of %d transactions committed", committed, clients*perClient)
+	if committed < cfg.clients*cfg.perClient*3/4 {
+		t.Fatalf("only %d of %d transactions committed", committed, cfg.clients*cfg.perClient)
 	}
 	res, info := porcupine.CheckOperationsVerbose(history.Model, rec.Operations(), 60*time.Second)
 	if res != porcupine.Ok {
@@ -155,44 +208,52 @@ func checkStrictSerializability(t *testing.T, topologyPath string, regions []str
 		_ = porcupine.VisualizePath(history.Model, info, path)
 		t.Fatalf("history of %d committed transactions is not strictly serializable (%v); visualization: %s", committed, res, path)
 	}
-	t.Logf("%d committed, %d unknown: strictly serializable", committed, unknown)
+	t.Logf("%d committed (%d of them snapshots), %d unknown: strictly serializable", committed, snapshots, unknown)
 }
 
+// TestStrictSerializability: one region without a global epoch, where
+// versions and snapshots use the local epoch.
 func TestStrictSerializability(t *testing.T) {
-	checkStrictSerializability(t, "../examples/one-region.yaml", []string{"us-east1"}, oneRegionKeys, 6, 40, nil)
+	checkStrictSerializability(t, ssRun{topology: "../examples/one-region.yaml", regions: []string{"us-east1"}, ks: oneRegionKeys,
+		clients: 6, perClient: 40, snapshots: true, modes: []client.SnapshotMode{client.Regional}})
 }
 
 // TestStrictSerializabilityGlobalVersions runs the same check in us-east1 of the
-// three-region layout, where versions carry the global epoch.
+// three-region layout, where versions carry the global epoch, with regional
+// snapshots (on the local-epoch versions stored beside the global ones) and
+// linearizable ones.
 func TestStrictSerializabilityGlobalVersions(t *testing.T) {
-	checkStrictSerializability(t, "../examples/three-regions.yaml", []string{"us-east1"}, eastKeys, 4, 30, nil)
+	checkStrictSerializability(t, ssRun{topology: "../examples/three-regions.yaml", regions: []string{"us-east1"}, ks: eastKeys,
+		clients: 4, perClient: 30, snapshots: true, modes: []client.SnapshotMode{client.Regional, client.Linearizable}})
 }
 
 // TestStrictSerializabilityAcrossRegions: clients in both data regions run
 // transactions over keys homed in both (63 ms apart), committed by 2PC across
-// regions with global-epoch versions.
+// regions with global-epoch versions, and linearizable snapshots across both.
 func TestStrictSerializabilityAcrossRegions(t *testing.T) {
-	checkStrictSerializability(t, "../examples/three-regions.yaml", []string{"us-east1", "us-west1"}, crossRegionKeys, 4, 12, nil)
+	checkStrictSerializability(t, ssRun{topology: "../examples/three-regions.yaml", regions: []string{"us-east1", "us-west1"}, ks: crossRegionKeys,
+		clients: 4, perClient: 15, snapshots: true, modes: []client.SnapshotMode{client.Linearizable}})
 }
 
 func TestStrictSerializabilityWithLeaderKills(t *testing.T) {
-	checkStrictSerializability(t, "../examples/one-region.yaml", []string{"us-east1"}, oneRegionKeys, 6, 40, func(c *localcluster.Cluster) {
-		for _, rng := range []uint64{10, 11} {
-			time.Sleep(300 * time.Millisecond)
-			leader := c.Leader(rng)
-			if leader == 0 {
-				continue
+	checkStrictSerializability(t, ssRun{topology: "../examples/one-region.yaml", regions: []string{"us-east1"}, ks: oneRegionKeys,
+		clients: 6, perClient: 40, chaos: func(c *localcluster.Cluster) {
+			for _, rng := range []uint64{10, 11} {
+				time.Sleep(300 * time.Millisecond)
+				leader := c.Leader(rng)
+				if leader == 0 {
+					continue
+				}
+				if err := c.StopNode(leader); err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(500 * time.Millisecond)
+				if err := c.RestartNode(leader); err != nil {
+					t.Error(err)
+				}
 			}
-			if err := c.StopNode(leader); err != nil {
-				t.Error(err)
-				return
-			}
-			time.Sleep(500 * time.Millisecond)
-			if err := c.RestartNode(leader); err != nil {
-				t.Error(err)
-			}
-		}
-	})
+		}})
 }
 
 // TestCheckerRejectsStaleRead makes sure the model can fail: a read that misses

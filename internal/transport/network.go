@@ -33,11 +33,12 @@ type Network struct {
 	cutRegions map[string]bool
 	dropRate   float64
 	extraDelay time.Duration
+	rtt        map[[2]string]time.Duration // overrides of the topology's RTT
 }
 
 // NewNetwork returns a fault-free network with top's latency matrix.
 func NewNetwork(top *topology.Topology) *Network {
-	return &Network{top: top, cutNodes: map[uint64]bool{}, cutRegions: map[string]bool{}}
+	return &Network{top: top, cutNodes: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{}}
 }
 
 // OneWayDelay returns how long a message from one endpoint takes to reach the
@@ -46,8 +47,27 @@ func NewNetwork(top *topology.Topology) *Network {
 func (n *Network) OneWayDelay(from, to Endpoint) time.Duration {
 	n.mu.RLock()
 	extra := n.extraDelay
+	rtt, ok := n.rtt[regionPair(from.Region, to.Region)]
 	n.mu.RUnlock()
-	return n.top.RTT(from.Region, to.Region)/2 + extra
+	if !ok {
+		rtt = n.top.RTT(from.Region, to.Region)
+	}
+	return rtt/2 + extra
+}
+
+func regionPair(a, b string) [2]string {
+	if b < a {
+		a, b = b, a
+	}
+	return [2]string{a, b}
+}
+
+// SetRTT changes the round trip between regions a and b (a ≠ b) to rtt until
+// Heal: a WAN that gets slower or faster while the cluster runs.
+func (n *Network) SetRTT(a, b string, rtt time.Duration) {
+	n.mu.Lock()
+	n.rtt[regionPair(a, b)] = rtt
+	n.mu.Unlock()
 }
 
 // Deliverable reports whether a message from one endpoint to the other gets
@@ -106,13 +126,14 @@ func (n *Network) SetExtraDelay(d time.Duration) {
 	n.mu.Unlock()
 }
 
-// Heal removes every injected fault: cuts, drops and extra delay.
+// Heal removes every injected fault: cuts, drops, extra delay and RTT changes.
 func (n *Network) Heal() {
 	n.mu.Lock()
 	n.cutNodes = map[uint64]bool{}
 	n.cutRegions = map[string]bool{}
 	n.dropRate = 0
 	n.extraDelay = 0
+	n.rtt = map[[2]string]time.Duration{}
 	n.mu.Unlock()
 }
 
