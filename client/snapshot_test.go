@@ -46,7 +46,7 @@ func TestSnapshotModes(t *testing.T) {
 	}
 	put(t, ctx, east, "b-snap", "old", "t-snap", "old")
 	put(t, ctx, east, "b-snap", "new", "t-snap", "new") // 2PC across regions
-	put(t, ctx, west, "u-local", "west")                 // 1PC in us-west1
+	put(t, ctx, west, "u-local", "west")                // 1PC in us-west1
 
 	read := func(mode client.SnapshotMode, keys ...string) ([]string, client.SnapshotStats) {
 		t.Helper()

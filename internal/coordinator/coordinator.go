@@ -20,16 +20,16 @@ import (
 
 // Coordinator runs transactions for one client process located in one region.
 type Coordinator struct {
-	top      *topology.Topology
-	region   string
-	dialer   *transport.Dialer
+	top        *topology.Topology
+	region     string
+	dialer     *transport.Dialer
 	epochs     map[string]*epoch.Reader // each region's local epoch, by region
 	publishers map[string]*epoch.Reader // each region's publisher, by region (regions that have one)
 	global     epoch.Source             // this region's publisher; nil in a regional-only deployment
 	service    *epoch.Reader            // the global epoch service; nil if there is none
 	quiet      uint64                   // quiet_epochs (paper §5.3.1)
-	txnState *txnstate.Client
-	stateID  uint64
+	txnState   *txnstate.Client
+	stateID    uint64
 
 	leaders  sync.Map      // range ID → uint64 node believed to lead it
 	session  atomic.Uint64 // the highest epoch this client has committed at

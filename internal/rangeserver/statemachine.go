@@ -32,7 +32,7 @@ var ErrBadCommand = errors.New("rangeserver: malformed command")
 // StateMachine is a range's replicated state (raftgroup.StateMachine). The lease
 // and the prepared transactions are also kept in memory for the leader.
 type StateMachine struct {
-	e      *storage.Engine
+	e        *storage.Engine
 	prefix   []byte // storage.PrefixState | range ID
 	data     []byte // prefix | subData
 	regional []byte // prefix | subRegional
