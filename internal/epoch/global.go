@@ -57,32 +57,66 @@ type PublisherTarget struct {
 	// Group is the publisher's group ID; Replicas its replicas' nodes.
 	Group    uint64
 	Replicas []uint64
+	// Region is the region the publisher serves.
+	Region string
 }
+
+// GlobalConfig tunes the global epoch service.
+type GlobalConfig struct {
+	// Tick is how often a follower checks whether it has become the leader.
+	Tick time.Duration
+	// MinInterval is the least time between advances (0: none).
+	MinInterval time.Duration
+	// PublisherLease is publisher_lease: how long a publisher serves after
+	// its last update.
+	PublisherLease time.Duration
+	// AutoExcludeAfter excludes a publisher that has not acknowledged for this
+	// long (0: never; an operator decides).
+	AutoExcludeAfter time.Duration
+}
+
+// publishTimeout bounds one round of Publish calls: half the publisher lease,
+// so that while one publisher is silent the others are still refreshed within
+// their lease. A publish not acknowledged by then is taken as applied at the
+// latest then (messages are delivered within their RPC's deadline or never),
+// which bounds an excluded publisher's lease.
+func (g *Global) publishTimeout() time.Duration { return g.cfg.PublisherLease / 2 }
 
 // Global is one node's replica of the global epoch service (paper §4.1,
 // DESIGN.md §7). While it leads, it loops: push the current global epoch E to
-// every publisher and wait until each has durably applied it, then durably
-// advance to E+1. The global epoch invariant (DESIGN.md §3.2) follows: when the
-// service reaches E+1 every publisher already holds E.
+// every publisher in its set and wait until each has durably applied it, then
+// durably advance to E+1. The global epoch invariant (DESIGN.md §3.2) follows:
+// when the service reaches E+1 every publisher already holds E.
+//
+// A publisher can be excluded from the set (by an operator, or by the automatic
+// policy after AutoExcludeAfter without an acknowledgement) so that the rest of
+// the world keeps advancing while its region is cut off (paper §5.5). The
+// service then advances only once that publisher's lease has surely lapsed —
+// PublisherLease after the last publish sent to it could have been applied,
+// measured on this node's clock — so a cut-off region never serves an epoch
+// more than one behind. An included publisher counts again from the next
+// round: the service advances only once it has applied the current epoch.
 type Global struct {
-	group       *raftgroup.Group
-	sm          *StateMachine
-	targets     []PublisherTarget
-	clients     []*transport.LeaderClient
-	tick        time.Duration
-	minInterval time.Duration
+	group   *raftgroup.Group
+	sm      *StateMachine
+	targets []PublisherTarget
+	clients []*transport.LeaderClient
+	cfg     GlobalConfig
+
+	// Leader-only state, touched by the loop goroutine alone.
+	lastSent  []time.Time // per target: the last publish sent (at the lease's start, the conservative now)
+	lastAcked []time.Time // per target: the last acknowledgement
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-// NewGlobal returns the global epoch service replica; tick is how often a
-// follower checks whether it has become the leader, minInterval the least time
-// between advances (0: none).
-func NewGlobal(group *raftgroup.Group, sm *StateMachine, dialer *transport.Dialer, targets []PublisherTarget, tick, minInterval time.Duration) *Global {
+// NewGlobal returns the global epoch service replica, updating targets.
+func NewGlobal(group *raftgroup.Group, sm *StateMachine, dialer *transport.Dialer, targets []PublisherTarget, cfg GlobalConfig) *Global {
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &Global{group: group, sm: sm, targets: targets, tick: tick, minInterval: minInterval, ctx: ctx, cancel: cancel}
+	g := &Global{group: group, sm: sm, targets: targets, cfg: cfg, ctx: ctx, cancel: cancel,
+		lastSent: make([]time.Time, len(targets)), lastAcked: make([]time.Time, len(targets))}
 	for _, t := range targets {
 		g.clients = append(g.clients, transport.NewLeaderClient(dialer, t.Replicas))
 	}
@@ -104,19 +138,36 @@ func (g *Global) Close() {
 func (g *Global) loop() {
 	defer g.wg.Done()
 	var last time.Time
+	leading := false
 	for g.ctx.Err() == nil {
 		st := g.group.Status()
 		if st.Leader != st.Replica || !st.CaughtUp {
-			transport.SleepCtx(g.ctx, g.tick)
+			leading = false
+			transport.SleepCtx(g.ctx, g.cfg.Tick)
 			continue
+		}
+		if !leading {
+			// A new leader cannot know what its predecessor sent: take every
+			// publisher as just updated, and as just acknowledged.
+			leading = true
+			now := time.Now()
+			for i := range g.targets {
+				g.lastSent[i], g.lastAcked[i] = now, now
+			}
 		}
 		e := g.sm.Epoch()
 		if err := g.publishAll(e); err != nil {
 			slog.Debug("global epoch: publishing failed", "epoch", e, "err", err)
-			transport.SleepCtx(g.ctx, g.tick)
+			g.autoExclude()
+			transport.SleepCtx(g.ctx, g.cfg.Tick)
 			continue
 		}
-		if wait := g.minInterval - time.Since(last); wait > 0 {
+		if wait := g.excludedLeaseWait(); wait > 0 {
+			// Keep refreshing the others meanwhile.
+			transport.SleepCtx(g.ctx, min(wait, g.cfg.PublisherLease/4))
+			continue
+		}
+		if wait := g.cfg.MinInterval - time.Since(last); wait > 0 {
 			transport.SleepCtx(g.ctx, wait)
 		}
 		ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
@@ -132,21 +183,64 @@ func (g *Global) loop() {
 	}
 }
 
-// publishAll pushes e to every publisher in parallel and waits for all.
+// excludedLeaseWait returns how long until every excluded publisher's lease
+// has surely lapsed (0: all have).
+func (g *Global) excludedLeaseWait() time.Duration {
+	var wait time.Duration
+	for i, t := range g.targets {
+		if g.sm.Excluded(t.Group) {
+			wait = max(wait, time.Until(g.lastSent[i].Add(g.publishTimeout()+g.cfg.PublisherLease)))
+		}
+	}
+	return wait
+}
+
+// autoExclude excludes, under the automatic policy, every publisher in the
+// set that has not acknowledged for AutoExcludeAfter.
+func (g *Global) autoExclude() {
+	if g.cfg.AutoExcludeAfter <= 0 {
+		return
+	}
+	for i, t := range g.targets {
+		if g.sm.Excluded(t.Group) || time.Since(g.lastAcked[i]) < g.cfg.AutoExcludeAfter {
+			continue
+		}
+		slog.Warn("global epoch: excluding a silent publisher", "region", t.Region, "publisher", t.Group,
+			"silent_for", time.Since(g.lastAcked[i]).Round(time.Millisecond))
+		ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+		_, err := g.group.Propose(ctx, EncodeExclude(t.Group))
+		cancel()
+		if err != nil {
+			slog.Debug("global epoch: excluding failed", "publisher", t.Group, "err", err)
+		}
+	}
+}
+
+// publishAll pushes e to every publisher in the set in parallel and waits for all.
 func (g *Global) publishAll(e uint64) error {
-	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(g.ctx, g.publishTimeout())
 	defer cancel()
 	errs := make(chan error, len(g.clients))
+	n := 0
 	for i, c := range g.clients {
-		go func(group uint64, c *transport.LeaderClient) {
-			errs <- c.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
-				_, err := epochpb.NewEpochClient(conn).Publish(ctx, &epochpb.PublishRequest{GroupId: group, Epoch: e})
+		if g.sm.Excluded(g.targets[i].Group) {
+			continue
+		}
+		n++
+		g.lastSent[i] = time.Now()
+		go func(i int, c *transport.LeaderClient) {
+			err := c.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+				_, err := epochpb.NewEpochClient(conn).Publish(ctx, &epochpb.PublishRequest{GroupId: g.targets[i].Group, Epoch: e})
 				return err
 			})
-		}(g.targets[i].Group, c)
+			if err == nil {
+				g.lastAcked[i] = time.Now() // distinct index per goroutine; read after the wait below
+			}
+			errs <- err
+		}(i, c)
 	}
 	var first error
-	for range g.clients {
+	for range n {
 		if err := <-errs; err != nil && first == nil {
 			first = err
 		}

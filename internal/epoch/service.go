@@ -165,3 +165,39 @@ func (s *Server) Publish(ctx context.Context, req *epochpb.PublishRequest) (*epo
 	}
 	return &epochpb.PublishResponse{}, nil
 }
+
+// SetExcluded implements epochpb.EpochServer: it proposes the exclusion or
+// inclusion of a publisher at the global epoch service's leader.
+func (s *Server) SetExcluded(ctx context.Context, req *epochpb.SetExcludedRequest) (*epochpb.SetExcludedResponse, error) {
+	r, err := s.lookup(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetPublisherGroup() == 0 {
+		return nil, status.Error(codes.InvalidArgument, "publisher group 0")
+	}
+	cmd := EncodeInclude(req.GetPublisherGroup())
+	if req.GetExcluded() {
+		cmd = EncodeExclude(req.GetPublisherGroup())
+	}
+	_, err = r.group.Propose(ctx, cmd)
+	switch {
+	case err == nil:
+		return &epochpb.SetExcludedResponse{}, nil
+	case errors.Is(err, raftgroup.ErrNotLeader):
+		return nil, status.Errorf(codes.FailedPrecondition, "global epoch group %d: not the leader", req.GetGroupId())
+	}
+	return nil, status.Errorf(codes.Unavailable, "global epoch group %d: %v", req.GetGroupId(), err)
+}
+
+// Membership implements epochpb.EpochServer.
+func (s *Server) Membership(_ context.Context, req *epochpb.MembershipRequest) (*epochpb.MembershipResponse, error) {
+	r, err := s.lookup(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	if !r.group.Status().CaughtUp {
+		return nil, status.Errorf(codes.Unavailable, "global epoch group %d is replaying its log", req.GetGroupId())
+	}
+	return &epochpb.MembershipResponse{Epoch: r.sm.Epoch(), ExcludedGroups: r.sm.ExcludedGroups()}, nil
+}

@@ -120,9 +120,10 @@ func Start(cfg Config) (_ *Node, err error) {
 			case topology.KindGlobalEpoch:
 				var targets []epoch.PublisherTarget
 				for _, p := range top.GroupsOfKind(topology.KindPublisher, "") {
-					targets = append(targets, epoch.PublisherTarget{Group: p.ID, Replicas: p.Replicas})
+					targets = append(targets, epoch.PublisherTarget{Group: p.ID, Replicas: p.Replicas, Region: p.Region})
 				}
-				n.global = epoch.NewGlobal(rg, sm, n.dialer, targets, top.RaftTick, top.GlobalEpochMinInterval)
+				n.global = epoch.NewGlobal(rg, sm, n.dialer, targets, epoch.GlobalConfig{Tick: top.RaftTick,
+					MinInterval: top.GlobalEpochMinInterval, PublisherLease: top.PublisherLease, AutoExcludeAfter: top.AutoExcludeAfter})
 				epochServer.Add(rg, sm)
 			}
 		case topology.KindTxnState:

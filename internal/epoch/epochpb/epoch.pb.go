@@ -211,6 +211,200 @@ func (*PublishResponse) Descriptor() ([]byte, []int) {
 	return file_epoch_proto_rawDescGZIP(), []int{3}
 }
 
+// SetExcludedRequest excludes a publisher from the global epoch service's set,
+// or includes it again (DESIGN.md §7).
+type SetExcludedRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	GroupId        uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`                      // the global epoch service's group
+	PublisherGroup uint64                 `protobuf:"varint,2,opt,name=publisher_group,json=publisherGroup,proto3" json:"publisher_group,omitempty"` // the publisher's group
+	Excluded       bool                   `protobuf:"varint,3,opt,name=excluded,proto3" json:"excluded,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SetExcludedRequest) Reset() {
+	*x = SetExcludedRequest{}
+	mi := &file_epoch_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetExcludedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetExcludedRequest) ProtoMessage() {}
+
+func (x *SetExcludedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_epoch_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetExcludedRequest.ProtoReflect.Descriptor instead.
+func (*SetExcludedRequest) Descriptor() ([]byte, []int) {
+	return file_epoch_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SetExcludedRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *SetExcludedRequest) GetPublisherGroup() uint64 {
+	if x != nil {
+		return x.PublisherGroup
+	}
+	return 0
+}
+
+func (x *SetExcludedRequest) GetExcluded() bool {
+	if x != nil {
+		return x.Excluded
+	}
+	return false
+}
+
+type SetExcludedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetExcludedResponse) Reset() {
+	*x = SetExcludedResponse{}
+	mi := &file_epoch_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetExcludedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetExcludedResponse) ProtoMessage() {}
+
+func (x *SetExcludedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_epoch_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetExcludedResponse.ProtoReflect.Descriptor instead.
+func (*SetExcludedResponse) Descriptor() ([]byte, []int) {
+	return file_epoch_proto_rawDescGZIP(), []int{5}
+}
+
+type MembershipRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"` // the global epoch service's group
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembershipRequest) Reset() {
+	*x = MembershipRequest{}
+	mi := &file_epoch_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembershipRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembershipRequest) ProtoMessage() {}
+
+func (x *MembershipRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_epoch_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembershipRequest.ProtoReflect.Descriptor instead.
+func (*MembershipRequest) Descriptor() ([]byte, []int) {
+	return file_epoch_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *MembershipRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+type MembershipResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Epoch          uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`                                                // the global epoch at the answering replica
+	ExcludedGroups []uint64               `protobuf:"varint,2,rep,packed,name=excluded_groups,json=excludedGroups,proto3" json:"excluded_groups,omitempty"` // excluded publisher groups, ascending
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MembershipResponse) Reset() {
+	*x = MembershipResponse{}
+	mi := &file_epoch_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembershipResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembershipResponse) ProtoMessage() {}
+
+func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_epoch_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
+func (*MembershipResponse) Descriptor() ([]byte, []int) {
+	return file_epoch_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MembershipResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MembershipResponse) GetExcludedGroups() []uint64 {
+	if x != nil {
+		return x.ExcludedGroups
+	}
+	return nil
+}
+
 var File_epoch_proto protoreflect.FileDescriptor
 
 const file_epoch_proto_rawDesc = "" +
@@ -225,10 +419,23 @@ const file_epoch_proto_rawDesc = "" +
 	"\x0ePublishRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x11\n" +
-	"\x0fPublishResponse2\xa1\x01\n" +
+	"\x0fPublishResponse\"t\n" +
+	"\x12SetExcludedRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12'\n" +
+	"\x0fpublisher_group\x18\x02 \x01(\x04R\x0epublisherGroup\x12\x1a\n" +
+	"\bexcluded\x18\x03 \x01(\bR\bexcluded\"\x15\n" +
+	"\x13SetExcludedResponse\".\n" +
+	"\x11MembershipRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"S\n" +
+	"\x12MembershipResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12'\n" +
+	"\x0fexcluded_groups\x18\x02 \x03(\x04R\x0eexcludedGroups2\xca\x02\n" +
 	"\x05Epoch\x12N\n" +
 	"\tReadEpoch\x12\x1f.terroir.epoch.ReadEpochRequest\x1a .terroir.epoch.ReadEpochResponse\x12H\n" +
-	"\aPublish\x12\x1d.terroir.epoch.PublishRequest\x1a\x1e.terroir.epoch.PublishResponseB6Z4github.com/terroir-db/terroir/internal/epoch/epochpbb\x06proto3"
+	"\aPublish\x12\x1d.terroir.epoch.PublishRequest\x1a\x1e.terroir.epoch.PublishResponse\x12T\n" +
+	"\vSetExcluded\x12!.terroir.epoch.SetExcludedRequest\x1a\".terroir.epoch.SetExcludedResponse\x12Q\n" +
+	"\n" +
+	"Membership\x12 .terroir.epoch.MembershipRequest\x1a!.terroir.epoch.MembershipResponseB6Z4github.com/terroir-db/terroir/internal/epoch/epochpbb\x06proto3"
 
 var (
 	file_epoch_proto_rawDescOnce sync.Once
@@ -242,20 +449,28 @@ func file_epoch_proto_rawDescGZIP() []byte {
 	return file_epoch_proto_rawDescData
 }
 
-var file_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_epoch_proto_goTypes = []any{
-	(*ReadEpochRequest)(nil),  // 0: terroir.epoch.ReadEpochRequest
-	(*ReadEpochResponse)(nil), // 1: terroir.epoch.ReadEpochResponse
-	(*PublishRequest)(nil),    // 2: terroir.epoch.PublishRequest
-	(*PublishResponse)(nil),   // 3: terroir.epoch.PublishResponse
+	(*ReadEpochRequest)(nil),    // 0: terroir.epoch.ReadEpochRequest
+	(*ReadEpochResponse)(nil),   // 1: terroir.epoch.ReadEpochResponse
+	(*PublishRequest)(nil),      // 2: terroir.epoch.PublishRequest
+	(*PublishResponse)(nil),     // 3: terroir.epoch.PublishResponse
+	(*SetExcludedRequest)(nil),  // 4: terroir.epoch.SetExcludedRequest
+	(*SetExcludedResponse)(nil), // 5: terroir.epoch.SetExcludedResponse
+	(*MembershipRequest)(nil),   // 6: terroir.epoch.MembershipRequest
+	(*MembershipResponse)(nil),  // 7: terroir.epoch.MembershipResponse
 }
 var file_epoch_proto_depIdxs = []int32{
 	0, // 0: terroir.epoch.Epoch.ReadEpoch:input_type -> terroir.epoch.ReadEpochRequest
 	2, // 1: terroir.epoch.Epoch.Publish:input_type -> terroir.epoch.PublishRequest
-	1, // 2: terroir.epoch.Epoch.ReadEpoch:output_type -> terroir.epoch.ReadEpochResponse
-	3, // 3: terroir.epoch.Epoch.Publish:output_type -> terroir.epoch.PublishResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
+	4, // 2: terroir.epoch.Epoch.SetExcluded:input_type -> terroir.epoch.SetExcludedRequest
+	6, // 3: terroir.epoch.Epoch.Membership:input_type -> terroir.epoch.MembershipRequest
+	1, // 4: terroir.epoch.Epoch.ReadEpoch:output_type -> terroir.epoch.ReadEpochResponse
+	3, // 5: terroir.epoch.Epoch.Publish:output_type -> terroir.epoch.PublishResponse
+	5, // 6: terroir.epoch.Epoch.SetExcluded:output_type -> terroir.epoch.SetExcludedResponse
+	7, // 7: terroir.epoch.Epoch.Membership:output_type -> terroir.epoch.MembershipResponse
+	4, // [4:8] is the sub-list for method output_type
+	0, // [0:4] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -272,7 +487,7 @@ func file_epoch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_epoch_proto_rawDesc), len(file_epoch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

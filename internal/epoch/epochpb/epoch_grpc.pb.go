@@ -22,8 +22,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Epoch_ReadEpoch_FullMethodName = "/terroir.epoch.Epoch/ReadEpoch"
-	Epoch_Publish_FullMethodName   = "/terroir.epoch.Epoch/Publish"
+	Epoch_ReadEpoch_FullMethodName   = "/terroir.epoch.Epoch/ReadEpoch"
+	Epoch_Publish_FullMethodName     = "/terroir.epoch.Epoch/Publish"
+	Epoch_SetExcluded_FullMethodName = "/terroir.epoch.Epoch/SetExcluded"
+	Epoch_Membership_FullMethodName  = "/terroir.epoch.Epoch/Membership"
 )
 
 // EpochClient is the client API for Epoch service.
@@ -38,6 +40,11 @@ type EpochClient interface {
 	// Raft group; served by its leader, FailedPrecondition elsewhere). The global
 	// epoch service calls it on every publisher before advancing (DESIGN.md §7).
 	Publish(ctx context.Context, in *PublishRequest, opts ...grpc.CallOption) (*PublishResponse, error)
+	// SetExcluded durably changes the global epoch service's publisher set;
+	// served by its leader (FailedPrecondition elsewhere).
+	SetExcluded(ctx context.Context, in *SetExcludedRequest, opts ...grpc.CallOption) (*SetExcludedResponse, error)
+	// Membership returns the publisher set as the answering replica has applied it.
+	Membership(ctx context.Context, in *MembershipRequest, opts ...grpc.CallOption) (*MembershipResponse, error)
 }
 
 type epochClient struct {
@@ -68,6 +75,26 @@ func (c *epochClient) Publish(ctx context.Context, in *PublishRequest, opts ...g
 	return out, nil
 }
 
+func (c *epochClient) SetExcluded(ctx context.Context, in *SetExcludedRequest, opts ...grpc.CallOption) (*SetExcludedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetExcludedResponse)
+	err := c.cc.Invoke(ctx, Epoch_SetExcluded_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *epochClient) Membership(ctx context.Context, in *MembershipRequest, opts ...grpc.CallOption) (*MembershipResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MembershipResponse)
+	err := c.cc.Invoke(ctx, Epoch_Membership_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EpochServer is the server API for Epoch service.
 // All implementations must embed UnimplementedEpochServer
 // for forward compatibility.
@@ -80,6 +107,11 @@ type EpochServer interface {
 	// Raft group; served by its leader, FailedPrecondition elsewhere). The global
 	// epoch service calls it on every publisher before advancing (DESIGN.md §7).
 	Publish(context.Context, *PublishRequest) (*PublishResponse, error)
+	// SetExcluded durably changes the global epoch service's publisher set;
+	// served by its leader (FailedPrecondition elsewhere).
+	SetExcluded(context.Context, *SetExcludedRequest) (*SetExcludedResponse, error)
+	// Membership returns the publisher set as the answering replica has applied it.
+	Membership(context.Context, *MembershipRequest) (*MembershipResponse, error)
 	mustEmbedUnimplementedEpochServer()
 }
 
@@ -95,6 +127,12 @@ func (UnimplementedEpochServer) ReadEpoch(context.Context, *ReadEpochRequest) (*
 }
 func (UnimplementedEpochServer) Publish(context.Context, *PublishRequest) (*PublishResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Publish not implemented")
+}
+func (UnimplementedEpochServer) SetExcluded(context.Context, *SetExcludedRequest) (*SetExcludedResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetExcluded not implemented")
+}
+func (UnimplementedEpochServer) Membership(context.Context, *MembershipRequest) (*MembershipResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Membership not implemented")
 }
 func (UnimplementedEpochServer) mustEmbedUnimplementedEpochServer() {}
 func (UnimplementedEpochServer) testEmbeddedByValue()               {}
@@ -153,6 +191,42 @@ func _Epoch_Publish_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Epoch_SetExcluded_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetExcludedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EpochServer).SetExcluded(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Epoch_SetExcluded_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EpochServer).SetExcluded(ctx, req.(*SetExcludedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Epoch_Membership_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MembershipRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EpochServer).Membership(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Epoch_Membership_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EpochServer).Membership(ctx, req.(*MembershipRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Epoch_ServiceDesc is the grpc.ServiceDesc for Epoch service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -167,6 +241,14 @@ var Epoch_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Publish",
 			Handler:    _Epoch_Publish_Handler,
+		},
+		{
+			MethodName: "SetExcluded",
+			Handler:    _Epoch_SetExcluded_Handler,
+		},
+		{
+			MethodName: "Membership",
+			Handler:    _Epoch_Membership_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,251 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/admin"
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// writer commits one new key per transaction until stopped, and remembers
+// which commits were acknowledged and when.
+type writer struct {
+	db     *client.DB
+	prefix string
+
+	mu      sync.Mutex
+	acked   map[string]string // key → value, acknowledged commits
+	lastAck time.Time
+	n       int
+}
+
+func (w *writer) run(ctx context.Context, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		w.n++
+		key, val := fmt.Sprintf("%s-%05d", w.prefix, w.n), strconv.Itoa(w.n)
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		tx := w.db.Begin()
+		err := tx.Put(tctx, []byte(key), []byte(val))
+		if err == nil {
+			_, err = tx.Commit(tctx)
+		} else {
+			_ = tx.Abort(tctx)
+		}
+		cancel()
+		if err == nil {
+			w.mu.Lock()
+			w.acked[key], w.lastAck = val, time.Now()
+			w.mu.Unlock()
+		} else {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func (w *writer) last() (time.Time, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastAck, len(w.acked)
+}
+
+// TestRegionCutOffExcludedAndReadmitted: us-west1 is cut off from the other
+// regions. It stops committing within publisher_lease; the global epoch stops
+// too, until an operator excludes us-west1; then us-east1's global epoch
+// advances and its strong snapshots complete. After healing and readmission
+// every region commits again, the publishers converge, and every acknowledged
+// commit is there.
+func TestRegionCutOffExcludedAndReadmitted(t *testing.T) {
+	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
+	ctx := ctxT(t, 150*time.Second)
+	top, err := topology.Load("../examples/three-regions.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	east, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	west, err := c.Client("us-west1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubEast, err := c.Reader(topology.KindPublisher, "us-east1", "us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubWest, err := c.Reader(topology.KindPublisher, "us-west1", "us-west1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := c.Dialer("us-east1")
+	writers := []*writer{{db: east, prefix: "c", acked: map[string]string{}}, {db: west, prefix: "u", acked: map[string]string{}}}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, w := range writers {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run(ctx, stop) }()
+	}
+	stopWriters := sync.OnceFunc(func() {
+		close(stop)
+		wg.Wait()
+	})
+	defer stopWriters()
+	time.Sleep(time.Second)
+
+	cut := time.Now()
+	c.Dialer("us-west1").Network().CutRegion("us-west1")
+	time.Sleep(top.PublisherLease + 2*time.Second)
+	lastWest, _ := writers[1].last()
+	if stopped := lastWest.Sub(cut); stopped > top.PublisherLease+500*time.Millisecond {
+		t.Fatalf("us-west1 still committed %v after it was cut off (publisher_lease %v)", stopped, top.PublisherLease)
+	}
+	t.Logf("us-west1 committed its last transaction %v after the cut", lastWest.Sub(cut).Round(time.Millisecond))
+	stalled, _ := pubEast.Read(ctx)
+	time.Sleep(time.Second)
+	if e, _ := pubEast.Read(ctx); e > stalled+1 {
+		t.Fatalf("the global epoch advanced from %d to %d without us-west1's publisher", stalled, e)
+	}
+	if _, n := writers[0].last(); n == 0 {
+		t.Fatal("us-east1 committed nothing")
+	}
+
+	excluded := time.Now()
+	if err := admin.SetRegionExcluded(ctx, ops, top, "us-west1", true); err != nil {
+		t.Fatal(err)
+	}
+	regions, _, err := admin.Regions(ctx, ops, top)
+	if err != nil || len(regions) != 2 || regions[1].Region != "us-west1" || !regions[1].Excluded {
+		t.Fatalf("regions after excluding us-west1: %+v, %v", regions, err)
+	}
+	if _, err := epochWaitAbove(ctx, pubEast, stalled+2); err != nil {
+		t.Fatalf("us-east1's global epoch did not advance after the exclusion: %v", err)
+	}
+	t.Logf("global epoch advanced again %v after the exclusion (lease %v)", time.Since(excluded).Round(time.Millisecond), top.PublisherLease)
+	stats, err := east.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+		_, err := s.Scan(ctx, []byte("c-"), []byte("c-~"), 0)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("a strong snapshot of us-east1 with us-west1 excluded: %v", err)
+	}
+	t.Logf("strong snapshot of us-east1 while us-west1 is excluded: epoch %d, %v", stats.Epoch, stats.EpochWait)
+	if err := admin.SetRegionExcluded(ctx, ops, top, "nowhere", true); !errors.Is(err, admin.ErrUnknownRegion) {
+		t.Errorf("excluding an unknown region = %v, want ErrUnknownRegion", err)
+	}
+	if err := admin.SetRegionExcluded(ctx, ops, top, "us-central1", true); !errors.Is(err, admin.ErrNoPublisher) {
+		t.Errorf("excluding a region without a publisher = %v, want ErrNoPublisher", err)
+	}
+
+	c.Dialer("us-west1").Network().Heal()
+	if err := admin.SetRegionExcluded(ctx, ops, top, "us-west1", false); err != nil {
+		t.Fatal(err)
+	}
+	readmitted := time.Now()
+	_, before := writers[1].last()
+	for {
+		if _, n := writers[1].last(); n > before+3 {
+			break
+		}
+		if time.Since(readmitted) > 20*time.Second {
+			t.Fatal("us-west1 did not commit again after readmission")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e, _ := pubEast.Read(ctx)
+	if w, err := epochWaitAbove(ctx, pubWest, e); err != nil {
+		t.Fatalf("us-west1's publisher did not catch up with us-east1's %d: %d, %v", e, w, err)
+	}
+	t.Logf("us-west1 committed again %v after readmission", time.Since(readmitted).Round(time.Millisecond))
+
+	stopWriters()
+	for _, w := range writers {
+		for k, v := range w.acked {
+			got, ok, err := readOnce(ctx, east, k)
+			if err != nil || !ok || got != v {
+				t.Fatalf("acknowledged %s=%s reads back as %q %v %v", k, v, got, ok, err)
+			}
+		}
+		t.Logf("%s: all %d acknowledged commits present", w.prefix, len(w.acked))
+	}
+}
+
+// epochWaitAbove reads r until it shows at least e (bounded by ctx).
+func epochWaitAbove(ctx context.Context, r interface {
+	Read(context.Context) (uint64, error)
+}, e uint64) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		got, err := r.Read(ctx)
+		if err == nil && got >= e {
+			return got, nil
+		}
+		if ctx.Err() != nil {
+			return got, errors.Join(err, ctx.Err())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func readOnce(ctx context.Context, db *client.DB, key string) (string, bool, error) {
+	var v []byte
+	var ok bool
+	_, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+		var err error
+		v, ok, err = s.Get(ctx, []byte(key))
+		return err
+	})
+	return string(v), ok, err
+}
+
+// TestAutomaticExclusion: with auto_exclude_after set, the global epoch
+// service excludes a cut-off region's publisher by itself and the others'
+// global epoch advances again.
+func TestAutomaticExclusion(t *testing.T) {
+	top, err := topology.Load("../examples/three-regions.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	top.AutoExcludeAfter = 2 * time.Second
+	c, err := localcluster.Start(top, localcluster.Options{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t, 60*time.Second)
+	pubEast, err := c.Reader(topology.KindPublisher, "us-east1", "us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := epochWaitAbove(ctx, pubEast, 3); err != nil {
+		t.Fatal(err)
+	}
+	c.Dialer("us-west1").Network().CutRegion("us-west1")
+	cut := time.Now()
+	stalled, _ := pubEast.Read(ctx)
+	if _, err := epochWaitAbove(ctx, pubEast, stalled+3); err != nil {
+		t.Fatalf("the global epoch did not advance again without us-west1: %v", err)
+	}
+	t.Logf("global epoch advanced again %v after the cut (auto_exclude_after %v, lease %v)",
+		time.Since(cut).Round(time.Millisecond), top.AutoExcludeAfter, top.PublisherLease)
+	if d := time.Since(cut); d < top.AutoExcludeAfter {
+		t.Fatalf("advanced %v after the cut, before auto_exclude_after", d)
+	}
+	regions, _, err := admin.Regions(ctx, c.Dialer("us-east1"), top)
+	if err != nil || !regions[1].Excluded || regions[0].Excluded {
+		t.Fatalf("regions: %+v, %v; want us-west1 excluded", regions, err)
+	}
+}

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/terroir-db/terroir/internal/admin"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+func adminCmd() *cobra.Command {
+	var configPath string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "admin --config <topology.yaml> region exclude|include|list",
+		Short: "Operate a running cluster",
+	}
+	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
+	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
+	_ = cmd.MarkPersistentFlagRequired("config")
+
+	// with runs fn with the cluster's topology and a dialer into it.
+	with := func(c *cobra.Command, fn func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error) error {
+		top, err := topology.Load(configPath)
+		if err != nil {
+			return err
+		}
+		d := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: top.Regions[0]})
+		defer d.Close()
+		ctx, cancel := context.WithTimeout(c.Context(), timeout)
+		defer cancel()
+		return fn(ctx, d, top)
+	}
+	setExcluded := func(excluded bool) func(c *cobra.Command, args []string) error {
+		return func(c *cobra.Command, args []string) error {
+			return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
+				if err := admin.SetRegionExcluded(ctx, d, top, args[0], excluded); err != nil {
+					return err
+				}
+				verb := "included in"
+				if excluded {
+					verb = "excluded from"
+				}
+				fmt.Fprintf(c.OutOrStdout(), "%s %s the global epoch service's publisher set\n", args[0], verb)
+				return nil
+			})
+		}
+	}
+	region := &cobra.Command{Use: "region", Short: "Exclude a cut-off region from the global epoch, or include it again"}
+	region.AddCommand(
+		&cobra.Command{
+			Use:   "exclude <region>",
+			Short: "Let the other regions' global epoch advance without this region (it stops serving once its lease lapses)",
+			Args:  cobra.ExactArgs(1), RunE: setExcluded(true),
+		},
+		&cobra.Command{
+			Use:   "include <region>",
+			Short: "Make the global epoch service wait for this region again, once it has caught up",
+			Args:  cobra.ExactArgs(1), RunE: setExcluded(false),
+		},
+		&cobra.Command{
+			Use: "list", Short: "Print each region with a publisher and whether it is excluded", Args: cobra.NoArgs,
+			RunE: func(c *cobra.Command, _ []string) error {
+				return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
+					regions, e, err := admin.Regions(ctx, d, top)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(c.OutOrStdout(), "global epoch %d\n", e)
+					for _, r := range regions {
+						state := "included"
+						if r.Excluded {
+							state = "excluded"
+						}
+						fmt.Fprintf(c.OutOrStdout(), "%s\tpublisher %d\t%s\n", r.Region, r.Publisher, state)
+					}
+					return nil
+				})
+			},
+		},
+	)
+	cmd.AddCommand(region)
+	return cmd
+}
