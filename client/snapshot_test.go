@@ -195,7 +195,16 @@ func TestSnapshotWaitsOutWritersWithoutDelayingThem(t *testing.T) {
 // finished before T2 began. That is single-key linearizable, as strong
 // promises; a linearizable snapshot must never return it.
 func TestSection53StrongVersusLinearizable(t *testing.T) {
-	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
+	top, err := topology.Load("../examples/three-regions.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	top.PublisherLease = 3 * time.Second // pushes to us-west1 take 500 ms below
+	c, err := localcluster.Start(top, localcluster.Options{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	ctx := ctxT(t, 120*time.Second)
 	east, err := c.Client("us-east1")
 	if err != nil {

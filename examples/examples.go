@@ -8,3 +8,9 @@ import _ "embed"
 //
 //go:embed one-region.yaml
 var OneRegion []byte
+
+// ThreeRegions is examples/three-regions.yaml: us-east1 and us-west1 hold the
+// data, us-central1 runs the global epoch service (the paper's §6.2 layout).
+//
+//go:embed three-regions.yaml
+var ThreeRegions []byte

@@ -51,7 +51,7 @@ func benchCmd() *cobra.Command {
 		},
 	}
 	cmd.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
-	cmd.AddCommand(benchRaftCmd(), benchEpochCmd(), benchYCSBCmd())
+	cmd.AddCommand(benchRaftCmd(), benchEpochCmd(), benchYCSBCmd(), benchPaperCmd())
 	return cmd
 }
 

@@ -52,18 +52,8 @@ machine's floor measured in the same run (loopback RPC round trip, fsync).`,
 				value[i] = byte('a' + i%26)
 			}
 			fmt.Printf("loading %d records of %d bytes...\n", records, valueSize)
-			for lo := 0; lo < records; lo += 100 {
-				err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-					for i := lo; i < min(lo+100, records); i++ {
-						if err := tx.Put(ctx, key(i), value); err != nil {
-							return err
-						}
-					}
-					return nil
-				})
-				if err != nil {
-					return fmt.Errorf("load: %w", err)
-				}
+			if err := loadYCSB(ctx, db, key, records, value); err != nil {
+				return err
 			}
 
 			rtt, _, err := benchPing(c, group, time.Second)
@@ -75,50 +65,8 @@ machine's floor measured in the same run (loopback RPC round trip, fsync).`,
 				return err
 			}
 
-			reads, updates := latency.New(), latency.New()
-			var retries atomic.Int64
-			var mu sync.Mutex
-			fails := 0
-			runCtx, cancel := context.WithTimeout(ctx, f.duration)
-			defer cancel()
-			var wg sync.WaitGroup
-			for w := 0; w < clients; w++ {
-				wg.Add(1)
-				go func(w int) {
-					defer wg.Done()
-					r := rand.New(rand.NewPCG(seed, uint64(w)))
-					for runCtx.Err() == nil {
-						k := key(r.IntN(records))
-						isRead := r.IntN(2) == 0
-						start := time.Now()
-						octx, ocancel := context.WithTimeout(context.Background(), 10*time.Second)
-						attempt := 0
-						err := db.Update(octx, func(ctx context.Context, tx *client.Txn) error {
-							if attempt++; attempt > 1 {
-								retries.Add(1)
-							}
-							if isRead {
-								_, _, err := tx.Get(ctx, k)
-								return err
-							}
-							return tx.Put(ctx, k, value)
-						})
-						ocancel()
-						if err != nil {
-							mu.Lock()
-							fails++
-							mu.Unlock()
-							continue
-						}
-						if isRead {
-							reads.Since(start)
-						} else {
-							updates.Since(start)
-						}
-					}
-				}(w)
-			}
-			wg.Wait()
+			res := runYCSBA(ctx, db, key, records, value, clients, seed, f.duration)
+			reads, updates, fails := res.reads, res.updates, res.fails
 			total := reads.Count() + updates.Count()
 			fmt.Printf("\nYCSB-A: %d records × %d B, %d clients, %v, %d ranges, 3 replicas each\n",
 				records, valueSize, clients, f.duration, len(c.Topology.Ranges()))
@@ -126,7 +74,7 @@ machine's floor measured in the same run (loopback RPC round trip, fsync).`,
 			printRow("read transaction (Get + Commit)", reads, f.duration, fails)
 			printRow("update transaction (Put + Commit)", updates, f.duration, 0)
 			fmt.Printf("%-40s %9s %9s %12.0f\n", "all transactions", "", "", float64(total)/f.duration.Seconds())
-			fmt.Printf("%-40s %d\n", "retried attempts (lock conflicts)", retries.Load())
+			fmt.Printf("%-40s %d\n", "retried attempts (lock conflicts)", res.retries)
 			printRow("floor: loopback gRPC round trip", rtt, time.Second, 0)
 			printRow("floor: fsync (4 KiB)", fsync, time.Second, 0)
 			return nil
@@ -141,4 +89,80 @@ machine's floor measured in the same run (loopback RPC round trip, fsync).`,
 	cmd.Flags().IntVar(&valueSize, "value-size", 1024, "value size in bytes")
 	cmd.Flags().Uint64Var(&seed, "seed", 1, "random seed for the operation sequence")
 	return cmd
+}
+
+// loadYCSB writes records keys key(0..records-1) = value, 100 per transaction.
+func loadYCSB(ctx context.Context, db *client.DB, key func(int) []byte, records int, value []byte) error {
+	for lo := 0; lo < records; lo += 100 {
+		err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+			for i := lo; i < min(lo+100, records); i++ {
+				if err := tx.Put(ctx, key(i), value); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("load: %w", err)
+		}
+	}
+	return nil
+}
+
+// ycsbResult is one YCSB-A run's latencies (read and update transactions),
+// failed transactions and retried attempts.
+type ycsbResult struct {
+	reads, updates *latency.Histogram
+	fails          int
+	retries        int64
+}
+
+// runYCSBA runs workload A (50% reads, 50% updates, uniform over records
+// keys) from `clients` goroutines for d; each operation is one transaction.
+func runYCSBA(ctx context.Context, db *client.DB, key func(int) []byte, records int, value []byte, clients int, seed uint64, d time.Duration) ycsbResult {
+	res := ycsbResult{reads: latency.New(), updates: latency.New()}
+	var retries atomic.Int64
+	var mu sync.Mutex
+	runCtx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := 0; w < clients; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(w)))
+			for runCtx.Err() == nil {
+				k := key(r.IntN(records))
+				isRead := r.IntN(2) == 0
+				start := time.Now()
+				octx, ocancel := context.WithTimeout(context.Background(), 10*time.Second)
+				attempt := 0
+				err := db.Update(octx, func(ctx context.Context, tx *client.Txn) error {
+					if attempt++; attempt > 1 {
+						retries.Add(1)
+					}
+					if isRead {
+						_, _, err := tx.Get(ctx, k)
+						return err
+					}
+					return tx.Put(ctx, k, value)
+				})
+				ocancel()
+				if err != nil {
+					mu.Lock()
+					res.fails++
+					mu.Unlock()
+					continue
+				}
+				if isRead {
+					res.reads.Since(start)
+				} else {
+					res.updates.Since(start)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	res.retries = retries.Load()
+	return res
 }

@@ -344,6 +344,20 @@ func build(f *fileTopology) (*Topology, error) {
 			return nil, invalid("region %q: %d publishers, at most one is allowed", r, n)
 		}
 	}
+	// The global epoch service pushes to every publisher within half a lease
+	// (epoch.Global), so the farthest publisher must be well inside it.
+	if g := t.GroupsOfKind(KindGlobalEpoch, ""); len(g) == 1 {
+		var far time.Duration
+		for _, id := range g[0].Replicas {
+			from, _ := t.Node(id)
+			for _, p := range t.GroupsOfKind(KindPublisher, "") {
+				far = max(far, t.RTT(from.Region, p.Region))
+			}
+		}
+		if 2*far >= t.PublisherLease {
+			return nil, invalid("publisher_lease %v must exceed twice the largest round trip between the global epoch service and a publisher (%v)", t.PublisherLease, far)
+		}
+	}
 	return t, nil
 }
 

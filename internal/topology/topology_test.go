@@ -81,6 +81,10 @@ func TestParseErrors(t *testing.T) {
 		{"replica in other region", strings.Replace(twoRegions, "region: east}", "region: east, replicas: [1, 2, 4]}", 1), "replica node 4 is in"},
 		{"unknown replica", strings.Replace(twoRegions, "region: east}", "region: east, replicas: [1, 2, 9]}", 1), "unknown replica node 9"},
 		{"bad duration", "local_epoch_interval: soon\n" + twoRegions, `"soon" is not a positive duration`},
+		{"quiet epochs 1", "quiet_epochs: 1\n" + twoRegions, "quiet_epochs: 1 would make every epoch quiet"},
+		{"lease too short for the WAN", "publisher_lease: 100ms\n" + twoRegions + `  - {id: 8, kind: publisher, region: west, replicas: [4]}
+  - {id: 9, kind: global-epoch, region: east}
+`, "publisher_lease 100ms must exceed twice the largest round trip"},
 		{"unknown field", "colour: red\n" + twoRegions, "colour"},
 		{"no regions", "nodes: []", "at least one region"},
 		{"bad addr", strings.Replace(twoRegions, `"127.0.0.1:4"`, `"nowhere"`, 1), `addr "nowhere" is not host:port`},
