@@ -167,12 +167,22 @@ func runPaper(ctx context.Context, top *topology.Topology, d time.Duration, reco
 			began := time.Now()
 			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 			stats, err := dbs[snapRegion].View(sctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+				// One key per region, read in parallel: the wait for the
+				// epoch at each region's leader overlaps the round trips.
+				errs := make(chan error, len(regions))
 				for _, r := range regions {
-					if _, _, err := s.Get(ctx, keys[r](i%records)); err != nil {
-						return err
+					go func() {
+						_, _, err := s.Get(ctx, keys[r](i%records))
+						errs <- err
+					}()
+				}
+				var first error
+				for range regions {
+					if err := <-errs; err != nil && first == nil {
+						first = err
 					}
 				}
-				return nil
+				return first
 			})
 			scancel()
 			if err != nil {

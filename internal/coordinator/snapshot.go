@@ -76,8 +76,9 @@ type SnapshotStats struct {
 	// Epoch is the epoch it read at: versions below <Epoch, 0> (global epochs,
 	// or local ones for Regional).
 	Epoch uint64
-	// EpochWait is the time spent choosing the epoch and waiting for it, at the
-	// client and at range leaders, over all attempts.
+	// EpochWait is the time spent choosing the epoch and waiting for it: at
+	// the client, plus the longest wait of any read at a range leader (reads
+	// may overlap), summed over attempts.
 	EpochWait time.Duration
 	// LockWait is the time range leaders spent waiting out exclusive locks.
 	LockWait time.Duration
@@ -99,6 +100,8 @@ type Snapshot struct {
 	finished bool
 	lR       map[string]uint64 // l_R per region, read once per snapshot
 	stats    SnapshotStats
+	begin    time.Duration // the client's wait at BeginSnapshot
+	atLeader time.Duration // the longest epoch wait at a range leader
 	// The linearizable check (paper §5.3.1) over the reads so far.
 	atPrev    []bool // per read: a version at exactly at-1 was read
 	newer     []bool // per read: a version at or above at exists
@@ -134,7 +137,8 @@ func (c *Coordinator) BeginSnapshot(ctx context.Context, mode SnapshotMode, minA
 		}
 	}
 	s.at = at
-	s.stats = SnapshotStats{Mode: mode, Epoch: at, EpochWait: time.Since(began)}
+	s.begin = time.Since(began)
+	s.stats = SnapshotStats{Mode: mode, Epoch: at, EpochWait: s.begin}
 	return s, nil
 }
 
@@ -247,14 +251,17 @@ func (s *Snapshot) Finish() (SnapshotStats, error) {
 // linearizable check.
 func (s *Snapshot) read(ctx context.Context, g topology.Group, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.finished {
+		s.mu.Unlock()
 		return nil, ErrTxnFinished
 	}
 	if s.mode == Regional && g.Region != s.c.region {
+		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: range %d is in %s", ErrSnapshotRestart, g.ID, g.Region)
 	}
 	req.At, req.Regional, req.LocalEpoch = s.at, s.mode == Regional, s.lR[g.Region]
+	s.mu.Unlock()
+	// Reads of one snapshot may run in parallel: the lock is not held here.
 	var resp *pb.SnapshotReadResponse
 	err := s.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
 		var err error
@@ -264,8 +271,13 @@ func (s *Snapshot) read(ctx context.Context, g topology.Group, req *pb.SnapshotR
 	if err != nil {
 		return nil, err
 	}
-	s.lR[g.Region] = resp.GetLocalEpoch()
-	s.stats.EpochWait += time.Duration(resp.GetEpochWaitUs()) * time.Microsecond
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lR[g.Region] == 0 {
+		s.lR[g.Region] = resp.GetLocalEpoch()
+	}
+	s.atLeader = max(s.atLeader, time.Duration(resp.GetEpochWaitUs())*time.Microsecond)
+	s.stats.EpochWait = s.begin + s.atLeader
 	s.stats.LockWait += time.Duration(resp.GetLockWaitUs()) * time.Microsecond
 	if s.mode != Linearizable {
 		return resp, nil
