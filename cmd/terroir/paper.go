@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/terroir-db/terroir/internal/latency"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/ycsb"
 )
 
 func benchPaperCmd() *cobra.Command {
@@ -51,32 +53,6 @@ regional latencies include CPU contention the paper's dedicated VMs did not have
 	return cmd
 }
 
-// regionKey returns a key function spreading records over region's ranges.
-func regionKey(top *topology.Topology, region string) (func(int) []byte, error) {
-	var ranges []topology.Group
-	for _, g := range top.Ranges() {
-		if g.Region == region {
-			ranges = append(ranges, g)
-		}
-	}
-	if len(ranges) == 0 {
-		return nil, fmt.Errorf("region %s homes no range", region)
-	}
-	prefixes := make([][]byte, len(ranges))
-	for i, g := range ranges {
-		prefixes[i] = append([]byte{}, g.Start...)
-		if len(g.Start) == 0 {
-			prefixes[i] = []byte("0")
-		}
-		if probe := append(append([]byte{}, prefixes[i]...), "user"...); !g.Contains(probe) {
-			return nil, fmt.Errorf("cannot place keys in range %d", g.ID)
-		}
-	}
-	return func(i int) []byte {
-		return fmt.Appendf(append([]byte{}, prefixes[i%len(prefixes)]...), "user%010d", i)
-	}, nil
-}
-
 // dataRegions returns the regions that home ranges, in topology order.
 func dataRegions(top *topology.Topology) []string {
 	var out []string
@@ -105,18 +81,20 @@ func runPaper(ctx context.Context, top *topology.Topology, d time.Duration, reco
 	defer c.Close()
 	fmt.Printf("cluster: %d nodes in %v; data in %v; global epoch service in %s\n",
 		len(top.Nodes), top.Regions, regions, global[0].Region)
-	value := make([]byte, 1024)
+	// YCSB-A, uniform, as the paper ran it; one 1 KiB field per record.
+	w, _ := ycsb.Core("a")
+	w.Distribution, w.RecordCount, w.OperationCount, w.FieldCount, w.FieldLength = ycsb.Uniform, records, 0, 1, 1024
 	dbs := map[string]*client.DB{}
-	keys := map[string]func(int) []byte{}
+	keys := map[string]ycsb.KeySpace{}
 	for _, r := range regions {
 		if dbs[r], err = c.Client(r); err != nil {
 			return err
 		}
-		if keys[r], err = regionKey(top, r); err != nil {
+		if keys[r], err = ycsb.RegionKeys(top, r); err != nil {
 			return err
 		}
-		fmt.Printf("loading %d records of %d bytes in %s...\n", records, len(value), r)
-		if err := loadYCSB(ctx, dbs[r], keys[r], records, value); err != nil {
+		fmt.Printf("loading %d records of %d bytes in %s...\n", records, w.FieldLength, r)
+		if err := ycsb.Load(ctx, dbs[r], w, keys[r], seed); err != nil {
 			return err
 		}
 	}
@@ -172,7 +150,7 @@ func runPaper(ctx context.Context, top *topology.Topology, d time.Duration, reco
 				errs := make(chan error, len(regions))
 				for _, r := range regions {
 					go func() {
-						_, _, err := s.Get(ctx, keys[r](i%records))
+						_, _, err := s.Get(ctx, keys[r].Key(uint64(i%records)))
 						errs <- err
 					}()
 				}
@@ -193,15 +171,19 @@ func runPaper(ctx context.Context, top *topology.Topology, d time.Duration, reco
 			epochWait.Record(stats.EpochWait)
 		}
 	}()
-	results := make([]ycsbResult, len(regions))
+	results := make([]*ycsb.Result, len(regions))
+	errs := make([]error, len(regions))
 	for i, r := range regions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = runYCSBA(runCtx, dbs[r], keys[r], records, value, threads, seed+uint64(i), d)
+			results[i], errs[i] = ycsb.Run(runCtx, dbs[r], ycsb.Config{Workload: w, Keys: keys[r], Clients: threads, Duration: d, Seed: seed + uint64(i)})
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 
 	fmt.Printf("\nThe paper's §6.2 on this machine: %v, YCSB-A with %d threads per data region, a strong snapshot from %s every 100 ms\n\n",
 		d, threads, snapRegion)
@@ -214,9 +196,10 @@ func runPaper(ctx context.Context, top *topology.Topology, d time.Duration, reco
 	row("strong snapshot: waiting for the epoch", epochWait, "mean ~82 ms")
 	row("strong snapshot: total", snapTotal, "mean ~107 ms")
 	for i, r := range regions {
-		row(r+" read transaction", results[i].reads, "P50 214 µs (eRPC, DRAM)")
-		row(r+" write transaction", results[i].updates, "P50 199 µs (eRPC, DRAM)")
-		fmt.Printf("%-40s %d failed, %d retried attempts\n", "", results[i].fails, results[i].retries)
+		res := results[i]
+		row(r+" read transaction", res.Latency[ycsb.OpRead], "P50 214 µs (eRPC, DRAM)")
+		row(r+" write transaction", res.Latency[ycsb.OpUpdate], "P50 199 µs (eRPC, DRAM)")
+		fmt.Printf("%-40s %d failed, %d retried attempts\n", "", res.Failed[ycsb.OpRead]+res.Failed[ycsb.OpUpdate], res.Retries)
 	}
 	fmt.Printf("%-40s %d\n", "strong snapshots failed", snapFails)
 	return nil
