@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"sync"
 	"time"
@@ -13,11 +12,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/experiment"
 	"github.com/terroir-db/terroir/internal/latency"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/topology"
-	"github.com/terroir-db/terroir/internal/transport/transportpb"
 )
 
 func benchCmd() *cobra.Command {
@@ -156,17 +155,16 @@ func benchCommand(use, short string, run func(c *localcluster.Cluster, group top
 func benchRaftCmd() *cobra.Command {
 	return benchCommand("raft", "Floor of the commit path: loopback RPC round trip, fsync, one 3-replica Raft commit",
 		func(c *localcluster.Cluster, group topology.Group, d time.Duration) error {
-			h, fails, err := benchPing(c, group, d)
+			h, err := experiment.MeasurePing(c, group, d)
 			if err != nil {
 				return err
 			}
-			printRow("loopback gRPC round trip", h, d, fails)
+			printRow("loopback gRPC round trip", h, d, 0)
 
-			h, fails, err = benchFsync(c.DataDir(), d)
-			if err != nil {
+			if h, err = experiment.MeasureFsync(c.DataDir(), d); err != nil {
 				return err
 			}
-			printRow("fsync (4 KiB write + fsync)", h, d, fails)
+			printRow("fsync (4 KiB write + fsync)", h, d, 0)
 
 			leader := func() *raftgroup.Group {
 				if n := c.Node(c.Leader(group.ID)); n != nil {
@@ -175,7 +173,7 @@ func benchRaftCmd() *cobra.Command {
 				return nil
 			}
 			for _, workers := range []int{1, 16} {
-				h, fails = runFor(d, workers, func(ctx context.Context) error {
+				h, fails := runFor(d, workers, func(ctx context.Context) error {
 					g := leader()
 					if g == nil {
 						return raftgroup.ErrNotLeader
@@ -187,47 +185,6 @@ func benchRaftCmd() *cobra.Command {
 			}
 			return nil
 		})
-}
-
-// benchPing measures the gRPC round trip from a client in group's region to one
-// of its replicas, one call at a time, for d.
-func benchPing(c *localcluster.Cluster, group topology.Group, d time.Duration) (*latency.Histogram, int, error) {
-	conn, err := c.Dialer(group.Region).Conn(group.Replicas[0])
-	if err != nil {
-		return nil, 0, err
-	}
-	ping := transportpb.NewTransportClient(conn)
-	h, fails := runFor(d, 1, func(ctx context.Context) error {
-		_, err := ping.Ping(ctx, &transportpb.PingRequest{Payload: make([]byte, 64)})
-		return err
-	})
-	return h, fails, nil
-}
-
-// benchFsync measures a 4 KiB append plus fsync on the cluster's disk.
-func benchFsync(dir string, d time.Duration) (*latency.Histogram, int, error) {
-	file, err := os.Create(filepath.Join(dir, "fsync-bench"))
-	if err != nil {
-		return nil, 0, err
-	}
-	defer os.Remove(file.Name())
-	defer file.Close()
-	buf := make([]byte, 4096)
-	h := latency.New()
-	fails := 0
-	for end := time.Now().Add(d); time.Now().Before(end); {
-		start := time.Now()
-		if _, err := file.Write(buf); err != nil {
-			fails++
-			continue
-		}
-		if err := file.Sync(); err != nil {
-			fails++
-			continue
-		}
-		h.Since(start)
-	}
-	return h, fails, nil
 }
 
 func benchEpochCmd() *cobra.Command {

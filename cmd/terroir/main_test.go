@@ -20,7 +20,7 @@ func run(args ...string) error {
 }
 
 func TestDemoRunsAndStops(t *testing.T) {
-	if err := run("demo", "--duration", "1500ms", "--readers", "2"); err != nil {
+	if err := run("demo", "--duration", "2s", "--records", "100", "--out", t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/experiment"
 	"github.com/terroir-db/terroir/internal/latency"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
@@ -92,11 +93,11 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 			fmt.Print(res.Markdown("YCSB workload " + w.Name))
 			if c != nil {
 				group := top.GroupsOfKind(topology.KindLocalEpoch, region)[0]
-				rtt, _, err := benchPing(c, group, time.Second)
+				rtt, err := experiment.MeasurePing(c, group, time.Second)
 				if err != nil {
 					return err
 				}
-				fsync, _, err := benchFsync(c.DataDir(), time.Second)
+				fsync, err := experiment.MeasureFsync(c.DataDir(), time.Second)
 				if err != nil {
 					return err
 				}

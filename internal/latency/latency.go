@@ -61,3 +61,31 @@ func (h *Histogram) Summary() string {
 
 // MS formats d in milliseconds with three decimals (µs resolution), e.g. "0.214ms".
 func MS(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
+
+// CDFPoint is one point of a cumulative distribution: Fraction of the
+// recorded durations are at most Latency.
+type CDFPoint struct {
+	Latency  time.Duration
+	Fraction float64
+}
+
+// CDF returns the empirical cumulative distribution, one point per
+// non-empty HDR bucket (3 significant digits), or nil if nothing was recorded.
+func (h *Histogram) CDF() []CDFPoint {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	total := h.h.TotalCount()
+	if total == 0 {
+		return nil
+	}
+	var out []CDFPoint
+	var seen int64
+	for _, b := range h.h.Distribution() {
+		if b.Count == 0 {
+			continue
+		}
+		seen += b.Count
+		out = append(out, CDFPoint{Latency: time.Duration(b.To) * time.Microsecond, Fraction: float64(seen) / float64(total)})
+	}
+	return out
+}

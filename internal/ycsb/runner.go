@@ -48,6 +48,9 @@ type Config struct {
 	Duration time.Duration
 	// Seed makes the operation sequence repeatable.
 	Seed uint64
+	// Observe, if set, is called after each completed operation with its
+	// latency (from every client goroutine: it must be safe for that).
+	Observe func(op Op, d time.Duration)
 }
 
 // Result is one run's figures.
@@ -152,7 +155,6 @@ func Run(ctx context.Context, db *client.DB, cfg Config) (*Result, error) {
 	inserts.next.Store(uint64(w.RecordCount))
 	var retries atomic.Int64
 	var failed [numOps]atomic.Int64
-	var mu sync.Mutex
 	began := time.Now()
 	var wg sync.WaitGroup
 	for c := 0; c < cfg.Clients; c++ {
@@ -216,9 +218,11 @@ func Run(ctx context.Context, db *client.DB, cfg Config) (*Result, error) {
 					failed[op].Add(1)
 					continue
 				}
-				mu.Lock()
-				res.Latency[op].Since(start)
-				mu.Unlock()
+				d := time.Since(start)
+				res.Latency[op].Record(d)
+				if cfg.Observe != nil {
+					cfg.Observe(op, d)
+				}
 			}
 		}(c)
 	}

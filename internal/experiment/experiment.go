@@ -1,0 +1,377 @@
+// Package experiment runs the paper's §6.2 evaluation on an embedded cluster
+// (DESIGN.md §9): YCSB-A on data homed in each data region from clients in
+// that region, while a client in the last data region (us-west1 in the
+// paper) runs a strong multi-region snapshot reading one key per data region
+// every 100 ms; it measures the global epoch interval, the snapshots' epoch
+// wait and total time, and the regional transactions' latencies. `terroir
+// demo` and `terroir bench paper` both run it.
+package experiment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/latency"
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport/transportpb"
+	"github.com/terroir-db/terroir/internal/ycsb"
+)
+
+// Config is one run.
+type Config struct {
+	// Topology must have a global epoch service and at least two data regions.
+	Topology *topology.Topology
+	// Duration is how long the measured run lasts (after loading).
+	Duration time.Duration
+	// Records is the YCSB table size per data region (1 KiB each).
+	Records int
+	// Threads is the number of YCSB client threads per data region (paper: 5).
+	Threads int
+	// SnapshotEvery is the strong snapshot's period (paper: 100 ms).
+	SnapshotEvery time.Duration
+	// Seed makes the records and operation sequences repeatable.
+	Seed uint64
+	// DataDir holds the nodes' stores ("": a temporary directory); Keep keeps
+	// it after the run.
+	DataDir string
+	Keep    bool
+}
+
+// Progress is the state of a run, reported about once a second.
+type Progress struct {
+	// Elapsed of Duration so far.
+	Elapsed, Duration time.Duration
+	// Txns is the number of YCSB transactions completed so far; TxnsPerSec
+	// their rate over the last report's interval.
+	Txns       int64
+	TxnsPerSec float64
+	// GlobalEpoch is the global epoch at the first data region's publisher;
+	// LocalEpochs each data region's local epoch, in Result.Regions order.
+	GlobalEpoch uint64
+	LocalEpochs []uint64
+	// ReadP50, WriteP50 and SnapshotP50 are over the last interval (0: none).
+	ReadP50, WriteP50, SnapshotP50 time.Duration
+	// Snapshots is the number of strong snapshots completed so far.
+	Snapshots int64
+}
+
+// Result is a finished run's figures.
+type Result struct {
+	Config Config
+	// Regions are the data regions; SnapshotRegion runs the snapshots.
+	Regions        []string
+	SnapshotRegion string
+	// GlobalInterval is the time between global epoch advances.
+	GlobalInterval *latency.Histogram
+	// EpochWait is each snapshot's wait for its epoch; SnapshotTotal its
+	// whole duration.
+	EpochWait, SnapshotTotal *latency.Histogram
+	SnapshotFails            int
+	// YCSB holds each data region's result, in Regions order.
+	YCSB []*ycsb.Result
+	// Floor is this machine's loopback gRPC round trip and fsync, measured
+	// before the run.
+	RTT, Fsync *latency.Histogram
+}
+
+// DataRegions returns the regions that home ranges, in topology order.
+func DataRegions(top *topology.Topology) []string {
+	var out []string
+	for _, r := range top.Regions {
+		for _, g := range top.Ranges() {
+			if g.Region == r {
+				out = append(out, r)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// window is the last interval's latencies.
+type window struct {
+	mu                    sync.Mutex
+	reads, writes, snaps  *latency.Histogram
+	txns, prevTxns, snapN atomic.Int64
+}
+
+func (w *window) reset() (reads, writes, snaps *latency.Histogram) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	reads, writes, snaps = w.reads, w.writes, w.snaps
+	w.reads, w.writes, w.snaps = latency.New(), latency.New(), latency.New()
+	return
+}
+
+func (w *window) record(pick func(w *window) *latency.Histogram, d time.Duration) {
+	w.mu.Lock()
+	h := pick(w)
+	w.mu.Unlock()
+	h.Record(d)
+}
+
+// Run starts the cluster, loads the tables and runs the experiment, calling
+// progress (if not nil) about once a second from one goroutine. It stops the
+// cluster before returning. Errors: a topology unfit for the run, a cluster
+// that does not start, a load that fails, or ctx's end before the run began.
+func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, error) {
+	top := cfg.Topology
+	global := top.GroupsOfKind(topology.KindGlobalEpoch, "")
+	regions := DataRegions(top)
+	if len(global) == 0 || len(regions) < 2 {
+		return nil, errors.New("experiment: the topology needs a global epoch service and two data regions")
+	}
+	if cfg.SnapshotEvery <= 0 {
+		cfg.SnapshotEvery = 100 * time.Millisecond
+	}
+	c, err := localcluster.Start(top, localcluster.Options{DataDir: cfg.DataDir, Keep: cfg.Keep})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	res := &Result{Config: cfg, Regions: regions, SnapshotRegion: regions[len(regions)-1],
+		GlobalInterval: latency.New(), EpochWait: latency.New(), SnapshotTotal: latency.New()}
+
+	// YCSB-A, uniform, as the paper ran it; one 1 KiB field per record.
+	w, _ := ycsb.Core("a")
+	w.Distribution, w.RecordCount, w.OperationCount, w.FieldCount, w.FieldLength = ycsb.Uniform, cfg.Records, 0, 1, 1024
+	dbs := make([]*client.DB, len(regions))
+	keys := make([]ycsb.KeySpace, len(regions))
+	locals := make([]*epoch.Reader, len(regions))
+	for i, r := range regions {
+		if dbs[i], err = c.Client(r); err != nil {
+			return nil, err
+		}
+		if keys[i], err = ycsb.RegionKeys(top, r); err != nil {
+			return nil, err
+		}
+		if locals[i], err = c.EpochReader(r); err != nil {
+			return nil, err
+		}
+	}
+	var loads errgroup.Group
+	for i := range regions {
+		loads.Go(func() error { return ycsb.Load(ctx, dbs[i], w, keys[i], cfg.Seed+uint64(i)) })
+	}
+	if err := loads.Wait(); err != nil {
+		return nil, err
+	}
+	if res.RTT, res.Fsync, err = floor(c, regions[0]); err != nil {
+		return nil, err
+	}
+	pub, err := c.Reader(topology.KindPublisher, regions[0], regions[0])
+	if err != nil {
+		return nil, err
+	}
+	svc, err := c.Reader(topology.KindGlobalEpoch, global[0].Region, global[0].Region)
+	if err != nil {
+		return nil, err
+	}
+
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+	win := &window{}
+	win.reset()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); measureGlobalInterval(runCtx, svc, res.GlobalInterval) }()
+	go func() {
+		defer wg.Done()
+		res.SnapshotFails = snapshots(runCtx, cfg, dbs[len(dbs)-1], keys, res, win)
+	}()
+	res.YCSB = make([]*ycsb.Result, len(regions))
+	var runs errgroup.Group
+	for i := range regions {
+		runs.Go(func() error {
+			var err error
+			res.YCSB[i], err = ycsb.Run(runCtx, dbs[i], ycsb.Config{Workload: w, Keys: keys[i], Clients: cfg.Threads,
+				Duration: cfg.Duration, Seed: cfg.Seed + uint64(i),
+				Observe: func(op ycsb.Op, d time.Duration) {
+					win.txns.Add(1)
+					if op == ycsb.OpRead {
+						win.record(func(w *window) *latency.Histogram { return w.reads }, d)
+					} else {
+						win.record(func(w *window) *latency.Histogram { return w.writes }, d)
+					}
+				}})
+			return err
+		})
+	}
+	if progress != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			report(runCtx, cfg, win, pub, locals, progress)
+		}()
+	}
+	err = runs.Wait()
+	wg.Wait()
+	return res, err
+}
+
+// report calls progress every second until ctx ends.
+func report(ctx context.Context, cfg Config, win *window, pub *epoch.Reader, locals []*epoch.Reader, progress func(Progress)) {
+	began := time.Now()
+	last := began
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		reads, writes, snaps := win.reset()
+		txns := win.txns.Load()
+		p := Progress{Elapsed: now.Sub(began), Duration: cfg.Duration, Txns: txns,
+			TxnsPerSec: float64(txns-win.prevTxns.Swap(txns)) / now.Sub(last).Seconds(),
+			Snapshots:  win.snapN.Load()}
+		last = now
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		p.GlobalEpoch, _ = pub.Read(rctx)
+		for _, l := range locals {
+			e, _ := l.Read(rctx)
+			p.LocalEpochs = append(p.LocalEpochs, e)
+		}
+		cancel()
+		if reads.Count() > 0 {
+			p.ReadP50 = reads.Quantile(50)
+		}
+		if writes.Count() > 0 {
+			p.WriteP50 = writes.Quantile(50)
+		}
+		if snaps.Count() > 0 {
+			p.SnapshotP50 = snaps.Quantile(50)
+		}
+		progress(p)
+	}
+}
+
+// measureGlobalInterval records the time between global epoch advances, read
+// every millisecond at the service (from its own region).
+func measureGlobalInterval(ctx context.Context, svc *epoch.Reader, h *latency.Histogram) {
+	var last uint64
+	var since time.Time
+	for ctx.Err() == nil {
+		e, err := svc.Read(ctx)
+		if err == nil && e != last {
+			now := time.Now()
+			if last != 0 && e > last {
+				per := now.Sub(since) / time.Duration(e-last)
+				for range e - last {
+					h.Record(per)
+				}
+			}
+			last, since = e, now
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// snapshots runs a strong snapshot reading one key per data region, the keys
+// read in parallel, every cfg.SnapshotEvery until ctx ends, and returns how
+// many failed.
+func snapshots(ctx context.Context, cfg Config, db *client.DB, keys []ycsb.KeySpace, res *Result, win *window) int {
+	tick := time.NewTicker(cfg.SnapshotEvery)
+	defer tick.Stop()
+	fails := 0
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return fails
+		case <-tick.C:
+		}
+		began := time.Now()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		stats, err := db.View(sctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+			var reads errgroup.Group
+			for _, k := range keys {
+				reads.Go(func() error {
+					_, _, err := s.Get(ctx, k.Key(uint64(i%cfg.Records)))
+					return err
+				})
+			}
+			return reads.Wait()
+		})
+		cancel()
+		if err != nil {
+			fails++
+			continue
+		}
+		d := time.Since(began)
+		res.SnapshotTotal.Record(d)
+		res.EpochWait.Record(stats.EpochWait)
+		win.snapN.Add(1)
+		win.record(func(w *window) *latency.Histogram { return w.snaps }, d)
+	}
+}
+
+// floor measures this machine's loopback gRPC round trip and 4 KiB fsync, for
+// a second each.
+func floor(c *localcluster.Cluster, region string) (rtt, fsync *latency.Histogram, err error) {
+	g := c.Topology.GroupsOfKind(topology.KindLocalEpoch, region)
+	if len(g) == 0 {
+		return nil, nil, fmt.Errorf("experiment: region %s has no local epoch group", region)
+	}
+	if rtt, err = MeasurePing(c, g[0], time.Second); err != nil {
+		return nil, nil, err
+	}
+	fsync, err = MeasureFsync(c.DataDir(), time.Second)
+	return rtt, fsync, err
+}
+
+// MeasurePing measures the gRPC round trip from a client in group's region to
+// one of its replicas, one call at a time, for d.
+func MeasurePing(c *localcluster.Cluster, group topology.Group, d time.Duration) (*latency.Histogram, error) {
+	conn, err := c.Dialer(group.Region).Conn(group.Replicas[0])
+	if err != nil {
+		return nil, err
+	}
+	ping := transportpb.NewTransportClient(conn)
+	h := latency.New()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		start := time.Now()
+		_, err := ping.Ping(ctx, &transportpb.PingRequest{Payload: make([]byte, 64)})
+		cancel()
+		if err == nil {
+			h.Since(start)
+		}
+	}
+	return h, nil
+}
+
+// MeasureFsync measures a 4 KiB append plus fsync of a file in dir, for d.
+func MeasureFsync(dir string, d time.Duration) (*latency.Histogram, error) {
+	file, err := os.Create(filepath.Join(dir, "fsync-bench"))
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(file.Name())
+	defer file.Close()
+	buf := make([]byte, 4096)
+	h := latency.New()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		start := time.Now()
+		if _, err := file.Write(buf); err != nil {
+			return h, err
+		}
+		if err := file.Sync(); err != nil {
+			return h, err
+		}
+		h.Since(start)
+	}
+	return h, nil
+}
