@@ -12,7 +12,7 @@ import (
 )
 
 func kvCmd() *cobra.Command {
-	var configPath, region string
+	var configPath, region, snapshot string
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "kv --config <topology.yaml> get|put|del|scan ...",
@@ -21,6 +21,8 @@ func kvCmd() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
 	cmd.PersistentFlags().StringVar(&region, "region", "", "the client's region (default: the only region)")
 	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
+	cmd.PersistentFlags().StringVar(&snapshot, "snapshot", "", "get and scan: read in a lock-free snapshot of this mode "+
+		"(strong, strong-local, linearizable, serializable, serializable-stale, regional) instead of a read-write transaction")
 	_ = cmd.MarkPersistentFlagRequired("config")
 
 	// do runs fn in a retried transaction against the cluster.
@@ -34,13 +36,37 @@ func kvCmd() *cobra.Command {
 		defer cancel()
 		return db.Update(ctx, fn)
 	}
+	// read runs fn in a snapshot of the --snapshot mode, or a read-write
+	// transaction without it.
+	read := func(c *cobra.Command, fn func(ctx context.Context, r kvReader) error) error {
+		if snapshot == "" {
+			return do(c, func(ctx context.Context, tx *client.Txn) error { return fn(ctx, tx) })
+		}
+		mode, err := client.ParseSnapshotMode(snapshot)
+		if err != nil {
+			return err
+		}
+		db, err := client.Open(configPath, client.Options{Region: region})
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(c.Context(), timeout)
+		defer cancel()
+		stats, err := db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error { return fn(ctx, s) })
+		if err == nil {
+			fmt.Fprintf(c.ErrOrStderr(), "snapshot %v at epoch %d: waited %v for the epoch, %v for locks, %d retries\n",
+				stats.Mode, stats.Epoch, stats.EpochWait.Round(time.Microsecond), stats.LockWait.Round(time.Microsecond), stats.Retries)
+		}
+		return err
+	}
 	errNotFound := errors.New("key not found")
 
 	get := &cobra.Command{
 		Use: "get <key>", Short: "Print a key's value alone on the last line (exit 1 if absent)", Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			var value []byte
-			err := do(c, func(ctx context.Context, tx *client.Txn) error {
+			err := read(c, func(ctx context.Context, tx kvReader) error {
 				v, ok, err := tx.Get(ctx, []byte(args[0]))
 				if err == nil && !ok {
 					err = errNotFound
@@ -80,7 +106,7 @@ func kvCmd() *cobra.Command {
 				hi = []byte(args[1])
 			}
 			var kvs []client.KeyValue
-			err := do(c, func(ctx context.Context, tx *client.Txn) error {
+			err := read(c, func(ctx context.Context, tx kvReader) error {
 				var err error
 				kvs, err = tx.Scan(ctx, []byte(args[0]), hi, limit)
 				return err
@@ -97,4 +123,10 @@ func kvCmd() *cobra.Command {
 	scan.Flags().IntVar(&limit, "limit", 0, "at most this many pairs (0: all)")
 	cmd.AddCommand(get, put, del, scan)
 	return cmd
+}
+
+// kvReader is what get and scan need: a read-write transaction or a snapshot.
+type kvReader interface {
+	Get(ctx context.Context, key []byte) ([]byte, bool, error)
+	Scan(ctx context.Context, lo, hi []byte, limit int) ([]client.KeyValue, error)
 }
