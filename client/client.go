@@ -310,3 +310,12 @@ func (s *Snapshot) Finish() (SnapshotStats, error) { return s.s.Finish() }
 
 // Stats returns the snapshot's stats so far.
 func (s *Snapshot) Stats() SnapshotStats { return s.s.Stats() }
+
+// CommitMode is how read-write transactions commit: the protocol (the zero
+// value), or a baseline `terroir bench compare` measures it against. Both
+// baselines are safe, only slower; applications have no reason to set one.
+type CommitMode = coordinator.CommitMode
+
+// SetCommitMode makes this handle's transactions begun from now on commit in
+// mode.
+func (db *DB) SetCommitMode(mode CommitMode) { db.coord.SetCommitMode(mode) }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
 )
@@ -87,4 +88,40 @@ func TestVersionsCarryTheGlobalEpoch(t *testing.T) {
 	if _, err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestBaselineCommitModes: the naive and commit-wait baselines commit
+// correctly, the naive one paying the WAN to us-central1 and the commit-wait
+// one its wait on every write.
+func TestBaselineCommitModes(t *testing.T) {
+	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
+	ctx := ctxT(t, 60*time.Second)
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, ctx, db, "b-mode", "chablis")
+	for _, m := range []struct {
+		name  string
+		mode  client.CommitMode
+		least time.Duration
+	}{
+		{"naive", client.CommitMode{Naive: true}, 31 * time.Millisecond}, // one round trip to us-central1
+		{"commit-wait", client.CommitMode{CommitWait: 20 * time.Millisecond}, 20 * time.Millisecond},
+	} {
+		db.SetCommitMode(m.mode)
+		for i := 0; i < 3; i++ {
+			began := time.Now()
+			put(t, ctx, db, "b-mode", m.name, "h-mode", m.name) // two ranges: two-phase
+			put(t, ctx, db, "b-mode", m.name)                   // one range: one phase
+			if d := time.Since(began); d < 2*m.least {
+				t.Fatalf("%s: two commits took %v, less than its cost %v each", m.name, d, m.least)
+			}
+		}
+		got, ok, err := readOnce(ctx, db, "b-mode")
+		if err != nil || !ok || got != m.name {
+			t.Fatalf("%s: read back %q %v %v", m.name, got, ok, err)
+		}
+	}
+	db.SetCommitMode(client.CommitMode{})
 }

@@ -53,3 +53,42 @@ latencies, beside the paper's figures, and with --out writes the report.`,
 	cmd.Flags().StringVar(&out, "out", "", "directory to write the report into (default: none)")
 	return cmd
 }
+
+func benchCompareCmd() *cobra.Command {
+	f := experimentFlags{defaultDuration: 10 * time.Second}
+	var uncertainty, round time.Duration
+	cmd := &cobra.Command{
+		Use:   "compare",
+		Short: "Terroir against regional-only, naive and commit-wait commits: same load, one run",
+		Long: `compare runs the same YCSB-A load (--threads per data region, --records
+records each) on the embedded three-region cluster in four modes, --duration
+each: terroir (the protocol); regional-only (the global epoch off: the lower
+bound); naive (every commit reads the global epoch from the global epoch
+service across the WAN: the paper's §3 problem); commit-wait (writers wait out
+a clock uncertainty of --uncertainty before acknowledging and releasing their
+locks, as Spanner does). The modes that share the cluster take turns in rounds
+of --round, so the machine's drift falls on all alike; regional-only needs the
+global epoch off and runs on a second cluster of the same nodes and ranges. It
+prints each mode's read and write P50/P99 and throughput per region, and the
+ratios to terroir.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			top, err := f.topology()
+			if err != nil {
+				return err
+			}
+			cfg := f.cfg
+			cfg.Topology = top
+			cmp, err := experiment.Compare(cmd.Context(), cfg, experiment.Modes(uncertainty), round)
+			if err != nil {
+				return err
+			}
+			cmp.WriteTable(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().DurationVar(&uncertainty, "uncertainty", 7*time.Millisecond, "commit-wait: the clock uncertainty writers wait out")
+	cmd.Flags().DurationVar(&round, "round", 2*time.Second, "length of one mode's turn")
+	return cmd
+}

@@ -31,8 +31,9 @@ type Coordinator struct {
 	txnState   *txnstate.Client
 	stateID    uint64
 
-	leaders  sync.Map      // range ID → uint64 node believed to lead it
-	session  atomic.Uint64 // the highest epoch this client has committed at
+	mode     atomic.Pointer[CommitMode] // nil: Chablis
+	leaders  sync.Map                   // range ID → uint64 node believed to lead it
+	session  atomic.Uint64              // the highest epoch this client has committed at
 	lastPrio atomic.Uint64
 
 	wg sync.WaitGroup // commit notifications in flight
@@ -103,6 +104,21 @@ func (c *Coordinator) priority() uint64 {
 	}
 }
 
+// CommitMode is how read-write transactions commit: the protocol, or a
+// baseline that `terroir bench compare` measures it against. Both baselines
+// are safe, only slower.
+type CommitMode struct {
+	// Naive reads the global epoch from the global epoch service itself,
+	// across the WAN, at every commit (the paper's §3 problem).
+	Naive bool
+	// CommitWait, if positive, is waited with locks held before a writing
+	// transaction is acknowledged (Spanner's commit wait).
+	CommitWait time.Duration
+}
+
+// SetCommitMode makes transactions begun from now on commit in mode.
+func (c *Coordinator) SetCommitMode(mode CommitMode) { c.mode.Store(&mode) }
+
 // Begin starts a read-write transaction. A retry of a transaction should pass
 // the priority of its first attempt (Txn.Priority), so it ages and eventually
 // wins its conflicts; 0 takes a fresh one.
@@ -112,9 +128,18 @@ func (c *Coordinator) Begin(priority uint64) *Txn {
 	if priority == 0 {
 		priority = c.priority()
 	}
+	meta := &pb.TxnMeta{Id: id, Priority: priority, TxnStateGroup: c.stateID}
+	if m := c.mode.Load(); m != nil {
+		switch {
+		case m.Naive:
+			meta.CommitMode = pb.CommitMode_COMMIT_MODE_NAIVE
+		case m.CommitWait > 0:
+			meta.CommitMode, meta.CommitWaitUs = pb.CommitMode_COMMIT_MODE_COMMIT_WAIT, uint32(m.CommitWait/time.Microsecond)
+		}
+	}
 	return &Txn{
 		c:      c,
-		meta:   &pb.TxnMeta{Id: id, Priority: priority, TxnStateGroup: c.stateID},
+		meta:   meta,
 		writes: map[string]*pb.Write{},
 		parts:  map[uint64]*participant{},
 	}
@@ -184,9 +209,10 @@ func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempoten
 // readEpochs reads, in parallel, the local epoch of every region in regions
 // and the global epoch: the maximum over the publishers of those regions, so
 // that once a region's publisher shows e, no transaction touching that region
-// commits below it (which snapshot reads rely on, DESIGN.md §5). In a
-// regional-only deployment this region's local epoch stands in for it.
-func (c *Coordinator) readEpochs(ctx context.Context, regions []string) (locals map[string]uint64, global uint64, err error) {
+// commits below it (which snapshot reads rely on, DESIGN.md §5); naive reads
+// the global epoch service instead. In a regional-only deployment this
+// region's local epoch stands in for it.
+func (c *Coordinator) readEpochs(ctx context.Context, regions []string, naive bool) (locals map[string]uint64, global uint64, err error) {
 	var sources []epoch.Source
 	for _, r := range regions {
 		sources = append(sources, c.epochs[r])
@@ -195,6 +221,10 @@ func (c *Coordinator) readEpochs(ctx context.Context, regions []string) (locals 
 		if p, ok := c.publishers[r]; ok && c.global != nil {
 			sources = append(sources, p)
 		}
+	}
+	if naive && c.global != nil && c.service != nil {
+		// The naive baseline: the service itself, across the WAN, instead.
+		sources = append(sources[:len(regions)], c.service)
 	}
 	epochs, err := epoch.ReadAll(ctx, sources...)
 	locals = map[string]uint64{}

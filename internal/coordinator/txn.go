@@ -446,7 +446,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			regions = append(regions, p.desc.Region)
 		}
 	}
-	locals, global, epochErr := t.c.readEpochs(ctx, regions)
+	locals, global, epochErr := t.c.readEpochs(ctx, regions, t.meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE)
 	var preps []prepared
 	var firstErr error
 	for range t.parts {
@@ -539,6 +539,11 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		return storage.VersionID{}, fmt.Errorf("%w: a participant resolved the transaction as aborted", ErrAborted)
 	}
 	t.c.raiseSession(ver.GetEpoch())
+	if t.meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_COMMIT_WAIT && len(t.writes) > 0 {
+		// The baseline: wait out a clock uncertainty before acknowledging and
+		// releasing the locks.
+		time.Sleep(time.Duration(t.meta.GetCommitWaitUs()) * time.Microsecond)
+	}
 	// Tell the participants, in the background: the outcome is durable, and a
 	// participant that misses this resolves it through the state store.
 	parts := make([]topology.Group, 0, len(t.parts))

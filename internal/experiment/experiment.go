@@ -142,31 +142,11 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	defer c.Close()
 	res := &Result{Config: cfg, Regions: regions, SnapshotRegion: regions[len(regions)-1],
 		GlobalInterval: latency.New(), EpochWait: latency.New(), SnapshotTotal: latency.New()}
-
-	// YCSB-A, uniform, as the paper ran it; one 1 KiB field per record.
-	w, _ := ycsb.Core("a")
-	w.Distribution, w.RecordCount, w.OperationCount, w.FieldCount, w.FieldLength = ycsb.Uniform, cfg.Records, 0, 1, 1024
-	dbs := make([]*client.DB, len(regions))
-	keys := make([]ycsb.KeySpace, len(regions))
-	locals := make([]*epoch.Reader, len(regions))
-	for i, r := range regions {
-		if dbs[i], err = c.Client(r); err != nil {
-			return nil, err
-		}
-		if keys[i], err = ycsb.RegionKeys(top, r); err != nil {
-			return nil, err
-		}
-		if locals[i], err = c.EpochReader(r); err != nil {
-			return nil, err
-		}
-	}
-	var loads errgroup.Group
-	for i := range regions {
-		loads.Go(func() error { return ycsb.Load(ctx, dbs[i], w, keys[i], cfg.Seed+uint64(i)) })
-	}
-	if err := loads.Wait(); err != nil {
+	ld, err := load(ctx, c, cfg, regions)
+	if err != nil {
 		return nil, err
 	}
+	w, dbs, keys, locals := ld.workload, ld.dbs, ld.keys, ld.locals
 	if res.RTT, res.Fsync, err = floor(c, regions[0]); err != nil {
 		return nil, err
 	}
@@ -218,6 +198,41 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	err = runs.Wait()
 	wg.Wait()
 	return res, err
+}
+
+// loaded is a cluster's YCSB tables and clients, one per data region.
+type loaded struct {
+	workload ycsb.Workload
+	dbs      []*client.DB
+	keys     []ycsb.KeySpace
+	locals   []*epoch.Reader
+}
+
+// load opens a client, a key space and a local epoch reader in each data
+// region and loads its YCSB-A table (uniform, one 1 KiB field per record, as
+// the paper ran it), the regions in parallel.
+func load(ctx context.Context, c *localcluster.Cluster, cfg Config, regions []string) (*loaded, error) {
+	w, _ := ycsb.Core("a")
+	w.Distribution, w.RecordCount, w.OperationCount, w.FieldCount, w.FieldLength = ycsb.Uniform, cfg.Records, 0, 1, 1024
+	ld := &loaded{workload: w, dbs: make([]*client.DB, len(regions)), keys: make([]ycsb.KeySpace, len(regions)),
+		locals: make([]*epoch.Reader, len(regions))}
+	var err error
+	for i, r := range regions {
+		if ld.dbs[i], err = c.Client(r); err != nil {
+			return nil, err
+		}
+		if ld.keys[i], err = ycsb.RegionKeys(c.Topology, r); err != nil {
+			return nil, err
+		}
+		if ld.locals[i], err = c.EpochReader(r); err != nil {
+			return nil, err
+		}
+	}
+	var loads errgroup.Group
+	for i := range regions {
+		loads.Go(func() error { return ycsb.Load(ctx, ld.dbs[i], w, ld.keys[i], cfg.Seed+uint64(i)) })
+	}
+	return ld, loads.Wait()
 }
 
 // report calls progress every second until ctx ends.

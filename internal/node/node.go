@@ -146,11 +146,16 @@ func Start(cfg Config) (_ *Node, err error) {
 			if err != nil {
 				return nil, err
 			}
-			var global rangeserver.EpochSource // regional-only without a publisher
+			srcs := rangeserver.Epochs{Local: epochs}
 			if pub, err := n.reader(topology.KindPublisher, g.Region); err == nil {
-				global = pub
+				srcs.Publisher = pub // else regional-only
 			}
-			r := rangeserver.NewReplica(g, cfg.NodeID, rg, sm, epochs, global, n.decider,
+			if gg := top.GroupsOfKind(topology.KindGlobalEpoch, ""); len(gg) > 0 {
+				if srcs.Service, err = n.reader(topology.KindGlobalEpoch, gg[0].Region); err != nil {
+					return nil, err
+				}
+			}
+			r := rangeserver.NewReplica(g, cfg.NodeID, rg, sm, srcs, n.decider,
 				rangeserver.Config{Tick: top.LocalEpochInterval, OrphanAfter: cfg.OrphanAfter, QuietEpochs: top.QuietEpochs})
 			n.ranges = append(n.ranges, r)
 			rangeServer.Add(r)

@@ -24,6 +24,18 @@ import (
 // EpochSource reads an epoch: the region's local epoch, or its publisher.
 type EpochSource = epoch.Source
 
+// Epochs are the epochs a range leader reads.
+type Epochs struct {
+	// Local is the region's local epoch (leases, regional versions).
+	Local EpochSource
+	// Publisher is the region's publisher of the global epoch; nil in a
+	// regional-only deployment, where versions carry local epochs.
+	Publisher EpochSource
+	// Service is the global epoch service itself, across the WAN: read only
+	// by the naive commit baseline (nil if there is none).
+	Service EpochSource
+}
+
 // Decider records transaction outcomes; txnstate.Client implements it.
 type Decider interface {
 	Decide(ctx context.Context, rec *txnstatepb.Record) (*txnstatepb.Record, error)
@@ -95,6 +107,7 @@ type Replica struct {
 	sm       *StateMachine
 	epochs   EpochSource // the region's local epoch
 	global   EpochSource // the region's publisher; nil: versions use local epochs
+	service  EpochSource // the global epoch service (naive baseline only)
 	deciders func(txnStateGroup uint64) Decider
 	cfg      Config
 
@@ -145,14 +158,13 @@ const (
 
 // NewReplica ties a range's state machine to its Raft group. Start begins its loop.
 //
-// epochs reads the region's local epoch (leases); global, if not nil, reads the
-// region's publisher, and version ids then carry global epochs (paper §5.1);
-// without it they carry local epochs (a regional-only deployment).
+// With a publisher in epochs, version ids carry global epochs (paper §5.1);
+// without one they carry local epochs (a regional-only deployment).
 func NewReplica(desc topology.Group, self uint64, group *raftgroup.Group, sm *StateMachine,
-	epochs, global EpochSource, deciders func(uint64) Decider, cfg Config) *Replica {
+	epochs Epochs, deciders func(uint64) Decider, cfg Config) *Replica {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Replica{desc: desc, self: self, group: group, sm: sm, epochs: epochs, global: global, deciders: deciders,
-		cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
+	return &Replica{desc: desc, self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher,
+		service: epochs.Service, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
 }
 
 // Start begins the lease and resolver loop.
@@ -673,7 +685,11 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	}
 	// Read the epochs only now that every lock is held (invariant 4); the
 	// local epoch validates the lease, the global one versions the writes.
-	epochs, err := epoch.ReadAll(ctx, r.epochs, r.global)
+	globalSrc := r.global
+	if meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE && r.service != nil && r.global != nil {
+		globalSrc = r.service // the baseline: the service itself, across the WAN
+	}
+	epochs, err := epoch.ReadAll(ctx, r.epochs, globalSrc)
 	e, g := epochs[0], epochs[1]
 	if r.global == nil {
 		g = e // regional-only: local-epoch versions
@@ -720,6 +736,10 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 			// leadership until it ends.
 			return nil, err
 		}
+	}
+	if meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_COMMIT_WAIT && len(writes) > 0 {
+		// The baseline: wait out a clock uncertainty, locks held.
+		time.Sleep(time.Duration(meta.GetCommitWaitUs()) * time.Microsecond)
 	}
 	l.release(meta.GetId(), ver.GetEpoch())
 	return ver, nil

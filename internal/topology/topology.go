@@ -566,3 +566,17 @@ func (t *Topology) Marshal() ([]byte, error) {
 	}
 	return yaml.Marshal(&f)
 }
+
+// WithoutGlobalEpoch returns a copy of t without its global epoch service and
+// publishers: a regional-only deployment of the same nodes and ranges, whose
+// versions carry local epochs (the lower bound `bench compare` measures).
+func (t *Topology) WithoutGlobalEpoch() *Topology {
+	c := *t
+	c.Groups = nil
+	for _, g := range t.Groups {
+		if g.Kind != KindGlobalEpoch && g.Kind != KindPublisher {
+			c.Groups = append(c.Groups, g)
+		}
+	}
+	return &c
+}

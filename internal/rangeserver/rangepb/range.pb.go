@@ -24,6 +24,62 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// CommitMode is how a read-write transaction commits. CHABLIS is the
+// protocol; the others are the baselines `terroir bench compare` measures it
+// against, both safe and slower.
+type CommitMode int32
+
+const (
+	CommitMode_COMMIT_MODE_CHABLIS CommitMode = 0
+	// NAIVE reads the global epoch from the global epoch service itself, across
+	// the WAN, instead of the region's publisher (the paper's §3 problem).
+	CommitMode_COMMIT_MODE_NAIVE CommitMode = 1
+	// COMMIT_WAIT waits commit_wait_us before acknowledging a write and
+	// releasing its locks, as Spanner waits out its clock uncertainty.
+	CommitMode_COMMIT_MODE_COMMIT_WAIT CommitMode = 2
+)
+
+// Enum value maps for CommitMode.
+var (
+	CommitMode_name = map[int32]string{
+		0: "COMMIT_MODE_CHABLIS",
+		1: "COMMIT_MODE_NAIVE",
+		2: "COMMIT_MODE_COMMIT_WAIT",
+	}
+	CommitMode_value = map[string]int32{
+		"COMMIT_MODE_CHABLIS":     0,
+		"COMMIT_MODE_NAIVE":       1,
+		"COMMIT_MODE_COMMIT_WAIT": 2,
+	}
+)
+
+func (x CommitMode) Enum() *CommitMode {
+	p := new(CommitMode)
+	*p = x
+	return p
+}
+
+func (x CommitMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CommitMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_range_proto_enumTypes[0].Descriptor()
+}
+
+func (CommitMode) Type() protoreflect.EnumType {
+	return &file_range_proto_enumTypes[0]
+}
+
+func (x CommitMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CommitMode.Descriptor instead.
+func (CommitMode) EnumDescriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{0}
+}
+
 type VersionID struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
@@ -82,6 +138,8 @@ type TxnMeta struct {
 	Id            []byte                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`                                               // 16 bytes
 	Priority      uint64                 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`                                  // start order for wait-die: smaller is older
 	TxnStateGroup uint64                 `protobuf:"varint,3,opt,name=txn_state_group,json=txnStateGroup,proto3" json:"txn_state_group,omitempty"` // where its outcome is recorded
+	CommitMode    CommitMode             `protobuf:"varint,4,opt,name=commit_mode,json=commitMode,proto3,enum=terroir.range.CommitMode" json:"commit_mode,omitempty"`
+	CommitWaitUs  uint32                 `protobuf:"varint,5,opt,name=commit_wait_us,json=commitWaitUs,proto3" json:"commit_wait_us,omitempty"` // COMMIT_WAIT's wait, µs
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -133,6 +191,20 @@ func (x *TxnMeta) GetPriority() uint64 {
 func (x *TxnMeta) GetTxnStateGroup() uint64 {
 	if x != nil {
 		return x.TxnStateGroup
+	}
+	return 0
+}
+
+func (x *TxnMeta) GetCommitMode() CommitMode {
+	if x != nil {
+		return x.CommitMode
+	}
+	return CommitMode_COMMIT_MODE_CHABLIS
+}
+
+func (x *TxnMeta) GetCommitWaitUs() uint32 {
+	if x != nil {
+		return x.CommitWaitUs
 	}
 	return 0
 }
@@ -1865,11 +1937,14 @@ const file_range_proto_rawDesc = "" +
 	"\vrange.proto\x12\rterroir.range\";\n" +
 	"\tVersionID\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\acounter\x18\x02 \x01(\rR\acounter\"]\n" +
+	"\acounter\x18\x02 \x01(\rR\acounter\"\xbf\x01\n" +
 	"\aTxnMeta\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\fR\x02id\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x04R\bpriority\x12&\n" +
-	"\x0ftxn_state_group\x18\x03 \x01(\x04R\rtxnStateGroup\"Y\n" +
+	"\x0ftxn_state_group\x18\x03 \x01(\x04R\rtxnStateGroup\x12:\n" +
+	"\vcommit_mode\x18\x04 \x01(\x0e2\x19.terroir.range.CommitModeR\n" +
+	"commitMode\x12$\n" +
+	"\x0ecommit_wait_us\x18\x05 \x01(\rR\fcommitWaitUs\"Y\n" +
 	"\x05Lease\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\x04R\x06holder\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\x04R\x05start\x12\x10\n" +
@@ -1992,7 +2067,12 @@ const file_range_proto_rawDesc = "" +
 	"\flatest_epoch\x18\x04 \x01(\x04R\vlatestEpoch\x12\"\n" +
 	"\repoch_wait_us\x18\x05 \x01(\x04R\vepochWaitUs\x12 \n" +
 	"\flock_wait_us\x18\x06 \x01(\x04R\n" +
-	"lockWaitUs2\xc8\x04\n" +
+	"lockWaitUs*Y\n" +
+	"\n" +
+	"CommitMode\x12\x17\n" +
+	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
+	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xc8\x04\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -2015,90 +2095,93 @@ func file_range_proto_rawDescGZIP() []byte {
 	return file_range_proto_rawDescData
 }
 
+var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_range_proto_goTypes = []any{
-	(*VersionID)(nil),            // 0: terroir.range.VersionID
-	(*TxnMeta)(nil),              // 1: terroir.range.TxnMeta
-	(*Lease)(nil),                // 2: terroir.range.Lease
-	(*Write)(nil),                // 3: terroir.range.Write
-	(*KeyValue)(nil),             // 4: terroir.range.KeyValue
-	(*NotLeader)(nil),            // 5: terroir.range.NotLeader
-	(*Command)(nil),              // 6: terroir.range.Command
-	(*LeaseCmd)(nil),             // 7: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),           // 8: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),            // 9: terroir.range.CommitCmd
-	(*AbortCmd)(nil),             // 10: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),          // 11: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),       // 12: terroir.range.PreparedRecord
-	(*GetRequest)(nil),           // 13: terroir.range.GetRequest
-	(*GetResponse)(nil),          // 14: terroir.range.GetResponse
-	(*ScanRequest)(nil),          // 15: terroir.range.ScanRequest
-	(*ScanResponse)(nil),         // 16: terroir.range.ScanResponse
-	(*LockRequest)(nil),          // 17: terroir.range.LockRequest
-	(*LockResponse)(nil),         // 18: terroir.range.LockResponse
-	(*PrepareRequest)(nil),       // 19: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),      // 20: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),        // 21: terroir.range.CommitRequest
-	(*CommitResponse)(nil),       // 22: terroir.range.CommitResponse
-	(*AbortRequest)(nil),         // 23: terroir.range.AbortRequest
-	(*AbortResponse)(nil),        // 24: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),      // 25: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),     // 26: terroir.range.OnePhaseResponse
-	(*SnapshotReadRequest)(nil),  // 27: terroir.range.SnapshotReadRequest
-	(*SnapshotReadResponse)(nil), // 28: terroir.range.SnapshotReadResponse
+	(CommitMode)(0),              // 0: terroir.range.CommitMode
+	(*VersionID)(nil),            // 1: terroir.range.VersionID
+	(*TxnMeta)(nil),              // 2: terroir.range.TxnMeta
+	(*Lease)(nil),                // 3: terroir.range.Lease
+	(*Write)(nil),                // 4: terroir.range.Write
+	(*KeyValue)(nil),             // 5: terroir.range.KeyValue
+	(*NotLeader)(nil),            // 6: terroir.range.NotLeader
+	(*Command)(nil),              // 7: terroir.range.Command
+	(*LeaseCmd)(nil),             // 8: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),           // 9: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),            // 10: terroir.range.CommitCmd
+	(*AbortCmd)(nil),             // 11: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),          // 12: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),       // 13: terroir.range.PreparedRecord
+	(*GetRequest)(nil),           // 14: terroir.range.GetRequest
+	(*GetResponse)(nil),          // 15: terroir.range.GetResponse
+	(*ScanRequest)(nil),          // 16: terroir.range.ScanRequest
+	(*ScanResponse)(nil),         // 17: terroir.range.ScanResponse
+	(*LockRequest)(nil),          // 18: terroir.range.LockRequest
+	(*LockResponse)(nil),         // 19: terroir.range.LockResponse
+	(*PrepareRequest)(nil),       // 20: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),      // 21: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),        // 22: terroir.range.CommitRequest
+	(*CommitResponse)(nil),       // 23: terroir.range.CommitResponse
+	(*AbortRequest)(nil),         // 24: terroir.range.AbortRequest
+	(*AbortResponse)(nil),        // 25: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),      // 26: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),     // 27: terroir.range.OnePhaseResponse
+	(*SnapshotReadRequest)(nil),  // 28: terroir.range.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil), // 29: terroir.range.SnapshotReadResponse
 }
 var file_range_proto_depIdxs = []int32{
-	7,  // 0: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
-	8,  // 1: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
-	9,  // 2: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
-	10, // 3: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
-	11, // 4: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
-	2,  // 5: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
-	1,  // 6: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
-	3,  // 7: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
-	0,  // 8: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	0,  // 9: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
-	3,  // 10: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	0,  // 11: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	0,  // 12: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
-	1,  // 13: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	3,  // 14: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	1,  // 15: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	1,  // 16: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 17: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	1,  // 18: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	1,  // 19: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	3,  // 20: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	2,  // 21: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	0,  // 22: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	0,  // 23: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
-	0,  // 24: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	0,  // 25: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	1,  // 26: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	3,  // 27: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	0,  // 28: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	4,  // 29: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	13, // 30: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	15, // 31: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	17, // 32: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	19, // 33: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	21, // 34: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	23, // 35: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	25, // 36: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	27, // 37: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	14, // 38: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	16, // 39: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	18, // 40: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	20, // 41: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	22, // 42: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	24, // 43: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	26, // 44: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	28, // 45: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	38, // [38:46] is the sub-list for method output_type
-	30, // [30:38] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
+	8,  // 1: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
+	9,  // 2: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
+	10, // 3: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
+	11, // 4: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
+	12, // 5: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
+	3,  // 6: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
+	2,  // 7: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
+	4,  // 8: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
+	1,  // 9: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
+	1,  // 10: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	4,  // 11: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	1,  // 12: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	1,  // 13: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	2,  // 14: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	4,  // 15: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	2,  // 16: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 17: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	5,  // 18: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	2,  // 19: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 20: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 21: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	3,  // 22: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	1,  // 23: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	1,  // 24: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	1,  // 25: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	1,  // 26: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	2,  // 27: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 28: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 29: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	5,  // 30: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	14, // 31: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	16, // 32: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	18, // 33: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	20, // 34: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	22, // 35: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	24, // 36: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	26, // 37: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	28, // 38: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	15, // 39: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	17, // 40: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	19, // 41: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	21, // 42: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	23, // 43: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	25, // 44: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	27, // 45: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	29, // 46: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	39, // [39:47] is the sub-list for method output_type
+	31, // [31:39] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -2118,13 +2201,14 @@ func file_range_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_range_proto_goTypes,
 		DependencyIndexes: file_range_proto_depIdxs,
+		EnumInfos:         file_range_proto_enumTypes,
 		MessageInfos:      file_range_proto_msgTypes,
 	}.Build()
 	File_range_proto = out.File

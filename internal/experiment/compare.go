@@ -1,0 +1,166 @@
+package experiment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/latency"
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/ycsb"
+)
+
+// Mode is one commit mode `bench compare` measures.
+type Mode struct {
+	Name string
+	// Regional runs on the same topology without its global epoch service
+	// and publishers: the lower bound of a regional transaction.
+	Regional bool
+	Commit   client.CommitMode
+}
+
+// Modes returns the four modes of the comparison, Terroir first: the
+// protocol; regional-only (global epoch off); naive (every commit reads the
+// global epoch service across the WAN: the paper's §3 problem); commit-wait
+// (writers wait out a clock uncertainty of `uncertainty` before acknowledging
+// and releasing their locks, as Spanner does).
+func Modes(uncertainty time.Duration) []Mode {
+	return []Mode{
+		{Name: "terroir"},
+		{Name: "regional-only", Regional: true},
+		{Name: "naive", Commit: client.CommitMode{Naive: true}},
+		{Name: fmt.Sprintf("commit-wait %v", uncertainty), Commit: client.CommitMode{CommitWait: uncertainty}},
+	}
+}
+
+// ModeResult is one mode's figures, per data region.
+type ModeResult struct {
+	Mode          Mode
+	Reads, Writes []*latency.Histogram
+	Txns          []int64
+	Elapsed       time.Duration
+}
+
+// Comparison is a finished `bench compare`.
+type Comparison struct {
+	Config  Config
+	Regions []string
+	Modes   []*ModeResult
+}
+
+// Compare runs the same YCSB-A load (cfg.Threads per data region, cfg.Records
+// records each) in every mode for cfg.Duration each. The modes on the full
+// topology share one cluster and run in rounds of `round`, taking turns, so
+// that the machine's drift falls on all alike; regional-only needs the global
+// epoch off and runs on a second cluster of the same nodes and ranges.
+func Compare(ctx context.Context, cfg Config, modes []Mode, round time.Duration) (*Comparison, error) {
+	regions := DataRegions(cfg.Topology)
+	if len(regions) == 0 {
+		return nil, errors.New("experiment: the topology has no data region")
+	}
+	cmp := &Comparison{Config: cfg, Regions: regions}
+	var shared, regional []*ModeResult
+	for _, m := range modes {
+		mr := &ModeResult{Mode: m, Txns: make([]int64, len(regions))}
+		for range regions {
+			mr.Reads, mr.Writes = append(mr.Reads, latency.New()), append(mr.Writes, latency.New())
+		}
+		cmp.Modes = append(cmp.Modes, mr)
+		if m.Regional {
+			regional = append(regional, mr)
+		} else {
+			shared = append(shared, mr)
+		}
+	}
+	regionalCfg := cfg
+	regionalCfg.Topology = cfg.Topology.WithoutGlobalEpoch()
+	for _, set := range []struct {
+		modes []*ModeResult
+		cfg   Config
+	}{{shared, cfg}, {regional, regionalCfg}} {
+		if len(set.modes) == 0 {
+			continue
+		}
+		if err := compareOn(ctx, set.cfg, regions, set.modes, round); err != nil {
+			return nil, err
+		}
+	}
+	return cmp, nil
+}
+
+// compareOn starts one cluster of cfg, loads it, and runs modes in turns of
+// round until each has run cfg.Duration.
+func compareOn(ctx context.Context, cfg Config, regions []string, modes []*ModeResult, round time.Duration) error {
+	c, err := localcluster.Start(cfg.Topology, localcluster.Options{DataDir: cfg.DataDir, Keep: cfg.Keep})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ld, err := load(ctx, c, cfg, regions)
+	if err != nil {
+		return err
+	}
+	for turn := 0; time.Duration(turn)*round < cfg.Duration; turn++ {
+		d := min(round, cfg.Duration-time.Duration(turn)*round)
+		for _, mr := range modes {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			var runs errgroup.Group
+			for i := range regions {
+				ld.dbs[i].SetCommitMode(mr.Mode.Commit)
+				runs.Go(func() error {
+					res, err := ycsb.Run(ctx, ld.dbs[i], ycsb.Config{Workload: ld.workload, Keys: ld.keys[i], Clients: cfg.Threads,
+						Duration: d, Seed: cfg.Seed + uint64(turn*len(regions)+i),
+						Observe: func(op ycsb.Op, d time.Duration) {
+							if op == ycsb.OpRead {
+								mr.Reads[i].Record(d)
+							} else {
+								mr.Writes[i].Record(d)
+							}
+						}})
+					if err == nil {
+						mr.Txns[i] += res.Ops()
+					}
+					return err
+				})
+			}
+			if err := runs.Wait(); err != nil {
+				return err
+			}
+			mr.Elapsed += d
+		}
+	}
+	return nil
+}
+
+// WriteTable prints each mode's regional read and write P50/P99 and
+// throughput per data region, with its ratio to the first mode (Terroir).
+func (cmp *Comparison) WriteTable(w io.Writer) {
+	base := cmp.Modes[0]
+	fmt.Fprintf(w, "%-22s %-10s %9s %9s %9s %9s %9s   %s\n", "mode", "region", "read p50", "read p99", "write p50", "write p99", "txn/s",
+		"× "+base.Mode.Name+" (read p50, write p50, txn/s)")
+	for _, mr := range cmp.Modes {
+		for i, region := range cmp.Regions {
+			rate := float64(mr.Txns[i]) / mr.Elapsed.Seconds()
+			baseRate := float64(base.Txns[i]) / base.Elapsed.Seconds()
+			fmt.Fprintf(w, "%-22s %-10s %9s %9s %9s %9s %9.0f   %.2f× %.2f× %.2f×\n", mr.Mode.Name, region,
+				ms(mr.Reads[i].Quantile(50)), ms(mr.Reads[i].Quantile(99)), ms(mr.Writes[i].Quantile(50)), ms(mr.Writes[i].Quantile(99)), rate,
+				ratio(mr.Reads[i].Quantile(50), base.Reads[i].Quantile(50)), ratio(mr.Writes[i].Quantile(50), base.Writes[i].Quantile(50)),
+				rate/baseRate)
+		}
+	}
+	fmt.Fprintln(w, "latencies in ms; each mode ran", cmp.Config.Duration, "with", cmp.Config.Threads, "YCSB-A threads per data region")
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
