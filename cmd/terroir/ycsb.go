@@ -1,15 +1,18 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/etcdpeer"
 	"github.com/terroir-db/terroir/internal/experiment"
 	"github.com/terroir-db/terroir/internal/latency"
 	"github.com/terroir-db/terroir/internal/localcluster"
@@ -19,7 +22,8 @@ import (
 
 func benchYCSBCmd() *cobra.Command {
 	var f benchFlags
-	var workload, distribution, clusterPath, region, out string
+	var workload, distribution, clusterPath, region, out, target string
+	var versus bool
 	var records, operations, clients, fieldCount, fieldLength int
 	var seed uint64
 	cmd := &cobra.Command{
@@ -51,61 +55,48 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 			if err := w.Validate(); err != nil {
 				return err
 			}
-			var db *client.DB
-			var top *topology.Topology
-			var c *localcluster.Cluster
-			if clusterPath != "" {
-				if top, err = topology.Load(clusterPath); err != nil {
-					return err
-				}
-				if db, err = client.Open(clusterPath, client.Options{Region: region}); err != nil {
-					return err
-				}
-				defer db.Close()
-				if region == "" {
-					region = top.Regions[0]
-				}
-			} else {
-				var group topology.Group
-				if c, group, err = f.startBench(); err != nil {
-					return err
-				}
-				defer c.Close()
-				top, region = c.Topology, group.Region
-				if db, err = c.Client(region); err != nil {
-					return err
-				}
-			}
-			keys, err := ycsb.RegionKeys(top, region)
-			if err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			fmt.Printf("loading %d records of %d × %d B in %s...\n", w.RecordCount, w.FieldCount, w.FieldLength, region)
-			if err := ycsb.Load(ctx, db, w, keys, seed); err != nil {
-				return err
-			}
-			res, err := ycsb.Run(ctx, db, ycsb.Config{Workload: w, Keys: keys, Clients: clients, Duration: f.duration, Seed: seed})
-			if err != nil {
-				return err
-			}
-			fmt.Println()
-			fmt.Print(res.Markdown("YCSB workload " + w.Name))
-			if c != nil {
-				group := top.GroupsOfKind(topology.KindLocalEpoch, region)[0]
-				rtt, err := experiment.MeasurePing(c, group, time.Second)
+			cfg := ycsb.Config{Workload: w, Clients: clients, Duration: f.duration, Seed: seed}
+			var results []*ycsb.Result
+			var names []string
+			if target != "" {
+				endpoints, err := etcdpeer.ParseTarget(target)
 				if err != nil {
 					return err
 				}
-				fsync, err := experiment.MeasureFsync(c.DataDir(), time.Second)
+				store, err := etcdpeer.Open(ctx, endpoints)
 				if err != nil {
 					return err
 				}
-				fmt.Printf("\nfloor on this machine: loopback gRPC round trip P50 %s, fsync (4 KiB) P50 %s\n",
-					latency.MS(rtt.Quantile(50)), latency.MS(fsync.Quantile(50)))
+				defer store.Close()
+				cfg.Keys = ycsb.KeySpace{Prefixes: [][]byte{[]byte("y-")}}
+				res, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg)
+				if err != nil {
+					return err
+				}
+				results, names = append(results, res), append(names, "etcd")
+			}
+			if target == "" || versus {
+				res, err := runTerroirYCSB(ctx, &f, clusterPath, region, cfg)
+				if err != nil {
+					return err
+				}
+				results, names = append(results, res), append(names, "terroir")
+			}
+			for i, res := range results {
+				fmt.Println()
+				fmt.Print(res.Markdown(fmt.Sprintf("YCSB workload %s on %s", w.Name, names[i])))
+			}
+			if len(results) == 2 {
+				fmt.Println()
+				fmt.Print(ycsb.SideBySide(names[0], results[0], names[1], results[1]))
 			}
 			if out != "" {
-				return writeYCSB(out, res)
+				for i, res := range results {
+					if err := writeYCSB(out, names[i], res); err != nil {
+						return err
+					}
+				}
 			}
 			return nil
 		},
@@ -123,12 +114,83 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 	cmd.Flags().Uint64Var(&seed, "seed", 1, "random seed for the records and the operation sequence")
 	cmd.Flags().StringVar(&clusterPath, "cluster", "", "topology file of a running cluster to benchmark instead of the embedded one")
 	cmd.Flags().StringVar(&region, "region", "", "the clients' region (default: the first)")
-	cmd.Flags().StringVar(&out, "out", "", "directory to write ycsb-<workload>.json and .md to")
+	cmd.Flags().StringVar(&out, "out", "", "directory to write <target>-ycsb-<workload>.json and .md to")
+	cmd.Flags().StringVar(&target, "target", "", "run against etcd instead: etcd://host:port[,host:port...]")
+	cmd.Flags().BoolVar(&versus, "versus-terroir", false, "with --target: also run the same workload on Terroir and print both side by side")
 	return cmd
 }
 
-// writeYCSB writes res as JSON and Markdown into dir.
-func writeYCSB(dir string, res *ycsb.Result) error {
+// runYCSB loads store and runs cfg on it.
+func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config) (*ycsb.Result, error) {
+	w := cfg.Workload
+	fmt.Printf("%s: loading %d records of %d × %d B...\n", name, w.RecordCount, w.FieldCount, w.FieldLength)
+	if err := ycsb.Load(ctx, store, w, cfg.Keys, cfg.Seed); err != nil {
+		return nil, err
+	}
+	fmt.Printf("%s: running workload %s for %s...\n", name, w.Name, runLength(w, cfg.Duration))
+	return ycsb.Run(ctx, store, cfg)
+}
+
+func runLength(w ycsb.Workload, d time.Duration) string {
+	if w.OperationCount > 0 {
+		return fmt.Sprintf("%d operations", w.OperationCount)
+	}
+	return d.String()
+}
+
+// runTerroirYCSB runs cfg on a running cluster (clusterPath) or the embedded
+// one of f, with keys homed in the clients' region, and prints the machine's
+// floor for the embedded one.
+func runTerroirYCSB(ctx context.Context, f *benchFlags, clusterPath, region string, cfg ycsb.Config) (*ycsb.Result, error) {
+	var db *client.DB
+	var top *topology.Topology
+	var c *localcluster.Cluster
+	var err error
+	if clusterPath != "" {
+		if top, err = topology.Load(clusterPath); err != nil {
+			return nil, err
+		}
+		if db, err = client.Open(clusterPath, client.Options{Region: region}); err != nil {
+			return nil, err
+		}
+		defer db.Close()
+		if region == "" {
+			region = top.Regions[0]
+		}
+	} else {
+		var group topology.Group
+		if c, group, err = f.startBench(); err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		top, region = c.Topology, group.Region
+		if db, err = c.Client(region); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Keys, err = ycsb.RegionKeys(top, region); err != nil {
+		return nil, err
+	}
+	res, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg)
+	if err != nil || c == nil {
+		return res, err
+	}
+	group := top.GroupsOfKind(topology.KindLocalEpoch, region)[0]
+	rtt, err := experiment.MeasurePing(c, group, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	fsync, err := experiment.MeasureFsync(c.DataDir(), time.Second)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("floor on this machine: loopback gRPC round trip P50 %s, fsync (4 KiB) P50 %s\n",
+		latency.MS(rtt.Quantile(50)), latency.MS(fsync.Quantile(50)))
+	return res, nil
+}
+
+// writeYCSB writes res as JSON and Markdown into dir, named after the target.
+func writeYCSB(dir, name string, res *ycsb.Result) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -136,7 +198,7 @@ func writeYCSB(dir string, res *ycsb.Result) error {
 	if err != nil {
 		return err
 	}
-	base := filepath.Join(dir, "ycsb-"+res.Workload.Name)
+	base := filepath.Join(dir, name+"-ycsb-"+res.Workload.Name)
 	return errors.Join(os.WriteFile(base+".json", js, 0o644),
-		os.WriteFile(base+".md", []byte(res.Markdown("YCSB workload "+res.Workload.Name)), 0o644))
+		os.WriteFile(base+".md", []byte(res.Markdown("YCSB workload "+res.Workload.Name+" on "+name)), 0o644))
 }

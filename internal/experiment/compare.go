@@ -115,7 +115,7 @@ func compareOn(ctx context.Context, cfg Config, regions []string, modes []*ModeR
 			for i := range regions {
 				ld.dbs[i].SetCommitMode(mr.Mode.Commit)
 				runs.Go(func() error {
-					res, err := ycsb.Run(ctx, ld.dbs[i], ycsb.Config{Workload: ld.workload, Keys: ld.keys[i], Clients: cfg.Threads,
+					res, err := ycsb.Run(ctx, ld.stores[i], ycsb.Config{Workload: ld.workload, Keys: ld.keys[i], Clients: cfg.Threads,
 						Duration: d, Seed: cfg.Seed + uint64(turn*len(regions)+i),
 						Observe: func(op ycsb.Op, d time.Duration) {
 							if op == ycsb.OpRead {

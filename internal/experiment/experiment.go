@@ -147,6 +147,7 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 		return nil, err
 	}
 	w, dbs, keys, locals := ld.workload, ld.dbs, ld.keys, ld.locals
+	stores := ld.stores
 	if res.RTT, res.Fsync, err = floor(c, regions[0]); err != nil {
 		return nil, err
 	}
@@ -175,7 +176,7 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	for i := range regions {
 		runs.Go(func() error {
 			var err error
-			res.YCSB[i], err = ycsb.Run(runCtx, dbs[i], ycsb.Config{Workload: w, Keys: keys[i], Clients: cfg.Threads,
+			res.YCSB[i], err = ycsb.Run(runCtx, stores[i], ycsb.Config{Workload: w, Keys: keys[i], Clients: cfg.Threads,
 				Duration: cfg.Duration, Seed: cfg.Seed + uint64(i),
 				Observe: func(op ycsb.Op, d time.Duration) {
 					win.txns.Add(1)
@@ -204,6 +205,7 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 type loaded struct {
 	workload ycsb.Workload
 	dbs      []*client.DB
+	stores   []ycsb.Store // the dbs as YCSB stores
 	keys     []ycsb.KeySpace
 	locals   []*epoch.Reader
 }
@@ -214,13 +216,14 @@ type loaded struct {
 func load(ctx context.Context, c *localcluster.Cluster, cfg Config, regions []string) (*loaded, error) {
 	w, _ := ycsb.Core("a")
 	w.Distribution, w.RecordCount, w.OperationCount, w.FieldCount, w.FieldLength = ycsb.Uniform, cfg.Records, 0, 1, 1024
-	ld := &loaded{workload: w, dbs: make([]*client.DB, len(regions)), keys: make([]ycsb.KeySpace, len(regions)),
-		locals: make([]*epoch.Reader, len(regions))}
+	ld := &loaded{workload: w, dbs: make([]*client.DB, len(regions)), stores: make([]ycsb.Store, len(regions)),
+		keys: make([]ycsb.KeySpace, len(regions)), locals: make([]*epoch.Reader, len(regions))}
 	var err error
 	for i, r := range regions {
 		if ld.dbs[i], err = c.Client(r); err != nil {
 			return nil, err
 		}
+		ld.stores[i] = ycsb.Terroir(ld.dbs[i])
 		if ld.keys[i], err = ycsb.RegionKeys(c.Topology, r); err != nil {
 			return nil, err
 		}
@@ -230,7 +233,7 @@ func load(ctx context.Context, c *localcluster.Cluster, cfg Config, regions []st
 	}
 	var loads errgroup.Group
 	for i := range regions {
-		loads.Go(func() error { return ycsb.Load(ctx, ld.dbs[i], w, ld.keys[i], cfg.Seed+uint64(i)) })
+		loads.Go(func() error { return ycsb.Load(ctx, ld.stores[i], w, ld.keys[i], cfg.Seed+uint64(i)) })
 	}
 	return ld, loads.Wait()
 }

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/latency"
 	"github.com/terroir-db/terroir/internal/topology"
 )
@@ -89,7 +88,7 @@ func (w Workload) record(r *rand.Rand) []byte {
 
 // Load inserts the workload's RecordCount records from 4 parallel loaders,
 // 100 per transaction.
-func Load(ctx context.Context, db *client.DB, w Workload, keys KeySpace, seed uint64) error {
+func Load(ctx context.Context, store Store, w Workload, keys KeySpace, seed uint64) error {
 	const batch, loaders = 100, 4
 	var next atomic.Int64
 	errs := make(chan error, loaders)
@@ -102,15 +101,11 @@ func Load(ctx context.Context, db *client.DB, w Workload, keys KeySpace, seed ui
 					errs <- nil
 					return
 				}
-				err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-					for i := lo; i < min(lo+batch, w.RecordCount); i++ {
-						if err := tx.Put(ctx, keys.Key(uint64(i)), w.record(r)); err != nil {
-							return err
-						}
-					}
-					return nil
-				})
-				if err != nil {
+				var ks, vs [][]byte
+				for i := lo; i < min(lo+batch, w.RecordCount); i++ {
+					ks, vs = append(ks, keys.Key(uint64(i))), append(vs, w.record(r))
+				}
+				if err := store.Load(ctx, ks, vs); err != nil {
 					errs <- fmt.Errorf("ycsb load: %w", err)
 					return
 				}
@@ -132,7 +127,7 @@ const opTimeout = 10 * time.Second
 // Run runs the workload on records already loaded, from cfg.Clients
 // goroutines, until OperationCount operations completed or failed (or, if it
 // is 0, for cfg.Duration), or ctx ends.
-func Run(ctx context.Context, db *client.DB, cfg Config) (*Result, error) {
+func Run(ctx context.Context, store Store, cfg Config) (*Result, error) {
 	w := cfg.Workload
 	if err := w.Validate(); err != nil {
 		return nil, err
@@ -153,7 +148,7 @@ func Run(ctx context.Context, db *client.DB, cfg Config) (*Result, error) {
 	remaining.Store(int64(w.OperationCount))
 	var inserts counter
 	inserts.next.Store(uint64(w.RecordCount))
-	var retries atomic.Int64
+	retriesBefore := store.Retries()
 	var failed [numOps]atomic.Int64
 	began := time.Now()
 	var wg sync.WaitGroup
@@ -192,28 +187,19 @@ func Run(ctx context.Context, db *client.DB, cfg Config) (*Result, error) {
 				}
 				start := time.Now()
 				octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-				attempts := 0
-				err := db.Update(octx, func(ctx context.Context, tx *client.Txn) error {
-					attempts++
-					key := cfg.Keys.Key(n)
-					switch op {
-					case OpRead:
-						_, _, err := tx.Get(ctx, key)
-						return err
-					case OpUpdate, OpInsert:
-						return tx.Put(ctx, key, value)
-					case OpScan:
-						_, err := tx.Scan(ctx, key, cfg.Keys.scanEnd(n), scanLen)
-						return err
-					default: // read-modify-write
-						if _, _, err := tx.Get(ctx, key); err != nil {
-							return err
-						}
-						return tx.Put(ctx, key, value)
-					}
-				})
+				key := cfg.Keys.Key(n)
+				var err error
+				switch op {
+				case OpRead:
+					err = store.Read(octx, key)
+				case OpUpdate, OpInsert:
+					err = store.Write(octx, key, value)
+				case OpScan:
+					err = store.Scan(octx, key, cfg.Keys.scanEnd(n), scanLen)
+				default:
+					err = store.ReadModifyWrite(octx, key, value)
+				}
 				cancel()
-				retries.Add(int64(max(attempts-1, 0)))
 				if err != nil {
 					failed[op].Add(1)
 					continue
@@ -228,7 +214,7 @@ func Run(ctx context.Context, db *client.DB, cfg Config) (*Result, error) {
 	}
 	wg.Wait()
 	res.Elapsed = time.Since(began)
-	res.Retries = retries.Load()
+	res.Retries = store.Retries() - retriesBefore
 	for i := range failed {
 		res.Failed[i] = failed[i].Load()
 	}
@@ -306,4 +292,26 @@ func RegionKeys(top *topology.Topology, region string) (KeySpace, error) {
 		return k, fmt.Errorf("ycsb: region %q homes no range", region)
 	}
 	return k, nil
+}
+
+// SideBySide renders two results of one workload as one Markdown table: each
+// operation's P50 and P99 on both, and b's P50 over a's.
+func SideBySide(nameA string, a *Result, nameB string, b *Result) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "| operation | %s P50 ms | %s P99 ms | %s P50 ms | %s P99 ms | %s/%s P50 |\n|---|---:|---:|---:|---:|---:|\n",
+		nameA, nameA, nameB, nameB, nameB, nameA)
+	for op := Op(0); op < numOps; op++ {
+		ha, hb := a.Latency[op], b.Latency[op]
+		if ha.Count() == 0 && hb.Count() == 0 {
+			continue
+		}
+		r := 0.0
+		if p := ha.Quantile(50); p > 0 {
+			r = float64(hb.Quantile(50)) / float64(p)
+		}
+		fmt.Fprintf(&s, "| %s | %.3f | %.3f | %.3f | %.3f | %.2f× |\n", op, ms(ha.Quantile(50)), ms(ha.Quantile(99)),
+			ms(hb.Quantile(50)), ms(hb.Quantile(99)), r)
+	}
+	fmt.Fprintf(&s, "| throughput (ops/s) | %.0f | | %.0f | | %.2f× |\n", a.Throughput(), b.Throughput(), b.Throughput()/a.Throughput())
+	return s.String()
 }
