@@ -685,13 +685,20 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	}
 	// Read the epochs only now that every lock is held (invariant 4); the
 	// local epoch validates the lease, the global one versions the writes.
+	// A read-only transaction writes no version: the lease check is all it
+	// needs, and it skips the global epoch (except in the naive baseline,
+	// which reads it at every commit).
 	globalSrc := r.global
-	if meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE && r.service != nil && r.global != nil {
+	naive := meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE && r.service != nil && r.global != nil
+	switch {
+	case naive:
 		globalSrc = r.service // the baseline: the service itself, across the WAN
+	case len(writes) == 0:
+		globalSrc = nil
 	}
 	epochs, err := epoch.ReadAll(ctx, r.epochs, globalSrc)
 	e, g := epochs[0], epochs[1]
-	if r.global == nil {
+	if r.global == nil && len(writes) > 0 {
 		g = e // regional-only: local-epoch versions
 	}
 	if err != nil {
