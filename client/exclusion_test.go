@@ -11,7 +11,6 @@ import (
 
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/admin"
-	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
 )
 
@@ -68,28 +67,9 @@ func (w *writer) last() (time.Time, int) {
 // every region commits again, the publishers converge, and every acknowledged
 // commit is there.
 func TestRegionCutOffExcludedAndReadmitted(t *testing.T) {
-	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
+	r := startThreeRegions(t, nil)
+	c, top, east, west, pubEast, pubWest := r.c, r.top, r.east, r.west, r.pubEast, r.pubWest
 	ctx := ctxT(t, 150*time.Second)
-	top, err := topology.Load("../examples/three-regions.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	east, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := c.Client("us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pubEast, err := c.Reader(topology.KindPublisher, "us-east1", "us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pubWest, err := c.Reader(topology.KindPublisher, "us-west1", "us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ops := c.Dialer("us-east1")
 	writers := []*writer{{db: east, prefix: "c", acked: map[string]string{}}, {db: west, prefix: "u", acked: map[string]string{}}}
 	stop := make(chan struct{})
@@ -225,21 +205,9 @@ func readOnce(ctx context.Context, db *client.DB, key string) (string, bool, err
 // service excludes a cut-off region's publisher by itself and the others'
 // global epoch advances again.
 func TestAutomaticExclusion(t *testing.T) {
-	top, err := topology.Load("../examples/three-regions.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	top.AutoExcludeAfter = 2 * time.Second
-	c, err := localcluster.Start(top, localcluster.Options{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	r := startThreeRegions(t, func(top *topology.Topology) { top.AutoExcludeAfter = 2 * time.Second })
+	c, top, pubEast := r.c, r.top, r.pubEast
 	ctx := ctxT(t, 60*time.Second)
-	pubEast, err := c.Reader(topology.KindPublisher, "us-east1", "us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := epochWaitAbove(ctx, pubEast, 3); err != nil {
 		t.Fatal(err)
 	}

@@ -34,16 +34,9 @@ func put(t *testing.T, ctx context.Context, db *client.DB, kvs ...string) uint64
 // reads the local-epoch versions, and one that strays into the other region
 // runs again as a linearizable one.
 func TestSnapshotModes(t *testing.T) {
-	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
+	r := startThreeRegions(t, nil)
+	east, west := r.east, r.west
 	ctx := ctxT(t, 90*time.Second)
-	east, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := c.Client("us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	put(t, ctx, east, "b-snap", "old", "t-snap", "old")
 	put(t, ctx, east, "b-snap", "new", "t-snap", "new") // 2PC across regions
 	put(t, ctx, west, "u-local", "west")                // 1PC in us-west1
@@ -195,33 +188,11 @@ func TestSnapshotWaitsOutWritersWithoutDelayingThem(t *testing.T) {
 // finished before T2 began. That is single-key linearizable, as strong
 // promises; a linearizable snapshot must never return it.
 func TestSection53StrongVersusLinearizable(t *testing.T) {
-	top, err := topology.Load("../examples/three-regions.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	top.PublisherLease = 3 * time.Second // pushes to us-west1 take 500 ms below
-	c, err := localcluster.Start(top, localcluster.Options{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	r := startThreeRegions(t, func(top *topology.Topology) {
+		top.PublisherLease = 3 * time.Second // pushes to us-west1 take 500 ms below
+	})
+	c, east, west, pubEast, pubWest := r.c, r.east, r.west, r.pubEast, r.pubWest
 	ctx := ctxT(t, 120*time.Second)
-	east, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := c.Client("us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pubEast, err := c.Reader(topology.KindPublisher, "us-east1", "us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pubWest, err := c.Reader(topology.KindPublisher, "us-west1", "us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Warm up: every range leader has served (a new one starts its highest
 	// epoch one global advance ahead, which would lift T2's epoch).
 	put(t, ctx, east, "b-warm", "x", "h-warm", "x")

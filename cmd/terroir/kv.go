@@ -25,8 +25,8 @@ func kvCmd() *cobra.Command {
 		"(strong, strong-local, linearizable, serializable, serializable-stale, regional) instead of a read-write transaction")
 	_ = cmd.MarkPersistentFlagRequired("config")
 
-	// do runs fn in a retried transaction against the cluster.
-	do := func(c *cobra.Command, fn func(ctx context.Context, tx *client.Txn) error) error {
+	// with runs fn with a client of the cluster and a context bounded by --timeout.
+	with := func(c *cobra.Command, fn func(ctx context.Context, db *client.DB) error) error {
 		db, err := client.Open(configPath, client.Options{Region: region})
 		if err != nil {
 			return err
@@ -34,7 +34,11 @@ func kvCmd() *cobra.Command {
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(c.Context(), timeout)
 		defer cancel()
-		return db.Update(ctx, fn)
+		return fn(ctx, db)
+	}
+	// do runs fn in a retried transaction against the cluster.
+	do := func(c *cobra.Command, fn func(ctx context.Context, tx *client.Txn) error) error {
+		return with(c, func(ctx context.Context, db *client.DB) error { return db.Update(ctx, fn) })
 	}
 	// read runs fn in a snapshot of the --snapshot mode, or a read-write
 	// transaction without it.
@@ -46,19 +50,14 @@ func kvCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		db, err := client.Open(configPath, client.Options{Region: region})
-		if err != nil {
+		return with(c, func(ctx context.Context, db *client.DB) error {
+			stats, err := db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error { return fn(ctx, s) })
+			if err == nil {
+				fmt.Fprintf(c.ErrOrStderr(), "snapshot %v at epoch %d: waited %v for the epoch, %v for locks, %d retries\n",
+					stats.Mode, stats.Epoch, stats.EpochWait.Round(time.Microsecond), stats.LockWait.Round(time.Microsecond), stats.Retries)
+			}
 			return err
-		}
-		defer db.Close()
-		ctx, cancel := context.WithTimeout(c.Context(), timeout)
-		defer cancel()
-		stats, err := db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error { return fn(ctx, s) })
-		if err == nil {
-			fmt.Fprintf(c.ErrOrStderr(), "snapshot %v at epoch %d: waited %v for the epoch, %v for locks, %d retries\n",
-				stats.Mode, stats.Epoch, stats.EpochWait.Round(time.Microsecond), stats.LockWait.Round(time.Microsecond), stats.Retries)
-		}
-		return err
+		})
 	}
 	errNotFound := errors.New("key not found")
 

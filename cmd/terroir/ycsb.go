@@ -52,6 +52,16 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 			if distribution != "" {
 				w.Distribution = ycsb.Distribution(distribution)
 			}
+			// Proportions given on the command line replace the workload's.
+			for name, p := range map[string]*float64{"read-proportion": &w.Read, "update-proportion": &w.Update,
+				"insert-proportion": &w.Insert, "scan-proportion": &w.Scan, "rmw-proportion": &w.ReadModifyWrite} {
+				if cmd.Flags().Changed(name) {
+					*p, _ = cmd.Flags().GetFloat64(name)
+				}
+			}
+			if cmd.Flags().Changed("max-scan-length") {
+				w.MaxScanLength, _ = cmd.Flags().GetInt("max-scan-length")
+			}
 			if err := w.Validate(); err != nil {
 				return err
 			}
@@ -109,6 +119,12 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 	cmd.Flags().IntVar(&records, "records", 10000, "recordcount: records loaded before the run")
 	cmd.Flags().IntVar(&operations, "operations", 0, "operationcount: operations to run (0: run for --duration)")
 	cmd.Flags().IntVar(&fieldCount, "field-count", 10, "fieldcount: fields per record")
+	cmd.Flags().Float64("read-proportion", 0, "readproportion (default: the workload's)")
+	cmd.Flags().Float64("update-proportion", 0, "updateproportion (default: the workload's)")
+	cmd.Flags().Float64("insert-proportion", 0, "insertproportion (default: the workload's)")
+	cmd.Flags().Float64("scan-proportion", 0, "scanproportion (default: the workload's)")
+	cmd.Flags().Float64("rmw-proportion", 0, "readmodifywriteproportion (default: the workload's)")
+	cmd.Flags().Int("max-scan-length", 100, "maxscanlength: a scan reads 1 to this many records")
 	cmd.Flags().IntVar(&fieldLength, "field-length", 100, "fieldlength: bytes per field")
 	cmd.Flags().IntVar(&clients, "clients", 16, "concurrent client threads")
 	cmd.Flags().Uint64Var(&seed, "seed", 1, "random seed for the records and the operation sequence")
