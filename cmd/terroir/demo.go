@@ -26,13 +26,13 @@ func loadTopology(path string) (*topology.Topology, error) {
 // experimentFlags are the flags of the paper's §6.2 run, shared by demo and
 // bench paper.
 type experimentFlags struct {
-	config          string
+	configPath      string
 	cfg             experiment.Config
 	defaultDuration time.Duration
 }
 
 func (f *experimentFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.config, "config", "", "topology file (default: the embedded examples/three-regions.yaml)")
+	cmd.Flags().StringVar(&f.configPath, "config", "", "topology file (default: the embedded examples/three-regions.yaml)")
 	cmd.Flags().DurationVar(&f.cfg.Duration, "duration", f.defaultDuration, "how long the measured run lasts, after loading")
 	cmd.Flags().IntVar(&f.cfg.Records, "records", 1000, "YCSB records (1 KiB) per data region")
 	cmd.Flags().IntVar(&f.cfg.Threads, "threads", 5, "YCSB client threads per data region (the paper: 5)")
@@ -40,11 +40,16 @@ func (f *experimentFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&f.cfg.Keep, "keep", false, "keep the cluster's data directory")
 }
 
-func (f *experimentFlags) topology() (*topology.Topology, error) {
-	if f.config == "" {
-		return topology.Parse(examples.ThreeRegions)
+// config returns the run's configuration with its topology loaded.
+func (f *experimentFlags) config() (experiment.Config, error) {
+	cfg := f.cfg
+	var err error
+	if f.configPath == "" {
+		cfg.Topology, err = topology.Parse(examples.ThreeRegions)
+	} else {
+		cfg.Topology, err = topology.Load(f.configPath)
 	}
-	return topology.Load(f.config)
+	return cfg, err
 }
 
 func demoCmd() *cobra.Command {
@@ -66,17 +71,16 @@ figures beside the paper's and writes a Markdown report with latency CDF
 plots (PNG) into --out.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			top, err := f.topology()
+			cfg, err := f.config()
 			if err != nil {
 				return err
 			}
+			top := cfg.Topology
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "Starting %d nodes in %s; data in %s; loading %d records per region...\n",
 				len(top.Nodes), strings.Join(top.Regions, ", "), strings.Join(experiment.DataRegions(top), " and "), f.cfg.Records)
-			cfg := f.cfg
-			cfg.Topology = top
 			live := newLiveView(w)
 			res, err := experiment.Run(ctx, cfg, live.show)
 			live.done()

@@ -25,12 +25,10 @@ snapshots' epoch wait and total time, and the regional transactions'
 latencies, beside the paper's figures, and with --out writes the report.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			top, err := f.topology()
+			cfg, err := f.config()
 			if err != nil {
 				return err
 			}
-			cfg := f.cfg
-			cfg.Topology = top
 			res, err := experiment.Run(cmd.Context(), cfg, nil)
 			if err != nil {
 				return err
@@ -73,12 +71,10 @@ prints each mode's read and write P50/P99 and throughput per region, and the
 ratios to terroir.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			top, err := f.topology()
+			cfg, err := f.config()
 			if err != nil {
 				return err
 			}
-			cfg := f.cfg
-			cfg.Topology = top
 			cmp, err := experiment.Compare(cmd.Context(), cfg, experiment.Modes(uncertainty), round)
 			if err != nil {
 				return err
