@@ -140,3 +140,29 @@ func TestLoadMissingFile(t *testing.T) {
 		t.Fatalf("Load(absent) = %v, want os.ErrNotExist", err)
 	}
 }
+
+// FuzzParse: any file either parses into a topology that passes its own
+// validation again after Marshal, or fails with ErrInvalid; never a panic.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(twoRegions))
+	if b, err := os.ReadFile("../../examples/three-regions.yaml"); err == nil {
+		f.Add(b)
+	}
+	f.Add([]byte("regions: [a]\nnodes: [{id: 0}]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		top, err := Parse(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Parse error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		out, err := top.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Parse(out); err != nil {
+			t.Fatalf("a valid topology re-parses as invalid: %v\n%s", err, out)
+		}
+	})
+}
