@@ -182,7 +182,8 @@ func (s *Snapshot) Stats() SnapshotStats {
 
 // Get returns key's value in the snapshot (ok false if absent). Errors:
 // ErrEmptyKey, ErrKeyTooLarge, ErrTxnFinished, ErrSnapshotRestart (Regional,
-// key in another region), ErrSnapshotRetry (Linearizable), ErrUnavailable.
+// key in another region), ErrCrossRegion (the same, from a region without a
+// publisher), ErrSnapshotRetry (Linearizable), ErrUnavailable.
 func (s *Snapshot) Get(ctx context.Context, key []byte) (value []byte, ok bool, err error) {
 	if err := CheckKey(key); err != nil {
 		return nil, false, err
@@ -257,6 +258,9 @@ func (s *Snapshot) read(ctx context.Context, g topology.Group, req *pb.SnapshotR
 	}
 	if s.mode == Regional && g.Region != s.c.region {
 		s.mu.Unlock()
+		if s.c.global == nil { // no global epoch here: a multi-region snapshot cannot run either
+			return nil, fmt.Errorf("%w: range %d is in %s", ErrCrossRegion, g.ID, g.Region)
+		}
 		return nil, fmt.Errorf("%w: range %d is in %s", ErrSnapshotRestart, g.ID, g.Region)
 	}
 	req.At, req.Regional, req.LocalEpoch = s.at, s.mode == Regional, s.lR[g.Region]

@@ -104,8 +104,9 @@ type Global struct {
 	cfg     GlobalConfig
 
 	// Leader-only state, touched by the loop goroutine alone.
-	lastSent  []time.Time // per target: the last publish sent (at the lease's start, the conservative now)
-	lastAcked []time.Time // per target: the last acknowledgement
+	lastSent    []time.Time // per target: the last publish sent (at the lease's start, the conservative now)
+	lastAcked   []time.Time // per target: the last acknowledgement, or its readmission
+	wasExcluded []bool      // per target: excluded at the last round
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -116,7 +117,7 @@ type Global struct {
 func NewGlobal(group *raftgroup.Group, sm *StateMachine, dialer *transport.Dialer, targets []PublisherTarget, cfg GlobalConfig) *Global {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Global{group: group, sm: sm, targets: targets, cfg: cfg, ctx: ctx, cancel: cancel,
-		lastSent: make([]time.Time, len(targets)), lastAcked: make([]time.Time, len(targets))}
+		lastSent: make([]time.Time, len(targets)), lastAcked: make([]time.Time, len(targets)), wasExcluded: make([]bool, len(targets))}
 	for _, t := range targets {
 		g.clients = append(g.clients, transport.NewLeaderClient(dialer, t.Replicas))
 	}
@@ -224,7 +225,12 @@ func (g *Global) publishAll(e uint64) error {
 	n := 0
 	for i, c := range g.clients {
 		if g.sm.Excluded(g.targets[i].Group) {
+			g.wasExcluded[i] = true
 			continue
+		}
+		if g.wasExcluded[i] {
+			// Readmitted: its silence is counted from now, not from before.
+			g.wasExcluded[i], g.lastAcked[i] = false, time.Now()
 		}
 		n++
 		g.lastSent[i] = time.Now()
