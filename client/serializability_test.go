@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/history"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/nemesis"
 )
 
 // keyspace maps model key k to a real key: the lower half and the upper half
@@ -36,91 +36,6 @@ var (
 	// crossRegionKeys fall in a us-east1 range and a us-west1 range.
 	crossRegionKeys = keyspace{"b", "t"}
 )
-
-func randomTxn(r *rand.Rand, client, seq int) history.Txn {
-	var txn history.Txn
-	for i := 0; i < 1+r.IntN(4); i++ {
-		op := history.Op{Kind: history.OpKind(r.IntN(4)), Key: r.IntN(history.Keys)}
-		switch op.Kind {
-		case history.Put:
-			op.Value = client*1_000_000 + seq*10 + i // unique per write
-		case history.Scan:
-			op.Hi = op.Key + 1 + r.IntN(history.Keys-op.Key)
-		}
-		txn.Ops = append(txn.Ops, op)
-	}
-	return txn
-}
-
-// randomReadOnly returns a transaction of 1–4 reads (gets and scans).
-func randomReadOnly(r *rand.Rand) history.Txn {
-	var txn history.Txn
-	for i := 0; i < 1+r.IntN(4); i++ {
-		op := history.Op{Kind: history.Get, Key: r.IntN(history.Keys)}
-		if r.IntN(2) == 0 {
-			op.Kind = history.Scan
-			op.Hi = op.Key + 1 + r.IntN(history.Keys-op.Key)
-		}
-		txn.Ops = append(txn.Ops, op)
-	}
-	return txn
-}
-
-// kvTxn is what run needs: a read-write transaction or a snapshot.
-type kvTxn interface {
-	Get(ctx context.Context, key []byte) ([]byte, bool, error)
-	Scan(ctx context.Context, lo, hi []byte, limit int) ([]client.KeyValue, error)
-	Put(ctx context.Context, key, value []byte) error
-	Delete(ctx context.Context, key []byte) error
-}
-
-// run executes txn and returns its results.
-func run(ctx context.Context, tx kvTxn, txn history.Txn, ks keyspace) (history.Outcome, error) {
-	modelKey := ks.key
-	var out history.Outcome
-	for _, op := range txn.Ops {
-		var res history.Result
-		switch op.Kind {
-		case history.Get:
-			v, ok, err := tx.Get(ctx, modelKey(op.Key))
-			if err != nil {
-				return out, err
-			}
-			res.Value = history.Absent
-			if ok {
-				res.Value, _ = strconv.Atoi(string(v))
-			}
-		case history.Put:
-			if err := tx.Put(ctx, modelKey(op.Key), []byte(strconv.Itoa(op.Value))); err != nil {
-				return out, err
-			}
-		case history.Del:
-			if err := tx.Delete(ctx, modelKey(op.Key)); err != nil {
-				return out, err
-			}
-		case history.Scan:
-			// [first key, just after the last key) holds exactly the scanned keys.
-			lo, hi := modelKey(op.Key), append(modelKey(op.Hi-1), 0)
-			kvs, err := tx.Scan(ctx, lo, hi, 0)
-			if err != nil {
-				return out, err
-			}
-			vals := map[string]int{}
-			for _, kv := range kvs {
-				vals[string(kv.Key)], _ = strconv.Atoi(string(kv.Value))
-			}
-			for k := op.Key; k < op.Hi; k++ {
-				v, ok := vals[string(modelKey(k))]
-				if !ok {
-					v = history.Absent
-				}
-				res.Values = append(res.Values, v)
-			}
-		}
-		out.Results = append(out.Results, res)
-	}
-	return out, nil
-}
 
 // ssRun is one strict serializability check: random transactions from
 // `clients` clients spread over regions, on keys ks, while chaos runs.
@@ -156,9 +71,9 @@ func checkStrictSerializability(t *testing.T, cfg ssRun) {
 			r := rand.New(rand.NewPCG(uint64(cl), 7))
 			for seq := 0; seq < cfg.perClient; seq++ {
 				snapshot := cfg.snapshots && seq%3 == 2
-				txn := randomTxn(r, cl+1, seq)
+				txn := history.RandomTxn(r, cl+1, seq)
 				if snapshot {
-					txn = randomReadOnly(r)
+					txn = history.RandomReadOnly(r)
 				}
 				call := time.Since(start).Nanoseconds()
 				var out history.Outcome
@@ -167,13 +82,13 @@ func checkStrictSerializability(t *testing.T, cfg ssRun) {
 					mode := cfg.modes[(seq/3)%len(cfg.modes)]
 					_, err = db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error {
 						var err error
-						out, err = run(ctx, s, txn, cfg.ks) // the last attempt's results
+						out, err = nemesis.Execute(ctx, s, txn, cfg.ks.key) // the last attempt's results
 						return err
 					})
 				} else {
 					err = db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
 						var err error
-						out, err = run(ctx, tx, txn, cfg.ks) // the committed attempt's results
+						out, err = nemesis.Execute(ctx, tx, txn, cfg.ks.key) // the committed attempt's results
 						return err
 					})
 				}

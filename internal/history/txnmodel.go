@@ -112,10 +112,11 @@ var Model = porcupine.Model{
 	},
 }
 
-// Recorder collects completed operations from concurrent clients. Transactions
-// whose outcome is unknown are kept aside and included only if a committed read
-// observed one of their writes (with an open-ended return): an unknown
-// transaction nobody observed is indistinguishable from one that never ran.
+// Recorder collects completed operations from concurrent clients.
+// Transactions whose outcome is unknown are included as their writes alone,
+// returning at the end of time, as Jepsen records an indeterminate operation:
+// the checker may place one anywhere after its call, including after every
+// read (as if it never ran). Its reads are not known, so they are dropped.
 type Recorder struct {
 	ops     []porcupine.Operation
 	unknown []porcupine.Operation
@@ -134,38 +135,21 @@ func (r *Recorder) Unknown(client int, txn Txn, out Outcome, call int64) {
 // Operations returns the history to check. Not safe to call concurrently with
 // recording; callers serialize.
 func (r *Recorder) Operations() []porcupine.Operation {
-	seen := map[int]bool{}
-	for _, op := range r.ops {
-		for i, o := range op.Input.(Txn).Ops {
-			res := op.Output.(Outcome).Results[i]
-			switch o.Kind {
-			case Get:
-				seen[res.Value] = true
-			case Scan:
-				for _, v := range res.Values {
-					seen[v] = true
-				}
-			}
-		}
-	}
 	out := append([]porcupine.Operation(nil), r.ops...)
 	for _, op := range r.unknown {
-		for _, o := range op.Input.(Txn).Ops {
-			if o.Kind == Put && seen[o.Value] {
-				// It committed; its reads are unknown, so it may only write.
-				var writes Txn
-				var res Outcome
-				for _, w := range op.Input.(Txn).Ops {
-					if w.Kind == Put || w.Kind == Del {
-						writes.Ops = append(writes.Ops, w)
-						res.Results = append(res.Results, Result{})
-					}
-				}
-				op.Input, op.Output, op.Return = writes, res, 1<<62
-				out = append(out, op)
-				break
+		var writes Txn
+		var res Outcome
+		for _, w := range op.Input.(Txn).Ops {
+			if w.Kind == Put || w.Kind == Del {
+				writes.Ops = append(writes.Ops, w)
+				res.Results = append(res.Results, Result{})
 			}
 		}
+		if len(writes.Ops) == 0 {
+			continue // a read-only transaction changes nothing
+		}
+		op.Input, op.Output, op.Return = writes, res, 1<<62
+		out = append(out, op)
 	}
 	return out
 }
