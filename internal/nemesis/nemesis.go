@@ -293,7 +293,7 @@ func (cp *campaign) bankClient(ctx context.Context, db *client.DB, id int) {
 	}
 }
 
-func readInt(ctx context.Context, tx Reader, key []byte) (int, error) {
+func readInt(ctx context.Context, tx accountReader, key []byte) (int, error) {
 	v, ok, err := tx.Get(ctx, key)
 	if err != nil {
 		return 0, err
@@ -306,8 +306,8 @@ func readInt(ctx context.Context, tx Reader, key []byte) (int, error) {
 	return n, err
 }
 
-// Reader is what reading an account needs.
-type Reader interface {
+// accountReader is what reading an account needs: a transaction or a snapshot.
+type accountReader interface {
 	Get(ctx context.Context, key []byte) ([]byte, bool, error)
 }
 
