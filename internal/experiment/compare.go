@@ -17,11 +17,13 @@ import (
 
 // Mode is one commit mode `bench compare` measures.
 type Mode struct {
+	// Name labels the mode in the table.
 	Name string
 	// Regional runs on the same topology without its global epoch service
 	// and publishers: the lower bound of a regional transaction.
 	Regional bool
-	Commit   client.CommitMode
+	// Commit is the commit mode the clients use (zero: the protocol).
+	Commit client.CommitMode
 }
 
 // Modes returns the four modes of the comparison, Terroir first: the
@@ -40,17 +42,24 @@ func Modes(uncertainty time.Duration) []Mode {
 
 // ModeResult is one mode's figures, per data region.
 type ModeResult struct {
-	Mode          Mode
+	Mode Mode
+	// Reads and Writes are the latencies of read and update transactions,
+	// per data region (Comparison.Regions order).
 	Reads, Writes []*latency.Histogram
-	Txns          []int64
-	Elapsed       time.Duration
+	// Txns counts completed transactions per data region.
+	Txns []int64
+	// Elapsed is the mode's total running time over its rounds.
+	Elapsed time.Duration
 }
 
 // Comparison is a finished `bench compare`.
 type Comparison struct {
-	Config  Config
+	// Config is the run's configuration (Duration per mode).
+	Config Config
+	// Regions are the data regions.
 	Regions []string
-	Modes   []*ModeResult
+	// Modes are the results, in the order the modes were given.
+	Modes []*ModeResult
 }
 
 // Compare runs the same YCSB-A load (cfg.Threads per data region, cfg.Records
