@@ -22,8 +22,9 @@ examples/three-regions.yaml) in this process and, for --duration, runs clients
 in every data region — multi-key read-write transactions and linearizable
 snapshots over small key groups, bank transfers across regions, a snapshot
 audit of the bank's total every second — while a fault schedule every 3 s
-kills and restarts a node or a range leader, cuts a region off, drops 10% of
-messages or delays them all. After each fault it measures how long until every
+kills and restarts a node or a range leader, restarts the whole cluster from
+disk, cuts a region off (and sometimes excludes it and readmits it), drops 10%
+of messages or delays them all. After each fault it measures how long until every
 data region commits again. At the end it checks the history with porcupine
 (strict serializability, including a final read of every key, so a lost
 acknowledged write fails it) and prints operations, faults, recovery times and

@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/history"
 	"github.com/terroir-db/terroir/internal/latency"
 	"github.com/terroir-db/terroir/internal/localcluster"
@@ -65,10 +67,12 @@ const (
 	faultCutRegion  = "cut a region off"
 	faultDrop       = "drop 10% of messages"
 	faultDelay      = "delay every message 20 ms"
+	faultRestartAll = "restart the whole cluster from disk"
+	faultExclude    = "exclude a cut-off region and readmit it"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
-var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDelay}
+var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDelay, faultRestartAll, faultExclude}
 
 // groups and accounts size the workload: independent key groups checked
 // apart by porcupine, and bank accounts.
@@ -126,6 +130,11 @@ func (cp *campaign) account(i int) []byte { return cp.key(i, fmt.Sprintf("nemesi
 func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if cfg.FaultEvery <= 0 {
 		cfg.FaultEvery = 3 * time.Second
+	}
+	for _, k := range cfg.Faults {
+		if !slices.Contains(FaultKinds, k) {
+			return nil, fmt.Errorf("nemesis: unknown fault kind %q (one of %q)", k, FaultKinds)
+		}
 	}
 	dir, err := os.MkdirTemp("", "terroir-nemesis-")
 	if err != nil {
@@ -393,6 +402,33 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		case faultDelay:
 			net.SetExtraDelay(20 * time.Millisecond)
 			heal = func() error { net.Heal(); return nil }
+		case faultRestartAll:
+			var errs []error
+			for _, id := range nodes {
+				errs = append(errs, cp.c.StopNode(id))
+			}
+			if err := errors.Join(errs...); err != nil {
+				cp.anomaly("stopping every node: %v", err)
+			}
+			heal = func() error {
+				var errs []error
+				for _, id := range nodes {
+					errs = append(errs, cp.c.RestartNode(id))
+				}
+				return errors.Join(errs...)
+			}
+		case faultExclude:
+			region := cp.regions[r.IntN(len(cp.regions))]
+			net.CutRegion(region)
+			if err := cp.setExcluded(region, true); err != nil {
+				net.Heal()
+				cp.anomaly("excluding %s: %v", region, err)
+				continue
+			}
+			heal = func() error {
+				net.Heal()
+				return cp.setExcluded(region, false)
+			}
 		}
 		cp.mu.Lock()
 		cp.sum.Faults[kind]++
@@ -414,6 +450,19 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		cp.sum.Recovery[kind].Since(healed)
 		cp.mu.Unlock()
 	}
+}
+
+// setExcluded excludes region from the global epoch service's set, or
+// readmits it, if the topology has a global epoch service.
+func (cp *campaign) setExcluded(region string, excluded bool) error {
+	global := cp.cfg.Topology.GroupsOfKind(topology.KindGlobalEpoch, "")
+	if len(global) == 0 || len(cp.cfg.Topology.GroupsOfKind(topology.KindPublisher, region)) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The operator sits with the global epoch service, not in the cut region.
+	return admin.SetRegionExcluded(ctx, cp.c.Dialer(global[0].Region), cp.cfg.Topology, region, excluded)
 }
 
 // probe commits one write in every data region, retrying for up to 30 s.
