@@ -102,10 +102,14 @@ type Snapshot struct {
 	stats    SnapshotStats
 	begin    time.Duration // the client's wait at BeginSnapshot
 	atLeader time.Duration // the longest epoch wait at a range leader
-	// The linearizable check (paper §5.3.1) over the reads so far.
-	atPrev    []bool // per read: a version at exactly at-1 was read
-	newer     []bool // per read: a version at or above at exists
-	multiKeys []bool // per read: a scan (its keys are several members)
+	reads    []readCheck   // the linearizable check (paper §5.3.1) over the reads so far
+}
+
+// readCheck is what the linearizable check needs of one read.
+type readCheck struct {
+	atPrev bool // a version at exactly at-1 was read
+	newer  bool // a version at or above at exists
+	scan   bool // a scan: its keys are several members
 }
 
 // BeginSnapshot starts a snapshot transaction in mode, reading at an epoch of
@@ -286,9 +290,7 @@ func (s *Snapshot) read(ctx context.Context, g topology.Group, req *pb.SnapshotR
 	if s.mode != Linearizable {
 		return resp, nil
 	}
-	s.atPrev = append(s.atPrev, resp.GetSnapshotEpoch() == s.at-1)
-	s.newer = append(s.newer, resp.GetLatestEpoch() >= s.at)
-	s.multiKeys = append(s.multiKeys, req.GetScan())
+	s.reads = append(s.reads, readCheck{atPrev: resp.GetSnapshotEpoch() == s.at-1, newer: resp.GetLatestEpoch() >= s.at, scan: req.GetScan()})
 	if next, retry := s.mustRetry(); retry {
 		return nil, &retryError{next: next}
 	}
@@ -299,12 +301,12 @@ func (s *Snapshot) read(ctx context.Context, g topology.Group, req *pb.SnapshotR
 // at-1 while another read (or another key of the same scan) has a version at
 // at or later. It returns the epoch a retry must read at.
 func (s *Snapshot) mustRetry() (uint64, bool) {
-	for i, prev := range s.atPrev {
-		if !prev {
+	for i, a := range s.reads {
+		if !a.atPrev {
 			continue
 		}
-		for j, newer := range s.newer {
-			if newer && (i != j || s.multiKeys[i]) {
+		for j, b := range s.reads {
+			if b.newer && (i != j || a.scan) {
 				return s.at + 1, true
 			}
 		}

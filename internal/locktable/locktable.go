@@ -177,17 +177,25 @@ func (t *Table) Acquire(ctx context.Context, txn Txn, span Span, mode Mode) erro
 			t.mu.Unlock()
 			return nil
 		}
-		w := &waiter{txn: txn, span: span, mode: mode, wake: make(chan struct{})}
-		t.waiters[w] = struct{}{}
-		t.mu.Unlock()
-		select {
-		case <-w.wake:
-		case <-ctx.Done():
-			t.mu.Lock()
-			delete(t.waiters, w)
-			t.mu.Unlock()
-			return ctx.Err()
+		if err := t.park(ctx, &waiter{txn: txn, span: span, mode: mode, wake: make(chan struct{})}); err != nil {
+			return err
 		}
+	}
+}
+
+// park registers w (called with t.mu held, which it releases) and waits,
+// bounded by ctx, until something overlapping w's span is released.
+func (t *Table) park(ctx context.Context, w *waiter) error {
+	t.waiters[w] = struct{}{}
+	t.mu.Unlock()
+	select {
+	case <-w.wake:
+		return nil
+	case <-ctx.Done():
+		t.mu.Lock()
+		delete(t.waiters, w)
+		t.mu.Unlock()
+		return ctx.Err()
 	}
 }
 
@@ -357,16 +365,8 @@ func (t *Table) WaitNoExclusive(ctx context.Context, span Span) error {
 		}
 		// A snapshot waiter has no transaction and the lowest precedence: it is
 		// registered only to be woken, and Shared so that it blocks no one.
-		w := &waiter{txn: Txn{Priority: ^uint64(0), ID: TxnID{0xff}}, span: span, mode: Shared, wake: make(chan struct{})}
-		t.waiters[w] = struct{}{}
-		t.mu.Unlock()
-		select {
-		case <-w.wake:
-		case <-ctx.Done():
-			t.mu.Lock()
-			delete(t.waiters, w)
-			t.mu.Unlock()
-			return ctx.Err()
+		if err := t.park(ctx, &waiter{txn: Txn{Priority: ^uint64(0), ID: TxnID{0xff}}, span: span, mode: Shared, wake: make(chan struct{})}); err != nil {
+			return err
 		}
 	}
 }
