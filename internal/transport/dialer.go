@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // MaxMessageBytes bounds one gRPC message (a Raft batch or snapshot): 64 MiB.
@@ -89,6 +90,12 @@ func (d *Dialer) wanInterceptor(to Endpoint) grpc.UnaryClientInterceptor {
 		}
 		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
 			return err
+		}
+		if d.net.Duplicated(d.self, to) {
+			// The request arrives a second time; its reply is lost.
+			dup := proto.Clone(reply.(proto.Message))
+			proto.Reset(dup)
+			_ = invoker(ctx, method, req, dup, cc, opts...)
 		}
 		if !SleepCtx(ctx, d.net.OneWayDelay(to, d.self)) {
 			return status.FromContextError(ctx.Err()).Err()

@@ -32,6 +32,7 @@ type Network struct {
 	cutNodes   map[uint64]bool
 	cutRegions map[string]bool
 	dropRate   float64
+	dupRate    float64
 	extraDelay time.Duration
 	rtt        map[[2]string]time.Duration // overrides of the topology's RTT
 }
@@ -97,6 +98,16 @@ func (n *Network) Cut(from, to Endpoint) bool {
 	return from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region])
 }
 
+// Duplicated reports whether a message that gets through from one endpoint to
+// the other is delivered a second time, by the injected duplication rate: a
+// retransmission the receiver must tolerate.
+func (n *Network) Duplicated(from, to Endpoint) bool {
+	n.mu.RLock()
+	p := n.dupRate
+	n.mu.RUnlock()
+	return p > 0 && rand.Float64() < p
+}
+
 // CutNode isolates a node from every other endpoint until Heal.
 func (n *Network) CutNode(id uint64) {
 	n.mu.Lock()
@@ -119,6 +130,15 @@ func (n *Network) SetDropRate(p float64) {
 	n.mu.Unlock()
 }
 
+// SetDuplicateRate delivers each message a second time with probability p
+// (0 ≤ p ≤ 1): a Raft message is queued twice, a request reaches its server
+// twice (the client sees the first reply).
+func (n *Network) SetDuplicateRate(p float64) {
+	n.mu.Lock()
+	n.dupRate = p
+	n.mu.Unlock()
+}
+
 // SetExtraDelay adds d to every message's one-way delay, intra-region included.
 func (n *Network) SetExtraDelay(d time.Duration) {
 	n.mu.Lock()
@@ -126,12 +146,14 @@ func (n *Network) SetExtraDelay(d time.Duration) {
 	n.mu.Unlock()
 }
 
-// Heal removes every injected fault: cuts, drops, extra delay and RTT changes.
+// Heal removes every injected fault: cuts, drops, duplicates, extra delay and
+// RTT changes.
 func (n *Network) Heal() {
 	n.mu.Lock()
 	n.cutNodes = map[uint64]bool{}
 	n.cutRegions = map[string]bool{}
 	n.dropRate = 0
+	n.dupRate = 0
 	n.extraDelay = 0
 	n.rtt = map[[2]string]time.Duration{}
 	n.mu.Unlock()

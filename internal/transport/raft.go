@@ -136,7 +136,11 @@ func (s *sender) enqueue(env *transportpb.RaftEnvelope) {
 		s.failed([]*transportpb.RaftEnvelope{env})
 		return
 	}
-	s.queue = append(s.queue, queued{env: env, releaseAt: time.Now().Add(net.OneWayDelay(self, s.to))})
+	at := time.Now().Add(net.OneWayDelay(self, s.to))
+	s.queue = append(s.queue, queued{env: env, releaseAt: at})
+	if net.Duplicated(self, s.to) {
+		s.queue = append(s.queue, queued{env: env, releaseAt: at})
+	}
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:

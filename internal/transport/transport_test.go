@@ -234,3 +234,39 @@ func mustConn(t *testing.T, d *Dialer, id uint64) *grpc.ClientConn {
 	}
 	return c
 }
+
+// TestDuplication: at duplicate rate 1 a Raft message arrives twice and a
+// request reaches its server twice, the caller seeing one reply; Heal stops it.
+func TestDuplication(t *testing.T) {
+	net, nodes := startNodes(t, 0)
+	net.SetDuplicateRate(1)
+	nodes[1].raft.Send(2, &raftpb.Message{To: proto.Uint64(2), Index: proto.Uint64(7)})
+	deadline := time.Now().Add(5 * time.Second)
+	for nodes[2].rec.count() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := nodes[2].rec.count(); got != 2 {
+		t.Fatalf("raft message delivered %d times at duplicate rate 1, want 2", got)
+	}
+
+	client := NewDialer(net, Endpoint{Region: "east"})
+	defer client.Close()
+	calls := 0
+	invoke := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+		calls++
+		reply.(*transportpb.PingResponse).Payload = []byte{byte(calls)}
+		return nil
+	}
+	reply := &transportpb.PingResponse{}
+	if err := client.wanInterceptor(net.NodeEndpoint(1))(context.Background(), "/ping", &transportpb.PingRequest{}, reply, nil, invoke); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 2 || reply.GetPayload()[0] != 1 {
+		t.Fatalf("request served %d times, caller saw reply %d; want 2 and the first", calls, reply.GetPayload()[0])
+	}
+	net.Heal()
+	calls = 0
+	if err := client.wanInterceptor(net.NodeEndpoint(1))(context.Background(), "/ping", &transportpb.PingRequest{}, reply, nil, invoke); err != nil || calls != 1 {
+		t.Fatalf("after Heal: %d calls, err %v; want 1", calls, err)
+	}
+}
