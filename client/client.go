@@ -227,6 +227,28 @@ func (db *DB) Update(ctx context.Context, fn func(ctx context.Context, tx *Txn) 
 	}
 }
 
+// CrashPoint is a point in two-phase commit where a fault campaign can make
+// the client's coordinator stop as if its process had died; see the constants.
+type CrashPoint = coordinator.CrashPoint
+
+// Crash points.
+const (
+	// CrashAfterPrepare: every participant prepared, no commit record yet.
+	CrashAfterPrepare = coordinator.CrashAfterPrepare
+	// CrashAfterCommitRecord: the commit record is durable, no participant told.
+	CrashAfterCommitRecord = coordinator.CrashAfterCommitRecord
+)
+
+// CrashHook is asked at each crash point of every two-phase commit with the
+// transaction's ID and its participants' range IDs; true makes the commit
+// stop there, unfinished, and return ErrCommitUnknown.
+type CrashHook = coordinator.CrashHook
+
+// SetCrashHook installs h for commits from now on (nil removes it). It exists
+// for fault campaigns (terroir nemesis); the cluster resolves what a crashed
+// commit leaves behind.
+func (db *DB) SetCrashHook(h CrashHook) { db.coord.SetCrashHook(h) }
+
 // SnapshotMode chooses a snapshot transaction's epoch and guarantee; see the
 // constants.
 type SnapshotMode = coordinator.SnapshotMode

@@ -2,56 +2,17 @@ package client_test
 
 import (
 	"context"
-	"crypto/rand"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/localcluster"
-	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
-	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
 )
 
 // orphanAfter is the bound the cluster is configured with.
 const orphanAfter = 500 * time.Millisecond
-
-// prepareAndVanish plays a coordinator that locks and prepares a write in each
-// range, then dies. It returns the transaction's ID.
-func prepareAndVanish(t *testing.T, ctx context.Context, c *localcluster.Cluster, keys map[uint64][]byte) []byte {
-	t.Helper()
-	id := make([]byte, 16)
-	_, _ = rand.Read(id)
-	meta := &pb.TxnMeta{Id: id, Priority: uint64(time.Now().UnixNano()), TxnStateGroup: 2}
-	d := c.Dialer("us-east1")
-	for rng, key := range keys {
-		var leader uint64
-		for leader == 0 {
-			leader = c.Leader(rng)
-			time.Sleep(5 * time.Millisecond)
-		}
-		conn, err := d.Conn(leader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rc := pb.NewRangeClient(conn)
-		var lock *pb.LockResponse
-		for {
-			lock, err = rc.Lock(ctx, &pb.LockRequest{RangeId: rng, Txn: meta, Key: key})
-			if err == nil || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond) // the lease may not be active yet
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := rc.Prepare(ctx, &pb.PrepareRequest{RangeId: rng, Txn: meta, LockCount: 1, Incarnation: lock.GetIncarnation(),
-			Writes: []*pb.Write{{Key: key, Value: []byte("orphan")}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return id
-}
 
 // waitUnlocked waits until no range leader holds a lock and returns how long it took.
 func waitUnlocked(t *testing.T, c *localcluster.Cluster, since time.Time) time.Duration {
@@ -94,50 +55,63 @@ func readKeys(t *testing.T, ctx context.Context, db *client.DB, keys map[uint64]
 	return present
 }
 
-func TestCoordinatorDiesAfterPrepare(t *testing.T) {
+// TestCoordinatorCrashes: a real two-range commit whose coordinator dies at
+// each crash point, sometimes with one participant's leader killed at the same
+// moment. The participants resolve it through the state store within the
+// orphan bound: aborted when it died before the commit record, applied when
+// it died after.
+func TestCoordinatorCrashes(t *testing.T) {
 	c, db := startCluster(t, localcluster.Options{OrphanAfter: orphanAfter})
-	ctx := ctxT(t, 60*time.Second)
-	keys := map[uint64][]byte{10: []byte("a-orphan"), 11: []byte("x-orphan")}
-	prepareAndVanish(t, ctx, c, keys)
-	took := waitUnlocked(t, c, time.Now())
-	if took > orphanAfter+time.Second {
-		t.Errorf("orphaned locks released after %v, bound %v + 1 s", took, orphanAfter)
-	}
-	for k, ok := range readKeys(t, ctx, db, keys) {
-		if ok {
-			t.Errorf("%s is visible: an uncommitted orphan was applied", k)
+	ctx := ctxT(t, 120*time.Second)
+	for i, tc := range []struct {
+		point      client.CrashPoint
+		killLeader bool
+	}{{client.CrashAfterPrepare, false}, {client.CrashAfterCommitRecord, false}, {client.CrashAfterPrepare, true}, {client.CrashAfterCommitRecord, true}} {
+		keys := map[uint64][]byte{10: fmt.Appendf(nil, "a-crash-%d", i), 11: fmt.Appendf(nil, "x-crash-%d", i)}
+		var killed uint64
+		var seen []uint64
+		db.SetCrashHook(func(p client.CrashPoint, _ []byte, ranges []uint64) bool {
+			if p != tc.point {
+				return false
+			}
+			seen = ranges
+			if tc.killLeader {
+				if killed = c.Leader(10); killed != 0 {
+					if err := c.StopNode(killed); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+			return true
+		})
+		err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+			for _, k := range keys {
+				if err := tx.Put(ctx, k, []byte("v")); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		db.SetCrashHook(nil)
+		crashed := time.Now()
+		if !errors.Is(err, client.ErrCommitUnknown) {
+			t.Fatalf("%v: commit returned %v, want ErrCommitUnknown", tc.point, err)
 		}
-	}
-	t.Logf("locks of a transaction orphaned after Prepare released in %v; both participants aborted", took)
-}
-
-func TestCoordinatorDiesAfterCommitRecord(t *testing.T) {
-	c, db := startCluster(t, localcluster.Options{OrphanAfter: orphanAfter})
-	ctx := ctxT(t, 60*time.Second)
-	keys := map[uint64][]byte{10: []byte("a-committed"), 11: []byte("x-committed")}
-	id := prepareAndVanish(t, ctx, c, keys)
-	ts, err := c.TxnStateClient("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	epochs, err := c.EpochReader("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := epochs.Read(ctx) // as a coordinator would, after Prepare
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := ts.Decide(ctx, &txnstatepb.Record{TxnId: id, Outcome: txnstatepb.Outcome_OUTCOME_COMMITTED,
-		Version: &txnstatepb.VersionID{Epoch: e, Counter: 1}})
-	if err != nil || rec.GetOutcome() != txnstatepb.Outcome_OUTCOME_COMMITTED {
-		t.Fatalf("recording the commit: %v %v", rec, err)
-	}
-	took := waitUnlocked(t, c, time.Now())
-	for k, ok := range readKeys(t, ctx, db, keys) {
-		if !ok {
-			t.Errorf("%s is missing: a committed transaction was not applied by its participant", k)
+		if len(seen) != 2 {
+			t.Fatalf("%v: hook saw ranges %v, want both", tc.point, seen)
 		}
+		if killed != 0 {
+			if err := c.RestartNode(killed); err != nil {
+				t.Fatal(err)
+			}
+		}
+		took := waitUnlocked(t, c, crashed)
+		want := tc.point == client.CrashAfterCommitRecord
+		for k, ok := range readKeys(t, ctx, db, keys) {
+			if ok != want {
+				t.Errorf("%v (leader killed: %v): %s visible = %v, want %v", tc.point, killed != 0, k, ok, want)
+			}
+		}
+		t.Logf("coordinator crashed %v (leader %d killed): locks released in %v, applied = %v", tc.point, killed, took, want)
 	}
-	t.Logf("a transaction committed but never notified was applied by both participants in %v", took)
 }

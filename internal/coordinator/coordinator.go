@@ -35,6 +35,7 @@ type Coordinator struct {
 	leaders  sync.Map                   // range ID → uint64 node believed to lead it
 	session  atomic.Uint64              // the highest epoch this client has committed at
 	lastPrio atomic.Uint64
+	crash    atomic.Pointer[CrashHook] // nil: none
 
 	wg sync.WaitGroup // commit notifications in flight
 }
@@ -118,6 +119,60 @@ type CommitMode struct {
 
 // SetCommitMode makes transactions begun from now on commit in mode.
 func (c *Coordinator) SetCommitMode(mode CommitMode) { c.mode.Store(&mode) }
+
+// CrashPoint is a point in two-phase commit (DESIGN.md §4.4–4.5) where a
+// fault campaign can make the coordinator stop as if its process had died.
+type CrashPoint uint8
+
+const (
+	// CrashAfterPrepare: every participant has prepared; the commit record is
+	// not written. The participants resolve the transaction as aborted.
+	CrashAfterPrepare CrashPoint = iota + 1
+	// CrashAfterCommitRecord: the commit record is durable; no participant
+	// has been told. The participants resolve it as committed.
+	CrashAfterCommitRecord
+)
+
+// String names the point.
+func (p CrashPoint) String() string {
+	switch p {
+	case CrashAfterPrepare:
+		return "between prepare and commit record"
+	case CrashAfterCommitRecord:
+		return "between commit record and notification"
+	}
+	return fmt.Sprintf("crashpoint(%d)", uint8(p))
+}
+
+// CrashHook is asked at each CrashPoint of every two-phase commit, with the
+// transaction's ID and its participants' range IDs. Returning true makes the
+// coordinator stop there: it neither aborts nor notifies, and Commit returns
+// ErrCommitUnknown; the participants resolve the transaction through its
+// state store once it has been idle for their orphan bound.
+type CrashHook func(p CrashPoint, txnID []byte, ranges []uint64) bool
+
+// SetCrashHook installs h for transactions committing from now on (nil
+// removes it). It exists for fault campaigns (terroir nemesis).
+func (c *Coordinator) SetCrashHook(h CrashHook) {
+	if h == nil {
+		c.crash.Store(nil)
+		return
+	}
+	c.crash.Store(&h)
+}
+
+// crashes asks the crash hook whether the transaction's coordinator dies at p.
+func (t *Txn) crashes(p CrashPoint) bool {
+	h := t.c.crash.Load()
+	if h == nil {
+		return false
+	}
+	ranges := make([]uint64, 0, len(t.parts))
+	for _, part := range t.parts {
+		ranges = append(ranges, part.desc.ID)
+	}
+	return (*h)(p, t.meta.GetId(), ranges)
+}
 
 // Begin starts a read-write transaction. A retry of a transaction should pass
 // the priority of its first attempt (Txn.Priority), so it ages and eventually

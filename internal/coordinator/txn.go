@@ -520,6 +520,9 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		}
 	}
 
+	if t.crashes(CrashAfterPrepare) {
+		return storage.VersionID{}, fmt.Errorf("%w: the coordinator crashed %v", ErrCommitUnknown, CrashAfterPrepare)
+	}
 	// The commit point: record the decision (DESIGN.md §4.4).
 	rec := &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_COMMITTED,
 		Version: &txnstatepb.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}}
@@ -539,6 +542,9 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		return storage.VersionID{}, fmt.Errorf("%w: a participant resolved the transaction as aborted", ErrAborted)
 	}
 	t.c.raiseSession(ver.GetEpoch())
+	if t.crashes(CrashAfterCommitRecord) {
+		return storage.VersionID{}, fmt.Errorf("%w: the coordinator crashed %v", ErrCommitUnknown, CrashAfterCommitRecord)
+	}
 	if t.meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_COMMIT_WAIT && len(t.writes) > 0 {
 		// The baseline: wait out a clock uncertainty before acknowledging and
 		// releasing the locks.
