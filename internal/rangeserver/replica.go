@@ -197,6 +197,25 @@ func (r *Replica) Locks() int {
 	return l.locks.Len()
 }
 
+// HoldsLocks reports whether transaction txnID holds locks at this range:
+// it is prepared in the replicated state, or this replica leads the range and
+// tracks it in its lock table.
+func (r *Replica) HoldsLocks(txnID []byte) bool {
+	if r.sm.IsPrepared(txnID) {
+		return true
+	}
+	r.mu.Lock()
+	l := r.lead
+	r.mu.Unlock()
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.txns[string(txnID)]
+	return ok
+}
+
 func (r *Replica) loop() {
 	defer r.wg.Done()
 	t := time.NewTicker(r.cfg.Tick)
