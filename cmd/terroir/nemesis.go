@@ -19,17 +19,24 @@ func nemesisCmd() *cobra.Command {
 		Short: "A randomized fault campaign on an embedded cluster, checked for strict serializability",
 		Long: `nemesis starts the cluster of --topology (default: the embedded
 examples/three-regions.yaml) in this process and, for --duration, runs clients
-in every data region — multi-key read-write transactions and linearizable
-snapshots over small key groups, bank transfers across regions, a snapshot
-audit of the bank's total every second — while a fault schedule every 3 s
-kills and restarts a node or a range leader, restarts the whole cluster from
-disk, cuts a region off (and sometimes excludes it and readmits it), drops 10%
-of messages or delays them all. After each fault it measures how long until every
-data region commits again. At the end it checks the history with porcupine
-(strict serializability, including a final read of every key, so a lost
-acknowledged write fails it) and prints operations, faults, recovery times and
-anomalies. On an anomaly it writes the histories and the seed to --out and
-exits 1; the same --seed repeats the same choices.`,
+in every data region while a fault schedule strikes every 3 s. Workloads:
+multi-key read-write transactions and linearizable snapshots over small key
+groups; single-key registers (write, compare-and-set, reads locking or in every
+per-key linearizable snapshot mode); appends to lists read in every snapshot
+mode; bank transfers across regions audited by snapshots of every mode; and a
+monitor reading every epoch group. Faults: kill and restart a node or a range
+leader; kill a participant's leader between prepare and commit record or between
+commit record and notification, with or without the coordinator dying too;
+restart the whole cluster from disk; cut a region off, or cut it, exclude it
+and readmit it; drop 10%, duplicate 20% or delay by 20 ms every message. After
+each fault it measures how long until every data region commits again, and
+how long until a transaction struck mid-commit holds no lock. At the end it
+reads every key, and checks: porcupine for the key groups (strict
+serializability) and registers (linearizability), the list history (lost,
+aborted, phantom, diverged, fractured and stale reads), every bank total, the
+epoch invariants, and that no lock outlives the load. It prints operations,
+faults, recovery times and anomalies. On an anomaly it writes the histories
+and the seed to --out and exits 1; the same --seed repeats the same choices.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -51,6 +58,8 @@ exits 1; the same --seed repeats the same choices.`,
 	cmd.Flags().StringVar(&path, "topology", "", "topology file (default: the embedded examples/three-regions.yaml)")
 	cmd.Flags().DurationVar(&cfg.Duration, "duration", time.Minute, "how long faults are injected")
 	cmd.Flags().Uint64Var(&cfg.Seed, "seed", 1, "random seed of the workload and the fault schedule")
+	cmd.Flags().StringSliceVar(&cfg.Faults, "faults", nil, "fault kinds to inject, comma-separated (default: all; see the list in the error for a wrong one)")
+	cmd.Flags().DurationVar(&cfg.FaultEvery, "fault-every", 3*time.Second, "time between faults")
 	cmd.Flags().StringVar(&cfg.Out, "out", "nemesis-failure", "where the histories and the seed go when a check fails")
 	return cmd
 }

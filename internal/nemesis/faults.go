@@ -1,0 +1,320 @@
+package nemesis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/admin"
+	"github.com/terroir-db/terroir/internal/latency"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// Fault kinds.
+const (
+	faultKillNode      = "kill and restart a node"
+	faultKillLeader    = "kill and restart a range leader"
+	faultCutRegion     = "cut a region off"
+	faultDrop          = "drop 10% of messages"
+	faultDuplicate     = "duplicate 20% of messages"
+	faultDelay         = "delay every message 20 ms"
+	faultRestartAll    = "restart the whole cluster from disk"
+	faultExclude       = "exclude a cut-off region and readmit it"
+	faultPrepared      = "kill a participant's leader between prepare and commit record"
+	faultPreparedCrash = "kill a participant's leader and the coordinator between prepare and commit record"
+	faultDecided       = "kill a participant's leader between commit record and notification"
+	faultDecidedCrash  = "kill a participant's leader and the coordinator between commit record and notification"
+)
+
+// FaultKinds lists every kind of fault a campaign injects.
+var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
+	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash}
+
+// midCommit describes the faults that strike inside two-phase commit.
+var midCommit = map[string]struct {
+	point          client.CrashPoint
+	coordinatorDie bool
+}{
+	faultPrepared:      {client.CrashAfterPrepare, false},
+	faultPreparedCrash: {client.CrashAfterPrepare, true},
+	faultDecided:       {client.CrashAfterCommitRecord, false},
+	faultDecidedCrash:  {client.CrashAfterCommitRecord, true},
+}
+
+// Bounds on recovery.
+const (
+	// orphanAfter is the cluster's bound on a silent coordinator (OrphanAfter).
+	orphanAfter = time.Second
+	// releaseBound is how long after a mid-commit kill every participant may
+	// still hold the transaction's locks: the fault's hold (≤ 2 s), leader
+	// failover, orphanAfter, and resolution through the state store.
+	releaseBound = 15 * time.Second
+	// recoveryBound is how long after healing every data region must commit.
+	recoveryBound = 30 * time.Second
+)
+
+// armedCrash is a mid-commit fault waiting for the next two-phase commit to
+// reach its point.
+type armedCrash struct {
+	point          client.CrashPoint
+	coordinatorDie bool
+	pick           int // which participant's leader to kill (mod their number)
+	fired          chan firedCrash
+}
+
+// firedCrash is what an armed crash struck: the transaction, its
+// participants, and the node killed (0: their leader was not found).
+type firedCrash struct {
+	txn    []byte
+	ranges []uint64
+	node   uint64
+	at     time.Time
+}
+
+// crashHook is every client's crash hook: it fires the armed fault, if any,
+// at its point, killing a participant's leader there.
+func (cp *campaign) crashHook(p client.CrashPoint, txn []byte, ranges []uint64) bool {
+	cp.mu.Lock()
+	a := cp.armed
+	if a == nil || a.point != p {
+		cp.mu.Unlock()
+		return false
+	}
+	cp.armed = nil
+	cp.mu.Unlock()
+	f := firedCrash{txn: append([]byte(nil), txn...), ranges: ranges, node: cp.c.Leader(ranges[a.pick%len(ranges)]), at: time.Now()}
+	if f.node != 0 {
+		if err := cp.c.StopNode(f.node); err != nil {
+			cp.anomaly("stopping node %d mid-commit: %v", f.node, err)
+			f.node = 0
+		}
+	}
+	a.fired <- f
+	return a.coordinatorDie
+}
+
+// faults injects one random fault every FaultEvery until ctx ends, heals it,
+// and measures the recovery.
+func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
+	r := rand.New(rand.NewPCG(cp.cfg.Seed, 999))
+	net := cp.c.Dialer(cp.regions[0]).Network()
+	nodes := cp.c.NodeIDs()
+	ranges := cp.cfg.Topology.Ranges()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(cp.cfg.FaultEvery):
+		}
+		kinds := cp.cfg.Faults
+		if len(kinds) == 0 {
+			kinds = FaultKinds
+		}
+		kind := kinds[r.IntN(len(kinds))]
+		hold := time.Second + time.Duration(r.IntN(1000))*time.Millisecond
+		var heal func() error
+		var struck *firedCrash
+		switch kind {
+		case faultKillNode, faultKillLeader:
+			id := nodes[r.IntN(len(nodes))]
+			if kind == faultKillLeader {
+				if l := cp.c.Leader(ranges[r.IntN(len(ranges))].ID); l != 0 {
+					id = l
+				}
+			}
+			if err := cp.c.StopNode(id); err != nil {
+				cp.anomaly("stopping node %d: %v", id, err)
+				continue
+			}
+			heal = func() error { return cp.c.RestartNode(id) }
+		case faultCutRegion:
+			net.CutRegion(cp.regions[r.IntN(len(cp.regions))])
+			heal = func() error { net.Heal(); return nil }
+		case faultDrop:
+			net.SetDropRate(0.1)
+			heal = func() error { net.Heal(); return nil }
+		case faultDuplicate:
+			net.SetDuplicateRate(0.2)
+			heal = func() error { net.Heal(); return nil }
+		case faultDelay:
+			net.SetExtraDelay(20 * time.Millisecond)
+			heal = func() error { net.Heal(); return nil }
+		case faultRestartAll:
+			var errs []error
+			for _, id := range nodes {
+				errs = append(errs, cp.c.StopNode(id))
+			}
+			if err := errors.Join(errs...); err != nil {
+				cp.anomaly("stopping every node: %v", err)
+			}
+			heal = func() error {
+				var errs []error
+				for _, id := range nodes {
+					errs = append(errs, cp.c.RestartNode(id))
+				}
+				return errors.Join(errs...)
+			}
+		case faultExclude:
+			region := cp.regions[r.IntN(len(cp.regions))]
+			net.CutRegion(region)
+			if err := cp.setExcluded(region, true); err != nil {
+				net.Heal()
+				cp.anomaly("excluding %s: %v", region, err)
+				continue
+			}
+			heal = func() error {
+				net.Heal()
+				return cp.setExcluded(region, false)
+			}
+		default:
+			f, ok := cp.strikeMidCommit(ctx, kind, r.IntN(8))
+			if !ok {
+				continue // no two-phase commit came by
+			}
+			struck = &f
+			heal = func() error {
+				if f.node == 0 {
+					return nil
+				}
+				return cp.c.RestartNode(f.node)
+			}
+		}
+		cp.mu.Lock()
+		cp.sum.Faults[kind]++
+		cp.mu.Unlock()
+		time.Sleep(hold)
+		if err := heal(); err != nil {
+			cp.anomaly("healing %q: %v", kind, err)
+			continue
+		}
+		healed := time.Now()
+		if err := cp.probe(dbs); err != nil {
+			cp.anomaly("no recovery within %v after %q: %v", recoveryBound, kind, err)
+			continue
+		}
+		cp.mu.Lock()
+		if cp.sum.Recovery[kind] == nil {
+			cp.sum.Recovery[kind] = latency.New()
+		}
+		cp.sum.Recovery[kind].Since(healed)
+		cp.mu.Unlock()
+		if struck != nil {
+			cp.awaitRelease(*struck)
+		}
+	}
+}
+
+// strikeMidCommit arms a mid-commit fault and waits up to 5 s for a
+// two-phase commit to reach its point.
+func (cp *campaign) strikeMidCommit(ctx context.Context, kind string, pick int) (firedCrash, bool) {
+	m := midCommit[kind]
+	a := &armedCrash{point: m.point, coordinatorDie: m.coordinatorDie, pick: pick, fired: make(chan firedCrash, 1)}
+	cp.mu.Lock()
+	cp.armed = a
+	cp.mu.Unlock()
+	timer := time.NewTimer(5 * time.Second)
+	defer timer.Stop()
+	select {
+	case f := <-a.fired:
+		return f, true
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	cp.mu.Lock()
+	disarmed := cp.armed == a
+	cp.armed = nil
+	cp.mu.Unlock()
+	if !disarmed { // it fired as we gave up
+		return <-a.fired, true
+	}
+	return firedCrash{}, false
+}
+
+// awaitRelease waits until no participant of a transaction struck mid-commit
+// holds its locks, and records how long after the kill that was.
+func (cp *campaign) awaitRelease(f firedCrash) {
+	for cp.holds(f.txn, f.ranges) {
+		if time.Since(f.at) > releaseBound {
+			cp.anomaly("transaction %x struck mid-commit still holds locks %v after the kill", f.txn, releaseBound)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cp.mu.Lock()
+	cp.sum.Released.Since(f.at)
+	cp.mu.Unlock()
+}
+
+// holds reports whether a replica of any of ranges on a running node holds
+// locks of txn.
+func (cp *campaign) holds(txn []byte, ranges []uint64) bool {
+	for _, id := range cp.c.NodeIDs() {
+		n := cp.c.Node(id)
+		for _, rg := range ranges {
+			if n == nil {
+				continue
+			}
+			if rep := n.Range(rg); rep != nil && rep.HoldsLocks(txn) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// drainLocks checks, once the load has stopped and the faults are healed,
+// that every lock is released within releaseBound: whatever is still held
+// belongs to a transaction whose coordinator is gone.
+func (cp *campaign) drainLocks() {
+	deadline := time.Now().Add(releaseBound)
+	for {
+		held := 0
+		for _, id := range cp.c.NodeIDs() {
+			if n := cp.c.Node(id); n != nil {
+				for _, g := range cp.cfg.Topology.Ranges() {
+					if rep := n.Range(g.ID); rep != nil {
+						held += rep.Locks()
+					}
+				}
+			}
+		}
+		if held == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			cp.anomaly("%d locks still held %v after the load stopped", held, releaseBound)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// setExcluded excludes region from the global epoch service's set, or
+// readmits it, if the topology has a global epoch service.
+func (cp *campaign) setExcluded(region string, excluded bool) error {
+	global := cp.cfg.Topology.GroupsOfKind(topology.KindGlobalEpoch, "")
+	if len(global) == 0 || len(cp.cfg.Topology.GroupsOfKind(topology.KindPublisher, region)) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The operator sits with the global epoch service, not in the cut region.
+	return admin.SetRegionExcluded(ctx, cp.c.Dialer(global[0].Region), cp.cfg.Topology, region, excluded)
+}
+
+// probe commits one write in every data region, retrying for up to
+// recoveryBound.
+func (cp *campaign) probe(dbs []*client.DB) error {
+	ctx, cancel := context.WithTimeout(context.Background(), recoveryBound)
+	defer cancel()
+	for i, db := range dbs {
+		key := cp.key(i, "nemesis-probe")
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, key, []byte("x")) }); err != nil {
+			return fmt.Errorf("%s: %w", cp.regions[i], err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package nemesis
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/history"
+)
+
+// registerCount is how many single-key registers the register workload uses,
+// spread over the data regions.
+const registerCount = 8
+
+// linearizableModes are the snapshot modes whose single-key reads are
+// linearizable (Regional only on keys of its own region; on others it reruns
+// as Linearizable).
+var linearizableModes = []client.SnapshotMode{client.Strong, client.StrongLocal, client.Linearizable, client.Regional}
+
+// registers runs writes, compare-and-sets and reads on single keys, reads
+// either locking or in a snapshot of a per-key linearizable mode, and checks
+// them with porcupine's register model.
+type registers struct {
+	cp  *campaign
+	mu  sync.Mutex
+	ops []porcupine.Operation
+}
+
+func newRegisters(cp *campaign) *registers { return &registers{cp: cp} }
+
+func (w *registers) key(k int) []byte { return w.cp.key(k, fmt.Sprintf("nemesis-reg-%d", k)) }
+
+func (w *registers) run(ctx context.Context, dbs []*client.DB, wg *sync.WaitGroup) {
+	for i, db := range dbs {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.client(ctx, db, 200+i) }()
+	}
+}
+
+func (w *registers) client(ctx context.Context, db *client.DB, id int) {
+	r := rand.New(rand.NewPCG(w.cp.cfg.Seed, uint64(id)))
+	seen := map[int]int{} // register → the value this client last saw
+	for seq := 1; ctx.Err() == nil; seq++ {
+		in := history.RegisterInput{Key: r.IntN(registerCount), Value: id*1_000_000 + seq}
+		var out history.RegisterOutput
+		var err error
+		kind := ""
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		call := w.cp.now()
+		switch p := r.IntN(10); {
+		case p < 4:
+			in.Kind, kind = history.RegWrite, "register write"
+			err = db.Update(octx, func(ctx context.Context, tx *client.Txn) error {
+				return tx.Put(ctx, w.key(in.Key), []byte(strconv.Itoa(in.Value)))
+			})
+		case p < 6:
+			in.Kind, kind = history.RegCAS, "register compare-and-set"
+			in.Expected = history.Absent
+			if v, ok := seen[in.Key]; ok {
+				in.Expected = v
+			}
+			err = db.Update(octx, func(ctx context.Context, tx *client.Txn) error {
+				v, err := w.get(ctx, tx, in.Key)
+				if out.OK = err == nil && v == in.Expected; !out.OK {
+					return err
+				}
+				return tx.Put(ctx, w.key(in.Key), []byte(strconv.Itoa(in.Value)))
+			})
+		case p < 8:
+			in.Kind, kind = history.RegRead, "register read (locking)"
+			err = db.Update(octx, func(ctx context.Context, tx *client.Txn) (err error) {
+				out.Value, err = w.get(ctx, tx, in.Key)
+				return err
+			})
+		default:
+			mode := linearizableModes[r.IntN(len(linearizableModes))]
+			in.Kind, kind = history.RegRead, fmt.Sprintf("register read (%v)", mode)
+			_, err = db.View(octx, mode, func(ctx context.Context, s *client.Snapshot) (err error) {
+				out.Value, err = w.get(ctx, s, in.Key)
+				return err
+			})
+		}
+		ret := w.cp.now()
+		cancel()
+		switch w.cp.countOutcome(kind, err) {
+		case committed:
+			switch {
+			case in.Kind == history.RegRead:
+				seen[in.Key] = out.Value
+			case in.Kind == history.RegWrite || out.OK:
+				seen[in.Key] = in.Value
+			}
+			w.record(id, in, out, call, ret)
+		case unknown:
+			w.record(id, in, history.RegisterOutput{Unknown: true}, call, never)
+		}
+	}
+}
+
+// get reads register k (Absent if unset).
+func (w *registers) get(ctx context.Context, tx reader, k int) (int, error) {
+	v, ok, err := tx.Get(ctx, w.key(k))
+	if err != nil || !ok {
+		return history.Absent, err
+	}
+	return strconv.Atoi(string(v))
+}
+
+func (w *registers) record(id int, in history.RegisterInput, out history.RegisterOutput, call, ret int64) {
+	w.mu.Lock()
+	w.ops = append(w.ops, porcupine.Operation{ClientId: id, Input: in, Output: out, Call: call, Return: ret})
+	w.mu.Unlock()
+}
+
+// final reads every register in a locking transaction.
+func (w *registers) final(ctx context.Context, db *client.DB) {
+	for k := range registerCount {
+		call := w.cp.now()
+		var v int
+		err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+			v, err = w.get(ctx, tx, k)
+			return err
+		})
+		if err != nil {
+			w.cp.anomaly("final read of register %d: %v", k, err)
+			continue
+		}
+		w.record(finalClient, history.RegisterInput{Key: k, Kind: history.RegRead}, history.RegisterOutput{Value: v}, call, w.cp.now())
+	}
+}
+
+func (w *registers) check() {
+	switch res, _ := porcupine.CheckOperationsVerbose(history.RegisterModel, w.ops, checkTimeout); res {
+	case porcupine.Ok:
+	case porcupine.Unknown:
+		w.cp.anomaly("registers: porcupine could not decide within %v", checkTimeout)
+	default:
+		w.cp.anomaly("registers: the history of %d operations is not linearizable", len(w.ops))
+	}
+}
+
+func (w *registers) dump(dir string) error {
+	_, info := porcupine.CheckOperationsVerbose(history.RegisterModel, w.ops, checkTimeout)
+	return porcupine.VisualizePath(history.RegisterModel, info, filepath.Join(dir, "history-registers.html"))
+}
