@@ -64,7 +64,7 @@ func TestBankUnderLeaderKillAndRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	c, err := localcluster.Start(top, localcluster.Options{DataDir: dir})
+	c, err := localcluster.Start(top, localcluster.Options{DataDir: dir, Crashable: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestBankUnderLeaderKillAndRestart(t *testing.T) {
 	if leader == 0 {
 		t.Fatal("range 10 has no leader")
 	}
-	if err := c.StopNode(leader); err != nil {
+	if err := c.KillNode(leader); err != nil {
 		t.Fatal(err)
 	}
 	waitTransfers(30)
@@ -183,7 +183,7 @@ func TestBankUnderLeaderKillAndRestart(t *testing.T) {
 	}
 	waitTransfers(30)
 	other := leader%3 + 1
-	if err := c.StopNode(other); err != nil {
+	if err := c.KillNode(other); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.RestartNode(other); err != nil {
@@ -200,7 +200,13 @@ func TestBankUnderLeaderKillAndRestart(t *testing.T) {
 	t.Logf("%d transfers acknowledged, %d with unknown outcome, %d totals checked", len(acked), unknown, totals)
 	mu.Unlock()
 
-	// Restart the whole cluster from its data directories.
+	// Kill every node at once (a power loss), and restart the whole cluster
+	// from its data directories.
+	for _, id := range c.NodeIDs() {
+		if err := c.KillNode(id); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,9 @@ type Options struct {
 	// OrphanAfter overrides how long a range leader lets a silent transaction
 	// hold locks before resolving it (0: default).
 	OrphanAfter time.Duration
+	// Crashable opens every store so KillNode loses what a power loss would
+	// (node.Config.Crashable).
+	Crashable bool
 }
 
 // Cluster is a running in-process cluster.
@@ -101,6 +104,7 @@ func (c *Cluster) startNode(id uint64, l net.Listener) error {
 	n, err := node.Start(node.Config{
 		Topology: c.Topology, NodeID: id, DataDir: c.nodeDir(id),
 		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter, OrphanAfter: c.opts.OrphanAfter,
+		Crashable: c.opts.Crashable,
 	})
 	if err != nil {
 		return err
@@ -142,6 +146,21 @@ func (c *Cluster) StopNode(id uint64) error {
 	return n.Close()
 }
 
+// KillNode kills node id as kill -9 and a power loss would: at once nothing
+// more leaves or reaches it, and its store loses every write it had not
+// synced (with Options.Crashable). RestartNode brings it back.
+func (c *Cluster) KillNode(id uint64) error {
+	c.mu.Lock()
+	n := c.nodes[id]
+	delete(c.nodes, id)
+	c.mu.Unlock()
+	if n == nil {
+		return fmt.Errorf("localcluster: node %d is not running", id)
+	}
+	c.Net.Kill(id)
+	return n.Kill()
+}
+
 // RestartNode starts a stopped node again from its data directory, on its address.
 func (c *Cluster) RestartNode(id uint64) error {
 	if c.Node(id) != nil {
@@ -155,6 +174,7 @@ func (c *Cluster) RestartNode(id uint64) error {
 	if err != nil {
 		return fmt.Errorf("localcluster: rebind node %d: %w", id, err)
 	}
+	c.Net.Revive(id)
 	return c.startNode(id, l) // node.Start closes l if it fails
 }
 

@@ -21,7 +21,7 @@ const (
 	faultDrop          = "drop 10% of messages"
 	faultDuplicate     = "duplicate 20% of messages"
 	faultDelay         = "delay every message 20 ms"
-	faultRestartAll    = "restart the whole cluster from disk"
+	faultRestartAll    = "kill every node at once and restart from disk"
 	faultExclude       = "exclude a cut-off region and readmit it"
 	faultPrepared      = "kill a participant's leader between prepare and commit record"
 	faultPreparedCrash = "kill a participant's leader and the coordinator between prepare and commit record"
@@ -87,7 +87,7 @@ func (cp *campaign) crashHook(p client.CrashPoint, txn []byte, ranges []uint64) 
 	cp.mu.Unlock()
 	f := firedCrash{txn: append([]byte(nil), txn...), ranges: ranges, node: cp.c.Leader(ranges[a.pick%len(ranges)]), at: time.Now()}
 	if f.node != 0 {
-		if err := cp.c.StopNode(f.node); err != nil {
+		if err := cp.c.KillNode(f.node); err != nil {
 			cp.anomaly("stopping node %d mid-commit: %v", f.node, err)
 			f.node = 0
 		}
@@ -125,7 +125,7 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 					id = l
 				}
 			}
-			if err := cp.c.StopNode(id); err != nil {
+			if err := cp.c.KillNode(id); err != nil {
 				cp.anomaly("stopping node %d: %v", id, err)
 				continue
 			}
@@ -145,7 +145,7 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		case faultRestartAll:
 			var errs []error
 			for _, id := range nodes {
-				errs = append(errs, cp.c.StopNode(id))
+				errs = append(errs, cp.c.KillNode(id))
 			}
 			if err := errors.Join(errs...); err != nil {
 				cp.anomaly("stopping every node: %v", err)

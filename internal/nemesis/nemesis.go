@@ -175,7 +175,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	c, err := localcluster.Start(cfg.Topology, localcluster.Options{DataDir: dir, Keep: true, OrphanAfter: orphanAfter})
+	c, err := localcluster.Start(cfg.Topology, localcluster.Options{DataDir: dir, Keep: true, OrphanAfter: orphanAfter, Crashable: true})
 	if err != nil {
 		return nil, err
 	}

@@ -56,3 +56,31 @@ func TestCampaign(t *testing.T) {
 		}
 	}
 }
+
+// TestEpochViolations: the epoch checks flag a group going back and a
+// publisher serving two below a global epoch read before it, and pass
+// overlapping reads.
+func TestEpochViolations(t *testing.T) {
+	m := &epochMonitor{sources: []epochSource{
+		{name: "us-east1 local"}, {name: "us-east1 publisher", global: true, pub: true},
+		{name: "us-west1 publisher", global: true, pub: true}, {name: "global", global: true},
+	}}
+	m.reads = []epochRead{
+		{Source: 0, Call: 0, Return: 10, Epoch: 5},
+		{Source: 0, Call: 5, Return: 15, Epoch: 4},  // overlaps the first: fine
+		{Source: 3, Call: 0, Return: 10, Epoch: 9},  // the service at 9
+		{Source: 1, Call: 20, Return: 30, Epoch: 8}, // ≥ 9-1: fine
+		{Source: 2, Call: 5, Return: 30, Epoch: 7},  // began before the service read returned: fine
+	}
+	if v := m.violations(); len(v) != 0 {
+		t.Fatalf("a legal history reported %q", v)
+	}
+	m.reads = append(m.reads,
+		epochRead{Source: 0, Call: 40, Return: 50, Epoch: 4}, // went back below 5
+		epochRead{Source: 2, Call: 40, Return: 50, Epoch: 7}, // two below 9
+	)
+	v := strings.Join(m.violations(), "\n")
+	if !strings.Contains(v, "us-east1 local went back from 5 to 4") || !strings.Contains(v, "us-west1 publisher served 7 after global had returned 9") {
+		t.Fatalf("violations = %q", v)
+	}
+}

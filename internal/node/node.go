@@ -43,6 +43,9 @@ type Config struct {
 	CompactAfter uint64
 	// OrphanAfter overrides rangeserver.Config.OrphanAfter (0: default).
 	OrphanAfter time.Duration
+	// Crashable opens the store so that Kill can lose what a power loss
+	// would (storage.OpenCrashable); for fault campaigns.
+	Crashable bool
 }
 
 // Node is a running node. Close stops it.
@@ -86,7 +89,11 @@ func Start(cfg Config) (_ *Node, err error) {
 			n.closeParts()
 		}
 	}()
-	if n.engine, err = storage.Open(cfg.DataDir, cfg.NodeID); err != nil {
+	open := storage.Open
+	if cfg.Crashable {
+		open = storage.OpenCrashable
+	}
+	if n.engine, err = open(cfg.DataDir, cfg.NodeID); err != nil {
 		return nil, err
 	}
 	n.host = raftgroup.NewHost(cfg.NodeID, n.engine,
@@ -255,6 +262,17 @@ func (n *Node) EpochReplica(id uint64) *epoch.Replica { return n.epochs[id] }
 // out its WAL on close, so this is a clean stop; abrupt kills are tested with
 // separate processes and SIGKILL).
 func (n *Node) Close() error {
+	return n.closeParts()
+}
+
+// Kill stops the node and leaves its store as a power loss would, losing
+// every write not yet synced (with Config.Crashable; otherwise it is Close).
+// The caller isolates the node first (transport.Network.Kill), so nothing it
+// does while stopping is seen: to the cluster it died at that instant.
+func (n *Node) Kill() error {
+	if n.engine != nil {
+		n.engine.Crash()
+	}
 	return n.closeParts()
 }
 

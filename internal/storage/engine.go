@@ -48,12 +48,19 @@ type Engine struct {
 	db       *pebble.DB
 	dir      string
 	fsCloser io.Closer
+	crash    *crashFS // nil unless opened with OpenCrashable
 }
 
 // Open opens (creating if absent) the store in dir for node nodeID. A directory
 // initialised by another node fails with ErrWrongNode; damaged or truncated files
 // fail with an error wrapping ErrCorrupt (never a panic).
-func Open(dir string, nodeID uint64) (e *Engine, err error) {
+func Open(dir string, nodeID uint64) (*Engine, error) { return open(dir, nodeID, false) }
+
+// OpenCrashable is Open for fault campaigns: the engine can also be stopped
+// with Crash, which loses what a power loss would.
+func OpenCrashable(dir string, nodeID uint64) (*Engine, error) { return open(dir, nodeID, true) }
+
+func open(dir string, nodeID uint64, crashable bool) (e *Engine, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("storage: create %s: %w", dir, err)
 	}
@@ -71,6 +78,11 @@ func Open(dir string, nodeID uint64) (e *Engine, err error) {
 			_ = fsCloser.Close()
 		}
 	}()
+	var crash *crashFS
+	if crashable {
+		crash = newCrashFS(diskFS)
+		diskFS = crash
+	}
 	opts := &pebble.Options{
 		FS:                 diskFS,
 		Logger:             pebbleLogger{},
@@ -96,7 +108,7 @@ func Open(dir string, nodeID uint64) (e *Engine, err error) {
 		// missing referenced file.
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
-	e = &Engine{db: db, dir: dir, fsCloser: fsCloser}
+	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, crash: crash}
 	if err := e.checkIdent(nodeID); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -189,11 +201,26 @@ func (e *Engine) Scan(lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
 	return nil
 }
 
-// Close closes the store. Data committed without sync may be lost, as in a crash.
+// Close closes the store. Data committed without sync may be lost, as in a
+// crash; after Crash it is.
 func (e *Engine) Close() error {
 	err := e.db.Close()
 	_ = e.fsCloser.Close()
+	if e.crash != nil && e.crash.dead() {
+		return e.crash.cut() // the store's own complaints are moot after a crash
+	}
 	return err
+}
+
+// Crash is the instant of a power loss or kill -9: from now on nothing the
+// engine does reaches the disk, and Close leaves the files as that instant
+// did, cut back to their last sync, so every write not yet synced is lost.
+// Reads keep working until Close. On an engine not opened with
+// OpenCrashable it does nothing.
+func (e *Engine) Crash() {
+	if e.crash != nil {
+		e.crash.crash()
+	}
 }
 
 func wrapReadErr(err error) error {

@@ -30,6 +30,7 @@ type Network struct {
 
 	mu         sync.RWMutex
 	cutNodes   map[uint64]bool
+	dead       map[uint64]bool // killed nodes: cut until revived, whatever Heal does
 	cutRegions map[string]bool
 	dropRate   float64
 	dupRate    float64
@@ -39,7 +40,7 @@ type Network struct {
 
 // NewNetwork returns a fault-free network with top's latency matrix.
 func NewNetwork(top *topology.Topology) *Network {
-	return &Network{top: top, cutNodes: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{}}
+	return &Network{top: top, cutNodes: map[uint64]bool{}, dead: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{}}
 }
 
 // OneWayDelay returns how long a message from one endpoint takes to reach the
@@ -92,7 +93,7 @@ func (n *Network) Cut(from, to Endpoint) bool {
 	if from.Node != 0 && from.Node == to.Node {
 		return false
 	}
-	if n.cutNodes[from.Node] || n.cutNodes[to.Node] {
+	if n.cutNodes[from.Node] || n.cutNodes[to.Node] || n.dead[from.Node] || n.dead[to.Node] {
 		return true
 	}
 	return from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region])
@@ -112,6 +113,21 @@ func (n *Network) Duplicated(from, to Endpoint) bool {
 func (n *Network) CutNode(id uint64) {
 	n.mu.Lock()
 	n.cutNodes[id] = true
+	n.mu.Unlock()
+}
+
+// Kill isolates node id from every endpoint until Revive, whatever Heal does:
+// the instant a node process dies, nothing more leaves or reaches it.
+func (n *Network) Kill(id uint64) {
+	n.mu.Lock()
+	n.dead[id] = true
+	n.mu.Unlock()
+}
+
+// Revive ends Kill: the node's process is starting again.
+func (n *Network) Revive(id uint64) {
+	n.mu.Lock()
+	delete(n.dead, id)
 	n.mu.Unlock()
 }
 
