@@ -136,26 +136,32 @@ func (c *Cluster) NodeIDs() []uint64 {
 
 // StopNode stops node id, keeping its data directory.
 func (c *Cluster) StopNode(id uint64) error {
-	c.mu.Lock()
-	n := c.nodes[id]
-	delete(c.nodes, id)
-	c.mu.Unlock()
-	if n == nil {
-		return fmt.Errorf("localcluster: node %d is not running", id)
+	n, err := c.take(id)
+	if err != nil {
+		return err
 	}
 	return n.Close()
+}
+
+// take removes running node id from the cluster's set and returns it.
+func (c *Cluster) take(id uint64) (*node.Node, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[id]
+	if n == nil {
+		return nil, fmt.Errorf("localcluster: node %d is not running", id)
+	}
+	delete(c.nodes, id)
+	return n, nil
 }
 
 // KillNode kills node id as kill -9 and a power loss would: at once nothing
 // more leaves or reaches it, and its store loses every write it had not
 // synced (with Options.Crashable). RestartNode brings it back.
 func (c *Cluster) KillNode(id uint64) error {
-	c.mu.Lock()
-	n := c.nodes[id]
-	delete(c.nodes, id)
-	c.mu.Unlock()
-	if n == nil {
-		return fmt.Errorf("localcluster: node %d is not running", id)
+	n, err := c.take(id)
+	if err != nil {
+		return err
 	}
 	c.Net.Kill(id)
 	return n.Kill()

@@ -91,7 +91,7 @@ func (d *Dialer) wanInterceptor(to Endpoint) grpc.UnaryClientInterceptor {
 		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
 			return err
 		}
-		if d.net.Duplicated(d.self, to) {
+		if d.net.Duplicated() {
 			// The request arrives a second time; its reply is lost.
 			dup := proto.Clone(reply.(proto.Message))
 			proto.Reset(dup)

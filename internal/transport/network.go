@@ -99,10 +99,10 @@ func (n *Network) Cut(from, to Endpoint) bool {
 	return from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region])
 }
 
-// Duplicated reports whether a message that gets through from one endpoint to
-// the other is delivered a second time, by the injected duplication rate: a
-// retransmission the receiver must tolerate.
-func (n *Network) Duplicated(from, to Endpoint) bool {
+// Duplicated reports whether a message that gets through is delivered a
+// second time, by the injected duplication rate: a retransmission the
+// receiver must tolerate.
+func (n *Network) Duplicated() bool {
 	n.mu.RLock()
 	p := n.dupRate
 	n.mu.RUnlock()

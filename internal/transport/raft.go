@@ -138,7 +138,7 @@ func (s *sender) enqueue(env *transportpb.RaftEnvelope) {
 	}
 	at := time.Now().Add(net.OneWayDelay(self, s.to))
 	s.queue = append(s.queue, queued{env: env, releaseAt: at})
-	if net.Duplicated(self, s.to) {
+	if net.Duplicated() {
 		s.queue = append(s.queue, queued{env: env, releaseAt: at})
 	}
 	s.mu.Unlock()
