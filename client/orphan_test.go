@@ -115,3 +115,54 @@ func TestCoordinatorCrashes(t *testing.T) {
 		t.Logf("coordinator crashed %v (leader %d killed): locks released in %v, applied = %v", tc.point, killed, took, want)
 	}
 }
+
+// TestReadAfterCommitRecordAcrossLeaderDeath: a transaction's coordinator
+// dies right after its commit record, and the leader of one of its ranges
+// dies with it. A transaction begun after that, reading and writing the same
+// key at the new leader, must see the first one's write (the commit record
+// came first in real time) without anyone telling the participants: the new
+// leader re-locks the prepared transaction and resolves it.
+func TestReadAfterCommitRecordAcrossLeaderDeath(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{OrphanAfter: orphanAfter, Crashable: true})
+	ctx := ctxT(t, 60*time.Second)
+	a, x := []byte("a-prepared"), []byte("x-prepared")
+	var killed uint64
+	db.SetCrashHook(func(p client.CrashPoint, _ []byte, _ []uint64) bool {
+		if p != client.CrashAfterCommitRecord {
+			return false
+		}
+		if killed = c.Leader(10); killed != 0 {
+			if err := c.KillNode(killed); err != nil {
+				t.Error(err)
+			}
+		}
+		return true
+	})
+	err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		if err := tx.Put(ctx, a, []byte("t1")); err != nil {
+			return err
+		}
+		return tx.Put(ctx, x, []byte("t1"))
+	})
+	db.SetCrashHook(nil)
+	if !errors.Is(err, client.ErrCommitUnknown) || killed == 0 {
+		t.Fatalf("commit = %v, leader killed = %d; want ErrCommitUnknown and a kill", err, killed)
+	}
+	var read string
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		v, _, err := tx.Get(ctx, a)
+		read = string(v)
+		if err != nil {
+			return err
+		}
+		return tx.Put(ctx, a, append(v, "+t2"...))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if read != "t1" {
+		t.Fatalf("a transaction after the commit record read %q at the new leader, want the committed %q", read, "t1")
+	}
+	if err := c.RestartNode(killed); err != nil {
+		t.Fatal(err)
+	}
+}
