@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -32,11 +33,16 @@ type Dialer struct {
 	mu     sync.Mutex
 	conns  map[uint64]*grpc.ClientConn
 	closed bool
+
+	life context.Context // canceled by Close: duplicates in flight give up
+	stop context.CancelFunc
+	dups sync.WaitGroup // duplicated requests in flight
 }
 
 // NewDialer returns a Dialer whose calls originate at self.
 func NewDialer(net *Network, self Endpoint) *Dialer {
-	return &Dialer{net: net, self: self, conns: map[uint64]*grpc.ClientConn{}}
+	life, stop := context.WithCancel(context.Background())
+	return &Dialer{net: net, self: self, conns: map[uint64]*grpc.ClientConn{}, life: life, stop: stop}
 }
 
 // Self returns the endpoint calls originate from.
@@ -88,14 +94,11 @@ func (d *Dialer) wanInterceptor(to Endpoint) grpc.UnaryClientInterceptor {
 		if !d.net.Deliverable(d.self, to) {
 			return status.Errorf(codes.Unavailable, "transport: request to node %d dropped by the network", to.Node)
 		}
+		if d.net.Duplicated() {
+			d.duplicate(to, method, req, reply, cc, invoker, opts)
+		}
 		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
 			return err
-		}
-		if d.net.Duplicated() {
-			// The request arrives a second time; its reply is lost.
-			dup := proto.Clone(reply.(proto.Message))
-			proto.Reset(dup)
-			_ = invoker(ctx, method, req, dup, cc, opts...)
 		}
 		if !SleepCtx(ctx, d.net.OneWayDelay(to, d.self)) {
 			return status.FromContextError(ctx.Err()).Err()
@@ -107,13 +110,48 @@ func (d *Dialer) wanInterceptor(to Endpoint) grpc.UnaryClientInterceptor {
 	}
 }
 
-// Close closes every connection; later Conn calls fail with ErrClosed.
+// dupMaxLag bounds how much later than the original a duplicated request
+// arrives; dupTimeout bounds the duplicate's call.
+const (
+	dupMaxLag  = 50 * time.Millisecond
+	dupTimeout = 2 * time.Second
+)
+
+// duplicate sends a copy of a request 0–dupMaxLag after the original, so it
+// may overtake it or arrive after the caller has its reply (or gave up); its
+// reply is lost. Close waits for it.
+func (d *Dialer) duplicate(to Endpoint, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	req = proto.Clone(req.(proto.Message))
+	dupReply := proto.Clone(reply.(proto.Message))
+	proto.Reset(dupReply)
+	lag := time.Duration(rand.Int64N(int64(dupMaxLag)))
+	d.dups.Add(1)
+	go func() {
+		defer d.dups.Done()
+		ctx, cancel := context.WithTimeout(d.life, dupTimeout)
+		defer cancel()
+		if !SleepCtx(ctx, lag) || !d.net.Deliverable(d.self, to) {
+			return
+		}
+		_ = invoker(ctx, method, req, dupReply, cc, opts...)
+	}()
+}
+
+// Close closes every connection, after stopping duplicated requests in
+// flight; later Conn calls fail with ErrClosed.
 func (d *Dialer) Close() {
 	d.mu.Lock()
 	conns := d.conns
 	d.conns = map[uint64]*grpc.ClientConn{}
 	d.closed = true
 	d.mu.Unlock()
+	d.stop()
+	d.dups.Wait()
 	for _, c := range conns {
 		_ = c.Close()
 	}
