@@ -52,7 +52,7 @@ const (
 //     append was not placed right after the list it read (a lost update);
 //   - a transaction saw only some of another's appends (fractured read);
 //   - a fresh read missed an append acknowledged before it began, or saw a
-//     list shorter than a fresh read that returned before it began.
+//     list shorter than any read that returned before it began.
 //
 // Only committed transactions' reads are checked.
 func CheckLists(ops []ListOp, final map[int][]int) []string {
@@ -157,7 +157,7 @@ func keysOf(m map[int]bool) []int {
 }
 
 // stale reports fresh reads that missed an append acknowledged before they
-// began, or went back behind a fresh read that returned before they began.
+// began, or went back behind any read that returned before they began.
 func stale(ops []ListOp) []string {
 	byCall := make([]int, 0, len(ops))
 	for i, op := range ops {
@@ -170,8 +170,8 @@ func stale(ops []ListOp) []string {
 	sort.Slice(byReturn, func(a, b int) bool { return ops[byReturn[a]].Return < ops[byReturn[b]].Return })
 	// Sweep in call order; done holds, per list, the longest list any
 	// transaction returned before this call is known to imply: an
-	// acknowledged append at index p implies p+1 elements, and a fresh read
-	// of n elements implies n.
+	// acknowledged append at index p implies p+1 elements, and a read of n
+	// elements in any mode implies n (it saw only committed appends).
 	type bound struct {
 		n  int
 		by int
@@ -182,16 +182,13 @@ func stale(ops []ListOp) []string {
 	for _, i := range byCall {
 		for ; j < len(byReturn) && ops[byReturn[j]].Return < ops[i].Call; j++ {
 			w := ops[byReturn[j]]
-			for l := range w.Appends {
-				if n := len(w.Reads[l]) + 1; n > done[l].n {
-					done[l] = bound{n, byReturn[j]}
+			for l, got := range w.Reads {
+				n := len(got)
+				if _, appended := w.Appends[l]; appended {
+					n++
 				}
-			}
-			if w.Fresh && len(w.Appends) == 0 {
-				for l, got := range w.Reads {
-					if len(got) > done[l].n {
-						done[l] = bound{len(got), byReturn[j]}
-					}
+				if n > done[l].n {
+					done[l] = bound{n, byReturn[j]}
 				}
 			}
 		}

@@ -66,6 +66,12 @@ func TestCheckListsAnomalies(t *testing.T) {
 			ops[2].Reads = map[int][]int{0: {1}}
 			return ops, f
 		}, "returned before it began"},
+		{"fresh read behind a stale one", func(ops []ListOp, f map[int][]int) ([]ListOp, map[int][]int) {
+			ops = append(ops, ListOp{Client: 6, Reads: map[int][]int{0: {1, 2}}, Call: 31, Return: 35},
+				ListOp{Client: 7, Reads: map[int][]int{0: {1}}, Fresh: true, Call: 36, Return: 37})
+			ops[1].Return = 40 // the append of 2 itself is still running
+			return ops, f
+		}, "but op 4, which returned before it began, implies 2"},
 	} {
 		ops, final := listHistory()
 		ops, final = tc.plant(ops, final)
