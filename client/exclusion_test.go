@@ -227,3 +227,89 @@ func TestAutomaticExclusion(t *testing.T) {
 		t.Fatalf("regions: %+v, %v; want us-west1 excluded", regions, err)
 	}
 }
+
+// TestPreparedLocksHoldWhileCoordinatorRegionExcluded: a transaction from
+// us-east1 writes a key in each data region; right after its commit record
+// its coordinator dies, the leader of its us-west1 range dies, and us-east1 is
+// cut off and excluded, so the global epoch moves on without it. The new
+// us-west1 leader cannot learn the outcome from us-east1's state store, yet
+// must keep the prepared transaction's lock: until us-east1 returns, no
+// transaction or snapshot in us-west1 may read the key without the committed
+// write. Afterwards the write is there.
+func TestPreparedLocksHoldWhileCoordinatorRegionExcluded(t *testing.T) {
+	r := startThreeRegions(t, nil)
+	ctx := ctxT(t, 120*time.Second)
+	net := r.c.Dialer("us-central1").Network()
+	ops := r.c.Dialer("us-central1")                   // the operator sits with the global epoch service
+	a, x := []byte("a-excluded"), []byte("x-excluded") // us-east1, us-west1
+	var killed uint64
+	r.east.SetCrashHook(func(p client.CrashPoint, _ []byte, _ []uint64) bool {
+		if p != client.CrashAfterCommitRecord {
+			return false
+		}
+		if killed = r.c.Leader(201); killed != 0 {
+			if err := r.c.KillNode(killed); err != nil {
+				t.Error(err)
+			}
+		}
+		net.CutRegion("us-east1")
+		return true
+	})
+	err := r.east.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		if err := tx.Put(ctx, a, []byte("t1")); err != nil {
+			return err
+		}
+		return tx.Put(ctx, x, []byte("t1"))
+	})
+	r.east.SetCrashHook(nil)
+	if !errors.Is(err, client.ErrCommitUnknown) || killed == 0 {
+		t.Fatalf("commit = %v, leader killed = %d; want ErrCommitUnknown and a kill", err, killed)
+	}
+	if err := admin.SetRegionExcluded(ctx, ops, r.top, "us-east1", true); err != nil {
+		t.Fatal(err)
+	}
+	e, err := r.pubWest.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := epochWaitAbove(ctx, r.pubWest, e+3); err != nil {
+		t.Fatalf("the global epoch did not move on without us-east1: %v", err)
+	}
+	// Neither a locking transaction nor a strong snapshot may read x without
+	// t1's write; both have to wait (here: until they give up).
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	var read []byte
+	err = r.west.Update(tctx, func(ctx context.Context, tx *client.Txn) error {
+		v, _, err := tx.Get(ctx, x)
+		if read = v; err != nil {
+			return err
+		}
+		return tx.Put(ctx, x, append(v, "+t2"...))
+	})
+	cancel()
+	if err == nil && string(read) != "t1" {
+		t.Fatalf("with the outcome unreachable, a us-west1 transaction read x = %q and committed; want it to wait for t1", read)
+	}
+	tctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+	v, ok, err := readOnce(tctx, r.west, string(x))
+	cancel()
+	if err == nil && v != "t1" && v != "t1+t2" {
+		t.Fatalf("with the outcome unreachable, a strong snapshot read x = %q (present %v); want it to wait for t1", v, ok)
+	}
+	net.Heal()
+	if err := admin.SetRegionExcluded(ctx, ops, r.top, "us-east1", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.c.RestartNode(killed); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range [][]byte{a, x} {
+		var got []byte
+		if err := r.west.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+			got, _, err = tx.Get(ctx, k)
+			return err
+		}); err != nil || (string(got) != "t1" && string(got) != "t1+t2") {
+			t.Fatalf("after healing, %s = %q (%v); want t1's write", k, got, err)
+		}
+	}
+}
