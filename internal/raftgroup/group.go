@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,7 @@ type proposalResult struct {
 // send messages, apply committed entries, advance.
 type Group struct {
 	id, self uint64
+	voters   []uint64 // the group's replica IDs
 	rn       *raft.RawNode
 	ls       *logStore
 	sm       StateMachine
@@ -167,7 +169,7 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 		return nil, fmt.Errorf("raftgroup: group %d: %w", id, err)
 	}
 	g := &Group{
-		id: id, self: self, rn: rn, ls: ls, sm: sm, e: e, cfg: cfg.withDefaults(), metrics: m,
+		id: id, self: self, voters: slices.Clone(voters), rn: rn, ls: ls, sm: sm, e: e, cfg: cfg.withDefaults(), metrics: m,
 		inbox:        make(chan *raftpb.Message, 4096),
 		props:        make(chan *proposal, 1024),
 		reports:      make(chan func(*raft.RawNode), 256),
@@ -483,6 +485,11 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	if rd.SoftState != nil {
 		g.onSoftState(rd.SoftState)
 	}
+	if !raft.IsEmptyHardState(rd.HardState) {
+		g.mu.Lock()
+		g.status.Term = rd.HardState.GetTerm()
+		g.mu.Unlock()
+	}
 	// A leader sends before it persists, so its fsync overlaps the followers'
 	// (Raft thesis §10.2.1): etcd raft counts the leader's own entries toward
 	// the commit quorum only after Advance, i.e. after they are durable. Anyone
@@ -556,7 +563,6 @@ func (g *Group) onSoftState(ss *raft.SoftState) {
 	g.mu.Lock()
 	was := g.status.Leader
 	g.status.Leader = ss.Lead
-	g.status.Term = g.rn.BasicStatus().HardState.GetTerm()
 	g.mu.Unlock()
 	if was != ss.Lead {
 		if ss.Lead == g.self {

@@ -7,6 +7,7 @@ package raftgroup
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,7 @@ type Metrics struct {
 	appendSync      prometheus.Histogram
 	proposals       prometheus.Counter
 	droppedMessages prometheus.Counter
+	strayMessages   prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: unregistered).
@@ -44,9 +46,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		droppedMessages: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "terroir_raft_inbox_dropped_total", Help: "Incoming Raft messages dropped because a group's inbox was full.",
 		}),
+		strayMessages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_raft_stray_messages_total",
+			Help: "Incoming Raft messages dropped as misaddressed: for a group not hosted here, to another replica, or from a node that is not the sender or not a replica of the group.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.appendSync, m.proposals, m.droppedMessages)
+		reg.MustRegister(m.appendSync, m.proposals, m.droppedMessages, m.strayMessages)
 	}
 	return m
 }
@@ -115,14 +121,22 @@ func (h *Host) Group(id uint64) *Group {
 	return h.groups[id]
 }
 
-// HandleRaft implements transport.RaftHandler.
-func (h *Host) HandleRaft(_ uint64, msgs []*transportpb.RaftEnvelope) {
+// HandleRaft implements transport.RaftHandler. It drops (and counts) a
+// message for a group not hosted here, addressed to another replica, or not
+// from node `from` or not from a replica of its group.
+func (h *Host) HandleRaft(from uint64, msgs []*transportpb.RaftEnvelope) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	for _, env := range msgs {
-		if g := h.groups[env.GetGroupId()]; g != nil && env.GetMsg() != nil {
-			g.step(env.GetMsg())
+		m, g := env.GetMsg(), h.groups[env.GetGroupId()]
+		// Raft trusts every message it steps: a misaddressed one (a node
+		// restarted on another's address, a message of another cluster) could
+		// raise a group's term or be taken for a replica's reply.
+		if g == nil || m == nil || m.GetTo() != h.self || m.GetFrom() != from || !slices.Contains(g.voters, from) {
+			h.metrics.strayMessages.Inc()
+			continue
 		}
+		g.step(m)
 	}
 }
 
