@@ -87,18 +87,8 @@ func FuzzWireRequests(f *testing.F) {
 	if err := os.WriteFile(path, []byte(wireTopology), 0o644); err != nil {
 		f.Fatal(err)
 	}
-	c := localcluster.StartT(f, path, localcluster.Options{OrphanAfter: 200 * time.Millisecond})
+	c := startServing(f, path, localcluster.Options{OrphanAfter: 200 * time.Millisecond})
 	d := c.Dialer("us-east1")
-	db, err := c.Client("us-east1")
-	if err != nil {
-		f.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// Once a write commits, every group has a leader to serve the fuzzer.
-	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, []byte("b"), []byte("v")) }); err != nil {
-		f.Fatal(err)
-	}
 	txn := make([]byte, 16)
 	for i, m := range wireMethods {
 		req := m.req()
@@ -165,6 +155,25 @@ func FuzzWireRequests(f *testing.F) {
 	})
 }
 
+// startServing starts the single-region cluster of the topology file at
+// path and commits one write in it, so that the groups a write needs (the
+// local epoch, a range, the publisher if there is one) have leaders before
+// the test begins.
+func startServing(tb testing.TB, path string, opts localcluster.Options) *localcluster.Cluster {
+	tb.Helper()
+	c := localcluster.StartT(tb, path, opts)
+	db, err := c.Client(c.Topology.Regions[0])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, []byte("b"), []byte("v")) }); err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
 // groupsOf lists top's groups of kinds.
 func groupsOf(top *topology.Topology, kinds []topology.Kind) []uint64 {
 	var out []uint64
@@ -205,16 +214,9 @@ func outcomeMayBeUnknown(method string) bool {
 // the group: its term stays. The same message well addressed does raise it,
 // so the check is what kept the others out.
 func TestStrayRaftMessagesAreDropped(t *testing.T) {
-	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startServing(t, "../../examples/one-region.yaml", localcluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, []byte("b"), []byte("v")) }); err != nil {
-		t.Fatal(err)
-	}
 	const group = 10
 	leader := c.Leader(group)
 	follower := leader%3 + 1
