@@ -19,6 +19,7 @@ import (
 	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport/transportpb"
+	"github.com/terroir-db/terroir/internal/txnstate"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
 )
 
@@ -50,29 +51,31 @@ type wireMethod struct {
 	kinds     []topology.Kind
 }
 
+// The kinds of group each service serves.
 var (
-	ranges   = []topology.Kind{topology.KindRange}
-	txnState = []topology.Kind{topology.KindTxnState}
-	epochs   = []topology.Kind{topology.KindLocalEpoch, topology.KindGlobalEpoch, topology.KindPublisher}
-	global   = []topology.Kind{topology.KindGlobalEpoch}
+	rangeKinds     = []topology.Kind{topology.KindRange}
+	txnStateKinds  = []topology.Kind{topology.KindTxnState}
+	epochKinds     = []topology.Kind{topology.KindLocalEpoch, topology.KindGlobalEpoch, topology.KindPublisher}
+	publisherKinds = []topology.Kind{topology.KindPublisher}
+	globalKinds    = []topology.Kind{topology.KindGlobalEpoch}
 )
 
 // wireMethods lists every unary RPC of every service a node serves.
 var wireMethods = []wireMethod{
-	{rangepb.Range_Get_FullMethodName, func() proto.Message { return &rangepb.GetRequest{} }, func() proto.Message { return &rangepb.GetResponse{} }, ranges},
-	{rangepb.Range_Scan_FullMethodName, func() proto.Message { return &rangepb.ScanRequest{} }, func() proto.Message { return &rangepb.ScanResponse{} }, ranges},
-	{rangepb.Range_Lock_FullMethodName, func() proto.Message { return &rangepb.LockRequest{} }, func() proto.Message { return &rangepb.LockResponse{} }, ranges},
-	{rangepb.Range_Prepare_FullMethodName, func() proto.Message { return &rangepb.PrepareRequest{} }, func() proto.Message { return &rangepb.PrepareResponse{} }, ranges},
-	{rangepb.Range_Commit_FullMethodName, func() proto.Message { return &rangepb.CommitRequest{} }, func() proto.Message { return &rangepb.CommitResponse{} }, ranges},
-	{rangepb.Range_Abort_FullMethodName, func() proto.Message { return &rangepb.AbortRequest{} }, func() proto.Message { return &rangepb.AbortResponse{} }, ranges},
-	{rangepb.Range_CommitOnePhase_FullMethodName, func() proto.Message { return &rangepb.OnePhaseRequest{} }, func() proto.Message { return &rangepb.OnePhaseResponse{} }, ranges},
-	{rangepb.Range_SnapshotRead_FullMethodName, func() proto.Message { return &rangepb.SnapshotReadRequest{} }, func() proto.Message { return &rangepb.SnapshotReadResponse{} }, ranges},
-	{txnstatepb.TxnState_Decide_FullMethodName, func() proto.Message { return &txnstatepb.DecideRequest{} }, func() proto.Message { return &txnstatepb.DecideResponse{} }, txnState},
-	{txnstatepb.TxnState_Get_FullMethodName, func() proto.Message { return &txnstatepb.GetRequest{} }, func() proto.Message { return &txnstatepb.GetResponse{} }, txnState},
-	{epochpb.Epoch_ReadEpoch_FullMethodName, func() proto.Message { return &epochpb.ReadEpochRequest{} }, func() proto.Message { return &epochpb.ReadEpochResponse{} }, epochs},
-	{epochpb.Epoch_Publish_FullMethodName, func() proto.Message { return &epochpb.PublishRequest{} }, func() proto.Message { return &epochpb.PublishResponse{} }, []topology.Kind{topology.KindPublisher}},
-	{epochpb.Epoch_SetExcluded_FullMethodName, func() proto.Message { return &epochpb.SetExcludedRequest{} }, func() proto.Message { return &epochpb.SetExcludedResponse{} }, global},
-	{epochpb.Epoch_Membership_FullMethodName, func() proto.Message { return &epochpb.MembershipRequest{} }, func() proto.Message { return &epochpb.MembershipResponse{} }, global},
+	{rangepb.Range_Get_FullMethodName, func() proto.Message { return &rangepb.GetRequest{} }, func() proto.Message { return &rangepb.GetResponse{} }, rangeKinds},
+	{rangepb.Range_Scan_FullMethodName, func() proto.Message { return &rangepb.ScanRequest{} }, func() proto.Message { return &rangepb.ScanResponse{} }, rangeKinds},
+	{rangepb.Range_Lock_FullMethodName, func() proto.Message { return &rangepb.LockRequest{} }, func() proto.Message { return &rangepb.LockResponse{} }, rangeKinds},
+	{rangepb.Range_Prepare_FullMethodName, func() proto.Message { return &rangepb.PrepareRequest{} }, func() proto.Message { return &rangepb.PrepareResponse{} }, rangeKinds},
+	{rangepb.Range_Commit_FullMethodName, func() proto.Message { return &rangepb.CommitRequest{} }, func() proto.Message { return &rangepb.CommitResponse{} }, rangeKinds},
+	{rangepb.Range_Abort_FullMethodName, func() proto.Message { return &rangepb.AbortRequest{} }, func() proto.Message { return &rangepb.AbortResponse{} }, rangeKinds},
+	{rangepb.Range_CommitOnePhase_FullMethodName, func() proto.Message { return &rangepb.OnePhaseRequest{} }, func() proto.Message { return &rangepb.OnePhaseResponse{} }, rangeKinds},
+	{rangepb.Range_SnapshotRead_FullMethodName, func() proto.Message { return &rangepb.SnapshotReadRequest{} }, func() proto.Message { return &rangepb.SnapshotReadResponse{} }, rangeKinds},
+	{txnstatepb.TxnState_Decide_FullMethodName, func() proto.Message { return &txnstatepb.DecideRequest{} }, func() proto.Message { return &txnstatepb.DecideResponse{} }, txnStateKinds},
+	{txnstatepb.TxnState_Get_FullMethodName, func() proto.Message { return &txnstatepb.GetRequest{} }, func() proto.Message { return &txnstatepb.GetResponse{} }, txnStateKinds},
+	{epochpb.Epoch_ReadEpoch_FullMethodName, func() proto.Message { return &epochpb.ReadEpochRequest{} }, func() proto.Message { return &epochpb.ReadEpochResponse{} }, epochKinds},
+	{epochpb.Epoch_Publish_FullMethodName, func() proto.Message { return &epochpb.PublishRequest{} }, func() proto.Message { return &epochpb.PublishResponse{} }, publisherKinds},
+	{epochpb.Epoch_SetExcluded_FullMethodName, func() proto.Message { return &epochpb.SetExcludedRequest{} }, func() proto.Message { return &epochpb.SetExcludedResponse{} }, globalKinds},
+	{epochpb.Epoch_Membership_FullMethodName, func() proto.Message { return &epochpb.MembershipRequest{} }, func() proto.Message { return &epochpb.MembershipResponse{} }, globalKinds},
 	{transportpb.Transport_Ping_FullMethodName, func() proto.Message { return &transportpb.PingRequest{} }, func() proto.Message { return &transportpb.PingResponse{} }, nil},
 }
 
@@ -89,7 +92,7 @@ func FuzzWireRequests(f *testing.F) {
 	}
 	c := startServing(f, path, localcluster.Options{OrphanAfter: 200 * time.Millisecond})
 	d := c.Dialer("us-east1")
-	txn := make([]byte, 16)
+	txn := make([]byte, txnstate.TxnIDLen)
 	for i, m := range wireMethods {
 		req := m.req()
 		// A well-formed request of each kind seeds the corpus with the fields
