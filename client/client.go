@@ -35,7 +35,6 @@ import (
 	"time"
 
 	"github.com/terroir-db/terroir/internal/coordinator"
-	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 )
@@ -185,9 +184,35 @@ func (tx *Txn) Put(ctx context.Context, key, value []byte) error { return tx.t.P
 // Delete removes key when the transaction commits.
 func (tx *Txn) Delete(ctx context.Context, key []byte) error { return tx.t.Delete(ctx, key) }
 
-// Commit commits the transaction and returns its version id. After a retryable
-// error nothing was committed; after ErrCommitUnknown the outcome is unknown.
-func (tx *Txn) Commit(ctx context.Context) (storage.VersionID, error) { return tx.t.Commit(ctx) }
+// Version identifies a committed transaction's writes (paper §5.1,
+// DESIGN.md §6): the global epoch it committed in (the local epoch in a
+// deployment without publishers), then a counter from 1 that orders the
+// transactions of one epoch that wrote a common key. Versions order commits:
+// if a.Less(b), a's writes precede b's. The zero Version is what a
+// transaction that wrote nothing returns.
+type Version struct {
+	// Epoch is the epoch the transaction committed in.
+	Epoch uint64
+	// Counter orders transactions of one epoch (from 1).
+	Counter uint32
+}
+
+// Less reports whether v orders before o.
+func (v Version) Less(o Version) bool {
+	return v.Epoch < o.Epoch || (v.Epoch == o.Epoch && v.Counter < o.Counter)
+}
+
+// String renders v as <epoch,counter>.
+func (v Version) String() string { return fmt.Sprintf("<%d,%d>", v.Epoch, v.Counter) }
+
+// Commit commits the transaction and returns its version. After a retryable
+// error nothing was committed (ErrAborted when an earlier step failed: a
+// failed step ends the transaction, DESIGN.md §10); after ErrCommitUnknown
+// the outcome is unknown. Either way the transaction is finished.
+func (tx *Txn) Commit(ctx context.Context) (Version, error) {
+	v, err := tx.t.Commit(ctx)
+	return Version{Epoch: v.Epoch, Counter: v.Counter}, err
+}
 
 // Abort discards the transaction and releases its locks.
 func (tx *Txn) Abort(ctx context.Context) error { return tx.t.Abort(ctx) }

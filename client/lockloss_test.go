@@ -10,6 +10,8 @@ import (
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // lostLocksScenario: t1 reads k, then loses its read lock (loseLocks), t2
@@ -38,8 +40,10 @@ func lostLocksScenario(t *testing.T, opts localcluster.Options, loseLocks func(c
 	if err == nil {
 		_, err = t1.Commit(ctx)
 	}
-	if !errors.Is(err, client.ErrConflict) {
-		t.Fatalf("t1, whose read lock was lost, ended with %v; want ErrConflict (a lost update otherwise)", err)
+	// ErrConflict when a step finds the locks gone, ErrAborted when a
+	// heartbeat found it first: either way nothing was committed.
+	if !errors.Is(err, client.ErrConflict) && !errors.Is(err, client.ErrAborted) {
+		t.Fatalf("t1, whose read lock was lost, ended with %v; want ErrConflict or ErrAborted (a lost update otherwise)", err)
 	}
 }
 
@@ -51,10 +55,79 @@ func TestLockLossAcrossLeaseChangeAborts(t *testing.T) {
 	})
 }
 
-func TestLockLossToIdleReaperAborts(t *testing.T) {
-	lostLocksScenario(t, localcluster.Options{OrphanAfter: 300 * time.Millisecond}, func(*localcluster.Cluster) {
-		time.Sleep(time.Second) // think time past OrphanAfter: the leader drops t1
-	})
+// TestSilentCoordinatorLosesItsLocks takes a lock the way a coordinator would
+// and then goes silent (no operation, no heartbeat): after orphan_after the
+// leader drops it, another transaction updates the key, and the silent
+// transaction's commit is refused — it would lose that update otherwise.
+func TestSilentCoordinatorLosesItsLocks(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{OrphanAfter: 300 * time.Millisecond})
+	ctx := ctxT(t, 30*time.Second)
+	k := []byte("acct")
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, k, []byte("100")) }); err != nil {
+		t.Fatal(err)
+	}
+	rc, meta := rawTxn(t, c)
+	lock, err := rc.Lock(ctx, &pb.LockRequest{RangeId: 10, Txn: meta, Key: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // silent past orphan_after
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		return tx.Put(ctx, k, []byte("150"))
+	}); err != nil {
+		t.Fatalf("update after the silent transaction's bound: %v", err)
+	}
+	_, err = rc.CommitOnePhase(ctx, &pb.OnePhaseRequest{RangeId: 10, Txn: meta, LockCount: 1, Incarnation: lock.GetIncarnation(),
+		Writes: []*pb.Write{{Key: k, Value: []byte("90")}}})
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("commit of the silent transaction = %v; want Aborted (its locks are gone)", err)
+	}
+}
+
+// TestWaitingIsNotSilence speaks the wire protocol, so neither transaction
+// heartbeats: the older takes j, then waits for k, which the younger holds.
+// The silent younger is resolved after orphan_after and the older gets k; the
+// older, silent as long but waiting all along, keeps j — its lock on k comes
+// back under the incarnation it took j under.
+func TestWaitingIsNotSilence(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{OrphanAfter: 300 * time.Millisecond})
+	ctx := ctxT(t, 30*time.Second)
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, []byte("k"), []byte("0")) }); err != nil {
+		t.Fatal(err)
+	}
+	rc, older := rawTxn(t, c)
+	_, younger := rawTxn(t, c)
+	j, err := rc.Lock(ctx, &pb.LockRequest{RangeId: 10, Txn: older, Key: []byte("j")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.Lock(ctx, &pb.LockRequest{RangeId: 10, Txn: younger, Key: []byte("k")}); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	k, err := rc.Lock(ctx, &pb.LockRequest{RangeId: 10, Txn: older, Key: []byte("k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the older transaction waited %v for k", time.Since(began).Round(time.Millisecond))
+	if k.GetIncarnation() != j.GetIncarnation() {
+		t.Fatalf("the older transaction's locks were dropped while it waited (incarnation %d, then %d)", j.GetIncarnation(), k.GetIncarnation())
+	}
+}
+
+// rawTxn returns a Range client of range 10's leader and a fresh
+// transaction's metadata, for tests that speak the wire protocol directly
+// (and so send no heartbeats).
+func rawTxn(t *testing.T, c *localcluster.Cluster) (pb.RangeClient, *pb.TxnMeta) {
+	t.Helper()
+	id := make([]byte, 16)
+	_, _ = rand.Read(id)
+	meta := &pb.TxnMeta{Id: id, Priority: uint64(time.Now().UnixNano()), TxnStateGroup: 2}
+	conn, err := c.Dialer("us-east1").Conn(c.Leader(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pb.NewRangeClient(conn), meta
 }
 
 // TestPrepareWhoseCallerGaveUpIsResolved prepares with a deadline shorter than
@@ -68,15 +141,7 @@ func TestPrepareWhoseCallerGaveUpIsResolved(t *testing.T) {
 	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, k, []byte("100")) }); err != nil {
 		t.Fatal(err)
 	}
-	id := make([]byte, 16)
-	_, _ = rand.Read(id)
-	meta := &pb.TxnMeta{Id: id, Priority: uint64(time.Now().UnixNano()), TxnStateGroup: 2}
-	leader := c.Leader(10)
-	conn, err := c.Dialer("us-east1").Conn(leader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := pb.NewRangeClient(conn)
+	rc, meta := rawTxn(t, c)
 	lock, err := rc.Lock(ctx, &pb.LockRequest{RangeId: 10, Txn: meta, Key: k})
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 func startCmd() *cobra.Command {
 	var configPath, dataDir, metricsAddr string
 	var nodeID uint64
+	var orphanAfter time.Duration
 	cmd := &cobra.Command{
 		Use:   "start --config <topology.yaml> --node <id> --data-dir <dir>",
 		Short: "Run one node: host its replicas of every group the topology places on it",
@@ -35,7 +36,11 @@ func startCmd() *cobra.Command {
 			if dataDir == "" {
 				return errors.New("--data-dir is required")
 			}
-			n, err := node.Start(node.Config{Topology: top, NodeID: nodeID, DataDir: dataDir})
+			if orphanAfter != 0 && orphanAfter < top.OrphanAfter/2 {
+				// Coordinators heartbeat every orphan_after/4 of the topology.
+				return fmt.Errorf("--orphan-after %v: must be at least half the topology's orphan_after (%v), or 0 for it", orphanAfter, top.OrphanAfter)
+			}
+			n, err := node.Start(node.Config{Topology: top, NodeID: nodeID, DataDir: dataDir, OrphanAfter: orphanAfter})
 			if err != nil {
 				return err
 			}
@@ -66,6 +71,8 @@ func startCmd() *cobra.Command {
 	cmd.Flags().Uint64Var(&nodeID, "node", 0, "this node's ID in the topology")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the node's Pebble store")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this host:port (off if empty)")
+	cmd.Flags().DurationVar(&orphanAfter, "orphan-after", 0,
+		"how long this node's range leaders let a transaction hold locks without a heartbeat from its coordinator (0: the topology's orphan_after, default 2s)")
 	_ = cmd.MarkFlagRequired("config")
 	_ = cmd.MarkFlagRequired("node")
 	return cmd

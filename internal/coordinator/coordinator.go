@@ -37,7 +37,8 @@ type Coordinator struct {
 	lastPrio atomic.Uint64
 	crash    atomic.Pointer[CrashHook] // nil: none
 
-	wg sync.WaitGroup // commit notifications in flight
+	wg      sync.WaitGroup // commit notifications and heartbeats in flight
+	beating sync.Map       // *heartbeater → struct{}: open transactions' heartbeats
 }
 
 // New returns a coordinator for clients in region, calling nodes through dialer.
@@ -77,8 +78,13 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 	return c, nil
 }
 
-// Close waits for commit notifications in flight and stops the epoch reader.
+// Close stops the heartbeats of open transactions, waits for commit
+// notifications in flight and stops the epoch readers.
 func (c *Coordinator) Close() {
+	c.beating.Range(func(h, _ any) bool {
+		h.(*heartbeater).stop()
+		return true
+	})
 	c.wg.Wait()
 	for _, r := range c.epochs {
 		r.Close()
@@ -147,8 +153,8 @@ func (p CrashPoint) String() string {
 // CrashHook is asked at each CrashPoint of every two-phase commit, with the
 // transaction's ID and its participants' range IDs. Returning true makes the
 // coordinator stop there: it neither aborts nor notifies, and Commit returns
-// ErrCommitUnknown; the participants resolve the transaction through its
-// state store once it has been idle for their orphan bound.
+// ErrCommitUnknown; its heartbeats stop, and the participants resolve the
+// transaction through its state store once their orphan bound has passed.
 type CrashHook func(p CrashPoint, txnID []byte, ranges []uint64) bool
 
 // SetCrashHook installs h for transactions committing from now on (nil
@@ -197,6 +203,7 @@ func (c *Coordinator) Begin(priority uint64) *Txn {
 		meta:   meta,
 		writes: map[string]*pb.Write{},
 		parts:  map[uint64]*participant{},
+		hb:     newHeartbeater(c, id),
 	}
 }
 

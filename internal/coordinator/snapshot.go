@@ -234,11 +234,21 @@ func (s *Snapshot) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyVal
 	return out, nil
 }
 
-// Put fails: a snapshot transaction is read-only (ErrReadOnly).
-func (s *Snapshot) Put(context.Context, []byte, []byte) error { return ErrReadOnly }
+// Put fails: a snapshot transaction is read-only (ErrReadOnly), and after
+// Finish it is over (ErrTxnFinished).
+func (s *Snapshot) Put(context.Context, []byte, []byte) error { return s.refuseWrite() }
 
-// Delete fails: a snapshot transaction is read-only (ErrReadOnly).
-func (s *Snapshot) Delete(context.Context, []byte) error { return ErrReadOnly }
+// Delete fails as Put does.
+func (s *Snapshot) Delete(context.Context, []byte) error { return s.refuseWrite() }
+
+func (s *Snapshot) refuseWrite() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.finished {
+		return ErrTxnFinished
+	}
+	return ErrReadOnly
+}
 
 // Finish ends the snapshot and returns its stats; later reads fail with
 // ErrTxnFinished, as does a second Finish.

@@ -31,6 +31,8 @@ type Txn struct {
 	writes   map[string]*pb.Write    // buffered until commit
 	parts    map[uint64]*participant // by range ID
 	finished bool
+	failed   error // the step that ended the transaction (DESIGN.md §10)
+	hb       *heartbeater
 }
 
 // participant is one range the transaction touched.
@@ -92,11 +94,48 @@ func (c *Coordinator) local(g topology.Group) error {
 	return fmt.Errorf("%w: range %d is in %s, the client in %s, and not both have a publisher", ErrCrossRegion, g.ID, g.Region, c.region)
 }
 
-// begin checks the transaction is still open; callers hold t.mu.
+// begin checks the transaction is still open and has not failed; callers
+// hold t.mu.
 func (t *Txn) begin() error {
 	if t.finished {
 		return ErrTxnFinished
 	}
+	if t.failed == nil {
+		if lost := t.hb.lostErr(); lost != nil {
+			t.fail(context.Background(), lost)
+		}
+	}
+	if t.failed != nil {
+		return fmt.Errorf("%w: an earlier step failed: %v", ErrAborted, t.failed)
+	}
+	return nil
+}
+
+// fail ends the transaction after a step that reached the cluster failed
+// (DESIGN.md §10): a conflict, lost locks, a failed validation, or an
+// unknown outcome. The step's own error is returned; every later step and
+// Commit return ErrAborted, so no commit carries part of what the
+// application asked. Bad input found before any request was sent (a key too
+// large, a key homed where the client cannot write) ends nothing. Callers
+// hold t.mu.
+func (t *Txn) fail(ctx context.Context, err error) error {
+	if isInputError(err) || errors.Is(err, ErrCrossRegion) || t.failed != nil {
+		return err
+	}
+	t.failed = err
+	t.hb.stop()
+	t.abortAll(ctx)
+	return err
+}
+
+// track records a lock taken at range g under incarnation inc, for the commit
+// and the heartbeats. A different incarnation than before fails the
+// transaction: its earlier locks there are gone.
+func (t *Txn) track(g topology.Group, span string, inc uint64) error {
+	if err := t.part(g).locked(span, inc); err != nil {
+		return err
+	}
+	t.hb.track(g, inc)
 	return nil
 }
 
@@ -124,11 +163,11 @@ func (t *Txn) Get(ctx context.Context, key []byte) (value []byte, ok bool, err e
 		value, ok, inc = resp.GetValue(), resp.GetFound(), resp.GetIncarnation()
 		return err
 	})
-	if err != nil {
-		return nil, false, err
+	if err == nil {
+		err = t.track(g, pointSpan(key), inc)
 	}
-	if err := t.part(g).locked(pointSpan(key), inc); err != nil {
-		return nil, false, err
+	if err != nil {
+		return nil, false, t.fail(ctx, err)
 	}
 	return value, ok, nil
 }
@@ -168,11 +207,11 @@ func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, e
 			resp, err = rc.Scan(ctx, &pb.ScanRequest{RangeId: g.ID, Txn: t.meta, Start: start, End: end, Limit: uint32(want)})
 			return err
 		})
-		if err != nil {
-			return nil, err
+		if err == nil {
+			err = t.track(g, rangeSpan(start, end), resp.GetIncarnation())
 		}
-		if err := t.part(g).locked(rangeSpan(start, end), resp.GetIncarnation()); err != nil {
-			return nil, err
+		if err != nil {
+			return nil, t.fail(ctx, err)
 		}
 		kvs := resp.GetKvs()
 		out = t.overlay(out, kvs, start, end, want == 0 || len(kvs) < want)
@@ -305,11 +344,11 @@ func (t *Txn) write(ctx context.Context, w *pb.Write) error {
 			inc = resp.GetIncarnation()
 			return err
 		})
-		if err != nil {
-			return err
+		if err == nil {
+			err = t.track(g, pointSpan(w.GetKey()), inc)
 		}
-		if err := t.part(g).locked(pointSpan(w.GetKey()), inc); err != nil {
-			return err
+		if err != nil {
+			return t.fail(ctx, err)
 		}
 	}
 	t.writes[string(w.GetKey())] = w
@@ -327,16 +366,20 @@ func (t *Txn) writesFor(g topology.Group) []*pb.Write {
 	return out
 }
 
-// Abort ends the transaction without effect and releases its locks. Aborting a
-// finished transaction returns ErrTxnFinished.
+// Abort ends the transaction without effect and releases its locks (a failed
+// transaction released them when it failed). Aborting a finished
+// transaction returns ErrTxnFinished.
 func (t *Txn) Abort(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.begin(); err != nil {
-		return err
+	if t.finished {
+		return ErrTxnFinished
 	}
 	t.finished = true
-	t.abortAll(ctx)
+	t.hb.stop()
+	if t.failed == nil {
+		t.abortAll(ctx)
+	}
 	return nil
 }
 
@@ -362,15 +405,22 @@ func (t *Txn) abortAll(ctx context.Context) {
 }
 
 // Commit commits the transaction and returns its version id. On a retryable
-// error (IsRetryable) nothing was committed; on ErrCommitUnknown the outcome is
-// unknown. Either way the transaction is finished.
+// error (IsRetryable) nothing was committed — after a failed step that is
+// ErrAborted; on ErrCommitUnknown the outcome is unknown. Either way the
+// transaction is finished.
 func (t *Txn) Commit(ctx context.Context) (storage.VersionID, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.begin(); err != nil {
+		if !errors.Is(err, ErrTxnFinished) {
+			t.finished = true
+		}
 		return storage.VersionID{}, err
 	}
 	t.finished = true
+	// The heartbeats run until the outcome is known: a participant may wait
+	// for a quiet epoch or the commit record with the locks held.
+	defer t.hb.stop()
 	switch len(t.parts) {
 	case 0:
 		return storage.VersionID{}, nil

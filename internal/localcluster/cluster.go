@@ -30,8 +30,10 @@ type Options struct {
 	Keep bool
 	// CompactAfter overrides the Raft log compaction threshold (0: default).
 	CompactAfter uint64
-	// OrphanAfter overrides how long a range leader lets a silent transaction
-	// hold locks before resolving it (0: default).
+	// OrphanAfter overrides the topology's orphan_after: how long a range
+	// leader lets a transaction whose coordinator is silent hold locks
+	// before resolving it (0: the topology's). Nodes and the cluster's
+	// clients, which heartbeat at a quarter of it, both use the override.
 	OrphanAfter time.Duration
 	// Crashable opens every store so KillNode loses what a power loss would
 	// (node.Config.Crashable).
@@ -80,6 +82,9 @@ func Start(top *topology.Topology, opts Options) (c *Cluster, err error) {
 		addrs[n.ID] = l.Addr().String()
 	}
 	top = top.WithAddrs(addrs)
+	if opts.OrphanAfter > 0 {
+		top.OrphanAfter = opts.OrphanAfter
+	}
 	c = &Cluster{Topology: top, Net: transport.NewNetwork(top), opts: opts, dataDir: dir, tempDir: temp, nodes: map[uint64]*node.Node{}}
 	for _, n := range top.Nodes {
 		if err := c.startNode(n.ID, listeners[n.ID]); err != nil {
@@ -103,7 +108,7 @@ func (c *Cluster) DataDir() string { return c.dataDir }
 func (c *Cluster) startNode(id uint64, l net.Listener) error {
 	n, err := node.Start(node.Config{
 		Topology: c.Topology, NodeID: id, DataDir: c.nodeDir(id),
-		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter, OrphanAfter: c.opts.OrphanAfter,
+		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter,
 		Crashable: c.opts.Crashable,
 	})
 	if err != nil {

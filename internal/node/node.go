@@ -4,6 +4,7 @@
 package node
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,7 +42,9 @@ type Config struct {
 	Registry *prometheus.Registry
 	// CompactAfter overrides raftgroup.Config.CompactAfter (0: default).
 	CompactAfter uint64
-	// OrphanAfter overrides rangeserver.Config.OrphanAfter (0: default).
+	// OrphanAfter overrides the topology's orphan_after for this node's range
+	// leaders (0: the topology's). Coordinators heartbeat at the topology's
+	// value / 4, so an override below a quarter of it drops live transactions.
 	OrphanAfter time.Duration
 	// Crashable opens the store so that Kill can lose what a power loss
 	// would (storage.OpenCrashable); for fault campaigns.
@@ -163,7 +166,7 @@ func Start(cfg Config) (_ *Node, err error) {
 				}
 			}
 			r := rangeserver.NewReplica(g, cfg.NodeID, rg, sm, srcs, n.decider,
-				rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cfg.OrphanAfter, QuietEpochs: top.QuietEpochs})
+				rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs})
 			n.ranges = append(n.ranges, r)
 			rangeServer.Add(r)
 		default:

@@ -70,6 +70,7 @@ var wireMethods = []wireMethod{
 	{rangepb.Range_Abort_FullMethodName, func() proto.Message { return &rangepb.AbortRequest{} }, func() proto.Message { return &rangepb.AbortResponse{} }, rangeKinds},
 	{rangepb.Range_CommitOnePhase_FullMethodName, func() proto.Message { return &rangepb.OnePhaseRequest{} }, func() proto.Message { return &rangepb.OnePhaseResponse{} }, rangeKinds},
 	{rangepb.Range_SnapshotRead_FullMethodName, func() proto.Message { return &rangepb.SnapshotReadRequest{} }, func() proto.Message { return &rangepb.SnapshotReadResponse{} }, rangeKinds},
+	{rangepb.Range_Heartbeat_FullMethodName, func() proto.Message { return &rangepb.HeartbeatRequest{} }, func() proto.Message { return &rangepb.HeartbeatResponse{} }, rangeKinds},
 	{txnstatepb.TxnState_Decide_FullMethodName, func() proto.Message { return &txnstatepb.DecideRequest{} }, func() proto.Message { return &txnstatepb.DecideResponse{} }, txnStateKinds},
 	{txnstatepb.TxnState_Get_FullMethodName, func() proto.Message { return &txnstatepb.GetRequest{} }, func() proto.Message { return &txnstatepb.GetResponse{} }, txnStateKinds},
 	{epochpb.Epoch_ReadEpoch_FullMethodName, func() proto.Message { return &epochpb.ReadEpochRequest{} }, func() proto.Message { return &epochpb.ReadEpochResponse{} }, epochKinds},
@@ -114,6 +115,8 @@ func FuzzWireRequests(f *testing.F) {
 			r.Txn, r.Writes = &rangepb.TxnMeta{Id: txn}, []*rangepb.Write{{Key: []byte("c"), Tombstone: true}}
 		case *rangepb.SnapshotReadRequest:
 			r.Start, r.End, r.Scan, r.At = []byte("a"), []byte("z"), true, 3
+		case *rangepb.HeartbeatRequest:
+			r.TxnId, r.Incarnation = txn, 1
 		case *txnstatepb.DecideRequest:
 			r.Record = &txnstatepb.Record{TxnId: txn, Outcome: txnstatepb.Outcome_OUTCOME_ABORTED}
 		case *txnstatepb.GetRequest:

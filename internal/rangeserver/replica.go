@@ -48,9 +48,11 @@ type Config struct {
 	LeaseEpochs uint64
 	// Tick is the period of the lease and resolver loop (default 10 ms).
 	Tick time.Duration
-	// OrphanAfter is how long a transaction may sit idle holding locks, or
-	// prepared without a decision, before the leader resolves it through the
-	// transaction state store (default 2 s).
+	// OrphanAfter is how long a transaction may hold locks here, or stay
+	// prepared without a decision, without a word from its coordinator (an
+	// operation or a heartbeat) before the leader resolves it through the
+	// transaction state store (default topology.DefaultOrphanAfter, DESIGN.md
+	// §10). A transaction waiting for a lock here is never an orphan.
 	OrphanAfter time.Duration
 	// QuietEpochs is k of the paper's §5.3.1: no one-phase commit here takes a
 	// global epoch that is a multiple of k (0: off).
@@ -65,7 +67,7 @@ func (c Config) withDefaults() Config {
 		c.Tick = 10 * time.Millisecond
 	}
 	if c.OrphanAfter <= 0 {
-		c.OrphanAfter = 2 * time.Second
+		c.OrphanAfter = topology.DefaultOrphanAfter
 	}
 	return c
 }
@@ -137,8 +139,9 @@ type leadership struct {
 // fields are guarded by the leadership's mu.
 type leaderTxn struct {
 	meta        *pb.TxnMeta
-	incarnation uint64 // random per record: a recreated record has another
-	lastActive  time.Time
+	incarnation uint64    // random per record: a recreated record has another
+	lastActive  time.Time // the coordinator's last operation or heartbeat here
+	waiting     int       // lock acquisitions under way: waiting is not silence
 	state       txnState
 	resolving   bool
 }
@@ -147,7 +150,8 @@ type leaderTxn struct {
 type txnState uint8
 
 const (
-	// txnActive: executing; dropped (locks released) after OrphanAfter idle.
+	// txnActive: executing; dropped (locks released) once its coordinator
+	// has been silent for OrphanAfter.
 	txnActive txnState = iota
 	// txnCommitting: a one-phase commit is under way; only it ends the transaction.
 	txnCommitting
@@ -419,7 +423,9 @@ func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, spa
 	defer cancel()
 	stop := context.AfterFunc(l.ctx, cancel)
 	defer stop()
+	l.setWaiting(meta.GetId(), +1)
 	err := l.locks.Acquire(ctx, lockTxn(meta), span, mode)
+	l.setWaiting(meta.GetId(), -1)
 	switch {
 	case errors.Is(err, locktable.ErrWouldDie):
 		return 0, ErrConflict
@@ -428,9 +434,11 @@ func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, spa
 	case err != nil:
 		return 0, err
 	}
-	// Touch again: if the transaction was dropped as idle while it waited, this
-	// recreates its record (with a new incarnation, which tells the client its
-	// earlier locks are gone), so the new lock is released in turn.
+	// Touch again: if the transaction was resolved as an orphan while it
+	// waited (it cannot be while it waits here, but it can be resolved at
+	// another range's request), this recreates its record with a new
+	// incarnation, which tells the client its earlier locks are gone, so the
+	// new lock is released in turn.
 	t, _ := l.txn(meta, true)
 	if cur, _ := r.leader(); cur != l {
 		return 0, ErrLocksLost // the lock is in a table that no longer counts
@@ -438,6 +446,35 @@ func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, spa
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return t.incarnation, nil
+}
+
+// setWaiting counts a lock acquisition of txn starting (+1) or ending (-1).
+func (l *leadership) setWaiting(txnID []byte, delta int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t, ok := l.txns[string(txnID)]; ok {
+		t.waiting += delta
+		t.lastActive = time.Now()
+	}
+}
+
+// Heartbeat records that txn's coordinator is alive (DESIGN.md §10). lost is
+// true when this leader holds no locks of txn under incarnation: the
+// transaction can no longer commit. Errors: ErrNotLeaseholder,
+// ErrLeaseNotActive.
+func (r *Replica) Heartbeat(txnID []byte, incarnation uint64) (lost bool, err error) {
+	l, err := r.leader()
+	if err != nil {
+		return false, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.txns[string(txnID)]
+	if !ok || t.incarnation != incarnation {
+		return true, nil
+	}
+	t.lastActive = time.Now()
+	return false, nil
 }
 
 func (r *Replica) checkKey(key []byte) error {
@@ -792,8 +829,9 @@ func ChooseVersion(epoch uint64, newest storage.VersionID) *pb.VersionID {
 	return &pb.VersionID{Epoch: v.Epoch, Counter: v.Counter}
 }
 
-// resolveOrphans ends transactions whose coordinator went silent: active ones
-// idle past OrphanAfter hold only locks and are dropped; prepared ones — and
+// resolveOrphans ends transactions whose coordinator went silent for
+// OrphanAfter (no operation, no heartbeat, no lock wait under way): active
+// ones hold only locks and are dropped; prepared ones — and
 // prepared records the leader has no transaction for — are decided through the
 // transaction state store (abort unless commit was recorded first).
 func (r *Replica) resolveOrphans(l *leadership) {
@@ -802,7 +840,7 @@ func (r *Replica) resolveOrphans(l *leadership) {
 	var orphans []*leaderTxn
 	l.mu.Lock()
 	for id, t := range l.txns {
-		if now.Sub(t.lastActive) < r.cfg.OrphanAfter || t.resolving {
+		if now.Sub(t.lastActive) < r.cfg.OrphanAfter || t.resolving || t.waiting > 0 {
 			continue
 		}
 		switch t.state {

@@ -187,6 +187,16 @@ func (s *Server) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResp
 	return &pb.AbortResponse{}, r.toStatus(r.Abort(ctx, req.GetTxnId()))
 }
 
+// Heartbeat implements pb.RangeServer.
+func (s *Server) Heartbeat(_ context.Context, req *pb.HeartbeatRequest) (*pb.HeartbeatResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	lost, err := r.Heartbeat(req.GetTxnId(), req.GetIncarnation())
+	return &pb.HeartbeatResponse{Lost: lost}, r.toStatus(err)
+}
+
 // CommitOnePhase implements pb.RangeServer.
 func (s *Server) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (*pb.OnePhaseResponse, error) {
 	r, err := s.replica(req.GetRangeId())

@@ -61,6 +61,9 @@ const (
 	// DefaultPublisherLease is how long a publisher serves the global epoch
 	// after its last update (DESIGN.md §7).
 	DefaultPublisherLease = time.Second
+	// DefaultOrphanAfter is how long a range leader waits for a heartbeat from
+	// a transaction's coordinator before treating it as an orphan (DESIGN.md §10).
+	DefaultOrphanAfter = 2 * time.Second
 )
 
 // ErrInvalid marks every validation failure; the wrapped message names the field.
@@ -85,6 +88,12 @@ type Topology struct {
 	// publisher that does not acknowledge before excluding its region on its
 	// own (DESIGN.md §7; 0: never, an operator decides).
 	AutoExcludeAfter time.Duration
+	// OrphanAfter is how long a range leader lets a transaction hold locks
+	// without hearing from its coordinator (an operation or a heartbeat)
+	// before resolving it through the transaction state store (DESIGN.md
+	// §10). Coordinators heartbeat every OrphanAfter/4. Waiting for a lock
+	// never counts as silence.
+	OrphanAfter time.Duration
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -132,6 +141,7 @@ type fileTopology struct {
 	GlobalMinInterval  string      `yaml:"global_epoch_min_interval"`
 	QuietEpochs        uint64      `yaml:"quiet_epochs"`
 	AutoExcludeAfter   string      `yaml:"auto_exclude_after"`
+	OrphanAfter        string      `yaml:"orphan_after,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -225,6 +235,9 @@ func build(f *fileTopology) (*Topology, error) {
 		if t.AutoExcludeAfter, err = parseDuration("auto_exclude_after", f.AutoExcludeAfter, 0); err != nil {
 			return nil, err
 		}
+	}
+	if t.OrphanAfter, err = parseDuration("orphan_after", f.OrphanAfter, DefaultOrphanAfter); err != nil {
+		return nil, err
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -535,6 +548,7 @@ func (t *Topology) Marshal() ([]byte, error) {
 		LocalEpochInterval: t.LocalEpochInterval.String(),
 		RaftTick:           t.RaftTick.String(),
 		PublisherLease:     t.PublisherLease.String(),
+		OrphanAfter:        t.OrphanAfter.String(),
 		QuietEpochs:        t.QuietEpochs,
 		Regions:            t.Regions,
 	}

@@ -1735,6 +1735,116 @@ func (x *OnePhaseResponse) GetVersion() *VersionID {
 	return nil
 }
 
+// HeartbeatRequest tells a range leader that a transaction holding locks
+// there is alive (DESIGN.md §10): its coordinator sends one every
+// orphan_after/4 while the transaction is open.
+type HeartbeatRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	TxnId         []byte                 `protobuf:"bytes,2,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
+	Incarnation   uint64                 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"` // the incarnation its locks here were taken under
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatRequest) Reset() {
+	*x = HeartbeatRequest{}
+	mi := &file_range_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatRequest) ProtoMessage() {}
+
+func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *HeartbeatRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *HeartbeatRequest) GetTxnId() []byte {
+	if x != nil {
+		return x.TxnId
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+type HeartbeatResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lost: the leader holds no locks of the transaction under that
+	// incarnation (a new leaseholder, or it was resolved as an orphan). The
+	// transaction can no longer commit.
+	Lost          bool `protobuf:"varint,1,opt,name=lost,proto3" json:"lost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatResponse) Reset() {
+	*x = HeartbeatResponse{}
+	mi := &file_range_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatResponse) ProtoMessage() {}
+
+func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *HeartbeatResponse) GetLost() bool {
+	if x != nil {
+		return x.Lost
+	}
+	return false
+}
+
 // SnapshotReadRequest is one read of a snapshot transaction (paper §5.2,
 // Algorithm 1): it takes no lock.
 type SnapshotReadRequest struct {
@@ -1758,7 +1868,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1880,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1893,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{27}
+	return file_range_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -1860,7 +1970,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1872,7 +1982,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1885,7 +1995,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{28}
+	return file_range_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -2048,7 +2158,13 @@ const file_range_proto_rawDesc = "" +
 	"lock_count\x18\x05 \x01(\rR\tlockCount\x12 \n" +
 	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\"F\n" +
 	"\x10OnePhaseResponse\x122\n" +
-	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\xcf\x01\n" +
+	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"f\n" +
+	"\x10HeartbeatRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x15\n" +
+	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\"'\n" +
+	"\x11HeartbeatResponse\x12\x12\n" +
+	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xcf\x01\n" +
 	"\x13SnapshotReadRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
@@ -2072,7 +2188,7 @@ const file_range_proto_rawDesc = "" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xc8\x04\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\x98\x05\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -2081,7 +2197,8 @@ const file_range_proto_rawDesc = "" +
 	"\x06Commit\x12\x1c.terroir.range.CommitRequest\x1a\x1d.terroir.range.CommitResponse\x12B\n" +
 	"\x05Abort\x12\x1b.terroir.range.AbortRequest\x1a\x1c.terroir.range.AbortResponse\x12Q\n" +
 	"\x0eCommitOnePhase\x12\x1e.terroir.range.OnePhaseRequest\x1a\x1f.terroir.range.OnePhaseResponse\x12W\n" +
-	"\fSnapshotRead\x12\".terroir.range.SnapshotReadRequest\x1a#.terroir.range.SnapshotReadResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
+	"\fSnapshotRead\x12\".terroir.range.SnapshotReadRequest\x1a#.terroir.range.SnapshotReadResponse\x12N\n" +
+	"\tHeartbeat\x12\x1f.terroir.range.HeartbeatRequest\x1a .terroir.range.HeartbeatResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -2096,7 +2213,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),              // 0: terroir.range.CommitMode
 	(*VersionID)(nil),            // 1: terroir.range.VersionID
@@ -2126,8 +2243,10 @@ var file_range_proto_goTypes = []any{
 	(*AbortResponse)(nil),        // 25: terroir.range.AbortResponse
 	(*OnePhaseRequest)(nil),      // 26: terroir.range.OnePhaseRequest
 	(*OnePhaseResponse)(nil),     // 27: terroir.range.OnePhaseResponse
-	(*SnapshotReadRequest)(nil),  // 28: terroir.range.SnapshotReadRequest
-	(*SnapshotReadResponse)(nil), // 29: terroir.range.SnapshotReadResponse
+	(*HeartbeatRequest)(nil),     // 28: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),    // 29: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),  // 30: terroir.range.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil), // 31: terroir.range.SnapshotReadResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
@@ -2168,17 +2287,19 @@ var file_range_proto_depIdxs = []int32{
 	22, // 35: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
 	24, // 36: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
 	26, // 37: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	28, // 38: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	15, // 39: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	17, // 40: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	19, // 41: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	21, // 42: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	23, // 43: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	25, // 44: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	27, // 45: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	29, // 46: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	39, // [39:47] is the sub-list for method output_type
-	31, // [31:39] is the sub-list for method input_type
+	30, // 38: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	28, // 39: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	15, // 40: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	17, // 41: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	19, // 42: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	21, // 43: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	23, // 44: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	25, // 45: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	27, // 46: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	31, // 47: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	29, // 48: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	40, // [40:49] is the sub-list for method output_type
+	31, // [31:40] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name
@@ -2202,7 +2323,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	Range_Abort_FullMethodName          = "/terroir.range.Range/Abort"
 	Range_CommitOnePhase_FullMethodName = "/terroir.range.Range/CommitOnePhase"
 	Range_SnapshotRead_FullMethodName   = "/terroir.range.Range/SnapshotRead"
+	Range_Heartbeat_FullMethodName      = "/terroir.range.Range/Heartbeat"
 )
 
 // RangeClient is the client API for Range service.
@@ -44,6 +45,7 @@ type RangeClient interface {
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error)
 	CommitOnePhase(ctx context.Context, in *OnePhaseRequest, opts ...grpc.CallOption) (*OnePhaseResponse, error)
 	SnapshotRead(ctx context.Context, in *SnapshotReadRequest, opts ...grpc.CallOption) (*SnapshotReadResponse, error)
+	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 }
 
 type rangeClient struct {
@@ -134,6 +136,16 @@ func (c *rangeClient) SnapshotRead(ctx context.Context, in *SnapshotReadRequest,
 	return out, nil
 }
 
+func (c *rangeClient) Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HeartbeatResponse)
+	err := c.cc.Invoke(ctx, Range_Heartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServer is the server API for Range service.
 // All implementations must embed UnimplementedRangeServer
 // for forward compatibility.
@@ -146,6 +158,7 @@ type RangeServer interface {
 	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
 	CommitOnePhase(context.Context, *OnePhaseRequest) (*OnePhaseResponse, error)
 	SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error)
+	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	mustEmbedUnimplementedRangeServer()
 }
 
@@ -179,6 +192,9 @@ func (UnimplementedRangeServer) CommitOnePhase(context.Context, *OnePhaseRequest
 }
 func (UnimplementedRangeServer) SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SnapshotRead not implemented")
+}
+func (UnimplementedRangeServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Heartbeat not implemented")
 }
 func (UnimplementedRangeServer) mustEmbedUnimplementedRangeServer() {}
 func (UnimplementedRangeServer) testEmbeddedByValue()               {}
@@ -345,6 +361,24 @@ func _Range_SnapshotRead_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_Heartbeat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HeartbeatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).Heartbeat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_Heartbeat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).Heartbeat(ctx, req.(*HeartbeatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Range_ServiceDesc is the grpc.ServiceDesc for Range service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -383,6 +417,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SnapshotRead",
 			Handler:    _Range_SnapshotRead_Handler,
+		},
+		{
+			MethodName: "Heartbeat",
+			Handler:    _Range_Heartbeat_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
