@@ -144,7 +144,7 @@ func Start(cfg Config) (_ *Node, err error) {
 			}
 			txnServer.Add(txnstate.Replica{Group: rg, SM: sm})
 		case topology.KindRange:
-			sm, err := rangeserver.NewStateMachine(n.engine, g.ID)
+			sm, err := rangeserver.NewStateMachine(n.engine, g.ID, g.Start, g.End)
 			if err != nil {
 				return nil, err
 			}

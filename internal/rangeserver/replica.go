@@ -498,7 +498,7 @@ func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) (*pb.Ge
 	if err != nil {
 		return nil, err
 	}
-	v, ok, _, err := r.sm.Engine().GetMVCC(r.sm.DataPrefix(), key, maxVersion)
+	v, ok, _, err := r.sm.Get(Versions, key, maxVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -530,7 +530,7 @@ func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte,
 		return nil, err
 	}
 	resp := &pb.ScanResponse{Incarnation: inc}
-	err = r.sm.Engine().ScanMVCC(r.sm.DataPrefix(), start, end, maxVersion, func(v storage.Version, _ storage.VersionID) bool {
+	err = r.sm.Scan(Versions, start, end, maxVersion, func(v storage.Version, _ storage.VersionID) bool {
 		if !v.Live() {
 			return true
 		}
@@ -591,7 +591,7 @@ func (r *Replica) commitStart(l *leadership, meta *pb.TxnMeta, writes []*pb.Writ
 // does not store them twice).
 func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.VersionID, err error) {
 	for _, w := range writes {
-		_, _, newest, err := r.sm.Engine().GetMVCC(r.sm.DataPrefix(), w.GetKey(), maxVersion)
+		_, _, newest, err := r.sm.Get(Versions, w.GetKey(), maxVersion)
 		if err != nil {
 			return global, regional, err
 		}
@@ -601,7 +601,7 @@ func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.Ver
 		if r.global == nil {
 			continue
 		}
-		_, _, newest, err = r.sm.Engine().GetMVCC(r.sm.RegionalPrefix(), w.GetKey(), maxVersion)
+		_, _, newest, err = r.sm.Get(RegionalVersions, w.GetKey(), maxVersion)
 		if err != nil {
 			return global, regional, err
 		}
@@ -951,12 +951,12 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	if _, err := r.leader(); err != nil {
 		return nil, err
 	}
-	src, prefix := r.global, r.sm.DataPrefix()
+	src, ks := r.global, Versions
 	switch {
 	case r.global == nil: // regional-only: the data carries local epochs
 		src = r.epochs
 	case req.GetRegional():
-		src, prefix = r.epochs, r.sm.RegionalPrefix()
+		src, ks = r.epochs, RegionalVersions
 	}
 	began := time.Now()
 	ectx, ecancel := context.WithTimeout(ctx, snapshotEpochWait)
@@ -1011,7 +1011,7 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		resp.LatestEpoch = max(resp.LatestEpoch, newest.Epoch)
 	}
 	if !req.GetScan() {
-		v, ok, newest, err := r.sm.Engine().GetMVCC(prefix, start, below)
+		v, ok, newest, err := r.sm.Get(ks, start, below)
 		if err != nil {
 			return nil, err
 		}
@@ -1022,7 +1022,7 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		return resp, nil
 	}
 	limit := int(req.GetLimit())
-	err = r.sm.Engine().ScanMVCC(prefix, start, end, below, func(v storage.Version, newest storage.VersionID) bool {
+	err = r.sm.Scan(ks, start, end, below, func(v storage.Version, newest storage.VersionID) bool {
 		note(v, newest)
 		if v.Live() {
 			resp.Kvs = append(resp.Kvs, &pb.KeyValue{Key: v.Key, Value: v.Value})

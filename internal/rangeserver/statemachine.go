@@ -6,6 +6,7 @@
 package rangeserver
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,13 +19,37 @@ import (
 	"github.com/terroir-db/terroir/internal/storage"
 )
 
-// Sub-spaces of a range's state under storage.PrefixState/<range>.
+// Sub-spaces of a range's range-local state under storage.PrefixState/<range>.
+// Its MVCC data lives under the user key, in storage.PrefixData and
+// storage.PrefixRegional (DESIGN.md §11).
 const (
-	subData     byte = 'd' // MVCC data under global version ids
-	subRegional byte = 'r' // the same data under local-epoch version ids (paper §5.4)
 	subPrepared byte = 'p' // prepared transactions, by transaction ID
 	subLease    byte = 'l' // the current lease
 )
+
+// Keyspace selects which versions of a range's data a read sees.
+type Keyspace uint8
+
+const (
+	// Versions is the data under its version ids: global epochs, or local
+	// ones in a regional-only deployment (paper §5.1).
+	Versions Keyspace = iota
+	// RegionalVersions is the regional copy of the data under local-epoch
+	// version ids, kept in regions with a publisher (paper §5.4).
+	RegionalVersions
+)
+
+var (
+	dataPrefix     = []byte{storage.PrefixData}
+	regionalPrefix = []byte{storage.PrefixRegional}
+)
+
+func (k Keyspace) prefix() []byte {
+	if k == RegionalVersions {
+		return regionalPrefix
+	}
+	return dataPrefix
+}
 
 // ErrBadCommand marks a log entry that does not decode as a range command.
 var ErrBadCommand = errors.New("rangeserver: malformed command")
@@ -32,10 +57,9 @@ var ErrBadCommand = errors.New("rangeserver: malformed command")
 // StateMachine is a range's replicated state (raftgroup.StateMachine). The lease
 // and the prepared transactions are also kept in memory for the leader.
 type StateMachine struct {
-	e        *storage.Engine
-	prefix   []byte // storage.PrefixState | range ID
-	data     []byte // prefix | subData
-	regional []byte // prefix | subRegional
+	e          *storage.Engine
+	prefix     []byte // storage.PrefixState | range ID: the range-local state
+	start, end []byte // the range's span [start, end); a nil end is unbounded
 
 	mu       sync.Mutex
 	lease    *pb.Lease
@@ -51,12 +75,12 @@ type Applied struct {
 	Rejected bool
 }
 
-// NewStateMachine loads range `id`'s lease and prepared transactions from e.
+// NewStateMachine loads the lease and prepared transactions of range `id`,
+// spanning [start, end) (a nil end: to the end of the key space), from e.
 // Damaged records wrap storage.ErrCorrupt.
-func NewStateMachine(e *storage.Engine, id uint64) (*StateMachine, error) {
+func NewStateMachine(e *storage.Engine, id uint64, start, end []byte) (*StateMachine, error) {
 	prefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, id)
-	sm := &StateMachine{e: e, prefix: prefix, data: append(append([]byte{}, prefix...), subData),
-		regional: append(append([]byte{}, prefix...), subRegional)}
+	sm := &StateMachine{e: e, prefix: prefix, start: start, end: end}
 	if err := sm.load(); err != nil {
 		return nil, fmt.Errorf("range %d: %w", id, err)
 	}
@@ -87,16 +111,28 @@ func (sm *StateMachine) load() error {
 	})
 }
 
-// DataPrefix returns the key prefix of the range's MVCC data in the engine.
-func (sm *StateMachine) DataPrefix() []byte { return sm.data }
+// Get returns key's newest version in ks below `below` (ok false if there is
+// none or it is a tombstone) and the key's newest version id overall (zero if
+// it was never written): storage.Engine.GetMVCC over the range's data.
+// Errors wrap storage.ErrCorrupt.
+func (sm *StateMachine) Get(ks Keyspace, key []byte, below storage.VersionID) (v storage.Version, ok bool, newest storage.VersionID, err error) {
+	return sm.e.GetMVCC(ks.prefix(), key, below)
+}
 
-// RegionalPrefix returns the key prefix of the range's local-epoch versions.
-// Only a range in a region with a publisher stores them; elsewhere the data
-// under DataPrefix already carries local epochs.
-func (sm *StateMachine) RegionalPrefix() []byte { return sm.regional }
+// Scan calls fn with every key of [start, end) in ks that has a version, in
+// key order, as storage.Engine.ScanMVCC does. The caller keeps the bounds
+// inside the range's span.
+func (sm *StateMachine) Scan(ks Keyspace, start, end []byte, below storage.VersionID, fn func(visible storage.Version, newest storage.VersionID) bool) error {
+	return sm.e.ScanMVCC(ks.prefix(), start, end, below, fn)
+}
 
-// Engine returns the engine holding the range's data.
-func (sm *StateMachine) Engine() *storage.Engine { return sm.e }
+// spans returns the engine spans a snapshot of the range holds: its
+// range-local state, then its data and regional copies within its span.
+func (sm *StateMachine) spans() [][2][]byte {
+	dlo, dhi := storage.MVCCKeyBounds(dataPrefix, sm.start, sm.end)
+	rlo, rhi := storage.MVCCKeyBounds(regionalPrefix, sm.start, sm.end)
+	return [][2][]byte{{sm.prefix, storage.PrefixEnd(sm.prefix)}, {dlo, dhi}, {rlo, rhi}}
+}
 
 // Lease returns the current lease (a copy).
 func (sm *StateMachine) Lease() *pb.Lease {
@@ -186,28 +222,39 @@ func (sm *StateMachine) writeVersions(b *pebble.Batch, writes []*pb.Write, v, re
 	reg := storage.VersionID{Epoch: regional.GetEpoch(), Counter: regional.GetCounter()}
 	for _, w := range writes {
 		val := storage.EncodeMVCCValue(w.GetValue(), w.GetTombstone())
-		_ = b.Set(storage.EncodeMVCCKey(sm.data, w.GetKey(), ver), val, nil)
+		_ = b.Set(storage.EncodeMVCCKey(dataPrefix, w.GetKey(), ver), val, nil)
 		if reg != (storage.VersionID{}) {
-			_ = b.Set(storage.EncodeMVCCKey(sm.regional, w.GetKey(), reg), val, nil)
+			_ = b.Set(storage.EncodeMVCCKey(regionalPrefix, w.GetKey(), reg), val, nil)
 		}
 	}
 }
 
-// Snapshot implements raftgroup.StateMachine: every key of the range's state,
-// each key and value framed by storage.AppendRecord.
+// Snapshot implements raftgroup.StateMachine: every key of the range's
+// range-local state and of its data and regional copies within its span, each
+// key and value framed by storage.AppendRecord.
 func (sm *StateMachine) Snapshot() ([]byte, error) {
 	var out []byte
-	err := sm.e.Scan(sm.prefix, storage.PrefixEnd(sm.prefix), func(k, v []byte) (bool, error) {
-		out = storage.AppendRecord(storage.AppendRecord(out, k), v)
-		return true, nil
-	})
-	return out, err
+	for _, sp := range sm.spans() {
+		err := sm.e.Scan(sp[0], sp[1], func(k, v []byte) (bool, error) {
+			out = storage.AppendRecord(storage.AppendRecord(out, k), v)
+			return true, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
-// Restore implements raftgroup.StateMachine.
+// Restore implements raftgroup.StateMachine: it replaces the range's state
+// and its span's data with the snapshot's. A key outside them is
+// storage.ErrCorrupt.
 func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
-	if err := b.DeleteRange(sm.prefix, storage.PrefixEnd(sm.prefix), nil); err != nil {
-		return err
+	spans := sm.spans()
+	for _, sp := range spans {
+		if err := b.DeleteRange(sp[0], sp[1], nil); err != nil {
+			return err
+		}
 	}
 	for len(data) > 0 {
 		k, rest, err := storage.NextRecord(data)
@@ -219,7 +266,7 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 			return err
 		}
 		data = rest
-		if len(k) < len(sm.prefix) || string(k[:len(sm.prefix)]) != string(sm.prefix) {
+		if !inSpans(k, spans) {
 			return fmt.Errorf("%w: range snapshot key outside the range", storage.ErrCorrupt)
 		}
 		if err := b.Set(k, v, nil); err != nil {
@@ -251,4 +298,15 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 		sm.prepared[string(rec.GetTxn().GetId())] = rec
 	}
 	return nil
+}
+
+// inSpans reports whether engine key k lies in one of spans ([lo, hi); a nil
+// hi is unbounded).
+func inSpans(k []byte, spans [][2][]byte) bool {
+	for _, sp := range spans {
+		if bytes.Compare(k, sp[0]) >= 0 && (sp[1] == nil || bytes.Compare(k, sp[1]) < 0) {
+			return true
+		}
+	}
+	return false
 }

@@ -15,7 +15,7 @@ func openSM(t *testing.T, node uint64) *StateMachine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	sm, err := NewStateMachine(e, 10)
+	sm, err := NewStateMachine(e, 10, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestPrepareCommitAndSnapshot(t *testing.T) {
 			t.Errorf("command %d under a stale lease was not rejected", i)
 		}
 	}
-	if _, ok, _, _ := sm.e.GetMVCC(sm.DataPrefix(), []byte("e"), maxVersion); ok || sm.IsPrepared(append(make([]byte, 15), 9)) {
+	if _, ok, _, _ := sm.Get(Versions, []byte("e"), maxVersion); ok || sm.IsPrepared(append(make([]byte, 15), 9)) {
 		t.Fatal("a command under a stale lease took effect")
 	}
 	if sm.IsPrepared(txn.GetId()) || !sm.IsPrepared(other.GetId()) {
@@ -99,10 +99,10 @@ func TestPrepareCommitAndSnapshot(t *testing.T) {
 	if err := dst.e.Commit(b, true); err != nil {
 		t.Fatal(err)
 	}
-	if v, ok, _, _ := dst.e.GetMVCC(dst.DataPrefix(), []byte("a"), maxVersion); !ok || string(v.Value) != "1" || v.ID != (storage.VersionID{Epoch: 5, Counter: 1}) {
+	if v, ok, _, _ := dst.Get(Versions, []byte("a"), maxVersion); !ok || string(v.Value) != "1" || v.ID != (storage.VersionID{Epoch: 5, Counter: 1}) {
 		t.Fatalf("restored a = %q %v %v", v.Value, v.ID, ok)
 	}
-	if _, ok, _, _ := dst.e.GetMVCC(dst.DataPrefix(), []byte("c"), maxVersion); !ok {
+	if _, ok, _, _ := dst.Get(Versions, []byte("c"), maxVersion); !ok {
 		t.Fatal("restored state lost the one-phase write")
 	}
 	if !dst.IsPrepared(other.GetId()) || dst.Lease().GetHolder() != 1 {
@@ -130,5 +130,93 @@ func TestChooseVersion(t *testing.T) {
 		if got := (storage.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()}); got != c.want {
 			t.Errorf("ChooseVersion(%d, %v) = %v, want %v", c.epoch, c.newest, got, c.want)
 		}
+	}
+}
+
+// TestRangesShareTheNodesKeySpace: two adjacent ranges on one node keep their
+// data under the user key in one key space (DESIGN.md §11) and only their
+// range-local state under their ids; a range's snapshot holds exactly its
+// span, and restoring it replaces that span without touching its neighbour.
+func TestRangesShareTheNodesKeySpace(t *testing.T) {
+	e, err := storage.Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	left, err := NewStateMachine(e, 10, nil, []byte("m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	right, err := NewStateMachine(e, 11, []byte("m"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(sm *StateMachine, key, value string, epoch uint64) {
+		apply(t, sm, &pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: []byte("t"), LeaseStart: sm.Lease().GetStart(),
+			Writes: []*pb.Write{{Key: []byte(key), Value: []byte(value)}}, Version: &pb.VersionID{Epoch: epoch, Counter: 1},
+			RegionalVersion: &pb.VersionID{Epoch: epoch + 100, Counter: 1}}}})
+	}
+	apply(t, left, leaseCmd(1, 1, 100, 1, 0))
+	apply(t, right, leaseCmd(1, 1, 100, 1, 0))
+	write(left, "apple", "L", 5)
+	write(right, "melon", "R", 6)
+	write(right, "zebra", "R", 7)
+	// One key space: either state machine reads every key of the node.
+	if v, ok, _, _ := left.Get(Versions, []byte("melon"), maxVersion); !ok || string(v.Value) != "R" {
+		t.Fatalf("melon through the left range's reader = %q %v; want the shared key space's R", v.Value, ok)
+	}
+	snap, err := left.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys int
+	for rest := snap; len(rest) > 0; keys++ {
+		k, r, err := storage.NextRecord(rest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, r, err = storage.NextRecord(r); err != nil {
+			t.Fatal(err)
+		}
+		if k[0] == storage.PrefixData || k[0] == storage.PrefixRegional {
+			if uk, _, err := storage.DecodeMVCCKey(k[:1], k); err != nil || string(uk) >= "m" {
+				t.Fatalf("the left range's snapshot holds %q (%v)", uk, err)
+			}
+		}
+		rest = r
+	}
+	if keys != 3 { // the lease, apple's version and its regional copy
+		t.Fatalf("the left range's snapshot holds %d keys; want 3", keys)
+	}
+	// Restoring the left range on a node that holds both replaces only its span.
+	e2, err := storage.Open(t.TempDir(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	left2, _ := NewStateMachine(e2, 10, nil, []byte("m"))
+	right2, _ := NewStateMachine(e2, 11, []byte("m"), nil)
+	apply(t, left2, leaseCmd(2, 1, 100, 1, 0))
+	apply(t, right2, leaseCmd(2, 1, 100, 1, 0))
+	write(left2, "avocado", "stale", 3)
+	write(right2, "mango", "R2", 4)
+	b := e2.NewIndexedBatch()
+	if err := left2.Restore(b, snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := e2.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"apple": "L", "avocado": "", "mango": "R2"} {
+		v, ok, _, err := left2.Get(Versions, []byte(key), maxVersion)
+		if err != nil || string(v.Value) != want || ok != (want != "") {
+			t.Errorf("after restoring the left range, %s = %q (found %v, %v); want %q", key, v.Value, ok, err, want)
+		}
+	}
+	if v, ok, _, _ := left2.Get(RegionalVersions, []byte("apple"), maxVersion); !ok || v.ID.Epoch != 105 {
+		t.Errorf("apple's regional copy after restore = %v %v; want epoch 105", v.ID, ok)
+	}
+	if left2.Lease().GetHolder() != 1 || right2.Lease().GetHolder() != 2 {
+		t.Errorf("leases after restore: left %v, right %v; want 1's and 2's", left2.Lease(), right2.Lease())
 	}
 }

@@ -26,9 +26,23 @@ const (
 	PrefixMeta byte = 0x00
 	// PrefixRaft holds Raft logs, hard states, conf states and snapshots (owned by raftgroup).
 	PrefixRaft byte = 0x01
-	// PrefixState holds replicated state machines' applied state, one sub-space per group.
+	// PrefixState holds replicated state machines' applied state, one sub-space
+	// per group; a range keeps only its range-local state there (lease,
+	// prepared records), never user data.
 	PrefixState byte = 0x02
+	// PrefixData holds the MVCC data of every range the node hosts, under the
+	// user key (DESIGN.md §11), so a split or a merge moves no user data.
+	PrefixData byte = 0x03
+	// PrefixRegional holds the regional copies of that data: the same writes
+	// under local-epoch version ids, which regional snapshots read (paper §5.4).
+	PrefixRegional byte = 0x04
 )
+
+// LayoutVersion is the version of the key layout this binary reads and writes,
+// recorded in every store it creates. Layout 1 kept each range's MVCC data
+// under the range's id; layout 2 keeps it under the user key (PrefixData,
+// PrefixRegional).
+const LayoutVersion = 2
 
 // Errors returned by Open and by readers of stored records.
 var (
@@ -39,9 +53,15 @@ var (
 	ErrWrongNode = errors.New("storage: data directory belongs to another node")
 	// ErrInUse marks a data directory another process (or another Engine) holds open.
 	ErrInUse = errors.New("storage: data directory in use")
+	// ErrLayout marks a data directory written in another key layout than
+	// LayoutVersion; it is refused, untouched, rather than misread.
+	ErrLayout = errors.New("storage: data directory has another key layout")
 )
 
-var storeIdentKey = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
+var (
+	storeIdentKey    = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
+	layoutVersionKey = []byte{PrefixMeta, 'l', 'a', 'y', 'o', 'u', 't'}
+)
 
 // Engine is a node's Pebble store. It is safe for concurrent use.
 type Engine struct {
@@ -52,7 +72,8 @@ type Engine struct {
 }
 
 // Open opens (creating if absent) the store in dir for node nodeID. A directory
-// initialised by another node fails with ErrWrongNode; damaged or truncated files
+// initialised by another node fails with ErrWrongNode, one written in another
+// key layout with ErrLayout (naming both versions); damaged or truncated files
 // fail with an error wrapping ErrCorrupt (never a panic).
 func Open(dir string, nodeID uint64) (*Engine, error) { return open(dir, nodeID, false) }
 
@@ -116,6 +137,9 @@ func open(dir string, nodeID uint64, crashable bool) (e *Engine, err error) {
 	return e, nil
 }
 
+// checkIdent records node nodeID and LayoutVersion in a new store, and checks
+// them in an existing one. A store from before layouts were recorded has
+// layout 1.
 func (e *Engine) checkIdent(nodeID uint64) error {
 	v, err := e.Get(storeIdentKey)
 	if err != nil {
@@ -124,6 +148,7 @@ func (e *Engine) checkIdent(nodeID uint64) error {
 	if v == nil {
 		b := e.db.NewBatch()
 		_ = b.Set(storeIdentKey, binary.BigEndian.AppendUint64(nil, nodeID), nil)
+		_ = b.Set(layoutVersionKey, binary.BigEndian.AppendUint32(nil, LayoutVersion), nil)
 		return e.Commit(b, true)
 	}
 	if len(v) != 8 {
@@ -131,6 +156,22 @@ func (e *Engine) checkIdent(nodeID uint64) error {
 	}
 	if got := binary.BigEndian.Uint64(v); got != nodeID {
 		return fmt.Errorf("%w: %s was initialised by node %d, not node %d", ErrWrongNode, e.dir, got, nodeID)
+	}
+	lv, err := e.Get(layoutVersionKey)
+	if err != nil {
+		return err
+	}
+	layout := uint32(1)
+	switch {
+	case lv == nil:
+	case len(lv) != 4:
+		return fmt.Errorf("%w: layout version record has %d bytes", ErrCorrupt, len(lv))
+	default:
+		layout = binary.BigEndian.Uint32(lv)
+	}
+	if layout != LayoutVersion {
+		return fmt.Errorf("%w: %s holds layout version %d; this binary reads layout version %d only (start the node from an empty directory)",
+			ErrLayout, e.dir, layout, LayoutVersion)
 	}
 	return nil
 }

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // fill writes n keys of 100 bytes and flushes them into a table.
@@ -117,5 +120,59 @@ func TestWrongNodeAndInUse(t *testing.T) {
 	e.Close()
 	if _, err := Open(dir, 2); !errors.Is(err, ErrWrongNode) {
 		t.Fatalf("Open(dir of node 1) as node 2 = %v, want ErrWrongNode", err)
+	}
+}
+
+// TestOtherLayoutIsRefused: a store written before layouts were recorded
+// (layout 1: MVCC data under range ids) or by a later layout is refused with
+// ErrLayout naming both versions, and left as it was.
+func TestOtherLayoutIsRefused(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		record []byte // the layout record to leave; nil: none (layout 1)
+		want   string
+	}{
+		{"layout 1", nil, "layout version 1; this binary reads layout version 2"},
+		{"layout 3", []byte{0, 0, 0, 3}, "layout version 3; this binary reads layout version 2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			e, err := Open(dir, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := e.NewBatch()
+			if c.record == nil {
+				_ = b.Delete(layoutVersionKey, nil)
+			} else {
+				_ = b.Set(layoutVersionKey, c.record, nil)
+			}
+			_ = b.Set([]byte{PrefixState, 'x'}, []byte("kept"), nil)
+			if err := e.Commit(b, true); err != nil {
+				t.Fatal(err)
+			}
+			e.Close()
+			_, err = Open(dir, 1)
+			if !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Open = %v; want ErrLayout saying %q", err, c.want)
+			}
+			// Nothing was changed: put the current layout back and read.
+			raw, err := pebble.Open(dir, &pebble.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := raw.Set(layoutVersionKey, []byte{0, 0, 0, LayoutVersion}, pebble.Sync); err != nil {
+				t.Fatal(err)
+			}
+			raw.Close()
+			e, err = Open(dir, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if v, err := e.Get([]byte{PrefixState, 'x'}); err != nil || string(v) != "kept" {
+				t.Fatalf("the refused store's data = %q, %v", v, err)
+			}
+		})
 	}
 }
