@@ -10,8 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/commitrule"
 	"github.com/terroir-db/terroir/internal/epoch"
-	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
@@ -509,24 +509,18 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	if firstErr == nil && epochErr != nil {
 		firstErr = fmt.Errorf("%w: reading epochs: %v", ErrUnavailable, epochErr)
 	}
-	// Validate: each region's local epoch lies in the lease of every
-	// participant of that region (paper §4.2).
 	// The version's epoch is the global one, raised to every participant's
-	// highest and this client's (paper §5.1).
-	versionEpoch := max(global, t.c.session.Load())
+	// highest and this client's (paper §5.1); then every participant's lease
+	// must hold its region's local epoch (and, with local-epoch versions, the
+	// version's epoch) (paper §4.2).
+	versionEpoch := commitrule.VersionEpoch(global, t.c.session.Load())
 	var newest storage.VersionID
 	newestRegional := map[string]storage.VersionID{} // by region
 	for _, r := range preps {
 		if firstErr != nil {
 			break
 		}
-		l := r.resp.GetLease()
-		local := locals[r.p.desc.Region]
-		if local < l.GetStart() || local > l.GetEnd() {
-			firstErr = fmt.Errorf("%w: local epoch %d outside range %d's lease [%d, %d]", ErrConflict, local, r.p.desc.ID, l.GetStart(), l.GetEnd())
-			break
-		}
-		versionEpoch = max(versionEpoch, r.resp.GetHighestEpoch())
+		versionEpoch = commitrule.VersionEpoch(versionEpoch, r.resp.GetHighestEpoch())
 		if mv := versionOf(r.resp.GetMaxVersion()); newest.Less(mv) {
 			newest = mv
 		}
@@ -534,12 +528,13 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			newestRegional[r.p.desc.Region] = mr
 		}
 	}
-	// With local-epoch versions (no publisher), the version's epoch must lie in
-	// every lease too: a transaction ordered after a lease's end could be
-	// overtaken by its successor's writers.
 	for _, r := range preps {
-		if firstErr == nil && t.c.global == nil && versionEpoch > r.resp.GetLease().GetEnd() {
-			firstErr = fmt.Errorf("%w: version epoch %d past range %d's lease end %d", ErrConflict, versionEpoch, r.p.desc.ID, r.resp.GetLease().GetEnd())
+		if firstErr != nil {
+			break
+		}
+		l := commitrule.Lease{Start: r.resp.GetLease().GetStart(), End: r.resp.GetLease().GetEnd()}
+		if err := commitrule.Validate(locals[r.p.desc.Region], versionEpoch, l, t.c.global == nil); err != nil {
+			firstErr = fmt.Errorf("%w: range %d: %v", ErrConflict, r.p.desc.ID, err)
 		}
 	}
 	if firstErr != nil {
@@ -551,7 +546,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	}
 	// Quiet epochs (paper §5.3.1): a writer whose epoch is quiet waits, locks
 	// held, for the next one.
-	for firstErr == nil && t.c.global != nil && len(t.writes) > 0 && rangeserver.IsQuiet(versionEpoch, t.c.quiet) {
+	for firstErr == nil && t.c.global != nil && len(t.writes) > 0 && commitrule.IsQuiet(versionEpoch, t.c.quiet) {
 		if versionEpoch, firstErr = epoch.WaitAtLeast(ctx, t.c.publishers[regions[0]], versionEpoch+1, time.Millisecond); firstErr != nil {
 			firstErr = fmt.Errorf("%w: waiting out quiet epoch: %v", ErrUnavailable, firstErr)
 		}
@@ -560,13 +555,13 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		t.abortAll(ctx)
 		return storage.VersionID{}, firstErr
 	}
-	ver := rangeserver.ChooseVersion(versionEpoch, newest)
+	ver := wireVersion(commitrule.ChooseVersion(versionEpoch, newest))
 	// Regions with a publisher also store the writes under local-epoch
 	// versions, one per region (paper §5.4).
 	regional := map[string]*pb.VersionID{}
 	for _, r := range regions {
 		if _, ok := t.c.publishers[r]; ok && t.c.global != nil {
-			regional[r] = rangeserver.ChooseVersion(locals[r], newestRegional[r])
+			regional[r] = wireVersion(commitrule.ChooseVersion(locals[r], newestRegional[r]))
 		}
 	}
 
@@ -629,6 +624,10 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 
 func versionOf(v *pb.VersionID) storage.VersionID {
 	return storage.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()}
+}
+
+func wireVersion(v storage.VersionID) *pb.VersionID {
+	return &pb.VersionID{Epoch: v.Epoch, Counter: v.Counter}
 }
 
 // isAmbiguousPrepare reports a prepare failure that is not already typed: since no

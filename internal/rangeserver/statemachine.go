@@ -1,8 +1,3 @@
-// Package rangeserver is the KV service of one range (paper §2.3, DESIGN.md §2,
-// §3.3–§3.5, §4): the replicated state machine every replica applies (the
-// range's lease, its MVCC data, its prepared transactions), and the leader that
-// serves locking reads and writes, takes part in two-phase commit, and resolves
-// transactions whose coordinator went silent.
 package rangeserver
 
 import (

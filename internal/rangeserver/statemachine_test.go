@@ -116,23 +116,6 @@ func TestPrepareCommitAndSnapshot(t *testing.T) {
 	}
 }
 
-func TestChooseVersion(t *testing.T) {
-	for _, c := range []struct {
-		epoch  uint64
-		newest storage.VersionID
-		want   storage.VersionID
-	}{
-		{7, storage.VersionID{}, storage.VersionID{Epoch: 7, Counter: 1}},
-		{7, storage.VersionID{Epoch: 6, Counter: 9}, storage.VersionID{Epoch: 7, Counter: 1}},
-		{7, storage.VersionID{Epoch: 7, Counter: 3}, storage.VersionID{Epoch: 7, Counter: 4}},
-	} {
-		v := ChooseVersion(c.epoch, c.newest)
-		if got := (storage.VersionID{Epoch: v.GetEpoch(), Counter: v.GetCounter()}); got != c.want {
-			t.Errorf("ChooseVersion(%d, %v) = %v, want %v", c.epoch, c.newest, got, c.want)
-		}
-	}
-}
-
 // TestRangesShareTheNodesKeySpace: two adjacent ranges on one node keep their
 // data under the user key in one key space (DESIGN.md §11) and only their
 // range-local state under their ids; a range's snapshot holds exactly its

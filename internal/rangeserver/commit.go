@@ -1,0 +1,211 @@
+package rangeserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/commitrule"
+	"github.com/terroir-db/terroir/internal/epoch"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+// maxVersionOf returns the newest stored version among the keys of writes, in
+// the global version ids and in the local-epoch ones (zero when this range
+// does not store them twice).
+func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.VersionID, err error) {
+	for _, w := range writes {
+		_, _, newest, err := r.sm.Get(Versions, w.GetKey(), maxVersion)
+		if err != nil {
+			return global, regional, err
+		}
+		if global.Less(newest) {
+			global = newest
+		}
+		if r.global == nil {
+			continue
+		}
+		_, _, newest, err = r.sm.Get(RegionalVersions, w.GetKey(), maxVersion)
+		if err != nil {
+			return global, regional, err
+		}
+		if regional.Less(newest) {
+			regional = newest
+		}
+	}
+	return global, regional, nil
+}
+
+// Prepare makes txn's writes durable as a prepared record (through Raft) and
+// returns what the coordinator validates and versions with (DESIGN.md §4.2): the
+// lease, the highest epoch, and the newest existing version of the write set. A
+// read-only participant (no writes) writes nothing, but from here on it too
+// keeps its locks until the outcome is known (invariant 4).
+func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32, incarnation uint64) (*pb.PrepareResponse, error) {
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.checkWrites(writes); err != nil {
+		return nil, err
+	}
+	if err := l.txns.startCommit(meta, writes, lockCount, incarnation, txnPrepared); err != nil {
+		return nil, err
+	}
+	if len(writes) > 0 {
+		cmd := &pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: meta, Writes: writes, LeaseStart: l.start}}}
+		if err := r.propose(ctx, cmd); err != nil {
+			return nil, err
+		}
+	}
+	if cur, _ := r.leader(); cur != l {
+		return nil, ErrLocksLost
+	}
+	mv, mr, err := r.maxVersionOf(writes)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.PrepareResponse{
+		Lease:              &pb.Lease{Holder: r.self, Start: l.start, End: l.end.Load()},
+		HighestEpoch:       l.txns.highestEpoch(),
+		MaxVersion:         &pb.VersionID{Epoch: mv.Epoch, Counter: mv.Counter},
+		MaxRegionalVersion: &pb.VersionID{Epoch: mr.Epoch, Counter: mr.Counter},
+	}, nil
+}
+
+// Commit applies a committed transaction's prepared writes at version (and,
+// if set, at the local-epoch version regional) and releases its locks. The
+// decision is already durable in the transaction state store, so a replica
+// that is not the leader can ignore this: the next leader resolves the
+// prepared record.
+func (r *Replica) Commit(ctx context.Context, txnID []byte, version, regional *pb.VersionID) error {
+	cmd := &pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txnID, Version: version, RegionalVersion: regional}}}
+	return r.finish(ctx, txnID, cmd, version.GetEpoch())
+}
+
+// Abort discards a transaction's prepared record, if any, and releases its locks.
+func (r *Replica) Abort(ctx context.Context, txnID []byte) error {
+	return r.finish(ctx, txnID, &pb.Command{Cmd: &pb.Command_Abort{Abort: &pb.AbortCmd{TxnId: txnID}}}, 0)
+}
+
+// finish applies a transaction's outcome to its prepared record, then releases
+// its locks (raising the highest epoch to committedEpoch). The command goes
+// through Raft whenever a prepared record exists or may still be applying (the
+// transaction prepared here), so no record outlives its outcome.
+func (r *Replica) finish(ctx context.Context, txnID []byte, cmd *pb.Command, committedEpoch uint64) error {
+	r.mu.Lock()
+	l := r.lead
+	r.mu.Unlock()
+	if r.sm.IsPrepared(txnID) || (l != nil && l.txns.mayBePrepared(txnID)) {
+		if err := r.propose(ctx, cmd); err != nil {
+			return err
+		}
+	}
+	if l != nil {
+		l.txns.release(txnID, committedEpoch)
+	}
+	return nil
+}
+
+// CommitOnePhase commits a transaction whose only participant is this range
+// (DESIGN.md §4): with every lock held, read the local epoch, validate the
+// lease, version the writes, apply them through Raft, release.
+func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, minEpoch uint64, lockCount uint32, incarnation uint64) (*pb.VersionID, error) {
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.checkWrites(writes); err != nil {
+		return nil, err
+	}
+	if err := l.txns.startCommit(meta, writes, lockCount, incarnation, txnCommitting); err != nil {
+		return nil, err
+	}
+	abort := func() { l.txns.release(meta.GetId(), 0) } // nothing written: the transaction aborts
+	// Read the epochs only now that every lock is held (invariant 4); the
+	// local epoch validates the lease, the global one versions the writes.
+	// A read-only transaction writes no version: the lease check is all it
+	// needs, and it skips the global epoch (except in the naive baseline,
+	// which reads it at every commit).
+	globalSrc := r.global
+	naive := meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE && r.service != nil && r.global != nil
+	switch {
+	case naive:
+		globalSrc = r.service // the baseline: the service itself, across the WAN
+	case len(writes) == 0:
+		globalSrc = nil
+	}
+	epochs, err := epoch.ReadAll(ctx, r.epochs, globalSrc)
+	e, g := epochs[0], epochs[1]
+	if r.global == nil && len(writes) > 0 {
+		g = e // regional-only: local-epoch versions
+	}
+	if err != nil {
+		abort()
+		return nil, fmt.Errorf("%w: reading epochs: %v", ErrLeaseValidation, err)
+	}
+	r.observeEpoch(e)
+	epoch := commitrule.VersionEpoch(g, l.txns.highestEpoch(), minEpoch)
+	if err := commitrule.Validate(e, epoch, commitrule.Lease{Start: l.start, End: l.end.Load()}, r.global == nil); err != nil {
+		abort()
+		return nil, fmt.Errorf("%w: %v", ErrLeaseValidation, err)
+	}
+	for r.global != nil && len(writes) > 0 && commitrule.IsQuiet(epoch, r.cfg.QuietEpochs) {
+		// Quiet epoch (paper §5.3.1): wait, locks held, for the next one.
+		if epoch, err = r.nextAfter(ctx, epoch); err != nil {
+			abort()
+			return nil, fmt.Errorf("%w: waiting out quiet epoch: %v", ErrLeaseValidation, err)
+		}
+	}
+	mv, mr, err := r.maxVersionOf(writes)
+	if err != nil {
+		abort()
+		return nil, err
+	}
+	ver := wireVersion(commitrule.ChooseVersion(epoch, mv))
+	var regional *pb.VersionID
+	if r.global != nil {
+		regional = wireVersion(commitrule.ChooseVersion(e, mr))
+	}
+	if len(writes) > 0 {
+		cmd := &pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: meta.GetId(), Writes: writes, Version: ver,
+			LeaseStart: l.start, RegionalVersion: regional}}}
+		if err := r.propose(ctx, cmd); err != nil {
+			if errors.Is(err, ErrLocksLost) { // rejected at apply: nothing written
+				abort()
+			}
+			// Otherwise the entry may still apply; the locks stay with this
+			// leadership until it ends.
+			return nil, err
+		}
+	}
+	if meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_COMMIT_WAIT && len(writes) > 0 {
+		// The baseline: wait out a clock uncertainty, locks held.
+		time.Sleep(time.Duration(meta.GetCommitWaitUs()) * time.Microsecond)
+	}
+	l.txns.release(meta.GetId(), ver.GetEpoch())
+	return ver, nil
+}
+
+// checkWrites refuses a write outside the range.
+func (r *Replica) checkWrites(writes []*pb.Write) error {
+	for _, w := range writes {
+		if err := r.checkKey(w.GetKey()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nextAfter waits until the region's publisher shows an epoch above e and
+// returns it.
+func (r *Replica) nextAfter(ctx context.Context, e uint64) (uint64, error) {
+	return epoch.WaitAtLeast(ctx, r.global, e+1, time.Millisecond)
+}
+
+// wireVersion is v as the wire carries it.
+func wireVersion(v storage.VersionID) *pb.VersionID {
+	return &pb.VersionID{Epoch: v.Epoch, Counter: v.Counter}
+}

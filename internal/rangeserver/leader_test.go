@@ -1,0 +1,133 @@
+package rangeserver
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/locktable"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+)
+
+// fakeClock is a clock a test moves by hand.
+type fakeClock struct{ now time.Time }
+
+func (c *fakeClock) Now() time.Time          { return c.now }
+func (c *fakeClock) advance(d time.Duration) { c.now = c.now.Add(d) }
+func meta(id byte, priority uint64) *pb.TxnMeta {
+	return &pb.TxnMeta{Id: append(make([]byte, 15), id), Priority: priority}
+}
+
+func TestNextLease(t *testing.T) {
+	const self, other, span = 1, 2, 100
+	for _, c := range []struct {
+		name      string
+		current   *pb.Lease
+		e         uint64
+		wantStart uint64 // 0: no proposal
+	}{
+		{"no lease yet", &pb.Lease{}, 50, 50},
+		{"own lease, far from its end", &pb.Lease{Holder: self, Start: 10, End: 160, Seq: 3}, 100, 0},
+		{"own lease, renewed keeping its start", &pb.Lease{Holder: self, Start: 10, End: 140, Seq: 3}, 100, 10},
+		{"own lease lapsed", &pb.Lease{Holder: self, Start: 10, End: 90, Seq: 3}, 100, 100},
+		{"another's lease lapsed", &pb.Lease{Holder: other, Start: 10, End: 90, Seq: 3}, 100, 100},
+		{"another's lease ends soon: queued after it", &pb.Lease{Holder: other, Start: 10, End: 130, Seq: 3}, 100, 131},
+		{"another's lease far from its end", &pb.Lease{Holder: other, Start: 10, End: 170, Seq: 3}, 100, 0},
+	} {
+		got := nextLease(c.current, self, c.e, span)
+		switch {
+		case c.wantStart == 0 && got != nil:
+			t.Errorf("%s: proposed %v, want nothing", c.name, got)
+		case c.wantStart != 0 && got == nil:
+			t.Errorf("%s: proposed nothing, want a lease from %d", c.name, c.wantStart)
+		case got != nil:
+			if got.GetHolder() != self || got.GetStart() != c.wantStart || got.GetEnd() != c.e+span || got.GetSeq() != c.current.GetSeq()+1 {
+				t.Errorf("%s: proposed %v, want [%d, %d] seq %d", c.name, got, c.wantStart, c.e+span, c.current.GetSeq()+1)
+			}
+			// Leader disjointness (DESIGN.md §3.3): a successor never
+			// starts inside another holder's lease.
+			if c.current.GetHolder() == other && got.GetStart() <= c.current.GetEnd() && c.e <= c.current.GetEnd() {
+				t.Errorf("%s: %v overlaps the current lease %v", c.name, got, c.current)
+			}
+		}
+	}
+}
+
+// TestOrphansFollowTheClock drives the transaction table's orphan decision
+// with a fake clock (DESIGN.md §10): silence past the bound makes an orphan,
+// a heartbeat or a lock wait under way does not, a prepared transaction is
+// handed over for resolution once, and a prepared record left by an earlier
+// lease at once.
+func TestOrphansFollowTheClock(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1000, 0)}
+	tt := newTxnTable(clock.Now, 0)
+	const bound = 2 * time.Second
+	ctx := context.Background()
+	active, beating, prepared, waiter := meta(1, 10), meta(2, 20), meta(3, 30), meta(4, 5)
+	incs := map[byte]uint64{}
+	for _, m := range []*pb.TxnMeta{active, beating, prepared} {
+		inc, err := tt.acquire(ctx, m, locktable.Point([]byte{m.GetId()[15]}), locktable.Exclusive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		incs[m.GetId()[15]] = inc
+	}
+	if err := tt.startCommit(prepared, []*pb.Write{{Key: []byte{3}}}, 1, incs[3], txnPrepared); err != nil {
+		t.Fatal(err)
+	}
+	// The older waiter waits for the beating transaction's lock.
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := tt.acquire(ctx, waiter, locktable.Point([]byte{2}), locktable.Exclusive)
+		acquired <- err
+	}()
+	for tt.locks.Waiters() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+
+	clock.advance(bound - time.Millisecond)
+	if idle, undecided := tt.orphans(bound, nil); len(idle)+len(undecided) != 0 {
+		t.Fatalf("orphans before the bound: %d idle, %d undecided", len(idle), len(undecided))
+	}
+	if tt.heartbeat(beating.GetId(), incs[2]) {
+		t.Fatal("a heartbeat under the right incarnation reported lost")
+	}
+	if !tt.heartbeat(beating.GetId(), incs[2]+1) {
+		t.Fatal("a heartbeat under another incarnation was not reported lost")
+	}
+	clock.advance(2 * time.Millisecond)
+	leftover := &pb.PreparedRecord{Txn: meta(9, 90)}
+	idle, undecided := tt.orphans(bound, []*pb.PreparedRecord{leftover})
+	if len(idle) != 1 || idle[0][15] != 1 {
+		t.Errorf("idle = %v; want only the silent active transaction (the waiter waits, the other beat)", idle)
+	}
+	for _, id := range idle {
+		tt.release(id, 0) // as the leader drops them
+	}
+	if len(undecided) != 2 {
+		t.Fatalf("undecided = %d; want the silent prepared transaction and the leftover record", len(undecided))
+	}
+	if _, again := tt.orphans(bound, []*pb.PreparedRecord{leftover}); len(again) != 0 {
+		t.Errorf("%d transactions handed over twice while being resolved", len(again))
+	}
+	for _, u := range undecided {
+		tt.resolved(u)
+	}
+	clock.advance(bound)
+	if _, again := tt.orphans(bound, nil); len(again) != 2 {
+		t.Errorf("after a failed resolution and another bound, %d undecided; want 2 again", len(again))
+	}
+	// Releasing the beating transaction's lock lets the waiter in, under
+	// its own record.
+	tt.release(beating.GetId(), 42)
+	if err := <-acquired; err != nil {
+		t.Fatal(err)
+	}
+	if tt.highestEpoch() != 42 {
+		t.Errorf("highest epoch = %d after a commit at 42", tt.highestEpoch())
+	}
+	if err := tt.startCommit(active, nil, 1, incs[1], txnCommitting); !errors.Is(err, ErrLocksLost) {
+		t.Errorf("commit of the transaction dropped as idle = %v; want ErrLocksLost", err)
+	}
+}

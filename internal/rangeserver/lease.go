@@ -1,0 +1,181 @@
+package rangeserver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+// leadership is the in-memory state of one lease held by this replica: the
+// lease's identity and end, and the transactions holding locks under it.
+type leadership struct {
+	start  uint64 // the lease's start: identifies it across renewals
+	end    atomic.Uint64
+	txns   *txnTable
+	ctx    context.Context // canceled when the lease is given up
+	cancel context.CancelFunc
+}
+
+func (r *Replica) loop() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.tick()
+	}
+}
+
+// tick keeps the lease: acquire or renew it while this replica leads the Raft
+// group, activate leadership once the lease is ours, resolve orphans.
+func (r *Replica) tick() {
+	st := r.group.Status()
+	if st.Leader != r.self || !st.CaughtUp {
+		r.stepDown()
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
+	defer cancel()
+	e, err := r.epochs.Read(ctx)
+	if err != nil {
+		return
+	}
+	e = r.observeEpoch(e)
+	lease := r.sm.Lease()
+	if want := nextLease(lease, r.self, e, r.cfg.LeaseEpochs); want != nil {
+		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Lease{Lease: &pb.LeaseCmd{Lease: want, PrevSeq: lease.GetSeq()}}})
+		if _, err := r.group.Propose(ctx, cmd); err != nil {
+			slog.Debug("lease proposal failed", "range", r.desc.ID, "err", err)
+		}
+		lease = r.sm.Lease()
+	}
+	if lease.GetHolder() != r.self {
+		r.stepDown()
+		return
+	}
+	highest := lease.GetStart()
+	if r.global != nil && !r.leading(lease) {
+		// A new leaseholder does not trust its predecessor's highest epoch: it
+		// waits for the global epoch to advance once (DESIGN.md §3.5).
+		if highest, err = r.nextGlobalEpoch(); err != nil {
+			return
+		}
+	}
+	l := r.activate(lease, highest)
+	r.resolveOrphans(l)
+}
+
+// nextLease returns the lease that replica self, leading the range's Raft
+// group at local epoch e, should propose after current (nil: none), each
+// lease reaching leaseEpochs past e (paper §2.3.1, DESIGN.md §3.3):
+//   - its own lease, renewed (keeping its start) once less than half of
+//     leaseEpochs remains;
+//   - a new lease starting at e when there is none or the current one lapsed;
+//   - a lease queued right after another holder's that ends within half of
+//     leaseEpochs, so the two never overlap; it serves once e gets there.
+//
+// Every proposal names its predecessor's seq, so replicas reject it if
+// another lease got in first.
+func nextLease(current *pb.Lease, self, e, leaseEpochs uint64) *pb.Lease {
+	next := &pb.Lease{Holder: self, End: e + leaseEpochs, Seq: current.GetSeq() + 1}
+	switch {
+	case current.GetHolder() == self && current.GetEnd() >= e:
+		if current.GetEnd() >= e+leaseEpochs/2 {
+			return nil
+		}
+		next.Start = current.GetStart()
+	case current.GetHolder() == 0 || current.GetEnd() < e:
+		next.Start = e
+	case current.GetEnd()+1 <= e+leaseEpochs/2:
+		next.Start = current.GetEnd() + 1
+	default:
+		return nil
+	}
+	return next
+}
+
+// leading reports whether this replica already leads under lease.
+func (r *Replica) leading(lease *pb.Lease) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lead != nil && r.lead.start == lease.GetStart()
+}
+
+// nextGlobalEpoch reads the global epoch g at the region's publisher and waits
+// until the publisher shows g+1, which it returns.
+func (r *Replica) nextGlobalEpoch() (uint64, error) {
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	defer cancel()
+	g, err := r.global.Read(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for {
+		next, err := r.global.Read(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if next > g {
+			return next, nil
+		}
+		if !transport.SleepCtx(ctx, r.cfg.Tick) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (r *Replica) observeEpoch(e uint64) uint64 {
+	for {
+		cur := r.lastEpoch.Load()
+		if e <= cur {
+			return cur
+		}
+		if r.lastEpoch.CompareAndSwap(cur, e) {
+			return e
+		}
+	}
+}
+
+// activate returns the leadership of lease, building it if the lease is new: a
+// fresh transaction table holding the exclusive locks of every prepared
+// transaction, and highest, an epoch no lower than any of the previous
+// leaseholders'.
+func (r *Replica) activate(lease *pb.Lease, highest uint64) *leadership {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l := r.lead; l != nil && l.start == lease.GetStart() {
+		l.end.Store(lease.GetEnd())
+		return l
+	}
+	if r.lead != nil {
+		r.lead.cancel()
+	}
+	ctx, cancel := context.WithCancel(r.ctx)
+	l := &leadership{start: lease.GetStart(), txns: newTxnTable(r.cfg.Clock.Now, highest), ctx: ctx, cancel: cancel}
+	l.end.Store(lease.GetEnd())
+	for _, key := range l.txns.relock(r.sm.Prepared()) {
+		slog.Error("re-locking a prepared transaction failed", "range", r.desc.ID, "key", key)
+	}
+	r.lead = l
+	slog.Info("range leaseholder", "range", r.desc.ID, "replica", r.self, "lease", fmt.Sprintf("[%d, %d]", lease.GetStart(), lease.GetEnd()))
+	return l
+}
+
+func (r *Replica) stepDown() {
+	r.mu.Lock()
+	l := r.lead
+	r.lead = nil
+	r.mu.Unlock()
+	if l != nil {
+		l.cancel()
+	}
+}

@@ -1,0 +1,114 @@
+package rangeserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+
+	"github.com/terroir-db/terroir/internal/locktable"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+// lock takes a lock for txn, bounded by ctx and by the leadership's life, and
+// returns the incarnation of the transaction's record that holds it.
+func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode) (uint64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(l.ctx, cancel)
+	defer stop()
+	inc, err := l.txns.acquire(ctx, meta, span, mode)
+	switch {
+	case errors.Is(err, ErrConflict):
+		return 0, err
+	case err != nil && l.ctx.Err() != nil:
+		return 0, ErrLocksLost
+	case err != nil:
+		return 0, err
+	}
+	if cur, _ := r.leader(); cur != l {
+		return 0, ErrLocksLost // the lock is in a table that no longer counts
+	}
+	return inc, nil
+}
+
+// Heartbeat records that txn's coordinator is alive (DESIGN.md §10). lost is
+// true when this leader holds no locks of txn under incarnation: the
+// transaction can no longer commit. Errors: ErrNotLeaseholder,
+// ErrLeaseNotActive.
+func (r *Replica) Heartbeat(txnID []byte, incarnation uint64) (lost bool, err error) {
+	l, err := r.leader()
+	if err != nil {
+		return false, err
+	}
+	return l.txns.heartbeat(txnID, incarnation), nil
+}
+
+// Get takes a shared lock on key for txn and returns its newest committed value
+// and the incarnation of the transaction's record here.
+func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) (*pb.GetResponse, error) {
+	if err := r.checkKey(key); err != nil {
+		return nil, err
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	inc, err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Shared)
+	if err != nil {
+		return nil, err
+	}
+	v, ok, _, err := r.sm.Get(Versions, key, maxVersion)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.GetResponse{Found: ok, Value: v.Value, Incarnation: inc}, nil
+}
+
+// Scan takes a shared key-range lock on [start, end) ∩ range (so no phantom can
+// appear in it) and returns up to limit (0: all) newest committed values.
+func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte, limit int) (*pb.ScanResponse, error) {
+	if bytes.Compare(start, r.desc.Start) < 0 {
+		start = r.desc.Start
+	}
+	if r.desc.End != nil && (end == nil || bytes.Compare(end, r.desc.End) > 0) {
+		end = r.desc.End
+	}
+	if end != nil && bytes.Compare(start, end) >= 0 {
+		return &pb.ScanResponse{}, nil
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	span := locktable.Span{Key: start, EndKey: end}
+	if end == nil {
+		span.EndKey = keyspaceEnd
+	}
+	inc, err := r.lock(ctx, l, meta, span, locktable.Shared)
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ScanResponse{Incarnation: inc}
+	err = r.sm.Scan(Versions, start, end, maxVersion, func(v storage.Version, _ storage.VersionID) bool {
+		if !v.Live() {
+			return true
+		}
+		resp.Kvs = append(resp.Kvs, &pb.KeyValue{Key: v.Key, Value: v.Value})
+		return limit == 0 || len(resp.Kvs) < limit
+	})
+	return resp, err
+}
+
+// Lock takes the exclusive lock a Put or Delete of key needs (DESIGN.md §3.4:
+// writes lock when they execute, not at Prepare) and returns the incarnation.
+func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) (uint64, error) {
+	if err := r.checkKey(key); err != nil {
+		return 0, err
+	}
+	l, err := r.leader()
+	if err != nil {
+		return 0, err
+	}
+	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive)
+}

@@ -1,0 +1,140 @@
+package rangeserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/locktable"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+// ErrSnapshotEpoch: the epoch a snapshot reads at did not arrive in time (the
+// region's publisher lags or refuses).
+var ErrSnapshotEpoch = errors.New("rangeserver: snapshot epoch not reached")
+
+// snapshotPoll is how often a snapshot read re-reads the epoch it waits for;
+// snapshotEpochWait bounds that wait (the caller may retry).
+const (
+	snapshotPoll      = time.Millisecond
+	snapshotEpochWait = 5 * time.Second
+)
+
+// SnapshotRead serves one read of a snapshot transaction (paper §5.2,
+// Algorithm 1; DESIGN.md §5). It waits until the region's publisher (for a
+// regional read: its local epoch) shows at least req.At, so that every
+// transaction that could still commit below <At, 0> already holds its locks;
+// reads l_R (once per snapshot and region: the caller passes it back); refuses
+// if l_R is past this leader's lease; waits until the transactions holding an
+// exclusive lock on the span have finished; and reads the newest versions
+// below <At, 0>. It takes no lock, so it never delays a writer.
+//
+// Errors: ErrKeyOutsideRange, ErrNotLeaseholder (retry at another replica),
+// ErrSnapshotEpoch, or ctx's error.
+func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
+	start, end := req.GetStart(), req.GetEnd()
+	if len(end) == 0 {
+		end = nil
+	}
+	if !req.GetScan() {
+		if err := r.checkKey(start); err != nil {
+			return nil, err
+		}
+	} else {
+		if bytes.Compare(start, r.desc.Start) < 0 {
+			start = r.desc.Start
+		}
+		if r.desc.End != nil && (end == nil || bytes.Compare(end, r.desc.End) > 0) {
+			end = r.desc.End
+		}
+		if end != nil && bytes.Compare(start, end) >= 0 {
+			return &pb.SnapshotReadResponse{LocalEpoch: req.GetLocalEpoch()}, nil
+		}
+	}
+	if _, err := r.leader(); err != nil {
+		return nil, err
+	}
+	src, ks := r.global, Versions
+	switch {
+	case r.global == nil: // regional-only: the data carries local epochs
+		src = r.epochs
+	case req.GetRegional():
+		src, ks = r.epochs, RegionalVersions
+	}
+	began := time.Now()
+	ectx, ecancel := context.WithTimeout(ctx, snapshotEpochWait)
+	got, err := epoch.WaitAtLeast(ectx, src, req.GetAt(), snapshotPoll)
+	ecancel()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %d: %v", ErrSnapshotEpoch, req.GetAt(), err)
+	}
+	lR := req.GetLocalEpoch()
+	if lR == 0 {
+		if src == r.epochs {
+			lR = got
+		} else if lR, err = r.epochs.Read(ctx); err != nil {
+			return nil, err
+		}
+	}
+	resp := &pb.SnapshotReadResponse{LocalEpoch: lR, EpochWaitUs: uint64(time.Since(began).Microseconds())}
+	r.observeEpoch(lR)
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	if end := l.end.Load(); lR > end {
+		// A later lease may hold locks this leader does not know of.
+		return nil, fmt.Errorf("%w: the snapshot's local epoch %d is past the lease's end %d", ErrNotLeaseholder, lR, end)
+	}
+	span := locktable.Point(start)
+	if req.GetScan() {
+		span = locktable.Span{Key: start, EndKey: end}
+		if end == nil {
+			span.EndKey = keyspaceEnd
+		}
+	}
+	began = time.Now()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(l.ctx, cancel)
+	defer stop()
+	if err := l.txns.locks.WaitNoExclusive(wctx, span); err != nil {
+		if ctx.Err() == nil {
+			return nil, fmt.Errorf("%w: the lease ended while waiting for locks", ErrNotLeaseholder)
+		}
+		return nil, err
+	}
+	resp.LockWaitUs = uint64(time.Since(began).Microseconds())
+	if cur, _ := r.leader(); cur != l {
+		return nil, fmt.Errorf("%w: the lease ended while waiting for locks", ErrNotLeaseholder)
+	}
+	below := storage.EpochStart(req.GetAt())
+	note := func(v storage.Version, newest storage.VersionID) {
+		resp.SnapshotEpoch = max(resp.SnapshotEpoch, v.ID.Epoch)
+		resp.LatestEpoch = max(resp.LatestEpoch, newest.Epoch)
+	}
+	if !req.GetScan() {
+		v, ok, newest, err := r.sm.Get(ks, start, below)
+		if err != nil {
+			return nil, err
+		}
+		note(v, newest)
+		if ok {
+			resp.Kvs = []*pb.KeyValue{{Key: v.Key, Value: v.Value}}
+		}
+		return resp, nil
+	}
+	limit := int(req.GetLimit())
+	err = r.sm.Scan(ks, start, end, below, func(v storage.Version, newest storage.VersionID) bool {
+		note(v, newest)
+		if v.Live() {
+			resp.Kvs = append(resp.Kvs, &pb.KeyValue{Key: v.Key, Value: v.Value})
+		}
+		return limit == 0 || len(resp.Kvs) < limit
+	})
+	return resp, err
+}

@@ -1,0 +1,266 @@
+package rangeserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/locktable"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+)
+
+// txnTable is what a leader knows, under one lease, of the transactions that
+// hold locks at the range: one record per transaction, and the lock table
+// holding their locks (DESIGN.md §3.4, §10). It decides nothing by itself
+// about time: the leader passes it the clock, and asks it which transactions
+// are orphans.
+//
+// A record's incarnation is random: a record recreated after its transaction
+// lost its locks has another, which tells the coordinator its earlier locks
+// are gone. Locks are released only by release, after the outcome is durable
+// (invariant 4), or when an active transaction is found an orphan.
+type txnTable struct {
+	locks *locktable.Table
+	now   func() time.Time
+
+	mu      sync.Mutex
+	txns    map[string]*leaderTxn
+	highest uint64 // DESIGN.md §3.5: highest epoch of a transaction that released a lock
+}
+
+// leaderTxn is the leader's record of a transaction holding locks here. Its
+// fields are guarded by the table's mu.
+type leaderTxn struct {
+	meta        *pb.TxnMeta
+	incarnation uint64    // random per record: a recreated record has another
+	lastActive  time.Time // the coordinator's last operation or heartbeat here
+	waiting     int       // lock acquisitions under way: waiting is not silence
+	state       txnState
+	resolving   bool
+}
+
+// txnState is where a transaction stands at this leader.
+type txnState uint8
+
+const (
+	// txnActive: executing; dropped (locks released) once its coordinator
+	// has been silent for OrphanAfter.
+	txnActive txnState = iota
+	// txnCommitting: a one-phase commit is under way; only it ends the transaction.
+	txnCommitting
+	// txnPrepared: prepared here (with or without writes); only its outcome, from
+	// the coordinator or the transaction state store, ends it.
+	txnPrepared
+)
+
+// newTxnTable returns an empty table whose highest epoch starts at highest.
+func newTxnTable(now func() time.Time, highest uint64) *txnTable {
+	return &txnTable{locks: locktable.New(), now: now, txns: map[string]*leaderTxn{}, highest: highest}
+}
+
+func lockTxn(m *pb.TxnMeta) locktable.Txn {
+	var id locktable.TxnID
+	copy(id[:], m.GetId())
+	return locktable.Txn{ID: id, Priority: m.GetPriority()}
+}
+
+func lockID(txnID []byte) locktable.TxnID {
+	var id locktable.TxnID
+	copy(id[:], txnID)
+	return id
+}
+
+// touch returns a transaction's record, marking its coordinator alive now,
+// and creates it (with a fresh incarnation) if create is set and there is
+// none; without create a missing record is ErrLocksLost.
+func (tt *txnTable) touch(meta *pb.TxnMeta, create bool) (*leaderTxn, error) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	t, ok := tt.txns[string(meta.GetId())]
+	if !ok {
+		if !create {
+			return nil, ErrLocksLost
+		}
+		t = &leaderTxn{meta: meta, incarnation: rand.Uint64()}
+		tt.txns[string(meta.GetId())] = t
+	}
+	t.lastActive = tt.now()
+	return t, nil
+}
+
+// acquire takes a lock for meta's transaction, waiting (bounded by ctx) under
+// wait-die, and returns the incarnation of the record that holds it. While it
+// waits the transaction is not an orphan. Errors: ErrConflict (wait-die chose
+// it to die) or ctx's error.
+func (tt *txnTable) acquire(ctx context.Context, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode) (uint64, error) {
+	t, _ := tt.touch(meta, true)
+	tt.mu.Lock()
+	t.waiting++
+	tt.mu.Unlock()
+	err := tt.locks.Acquire(ctx, lockTxn(meta), span, mode)
+	tt.mu.Lock()
+	t.waiting--
+	tt.mu.Unlock()
+	if errors.Is(err, locktable.ErrWouldDie) {
+		return 0, ErrConflict
+	}
+	if err != nil {
+		return 0, err
+	}
+	// Touch again: if the record was resolved meanwhile (at another range's
+	// request, or by a lease change), this recreates it with a new
+	// incarnation, which tells the client its earlier locks are gone, and
+	// the new lock is released with it in turn.
+	t, _ = tt.touch(meta, true)
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	return t.incarnation, nil
+}
+
+// heartbeat marks txnID's coordinator alive; lost reports that the table
+// holds no record of it under incarnation.
+func (tt *txnTable) heartbeat(txnID []byte, incarnation uint64) (lost bool) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	t, ok := tt.txns[string(txnID)]
+	if !ok || t.incarnation != incarnation {
+		return true
+	}
+	t.lastActive = tt.now()
+	return false
+}
+
+// startCommit verifies, for Prepare or a one-phase commit, that meta's
+// transaction still holds every lock it took here — the same incarnation it
+// locked under, lockCount distinct spans, every write exclusively locked —
+// and moves it to state, so that it is no longer dropped as an orphan: from
+// here on only its outcome ends it. Errors wrap ErrLocksLost.
+func (tt *txnTable) startCommit(meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32, incarnation uint64, state txnState) error {
+	t, err := tt.touch(meta, false)
+	if err != nil {
+		return err
+	}
+	id := lockID(meta.GetId())
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	if t.incarnation != incarnation {
+		return fmt.Errorf("%w: locks taken under another incarnation", ErrLocksLost)
+	}
+	if held := tt.locks.HeldBy(id); held != int(lockCount) {
+		return fmt.Errorf("%w: %d of %d locks held", ErrLocksLost, held, lockCount)
+	}
+	for _, w := range writes {
+		if !tt.locks.Holds(id, locktable.Point(w.GetKey()), locktable.Exclusive) {
+			return fmt.Errorf("%w: no exclusive lock on %q", ErrLocksLost, w.GetKey())
+		}
+	}
+	if t.state == txnActive {
+		t.state = state
+	}
+	if state == txnPrepared {
+		tt.locks.MarkPrepared(id) // it takes no more locks: others may wait for it
+	}
+	return nil
+}
+
+// relock re-creates, under a new lease, the records and exclusive locks of
+// every prepared transaction. Prepared transactions never share a key
+// exclusively, so no acquisition can wait; a canceled context makes sure.
+// It returns the keys it could not lock (none, unless the records disagree).
+func (tt *txnTable) relock(prepared []*pb.PreparedRecord) (failed [][]byte) {
+	noWait, cancel := context.WithCancel(context.Background())
+	cancel()
+	now := tt.now()
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	for _, rec := range prepared {
+		lt := lockTxn(rec.GetTxn())
+		for _, w := range rec.GetWrites() {
+			if err := tt.locks.Acquire(noWait, lt, locktable.Point(w.GetKey()), locktable.Exclusive); err != nil {
+				failed = append(failed, w.GetKey())
+			}
+		}
+		tt.locks.MarkPrepared(lt.ID)
+		tt.txns[string(rec.GetTxn().GetId())] = &leaderTxn{meta: rec.GetTxn(), lastActive: now, state: txnPrepared, incarnation: rand.Uint64()}
+	}
+	return failed
+}
+
+// mayBePrepared reports whether txnID prepared here under this lease.
+func (tt *txnTable) mayBePrepared(txnID []byte) bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	t, ok := tt.txns[string(txnID)]
+	return ok && t.state == txnPrepared
+}
+
+// holds reports whether txnID has a record here.
+func (tt *txnTable) holds(txnID []byte) bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	_, ok := tt.txns[string(txnID)]
+	return ok
+}
+
+// highestEpoch returns the highest global epoch of a transaction that
+// released a lock here (DESIGN.md §3.5).
+func (tt *txnTable) highestEpoch() uint64 {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	return tt.highest
+}
+
+// release drops txn's record and locks after its outcome is durable, raising
+// the highest epoch to the transaction's (invariant 5) when it committed.
+func (tt *txnTable) release(txnID []byte, committedEpoch uint64) {
+	tt.mu.Lock()
+	tt.highest = max(tt.highest, committedEpoch)
+	delete(tt.txns, string(txnID))
+	tt.mu.Unlock()
+	tt.locks.ReleaseAll(lockID(txnID))
+}
+
+// orphans picks the transactions whose coordinator has been silent for bound
+// (no operation, no heartbeat, no lock wait under way), and not already being
+// resolved: active ones (idle), which hold only locks and can simply be
+// dropped, and prepared ones (undecided), which must be decided through the
+// transaction state store. A prepared record with no transaction here (left
+// by an earlier lease) is undecided at once. Undecided records are marked
+// resolving until resolved is called.
+func (tt *txnTable) orphans(bound time.Duration, prepared []*pb.PreparedRecord) (idle [][]byte, undecided []*leaderTxn) {
+	now := tt.now()
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	for id, t := range tt.txns {
+		if now.Sub(t.lastActive) < bound || t.resolving || t.waiting > 0 {
+			continue
+		}
+		switch t.state {
+		case txnActive:
+			idle = append(idle, []byte(id))
+		case txnPrepared:
+			t.resolving = true
+			undecided = append(undecided, t)
+		}
+	}
+	for _, rec := range prepared {
+		if _, ok := tt.txns[string(rec.GetTxn().GetId())]; !ok {
+			t := &leaderTxn{meta: rec.GetTxn(), state: txnPrepared, resolving: true, incarnation: rand.Uint64(), lastActive: now}
+			tt.txns[string(rec.GetTxn().GetId())] = t
+			undecided = append(undecided, t)
+		}
+	}
+	return idle, undecided
+}
+
+// resolved ends an attempt to resolve t (successful or not); an unresolved
+// t is tried again once it has been silent for the bound once more.
+func (tt *txnTable) resolved(t *leaderTxn) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	t.resolving = false
+	t.lastActive = tt.now()
+}
