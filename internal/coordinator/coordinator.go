@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/routing"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 	"github.com/terroir-db/terroir/internal/txnstate"
@@ -32,7 +34,7 @@ type Coordinator struct {
 	stateID    uint64
 
 	mode     atomic.Pointer[CommitMode] // nil: Chablis
-	leaders  sync.Map                   // range ID → uint64 node believed to lead it
+	routes   *routing.Cache             // range descriptors and leader hints
 	session  atomic.Uint64              // the highest epoch this client has committed at
 	lastPrio atomic.Uint64
 	crash    atomic.Pointer[CrashHook] // nil: none
@@ -61,6 +63,9 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 		stateID:    tg[0].ID,
 		quiet:      top.QuietEpochs,
 	}
+	resolver := routing.TopologyResolver{Topology: top}
+	seed, _ := resolver.Resolve(context.Background(), nil)
+	c.routes = routing.NewCache(resolver, seed...)
 	for _, r := range top.Regions {
 		if g := top.GroupsOfKind(topology.KindLocalEpoch, r); len(g) > 0 {
 			c.epochs[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
@@ -175,7 +180,7 @@ func (t *Txn) crashes(p CrashPoint) bool {
 	}
 	ranges := make([]uint64, 0, len(t.parts))
 	for _, part := range t.parts {
-		ranges = append(ranges, part.desc.ID)
+		ranges = append(ranges, part.desc.GetRangeId())
 	}
 	return (*h)(p, t.meta.GetId(), ranges)
 }
@@ -207,17 +212,25 @@ func (c *Coordinator) Begin(priority uint64) *Txn {
 	}
 }
 
+// errStaleRoute: a range answered that the request's keys are not in its
+// span; the routing cache has been refreshed from its reply, and the request
+// did not execute. Retryable (it is a conflict to a transaction whose range
+// changed shape under it); routeKey and routeSpan route again on it.
+var errStaleRoute = fmt.Errorf("%w: the range changed shape", ErrConflict)
+
 // rangeCall runs f against the leader of range g, following leader hints and
-// retrying while no leader serves, until ctx ends. Aborted maps to ErrConflict.
+// retrying while no leader serves, until ctx ends. Aborted maps to ErrConflict;
+// a mismatch reply refreshes the routing cache and returns errStaleRoute.
 // A call that is not idempotent is retried only after errors that prove it did
 // not execute (FailedPrecondition); any other failure is ErrCommitUnknown.
-func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempotent bool, f func(context.Context, pb.RangeClient) error) error {
+func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idempotent bool, f func(context.Context, pb.RangeClient) error) error {
 	var lastErr error
 	next := 0
+	id, replicas := g.GetRangeId(), g.GetReplicas()
 	for attempt := 0; ; attempt++ {
-		target := g.Replicas[next%len(g.Replicas)]
-		if hint, ok := c.leaders.Load(g.ID); ok {
-			target = hint.(uint64)
+		target := replicas[next%len(replicas)]
+		if hint, ok := c.routes.Leader(id); ok {
+			target = hint
 		}
 		conn, err := c.dialer.Conn(target)
 		if err != nil {
@@ -225,7 +238,7 @@ func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempoten
 		}
 		err = f(ctx, pb.NewRangeClient(conn))
 		if err == nil {
-			c.leaders.Store(g.ID, target)
+			c.routes.SetLeader(id, target)
 			return nil
 		}
 		lastErr = err
@@ -233,7 +246,15 @@ func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempoten
 		switch st.Code() {
 		case codes.Aborted:
 			return fmt.Errorf("%w: %s", ErrConflict, st.Message())
-		case codes.InvalidArgument, codes.OutOfRange, codes.Internal, codes.DataLoss, codes.NotFound:
+		case codes.OutOfRange:
+			for _, d := range st.Details() {
+				if m, ok := d.(*pb.RangeMismatch); ok {
+					c.routes.Update(m.GetDescriptors()...)
+					return fmt.Errorf("%w: %s", errStaleRoute, st.Message())
+				}
+			}
+			return err
+		case codes.InvalidArgument, codes.Internal, codes.DataLoss, codes.NotFound:
 			return err
 		case codes.FailedPrecondition: // did not execute: not the leader, or not serving yet
 			hint := uint64(0)
@@ -243,27 +264,27 @@ func (c *Coordinator) rangeCall(ctx context.Context, g topology.Group, idempoten
 				}
 			}
 			if hint != 0 {
-				c.leaders.Store(g.ID, hint)
+				c.routes.SetLeader(id, hint)
 			} else {
-				c.leaders.Delete(g.ID)
+				c.routes.ForgetLeader(id)
 				next++
 			}
 		default: // Unknown, Unavailable, deadline: it may have executed
 			if !idempotent {
-				return fmt.Errorf("%w: range %d: %v", ErrCommitUnknown, g.ID, err)
+				return fmt.Errorf("%w: range %d: %v", ErrCommitUnknown, id, err)
 			}
-			c.leaders.Delete(g.ID)
+			c.routes.ForgetLeader(id)
 			next++
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, g.ID, lastErr)
+			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, id, lastErr)
 		}
 		t := time.NewTimer(time.Duration(min(attempt+1, 20)) * time.Millisecond)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, g.ID, lastErr)
+			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, id, lastErr)
 		}
 	}
 }
@@ -300,4 +321,64 @@ func (c *Coordinator) readEpochs(ctx context.Context, regions []string, naive bo
 		global = locals[c.region]
 	}
 	return locals, global, err
+}
+
+// maxRouteAttempts bounds how often one operation is routed again after
+// mismatch replies before it gives up as unavailable.
+const maxRouteAttempts = 20
+
+// routeKey runs f at the range holding key, as the routing cache has it, and
+// again at the range the cache then names after each mismatch reply
+// (errStaleRoute), so a stale cache is never a final error. A range homed
+// where this client cannot write is ErrCrossRegion.
+func (c *Coordinator) routeKey(ctx context.Context, key []byte, f func(*pb.RangeDescriptor) error) error {
+	var err error
+	for attempt := 0; attempt < maxRouteAttempts; attempt++ {
+		var d *pb.RangeDescriptor
+		if d, err = c.routes.Lookup(ctx, key); err != nil {
+			return fmt.Errorf("%w: routing %q: %v", ErrUnavailable, key, err)
+		}
+		if err = c.local(d); err != nil {
+			return err
+		}
+		if err = f(d); !errors.Is(err, errStaleRoute) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: routing %q: %v", ErrUnavailable, key, err)
+}
+
+// routeSpan runs f on each part of [lo, hi) (a nil hi: to the end of the key
+// space) in key order, as the routing cache splits it by range, until f
+// returns done or an error. After a mismatch reply it splits the rest of the
+// span again from the part that failed. check, if set, vets each range first.
+func (c *Coordinator) routeSpan(ctx context.Context, lo, hi []byte, check func(*pb.RangeDescriptor) error,
+	f func(p routing.Part) (done bool, err error)) error {
+	var err error
+	for attempt := 0; attempt < maxRouteAttempts; attempt++ {
+		var parts []routing.Part
+		if parts, err = c.routes.Overlapping(ctx, lo, hi); err != nil {
+			return fmt.Errorf("%w: routing [%q, %q): %v", ErrUnavailable, lo, hi, err)
+		}
+		stale := false
+		for _, p := range parts {
+			if check != nil {
+				if err := check(p.Desc); err != nil {
+					return err
+				}
+			}
+			done, err := f(p)
+			if errors.Is(err, errStaleRoute) {
+				lo, stale = p.Start, true
+				break
+			}
+			if err != nil || done {
+				return err
+			}
+		}
+		if !stale {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: routing [%q, %q): %v", ErrUnavailable, lo, hi, err)
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
-	"github.com/terroir-db/terroir/internal/topology"
 )
 
 // heartbeater keeps an open transaction alive at the range leaders where it
@@ -34,7 +33,7 @@ type heartbeater struct {
 
 // hbTarget is one range where the transaction holds locks.
 type hbTarget struct {
-	desc        topology.Group
+	desc        *pb.RangeDescriptor
 	incarnation uint64
 }
 
@@ -44,13 +43,13 @@ func newHeartbeater(c *Coordinator, txnID []byte) *heartbeater {
 
 // track records that the transaction holds locks at range g under
 // incarnation, arming the timer on the first range.
-func (h *heartbeater) track(g topology.Group, incarnation uint64) {
+func (h *heartbeater) track(g *pb.RangeDescriptor, incarnation uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.stopped {
 		return
 	}
-	h.targets[g.ID] = hbTarget{desc: g, incarnation: incarnation}
+	h.targets[g.GetRangeId()] = hbTarget{desc: g, incarnation: incarnation}
 	if h.timer == nil {
 		h.arm()
 	}
@@ -109,14 +108,14 @@ func (h *heartbeater) beat() {
 			defer wg.Done()
 			var lost bool
 			err := h.c.rangeCall(ctx, t.desc, true, func(ctx context.Context, rc pb.RangeClient) error {
-				resp, err := rc.Heartbeat(ctx, &pb.HeartbeatRequest{RangeId: t.desc.ID, TxnId: h.txnID, Incarnation: t.incarnation})
+				resp, err := rc.Heartbeat(ctx, &pb.HeartbeatRequest{RangeId: t.desc.GetRangeId(), TxnId: h.txnID, Incarnation: t.incarnation})
 				lost = resp.GetLost()
 				return err
 			})
 			if err == nil && lost {
 				h.mu.Lock()
 				if h.lost == nil {
-					h.lost = fmt.Errorf("%w: range %d no longer holds this transaction's locks", ErrConflict, t.desc.ID)
+					h.lost = fmt.Errorf("%w: range %d no longer holds this transaction's locks", ErrConflict, t.desc.GetRangeId())
 				}
 				h.mu.Unlock()
 			}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
-	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/routing"
 )
 
 // SnapshotMode chooses how a snapshot transaction picks the epoch it reads at,
@@ -192,11 +192,11 @@ func (s *Snapshot) Get(ctx context.Context, key []byte) (value []byte, ok bool, 
 	if err := CheckKey(key); err != nil {
 		return nil, false, err
 	}
-	g, found := s.c.top.RangeFor(key)
-	if !found {
-		return nil, false, fmt.Errorf("coordinator: the topology has no ranges")
-	}
-	resp, err := s.read(ctx, g, &pb.SnapshotReadRequest{RangeId: g.ID, Start: key})
+	var resp *pb.SnapshotReadResponse
+	err = s.c.routeKey(ctx, key, func(g *pb.RangeDescriptor) (err error) {
+		resp, err = s.read(ctx, g, &pb.SnapshotReadRequest{RangeId: g.GetRangeId(), Start: key})
+		return err
+	})
 	if err != nil {
 		return nil, false, err
 	}
@@ -214,22 +214,26 @@ func (s *Snapshot) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyVal
 		return nil, err
 	}
 	var out []KeyValue
-	for _, part := range s.c.rangesOverlapping(lo, hi) {
+	err := s.c.routeSpan(ctx, lo, hi, nil, func(part routing.Part) (bool, error) {
 		want := 0
 		if limit > 0 {
 			want = limit - len(out)
 		}
-		resp, err := s.read(ctx, part.g, &pb.SnapshotReadRequest{RangeId: part.g.ID, Start: part.start, End: part.end,
+		resp, err := s.read(ctx, part.Desc, &pb.SnapshotReadRequest{RangeId: part.Desc.GetRangeId(), Start: part.Start, End: part.End,
 			Scan: true, Limit: uint32(want)})
 		if err != nil {
-			return nil, err
+			return false, err
 		}
 		for _, kv := range resp.GetKvs() {
 			out = append(out, KeyValue{Key: kv.GetKey(), Value: kv.GetValue()})
 		}
-		if limit > 0 && len(out) >= limit {
-			return out[:limit], nil
-		}
+		return limit > 0 && len(out) >= limit, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
 	}
 	return out, nil
 }
@@ -264,20 +268,20 @@ func (s *Snapshot) Finish() (SnapshotStats, error) {
 
 // read runs one snapshot read at range g's leader and applies the
 // linearizable check.
-func (s *Snapshot) read(ctx context.Context, g topology.Group, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
+func (s *Snapshot) read(ctx context.Context, g *pb.RangeDescriptor, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
 	s.mu.Lock()
 	if s.finished {
 		s.mu.Unlock()
 		return nil, ErrTxnFinished
 	}
-	if s.mode == Regional && g.Region != s.c.region {
+	if s.mode == Regional && g.GetRegion() != s.c.region {
 		s.mu.Unlock()
 		if s.c.global == nil { // no global epoch here: a multi-region snapshot cannot run either
-			return nil, fmt.Errorf("%w: range %d is in %s", ErrCrossRegion, g.ID, g.Region)
+			return nil, fmt.Errorf("%w: range %d is in %s", ErrCrossRegion, g.GetRangeId(), g.GetRegion())
 		}
-		return nil, fmt.Errorf("%w: range %d is in %s", ErrSnapshotRestart, g.ID, g.Region)
+		return nil, fmt.Errorf("%w: range %d is in %s", ErrSnapshotRestart, g.GetRangeId(), g.GetRegion())
 	}
-	req.At, req.Regional, req.LocalEpoch = s.at, s.mode == Regional, s.lR[g.Region]
+	req.At, req.Regional, req.LocalEpoch = s.at, s.mode == Regional, s.lR[g.GetRegion()]
 	s.mu.Unlock()
 	// Reads of one snapshot may run in parallel: the lock is not held here.
 	var resp *pb.SnapshotReadResponse
@@ -291,8 +295,8 @@ func (s *Snapshot) read(ctx context.Context, g topology.Group, req *pb.SnapshotR
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lR[g.Region] == 0 {
-		s.lR[g.Region] = resp.GetLocalEpoch()
+	if s.lR[g.GetRegion()] == 0 {
+		s.lR[g.GetRegion()] = resp.GetLocalEpoch()
 	}
 	s.atLeader = max(s.atLeader, time.Duration(resp.GetEpochWaitUs())*time.Microsecond)
 	s.stats.EpochWait = s.begin + s.atLeader

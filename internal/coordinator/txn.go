@@ -13,6 +13,7 @@ import (
 	"github.com/terroir-db/terroir/internal/commitrule"
 	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/routing"
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
@@ -37,8 +38,9 @@ type Txn struct {
 
 // participant is one range the transaction touched.
 type participant struct {
-	desc        topology.Group
+	desc        *pb.RangeDescriptor
 	spans       map[string]struct{} // distinct spans locked there
+	writes      map[string]struct{} // keys of buffered writes whose exclusive lock is there
 	incarnation uint64              // the leader's record our locks belong to (0: none yet)
 }
 
@@ -47,7 +49,7 @@ type participant struct {
 // can no longer commit.
 func (p *participant) locked(span string, inc uint64) error {
 	if p.incarnation != 0 && p.incarnation != inc {
-		return fmt.Errorf("%w: range %d lost this transaction's locks", ErrConflict, p.desc.ID)
+		return fmt.Errorf("%w: range %d lost this transaction's locks", ErrConflict, p.desc.GetRangeId())
 	}
 	p.incarnation = inc
 	p.spans[span] = struct{}{}
@@ -65,33 +67,26 @@ func rangeSpan(start, end []byte) string {
 // retrying, so the retry keeps its age).
 func (t *Txn) Priority() uint64 { return t.meta.GetPriority() }
 
-func (t *Txn) part(g topology.Group) *participant {
-	p, ok := t.parts[g.ID]
+func (t *Txn) part(g *pb.RangeDescriptor) *participant {
+	p, ok := t.parts[g.GetRangeId()]
 	if !ok {
-		p = &participant{desc: g, spans: map[string]struct{}{}}
-		t.parts[g.ID] = p
+		p = &participant{desc: g, spans: map[string]struct{}{}, writes: map[string]struct{}{}}
+		t.parts[g.GetRangeId()] = p
 	}
 	return p
 }
 
-func (t *Txn) rangeFor(key []byte) (topology.Group, error) {
-	g, ok := t.c.top.RangeFor(key)
-	if !ok {
-		return g, fmt.Errorf("coordinator: the topology has no ranges")
-	}
-	return g, t.c.local(g)
-}
-
 // local refuses a range homed outside the client's region unless both regions
 // take part in the global epoch: versions across regions need it (paper §4.3).
-func (c *Coordinator) local(g topology.Group) error {
-	if g.Region == c.region {
+func (c *Coordinator) local(g *pb.RangeDescriptor) error {
+	region := g.GetRegion()
+	if region == c.region {
 		return nil
 	}
-	if c.global != nil && len(c.top.GroupsOfKind(topology.KindPublisher, g.Region)) > 0 && c.epochs[g.Region] != nil {
+	if c.global != nil && len(c.top.GroupsOfKind(topology.KindPublisher, region)) > 0 && c.epochs[region] != nil {
 		return nil
 	}
-	return fmt.Errorf("%w: range %d is in %s, the client in %s, and not both have a publisher", ErrCrossRegion, g.ID, g.Region, c.region)
+	return fmt.Errorf("%w: range %d is in %s, the client in %s, and not both have a publisher", ErrCrossRegion, g.GetRangeId(), region, c.region)
 }
 
 // begin checks the transaction is still open and has not failed; callers
@@ -131,7 +126,7 @@ func (t *Txn) fail(ctx context.Context, err error) error {
 // track records a lock taken at range g under incarnation inc, for the commit
 // and the heartbeats. A different incarnation than before fails the
 // transaction: its earlier locks there are gone.
-func (t *Txn) track(g topology.Group, span string, inc uint64) error {
+func (t *Txn) track(g *pb.RangeDescriptor, span string, inc uint64) error {
 	if err := t.part(g).locked(span, inc); err != nil {
 		return err
 	}
@@ -153,19 +148,18 @@ func (t *Txn) Get(ctx context.Context, key []byte) (value []byte, ok bool, err e
 	if w, buffered := t.writes[string(key)]; buffered {
 		return w.GetValue(), !w.GetTombstone(), nil
 	}
-	g, err := t.rangeFor(key)
-	if err != nil {
-		return nil, false, err
-	}
-	var inc uint64
-	err = t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-		resp, err := rc.Get(ctx, &pb.GetRequest{RangeId: g.ID, Txn: t.meta, Key: key})
-		value, ok, inc = resp.GetValue(), resp.GetFound(), resp.GetIncarnation()
-		return err
+	err = t.c.routeKey(ctx, key, func(g *pb.RangeDescriptor) error {
+		var inc uint64
+		err := t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+			resp, err := rc.Get(ctx, &pb.GetRequest{RangeId: g.GetRangeId(), Txn: t.meta, Key: key})
+			value, ok, inc = resp.GetValue(), resp.GetFound(), resp.GetIncarnation()
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return t.track(g, pointSpan(key), inc)
 	})
-	if err == nil {
-		err = t.track(g, pointSpan(key), inc)
-	}
 	if err != nil {
 		return nil, false, t.fail(ctx, err)
 	}
@@ -191,11 +185,8 @@ func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, e
 		return nil, err
 	}
 	var out []KeyValue
-	for _, part := range t.c.rangesOverlapping(lo, hi) {
-		g, start, end := part.g, part.start, part.end
-		if err := t.c.local(g); err != nil {
-			return nil, err
-		}
+	err := t.c.routeSpan(ctx, lo, hi, t.c.local, func(part routing.Part) (bool, error) {
+		g, start, end := part.Desc, part.Start, part.End
 		// Ask for enough that buffered deletes cannot leave us short.
 		want := 0
 		if limit > 0 {
@@ -204,51 +195,26 @@ func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, e
 		var resp *pb.ScanResponse
 		err := t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
 			var err error
-			resp, err = rc.Scan(ctx, &pb.ScanRequest{RangeId: g.ID, Txn: t.meta, Start: start, End: end, Limit: uint32(want)})
+			resp, err = rc.Scan(ctx, &pb.ScanRequest{RangeId: g.GetRangeId(), Txn: t.meta, Start: start, End: end, Limit: uint32(want)})
 			return err
 		})
 		if err == nil {
 			err = t.track(g, rangeSpan(start, end), resp.GetIncarnation())
 		}
 		if err != nil {
-			return nil, t.fail(ctx, err)
+			return false, err
 		}
 		kvs := resp.GetKvs()
 		out = t.overlay(out, kvs, start, end, want == 0 || len(kvs) < want)
-		if limit > 0 && len(out) >= limit {
-			return out[:limit], nil
-		}
+		return limit > 0 && len(out) >= limit, nil
+	})
+	if err != nil {
+		return nil, t.fail(ctx, err)
+	}
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
 	}
 	return out, nil
-}
-
-// rangePart is the part [start, end) of a scan that falls in range g.
-type rangePart struct {
-	g          topology.Group
-	start, end []byte
-}
-
-// rangesOverlapping splits [lo, hi) (a nil hi: to the end of the key space)
-// by range, in key order, skipping empty parts.
-func (c *Coordinator) rangesOverlapping(lo, hi []byte) []rangePart {
-	var out []rangePart
-	for _, g := range c.top.Ranges() {
-		if (hi != nil && bytes.Compare(g.Start, hi) >= 0) || (g.End != nil && bytes.Compare(g.End, lo) <= 0) {
-			continue
-		}
-		start, end := lo, hi
-		if bytes.Compare(start, g.Start) < 0 {
-			start = g.Start
-		}
-		if g.End != nil && (end == nil || bytes.Compare(end, g.End) > 0) {
-			end = g.End
-		}
-		if end != nil && bytes.Equal(start, end) {
-			continue
-		}
-		out = append(out, rangePart{g, start, end})
-	}
-	return out
 }
 
 // checkScan validates a scan's bounds.
@@ -334,19 +300,22 @@ func (t *Txn) write(ctx context.Context, w *pb.Write) error {
 		return err
 	}
 	if _, locked := t.writes[string(w.GetKey())]; !locked {
-		g, err := t.rangeFor(w.GetKey())
-		if err != nil {
-			return err
-		}
-		var inc uint64
-		err = t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-			resp, err := rc.Lock(ctx, &pb.LockRequest{RangeId: g.ID, Txn: t.meta, Key: w.GetKey()})
-			inc = resp.GetIncarnation()
-			return err
+		err := t.c.routeKey(ctx, w.GetKey(), func(g *pb.RangeDescriptor) error {
+			var inc uint64
+			err := t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+				resp, err := rc.Lock(ctx, &pb.LockRequest{RangeId: g.GetRangeId(), Txn: t.meta, Key: w.GetKey()})
+				inc = resp.GetIncarnation()
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if err := t.track(g, pointSpan(w.GetKey()), inc); err != nil {
+				return err
+			}
+			t.part(g).writes[string(w.GetKey())] = struct{}{}
+			return nil
 		})
-		if err == nil {
-			err = t.track(g, pointSpan(w.GetKey()), inc)
-		}
 		if err != nil {
 			return t.fail(ctx, err)
 		}
@@ -355,13 +324,13 @@ func (t *Txn) write(ctx context.Context, w *pb.Write) error {
 	return nil
 }
 
-// writesFor returns the buffered writes that belong to range g.
-func (t *Txn) writesFor(g topology.Group) []*pb.Write {
-	var out []*pb.Write
-	for _, w := range t.writes {
-		if g.Contains(w.GetKey()) {
-			out = append(out, w)
-		}
+// writesFor returns the buffered writes whose exclusive lock p holds: the
+// range they were routed to when they executed, not the one a descriptor
+// cached since would name.
+func (t *Txn) writesFor(p *participant) []*pb.Write {
+	out := make([]*pb.Write, 0, len(p.writes))
+	for k := range p.writes {
+		out = append(out, t.writes[k])
 	}
 	return out
 }
@@ -391,12 +360,12 @@ func (t *Txn) abortAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, p := range t.parts {
 		wg.Add(1)
-		go func(g topology.Group) {
+		go func(g *pb.RangeDescriptor) {
 			defer wg.Done()
 			actx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
 			_ = t.c.rangeCall(actx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-				_, err := rc.Abort(ctx, &pb.AbortRequest{RangeId: g.ID, TxnId: t.meta.GetId()})
+				_, err := rc.Abort(ctx, &pb.AbortRequest{RangeId: g.GetRangeId(), TxnId: t.meta.GetId()})
 				return err
 			})
 		}(p.desc)
@@ -437,7 +406,7 @@ func (t *Txn) commitOnePhase(ctx context.Context, p *participant) (storage.Versi
 	var ver *pb.VersionID
 	err := t.c.rangeCall(ctx, p.desc, false, func(ctx context.Context, rc pb.RangeClient) error {
 		resp, err := rc.CommitOnePhase(ctx, &pb.OnePhaseRequest{
-			RangeId: p.desc.ID, Txn: t.meta, Writes: t.writesFor(p.desc),
+			RangeId: p.desc.GetRangeId(), Txn: t.meta, Writes: t.writesFor(p),
 			MinEpoch: t.c.session.Load(), LockCount: uint32(len(p.spans)), Incarnation: p.incarnation,
 		})
 		ver = resp.GetVersion()
@@ -479,7 +448,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			err := t.c.rangeCall(ctx, p.desc, true, func(ctx context.Context, rc pb.RangeClient) error {
 				var err error
 				resp, err = rc.Prepare(ctx, &pb.PrepareRequest{
-					RangeId: p.desc.ID, Txn: t.meta, Writes: t.writesFor(p.desc), LockCount: uint32(len(p.spans)),
+					RangeId: p.desc.GetRangeId(), Txn: t.meta, Writes: t.writesFor(p), LockCount: uint32(len(p.spans)),
 					Incarnation: p.incarnation,
 				})
 				return err
@@ -491,9 +460,9 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	var regions []string
 	seen := map[string]bool{}
 	for _, p := range t.parts {
-		if !seen[p.desc.Region] {
-			seen[p.desc.Region] = true
-			regions = append(regions, p.desc.Region)
+		if !seen[p.desc.GetRegion()] {
+			seen[p.desc.GetRegion()] = true
+			regions = append(regions, p.desc.GetRegion())
 		}
 	}
 	locals, global, epochErr := t.c.readEpochs(ctx, regions, t.meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE)
@@ -524,8 +493,8 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		if mv := versionOf(r.resp.GetMaxVersion()); newest.Less(mv) {
 			newest = mv
 		}
-		if mr := versionOf(r.resp.GetMaxRegionalVersion()); newestRegional[r.p.desc.Region].Less(mr) {
-			newestRegional[r.p.desc.Region] = mr
+		if mr := versionOf(r.resp.GetMaxRegionalVersion()); newestRegional[r.p.desc.GetRegion()].Less(mr) {
+			newestRegional[r.p.desc.GetRegion()] = mr
 		}
 	}
 	for _, r := range preps {
@@ -533,8 +502,8 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			break
 		}
 		l := commitrule.Lease{Start: r.resp.GetLease().GetStart(), End: r.resp.GetLease().GetEnd()}
-		if err := commitrule.Validate(locals[r.p.desc.Region], versionEpoch, l, t.c.global == nil); err != nil {
-			firstErr = fmt.Errorf("%w: range %d: %v", ErrConflict, r.p.desc.ID, err)
+		if err := commitrule.Validate(locals[r.p.desc.GetRegion()], versionEpoch, l, t.c.global == nil); err != nil {
+			firstErr = fmt.Errorf("%w: range %d: %v", ErrConflict, r.p.desc.GetRangeId(), err)
 		}
 	}
 	if firstErr != nil {
@@ -572,8 +541,8 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	rec := &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_COMMITTED,
 		Version: &txnstatepb.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}}
 	for _, p := range t.parts {
-		part := &txnstatepb.Participant{RangeId: p.desc.ID, Writes: len(t.writesFor(p.desc)) > 0}
-		if rv := regional[p.desc.Region]; rv != nil {
+		part := &txnstatepb.Participant{RangeId: p.desc.GetRangeId(), Writes: len(t.writesFor(p)) > 0}
+		if rv := regional[p.desc.GetRegion()]; rv != nil {
 			part.RegionalVersion = &txnstatepb.VersionID{Epoch: rv.GetEpoch(), Counter: rv.GetCounter()}
 		}
 		rec.Participants = append(rec.Participants, part)
@@ -597,7 +566,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	}
 	// Tell the participants, in the background: the outcome is durable, and a
 	// participant that misses this resolves it through the state store.
-	parts := make([]topology.Group, 0, len(t.parts))
+	parts := make([]*pb.RangeDescriptor, 0, len(t.parts))
 	for _, p := range t.parts {
 		parts = append(parts, p.desc)
 	}
@@ -609,10 +578,10 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		var wg sync.WaitGroup
 		for _, g := range parts {
 			wg.Add(1)
-			go func(g topology.Group) {
+			go func(g *pb.RangeDescriptor) {
 				defer wg.Done()
 				_ = t.c.rangeCall(nctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-					_, err := rc.Commit(ctx, &pb.CommitRequest{RangeId: g.ID, TxnId: t.meta.GetId(), Version: ver, RegionalVersion: regional[g.Region]})
+					_, err := rc.Commit(ctx, &pb.CommitRequest{RangeId: g.GetRangeId(), TxnId: t.meta.GetId(), Version: ver, RegionalVersion: regional[g.GetRegion()]})
 					return err
 				})
 			}(g)

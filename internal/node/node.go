@@ -18,6 +18,7 @@ import (
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/rangeserver"
+	"github.com/terroir-db/terroir/internal/routing"
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -144,7 +145,7 @@ func Start(cfg Config) (_ *Node, err error) {
 			}
 			txnServer.Add(txnstate.Replica{Group: rg, SM: sm})
 		case topology.KindRange:
-			sm, err := rangeserver.NewStateMachine(n.engine, g.ID, g.Start, g.End)
+			sm, err := rangeserver.NewStateMachine(n.engine, routing.BootstrapDescriptor(g))
 			if err != nil {
 				return nil, err
 			}
@@ -165,7 +166,7 @@ func Start(cfg Config) (_ *Node, err error) {
 					return nil, err
 				}
 			}
-			r := rangeserver.NewReplica(g, cfg.NodeID, rg, sm, srcs, n.decider,
+			r := rangeserver.NewReplica(cfg.NodeID, rg, sm, srcs, n.decider,
 				rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs})
 			n.ranges = append(n.ranges, r)
 			rangeServer.Add(r)
@@ -242,7 +243,7 @@ func (n *Node) decider(id uint64) rangeserver.Decider {
 // Range returns the node's replica of range id, or nil.
 func (n *Node) Range(id uint64) *rangeserver.Replica {
 	for _, r := range n.ranges {
-		if r.Desc().ID == id {
+		if r.ID() == id {
 			return r
 		}
 	}

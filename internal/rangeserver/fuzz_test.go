@@ -21,7 +21,7 @@ func FuzzRangeCommands(f *testing.F) {
 		RegionalVersion: &pb.VersionID{Epoch: 9, Counter: 1}}}}), storage.AppendRecord(storage.AppendRecord(nil, []byte{1}), []byte{2}))
 	f.Add([]byte{0xff, 0x01}, []byte{0, 0, 0, 1})
 	f.Fuzz(func(t *testing.T, cmd, snap []byte) {
-		sm, err := NewStateMachine(e, 10, nil, nil)
+		sm, err := NewStateMachine(e, &pb.RangeDescriptor{RangeId: 10, Generation: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -54,7 +54,7 @@ func (r *Replica) tick() {
 	if want := nextLease(lease, r.self, e, r.cfg.LeaseEpochs); want != nil {
 		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Lease{Lease: &pb.LeaseCmd{Lease: want, PrevSeq: lease.GetSeq()}}})
 		if _, err := r.group.Propose(ctx, cmd); err != nil {
-			slog.Debug("lease proposal failed", "range", r.desc.ID, "err", err)
+			slog.Debug("lease proposal failed", "range", r.id, "err", err)
 		}
 		lease = r.sm.Lease()
 	}
@@ -163,10 +163,10 @@ func (r *Replica) activate(lease *pb.Lease, highest uint64) *leadership {
 	l := &leadership{start: lease.GetStart(), txns: newTxnTable(r.cfg.Clock.Now, highest), ctx: ctx, cancel: cancel}
 	l.end.Store(lease.GetEnd())
 	for _, key := range l.txns.relock(r.sm.Prepared()) {
-		slog.Error("re-locking a prepared transaction failed", "range", r.desc.ID, "key", key)
+		slog.Error("re-locking a prepared transaction failed", "range", r.id, "key", key)
 	}
 	r.lead = l
-	slog.Info("range leaseholder", "range", r.desc.ID, "replica", r.self, "lease", fmt.Sprintf("[%d, %d]", lease.GetStart(), lease.GetEnd()))
+	slog.Info("range leaseholder", "range", r.id, "replica", r.self, "lease", fmt.Sprintf("[%d, %d]", lease.GetStart(), lease.GetEnd()))
 	return l
 }
 

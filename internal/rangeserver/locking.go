@@ -65,14 +65,13 @@ func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) (*pb.Ge
 	return &pb.GetResponse{Found: ok, Value: v.Value, Incarnation: inc}, nil
 }
 
-// Scan takes a shared key-range lock on [start, end) ∩ range (so no phantom can
-// appear in it) and returns up to limit (0: all) newest committed values.
+// Scan takes a shared key-range lock on [start, end) (a nil end: to the end of
+// the key space), which must lie in the range (else a *MismatchError), so no
+// phantom can appear in it, and returns up to limit (0: all) newest committed
+// values.
 func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte, limit int) (*pb.ScanResponse, error) {
-	if bytes.Compare(start, r.desc.Start) < 0 {
-		start = r.desc.Start
-	}
-	if r.desc.End != nil && (end == nil || bytes.Compare(end, r.desc.End) > 0) {
-		end = r.desc.End
+	if err := r.checkSpan(start, end); err != nil {
+		return nil, err
 	}
 	if end != nil && bytes.Compare(start, end) >= 0 {
 		return &pb.ScanResponse{}, nil

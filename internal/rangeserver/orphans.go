@@ -32,7 +32,7 @@ func (r *Replica) resolve(l *leadership, t *leaderTxn) {
 	defer cancel()
 	d := r.deciders(t.meta.GetTxnStateGroup())
 	if d == nil {
-		slog.Error("no transaction state store for orphan", "range", r.desc.ID, "group", t.meta.GetTxnStateGroup())
+		slog.Error("no transaction state store for orphan", "range", r.id, "group", t.meta.GetTxnStateGroup())
 		return
 	}
 	rec, err := d.Decide(ctx, &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_ABORTED})
@@ -43,7 +43,7 @@ func (r *Replica) resolve(l *leadership, t *leaderTxn) {
 		v := rec.GetVersion()
 		var regional *pb.VersionID
 		for _, p := range rec.GetParticipants() {
-			if rv := p.GetRegionalVersion(); p.GetRangeId() == r.desc.ID && rv != nil {
+			if rv := p.GetRegionalVersion(); p.GetRangeId() == r.id && rv != nil {
 				regional = &pb.VersionID{Epoch: rv.GetEpoch(), Counter: rv.GetCounter()}
 			}
 		}
@@ -52,8 +52,8 @@ func (r *Replica) resolve(l *leadership, t *leaderTxn) {
 		err = r.Abort(ctx, t.meta.GetId())
 	}
 	if err != nil {
-		slog.Debug("resolving an orphaned transaction", "range", r.desc.ID, "err", err)
+		slog.Debug("resolving an orphaned transaction", "range", r.id, "err", err)
 		return
 	}
-	slog.Info("resolved orphaned transaction", "range", r.desc.ID, "outcome", rec.GetOutcome().String())
+	slog.Info("resolved orphaned transaction", "range", r.id, "outcome", rec.GetOutcome().String())
 }

@@ -99,9 +99,29 @@ var (
 	ErrLocksLost = errors.New("rangeserver: the transaction's locks were lost")
 	// ErrLeaseValidation: the local epoch is outside the lease (paper §4.2).
 	ErrLeaseValidation = errors.New("rangeserver: local epoch outside the lease")
-	// ErrKeyOutsideRange: the key is not in this range.
-	ErrKeyOutsideRange = errors.New("rangeserver: key outside the range")
+	// ErrRangeMismatch: the request's keys are not all in this range's span:
+	// the sender routed by a stale descriptor. The error is a
+	// *MismatchError carrying the range's current descriptor; the request
+	// did not execute.
+	ErrRangeMismatch = errors.New("rangeserver: keys outside the range")
 )
+
+// MismatchError is ErrRangeMismatch with the range's current descriptor, which
+// the server returns to the sender (DESIGN.md §11).
+type MismatchError struct {
+	// Desc is the range's current descriptor (shared: do not modify).
+	Desc *pb.RangeDescriptor
+	// Keys names what fell outside the span.
+	Keys string
+}
+
+func (e *MismatchError) Error() string {
+	d := e.Desc
+	return fmt.Sprintf("%v: %s not in range %d [%q, %q) generation %d", ErrRangeMismatch, e.Keys, d.GetRangeId(), d.GetStartKey(), d.GetEndKey(), d.GetGeneration())
+}
+
+// Unwrap makes errors.Is(err, ErrRangeMismatch) hold.
+func (e *MismatchError) Unwrap() error { return ErrRangeMismatch }
 
 // MaxKeySize is the largest key a range accepts: 4 KiB.
 const MaxKeySize = 4 << 10
@@ -116,7 +136,7 @@ var maxVersion = storage.VersionID{Epoch: ^uint64(0), Counter: ^uint32(0)}
 // Replica is one node's replica of a range, and while it holds the lease, the
 // range's leader.
 type Replica struct {
-	desc     topology.Group
+	id       uint64 // the range's ID
 	self     uint64
 	group    *raftgroup.Group
 	sm       *StateMachine
@@ -140,10 +160,10 @@ type Replica struct {
 //
 // With a publisher in epochs, version ids carry global epochs (paper §5.1);
 // without one they carry local epochs (a regional-only deployment).
-func NewReplica(desc topology.Group, self uint64, group *raftgroup.Group, sm *StateMachine,
+func NewReplica(self uint64, group *raftgroup.Group, sm *StateMachine,
 	epochs Epochs, deciders func(uint64) Decider, cfg Config) *Replica {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Replica{desc: desc, self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher,
+	return &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher,
 		service: epochs.Service, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
 }
 
@@ -161,7 +181,10 @@ func (r *Replica) Close() {
 }
 
 // Desc returns the range's descriptor.
-func (r *Replica) Desc() topology.Group { return r.desc }
+func (r *Replica) Desc() *pb.RangeDescriptor { return r.sm.Descriptor() }
+
+// ID returns the range's ID.
+func (r *Replica) ID() uint64 { return r.id }
 
 // LeaderHint returns the node this replica believes leads the range's Raft group.
 func (r *Replica) LeaderHint() uint64 { return r.group.Status().Leader }
@@ -207,11 +230,25 @@ func (r *Replica) leader() (*leadership, error) {
 	return l, nil
 }
 
+// checkKey refuses a key outside the range's span with a *MismatchError.
 func (r *Replica) checkKey(key []byte) error {
-	if !r.desc.Contains(key) {
-		return fmt.Errorf("%w: %q not in range %d", ErrKeyOutsideRange, key, r.desc.ID)
+	d := r.sm.Descriptor()
+	if bytes.Compare(key, d.GetStartKey()) < 0 || (len(d.GetEndKey()) > 0 && bytes.Compare(key, d.GetEndKey()) >= 0) {
+		return &MismatchError{Desc: d, Keys: fmt.Sprintf("key %q", key)}
 	}
 	return nil
+}
+
+// checkSpan refuses a span [start, end) (a nil end: to the end of the key
+// space) that is not inside the range's span with a *MismatchError. A scan
+// is never cut to the range silently: the sender's routing may be stale.
+func (r *Replica) checkSpan(start, end []byte) error {
+	d := r.sm.Descriptor()
+	if bytes.Compare(start, d.GetStartKey()) >= 0 &&
+		(len(d.GetEndKey()) == 0 || (end != nil && bytes.Compare(end, d.GetEndKey()) <= 0)) {
+		return nil
+	}
+	return &MismatchError{Desc: d, Keys: fmt.Sprintf("span [%q, %q)", start, end)}
 }
 
 // proposeTimeout bounds the wait for a proposal the caller may have given up

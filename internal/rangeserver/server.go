@@ -31,7 +31,7 @@ func NewServer() *Server { return &Server{replicas: map[uint64]*Replica{}} }
 // Add makes r reachable through the server.
 func (s *Server) Add(r *Replica) {
 	s.mu.Lock()
-	s.replicas[r.desc.ID] = r
+	s.replicas[r.id] = r
 	s.mu.Unlock()
 }
 
@@ -93,8 +93,15 @@ func (r *Replica) toStatus(err error) error {
 		return status.Error(codes.Unknown, err.Error())
 	case errors.Is(err, ErrSnapshotEpoch):
 		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, ErrKeyOutsideRange):
-		return status.Error(codes.OutOfRange, err.Error())
+	case errors.Is(err, ErrRangeMismatch):
+		st := status.New(codes.OutOfRange, err.Error())
+		var m *MismatchError
+		if errors.As(err, &m) {
+			if d, derr := st.WithDetails(&pb.RangeMismatch{Descriptors: []*pb.RangeDescriptor{m.Desc}}); derr == nil {
+				st = d
+			}
+		}
+		return st.Err()
 	case errors.Is(err, ErrBadRequest):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -33,7 +33,7 @@ const (
 // exclusive lock on the span have finished; and reads the newest versions
 // below <At, 0>. It takes no lock, so it never delays a writer.
 //
-// Errors: ErrKeyOutsideRange, ErrNotLeaseholder (retry at another replica),
+// Errors: a *MismatchError (keys outside the range), ErrNotLeaseholder (retry at another replica),
 // ErrSnapshotEpoch, or ctx's error.
 func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
 	start, end := req.GetStart(), req.GetEnd()
@@ -45,11 +45,8 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 			return nil, err
 		}
 	} else {
-		if bytes.Compare(start, r.desc.Start) < 0 {
-			start = r.desc.Start
-		}
-		if r.desc.End != nil && (end == nil || bytes.Compare(end, r.desc.End) > 0) {
-			end = r.desc.End
+		if err := r.checkSpan(start, end); err != nil {
+			return nil, err
 		}
 		if end != nil && bytes.Compare(start, end) >= 0 {
 			return &pb.SnapshotReadResponse{LocalEpoch: req.GetLocalEpoch()}, nil

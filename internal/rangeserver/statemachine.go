@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/proto"
@@ -18,8 +19,9 @@ import (
 // Its MVCC data lives under the user key, in storage.PrefixData and
 // storage.PrefixRegional (DESIGN.md §11).
 const (
-	subPrepared byte = 'p' // prepared transactions, by transaction ID
-	subLease    byte = 'l' // the current lease
+	subPrepared   byte = 'p' // prepared transactions, by transaction ID
+	subLease      byte = 'l' // the current lease
+	subDescriptor byte = 'D' // the range's descriptor, once a command changes it
 )
 
 // Keyspace selects which versions of a range's data a read sees.
@@ -52,9 +54,9 @@ var ErrBadCommand = errors.New("rangeserver: malformed command")
 // StateMachine is a range's replicated state (raftgroup.StateMachine). The lease
 // and the prepared transactions are also kept in memory for the leader.
 type StateMachine struct {
-	e          *storage.Engine
-	prefix     []byte // storage.PrefixState | range ID: the range-local state
-	start, end []byte // the range's span [start, end); a nil end is unbounded
+	e      *storage.Engine
+	prefix []byte                             // storage.PrefixState | range ID: the range-local state
+	desc   atomic.Pointer[pb.RangeDescriptor] // immutable once stored: replaced, never modified
 
 	mu       sync.Mutex
 	lease    *pb.Lease
@@ -70,17 +72,23 @@ type Applied struct {
 	Rejected bool
 }
 
-// NewStateMachine loads the lease and prepared transactions of range `id`,
-// spanning [start, end) (a nil end: to the end of the key space), from e.
-// Damaged records wrap storage.ErrCorrupt.
-func NewStateMachine(e *storage.Engine, id uint64, start, end []byte) (*StateMachine, error) {
-	prefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, id)
-	sm := &StateMachine{e: e, prefix: prefix, start: start, end: end}
+// NewStateMachine loads the descriptor, lease and prepared transactions of
+// range seed.RangeId from e. The descriptor is the stored one, or seed (the
+// bootstrap descriptor, DESIGN.md §11) if none was stored. Damaged records
+// wrap storage.ErrCorrupt.
+func NewStateMachine(e *storage.Engine, seed *pb.RangeDescriptor) (*StateMachine, error) {
+	prefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, seed.GetRangeId())
+	sm := &StateMachine{e: e, prefix: prefix}
+	sm.desc.Store(seed)
 	if err := sm.load(); err != nil {
-		return nil, fmt.Errorf("range %d: %w", id, err)
+		return nil, fmt.Errorf("range %d: %w", seed.GetRangeId(), err)
 	}
 	return sm, nil
 }
+
+// Descriptor returns the range's current descriptor. It is shared: callers
+// must not modify it.
+func (sm *StateMachine) Descriptor() *pb.RangeDescriptor { return sm.desc.Load() }
 
 func (sm *StateMachine) sub(b byte, rest []byte) []byte {
 	return append(append(append([]byte{}, sm.prefix...), b), rest...)
@@ -94,6 +102,15 @@ func (sm *StateMachine) load() error {
 		if err := proto.Unmarshal(v, sm.lease); err != nil {
 			return fmt.Errorf("%w: lease: %v", storage.ErrCorrupt, err)
 		}
+	}
+	if v, err := sm.e.Get(sm.sub(subDescriptor, nil)); err != nil {
+		return err
+	} else if v != nil {
+		d := &pb.RangeDescriptor{}
+		if err := proto.Unmarshal(v, d); err != nil {
+			return fmt.Errorf("%w: descriptor: %v", storage.ErrCorrupt, err)
+		}
+		sm.desc.Store(d)
 	}
 	lo := sm.sub(subPrepared, nil)
 	return sm.e.Scan(lo, storage.PrefixEnd(lo), func(_, v []byte) (bool, error) {
@@ -124,8 +141,13 @@ func (sm *StateMachine) Scan(ks Keyspace, start, end []byte, below storage.Versi
 // spans returns the engine spans a snapshot of the range holds: its
 // range-local state, then its data and regional copies within its span.
 func (sm *StateMachine) spans() [][2][]byte {
-	dlo, dhi := storage.MVCCKeyBounds(dataPrefix, sm.start, sm.end)
-	rlo, rhi := storage.MVCCKeyBounds(regionalPrefix, sm.start, sm.end)
+	d := sm.desc.Load()
+	var end []byte
+	if len(d.GetEndKey()) > 0 {
+		end = d.GetEndKey()
+	}
+	dlo, dhi := storage.MVCCKeyBounds(dataPrefix, d.GetStartKey(), end)
+	rlo, rhi := storage.MVCCKeyBounds(regionalPrefix, d.GetStartKey(), end)
 	return [][2][]byte{{sm.prefix, storage.PrefixEnd(sm.prefix)}, {dlo, dhi}, {rlo, rhi}}
 }
 
@@ -278,6 +300,15 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 		if err != nil {
 			return fmt.Errorf("%w: lease in snapshot: %v", storage.ErrCorrupt, err)
 		}
+	}
+	if v, closer, err := b.Get(sm.sub(subDescriptor, nil)); err == nil {
+		d := &pb.RangeDescriptor{}
+		err = proto.Unmarshal(v, d)
+		closer.Close()
+		if err != nil {
+			return fmt.Errorf("%w: descriptor in snapshot: %v", storage.ErrCorrupt, err)
+		}
+		sm.desc.Store(d)
 	}
 	lo := sm.sub(subPrepared, nil)
 	it, err := b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: storage.PrefixEnd(lo)})

@@ -15,7 +15,7 @@ func openSM(t *testing.T, node uint64) *StateMachine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	sm, err := NewStateMachine(e, 10, nil, nil)
+	sm, err := NewStateMachine(e, &pb.RangeDescriptor{RangeId: 10, Generation: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,11 +126,11 @@ func TestRangesShareTheNodesKeySpace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	left, err := NewStateMachine(e, 10, nil, []byte("m"))
+	left, err := NewStateMachine(e, &pb.RangeDescriptor{RangeId: 10, EndKey: []byte("m"), Generation: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	right, err := NewStateMachine(e, 11, []byte("m"), nil)
+	right, err := NewStateMachine(e, &pb.RangeDescriptor{RangeId: 11, StartKey: []byte("m"), Generation: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,8 +177,8 @@ func TestRangesShareTheNodesKeySpace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e2.Close()
-	left2, _ := NewStateMachine(e2, 10, nil, []byte("m"))
-	right2, _ := NewStateMachine(e2, 11, []byte("m"), nil)
+	left2, _ := NewStateMachine(e2, &pb.RangeDescriptor{RangeId: 10, EndKey: []byte("m"), Generation: 1})
+	right2, _ := NewStateMachine(e2, &pb.RangeDescriptor{RangeId: 11, StartKey: []byte("m"), Generation: 1})
 	apply(t, left2, leaseCmd(2, 1, 100, 1, 0))
 	apply(t, right2, leaseCmd(2, 1, 100, 1, 0))
 	write(left2, "avocado", "stale", 3)

@@ -391,6 +391,142 @@ func (x *KeyValue) GetValue() []byte {
 	return nil
 }
 
+// RangeDescriptor describes a range (DESIGN.md §11): its span, home region,
+// replicas, and a generation that rises with every split, merge and replica
+// change, so of two descriptors of overlapping spans the higher generation
+// is the newer.
+type RangeDescriptor struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	StartKey      []byte                 `protobuf:"bytes,2,opt,name=start_key,json=startKey,proto3" json:"start_key,omitempty"`
+	EndKey        []byte                 `protobuf:"bytes,3,opt,name=end_key,json=endKey,proto3" json:"end_key,omitempty"` // exclusive; empty: to the end of the key space
+	Region        string                 `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
+	Replicas      []uint64               `protobuf:"varint,5,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`
+	Generation    uint64                 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"` // from 1
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeDescriptor) Reset() {
+	*x = RangeDescriptor{}
+	mi := &file_range_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeDescriptor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeDescriptor) ProtoMessage() {}
+
+func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeDescriptor.ProtoReflect.Descriptor instead.
+func (*RangeDescriptor) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RangeDescriptor) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *RangeDescriptor) GetStartKey() []byte {
+	if x != nil {
+		return x.StartKey
+	}
+	return nil
+}
+
+func (x *RangeDescriptor) GetEndKey() []byte {
+	if x != nil {
+		return x.EndKey
+	}
+	return nil
+}
+
+func (x *RangeDescriptor) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RangeDescriptor) GetReplicas() []uint64 {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *RangeDescriptor) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+// RangeMismatch is attached to an OutOfRange error from a range that got a
+// request for keys outside its span: the sender's routing is stale. It
+// carries the range's current descriptors; the sender refreshes its cache
+// and retries. The request did not execute.
+type RangeMismatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Descriptors   []*RangeDescriptor     `protobuf:"bytes,1,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeMismatch) Reset() {
+	*x = RangeMismatch{}
+	mi := &file_range_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeMismatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeMismatch) ProtoMessage() {}
+
+func (x *RangeMismatch) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeMismatch.ProtoReflect.Descriptor instead.
+func (*RangeMismatch) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RangeMismatch) GetDescriptors() []*RangeDescriptor {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
 // NotLeader is attached to FailedPrecondition errors from a replica that does
 // not lead the range.
 type NotLeader struct {
@@ -402,7 +538,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_range_proto_msgTypes[5]
+	mi := &file_range_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -414,7 +550,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[5]
+	mi := &file_range_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -427,7 +563,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{5}
+	return file_range_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NotLeader) GetLeaderHint() uint64 {
@@ -454,7 +590,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_range_proto_msgTypes[6]
+	mi := &file_range_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +602,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[6]
+	mi := &file_range_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +615,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{6}
+	return file_range_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Command) GetCmd() isCommand_Cmd {
@@ -578,7 +714,7 @@ type LeaseCmd struct {
 
 func (x *LeaseCmd) Reset() {
 	*x = LeaseCmd{}
-	mi := &file_range_proto_msgTypes[7]
+	mi := &file_range_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +726,7 @@ func (x *LeaseCmd) String() string {
 func (*LeaseCmd) ProtoMessage() {}
 
 func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[7]
+	mi := &file_range_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +739,7 @@ func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCmd.ProtoReflect.Descriptor instead.
 func (*LeaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{7}
+	return file_range_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LeaseCmd) GetLease() *Lease {
@@ -631,7 +767,7 @@ type PrepareCmd struct {
 
 func (x *PrepareCmd) Reset() {
 	*x = PrepareCmd{}
-	mi := &file_range_proto_msgTypes[8]
+	mi := &file_range_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +779,7 @@ func (x *PrepareCmd) String() string {
 func (*PrepareCmd) ProtoMessage() {}
 
 func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[8]
+	mi := &file_range_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +792,7 @@ func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareCmd.ProtoReflect.Descriptor instead.
 func (*PrepareCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{8}
+	return file_range_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PrepareCmd) GetTxn() *TxnMeta {
@@ -694,7 +830,7 @@ type CommitCmd struct {
 
 func (x *CommitCmd) Reset() {
 	*x = CommitCmd{}
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +842,7 @@ func (x *CommitCmd) String() string {
 func (*CommitCmd) ProtoMessage() {}
 
 func (x *CommitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +855,7 @@ func (x *CommitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
 func (*CommitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{9}
+	return file_range_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CommitCmd) GetTxnId() []byte {
@@ -752,7 +888,7 @@ type AbortCmd struct {
 
 func (x *AbortCmd) Reset() {
 	*x = AbortCmd{}
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +900,7 @@ func (x *AbortCmd) String() string {
 func (*AbortCmd) ProtoMessage() {}
 
 func (x *AbortCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +913,7 @@ func (x *AbortCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortCmd.ProtoReflect.Descriptor instead.
 func (*AbortCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{10}
+	return file_range_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AbortCmd) GetTxnId() []byte {
@@ -800,7 +936,7 @@ type OnePhaseCmd struct {
 
 func (x *OnePhaseCmd) Reset() {
 	*x = OnePhaseCmd{}
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +948,7 @@ func (x *OnePhaseCmd) String() string {
 func (*OnePhaseCmd) ProtoMessage() {}
 
 func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +961,7 @@ func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseCmd.ProtoReflect.Descriptor instead.
 func (*OnePhaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{11}
+	return file_range_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *OnePhaseCmd) GetTxnId() []byte {
@@ -874,7 +1010,7 @@ type PreparedRecord struct {
 
 func (x *PreparedRecord) Reset() {
 	*x = PreparedRecord{}
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +1022,7 @@ func (x *PreparedRecord) String() string {
 func (*PreparedRecord) ProtoMessage() {}
 
 func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +1035,7 @@ func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreparedRecord.ProtoReflect.Descriptor instead.
 func (*PreparedRecord) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{12}
+	return file_range_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PreparedRecord) GetTxn() *TxnMeta {
@@ -927,7 +1063,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1075,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1088,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{13}
+	return file_range_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRequest) GetRangeId() uint64 {
@@ -987,7 +1123,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1135,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1148,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{14}
+	return file_range_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1037,19 +1173,20 @@ func (x *GetResponse) GetIncarnation() uint64 {
 }
 
 type ScanRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
-	Txn           *TxnMeta               `protobuf:"bytes,2,opt,name=txn,proto3" json:"txn,omitempty"`
-	Start         []byte                 `protobuf:"bytes,3,opt,name=start,proto3" json:"start,omitempty"`
-	End           []byte                 `protobuf:"bytes,4,opt,name=end,proto3" json:"end,omitempty"`      // exclusive; empty means the end of the range
-	Limit         uint32                 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"` // 0: no limit
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RangeId uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Txn     *TxnMeta               `protobuf:"bytes,2,opt,name=txn,proto3" json:"txn,omitempty"`
+	Start   []byte                 `protobuf:"bytes,3,opt,name=start,proto3" json:"start,omitempty"`
+	End     []byte                 `protobuf:"bytes,4,opt,name=end,proto3" json:"end,omitempty"` // exclusive; empty: the end of the key space. [start, end)
+	// must lie in the range, else OutOfRange with RangeMismatch
+	Limit         uint32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"` // 0: no limit
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1198,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1211,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{15}
+	return file_range_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ScanRequest) GetRangeId() uint64 {
@@ -1122,7 +1259,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1271,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1284,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{16}
+	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -1175,7 +1312,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1324,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1337,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{17}
+	return file_range_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LockRequest) GetRangeId() uint64 {
@@ -1236,7 +1373,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1385,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1398,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{18}
+	return file_range_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LockResponse) GetIncarnation() uint64 {
@@ -1284,7 +1421,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1433,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1446,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{19}
+	return file_range_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PrepareRequest) GetRangeId() uint64 {
@@ -1359,7 +1496,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1508,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1521,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{20}
+	return file_range_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PrepareResponse) GetLease() *Lease {
@@ -1427,7 +1564,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1576,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1589,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{21}
+	return file_range_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CommitRequest) GetRangeId() uint64 {
@@ -1491,7 +1628,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1640,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1653,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{22}
+	return file_range_proto_rawDescGZIP(), []int{24}
 }
 
 type AbortRequest struct {
@@ -1529,7 +1666,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1678,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1691,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{23}
+	return file_range_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AbortRequest) GetRangeId() uint64 {
@@ -1579,7 +1716,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1591,7 +1728,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1604,7 +1741,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{24}
+	return file_range_proto_rawDescGZIP(), []int{26}
 }
 
 type OnePhaseRequest struct {
@@ -1621,7 +1758,7 @@ type OnePhaseRequest struct {
 
 func (x *OnePhaseRequest) Reset() {
 	*x = OnePhaseRequest{}
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1770,7 @@ func (x *OnePhaseRequest) String() string {
 func (*OnePhaseRequest) ProtoMessage() {}
 
 func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1783,7 @@ func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseRequest.ProtoReflect.Descriptor instead.
 func (*OnePhaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{25}
+	return file_range_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OnePhaseRequest) GetRangeId() uint64 {
@@ -1700,7 +1837,7 @@ type OnePhaseResponse struct {
 
 func (x *OnePhaseResponse) Reset() {
 	*x = OnePhaseResponse{}
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1712,7 +1849,7 @@ func (x *OnePhaseResponse) String() string {
 func (*OnePhaseResponse) ProtoMessage() {}
 
 func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1725,7 +1862,7 @@ func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseResponse.ProtoReflect.Descriptor instead.
 func (*OnePhaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{26}
+	return file_range_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *OnePhaseResponse) GetVersion() *VersionID {
@@ -1749,7 +1886,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +1898,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +1911,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{27}
+	return file_range_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *HeartbeatRequest) GetRangeId() uint64 {
@@ -1810,7 +1947,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +1959,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +1972,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{28}
+	return file_range_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HeartbeatResponse) GetLost() bool {
@@ -1851,9 +1988,10 @@ type SnapshotReadRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	RangeId uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
 	Start   []byte                 `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"` // the key of a point read, or a scan's first key
-	End     []byte                 `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`     // a scan's end (exclusive); empty: the end of the range
-	Scan    bool                   `protobuf:"varint,4,opt,name=scan,proto3" json:"scan,omitempty"`
-	Limit   uint32                 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"` // scan: at most this many pairs (0: all)
+	End     []byte                 `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`     // a scan's end (exclusive); empty: the end of the key
+	// space; as in ScanRequest, the span must lie in the range
+	Scan  bool   `protobuf:"varint,4,opt,name=scan,proto3" json:"scan,omitempty"`
+	Limit uint32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"` // scan: at most this many pairs (0: all)
 	// at: read as of the start of this epoch, the newest version below <at, 0>.
 	// The leader first waits until its region's publisher (regional: its local
 	// epoch) shows at least `at`.
@@ -1868,7 +2006,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +2018,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +2031,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{29}
+	return file_range_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -1970,7 +2108,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2120,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2133,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{30}
+	return file_range_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -2066,7 +2204,18 @@ const file_range_proto_rawDesc = "" +
 	"\ttombstone\x18\x03 \x01(\bR\ttombstone\"2\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\",\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xb6\x01\n" +
+	"\x0fRangeDescriptor\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
+	"\tstart_key\x18\x02 \x01(\fR\bstartKey\x12\x17\n" +
+	"\aend_key\x18\x03 \x01(\fR\x06endKey\x12\x16\n" +
+	"\x06region\x18\x04 \x01(\tR\x06region\x12\x1a\n" +
+	"\breplicas\x18\x05 \x03(\x04R\breplicas\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x06 \x01(\x04R\n" +
+	"generation\"Q\n" +
+	"\rRangeMismatch\x12@\n" +
+	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_hint\x18\x01 \x01(\x04R\n" +
 	"leaderHint\"\x98\x02\n" +
@@ -2213,7 +2362,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),              // 0: terroir.range.CommitMode
 	(*VersionID)(nil),            // 1: terroir.range.VersionID
@@ -2221,88 +2370,91 @@ var file_range_proto_goTypes = []any{
 	(*Lease)(nil),                // 3: terroir.range.Lease
 	(*Write)(nil),                // 4: terroir.range.Write
 	(*KeyValue)(nil),             // 5: terroir.range.KeyValue
-	(*NotLeader)(nil),            // 6: terroir.range.NotLeader
-	(*Command)(nil),              // 7: terroir.range.Command
-	(*LeaseCmd)(nil),             // 8: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),           // 9: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),            // 10: terroir.range.CommitCmd
-	(*AbortCmd)(nil),             // 11: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),          // 12: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),       // 13: terroir.range.PreparedRecord
-	(*GetRequest)(nil),           // 14: terroir.range.GetRequest
-	(*GetResponse)(nil),          // 15: terroir.range.GetResponse
-	(*ScanRequest)(nil),          // 16: terroir.range.ScanRequest
-	(*ScanResponse)(nil),         // 17: terroir.range.ScanResponse
-	(*LockRequest)(nil),          // 18: terroir.range.LockRequest
-	(*LockResponse)(nil),         // 19: terroir.range.LockResponse
-	(*PrepareRequest)(nil),       // 20: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),      // 21: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),        // 22: terroir.range.CommitRequest
-	(*CommitResponse)(nil),       // 23: terroir.range.CommitResponse
-	(*AbortRequest)(nil),         // 24: terroir.range.AbortRequest
-	(*AbortResponse)(nil),        // 25: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),      // 26: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),     // 27: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),     // 28: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),    // 29: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),  // 30: terroir.range.SnapshotReadRequest
-	(*SnapshotReadResponse)(nil), // 31: terroir.range.SnapshotReadResponse
+	(*RangeDescriptor)(nil),      // 6: terroir.range.RangeDescriptor
+	(*RangeMismatch)(nil),        // 7: terroir.range.RangeMismatch
+	(*NotLeader)(nil),            // 8: terroir.range.NotLeader
+	(*Command)(nil),              // 9: terroir.range.Command
+	(*LeaseCmd)(nil),             // 10: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),           // 11: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),            // 12: terroir.range.CommitCmd
+	(*AbortCmd)(nil),             // 13: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),          // 14: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),       // 15: terroir.range.PreparedRecord
+	(*GetRequest)(nil),           // 16: terroir.range.GetRequest
+	(*GetResponse)(nil),          // 17: terroir.range.GetResponse
+	(*ScanRequest)(nil),          // 18: terroir.range.ScanRequest
+	(*ScanResponse)(nil),         // 19: terroir.range.ScanResponse
+	(*LockRequest)(nil),          // 20: terroir.range.LockRequest
+	(*LockResponse)(nil),         // 21: terroir.range.LockResponse
+	(*PrepareRequest)(nil),       // 22: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),      // 23: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),        // 24: terroir.range.CommitRequest
+	(*CommitResponse)(nil),       // 25: terroir.range.CommitResponse
+	(*AbortRequest)(nil),         // 26: terroir.range.AbortRequest
+	(*AbortResponse)(nil),        // 27: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),      // 28: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),     // 29: terroir.range.OnePhaseResponse
+	(*HeartbeatRequest)(nil),     // 30: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),    // 31: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),  // 32: terroir.range.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil), // 33: terroir.range.SnapshotReadResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
-	8,  // 1: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
-	9,  // 2: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
-	10, // 3: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
-	11, // 4: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
-	12, // 5: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
-	3,  // 6: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
-	2,  // 7: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
-	4,  // 8: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
-	1,  // 9: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	1,  // 10: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
-	4,  // 11: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	1,  // 12: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	1,  // 13: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
-	2,  // 14: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	4,  // 15: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	2,  // 16: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 17: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	5,  // 18: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	2,  // 19: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 20: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 21: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	3,  // 22: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	1,  // 23: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	1,  // 24: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
-	1,  // 25: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	1,  // 26: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	2,  // 27: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 28: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	1,  // 29: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	5,  // 30: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	14, // 31: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	16, // 32: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	18, // 33: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	20, // 34: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	22, // 35: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	24, // 36: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	26, // 37: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	30, // 38: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	28, // 39: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	15, // 40: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	17, // 41: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	19, // 42: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	21, // 43: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	23, // 44: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	25, // 45: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	27, // 46: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	31, // 47: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	29, // 48: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	40, // [40:49] is the sub-list for method output_type
-	31, // [31:40] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	6,  // 1: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
+	10, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
+	11, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
+	12, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
+	13, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
+	14, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
+	3,  // 7: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
+	2,  // 8: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
+	4,  // 9: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
+	1,  // 10: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
+	1,  // 11: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	4,  // 12: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	1,  // 13: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	1,  // 14: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	2,  // 15: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	4,  // 16: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	2,  // 17: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 18: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	5,  // 19: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	2,  // 20: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 21: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 22: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	3,  // 23: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	1,  // 24: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	1,  // 25: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	1,  // 26: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	1,  // 27: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	2,  // 28: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 29: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 30: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	5,  // 31: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	16, // 32: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	18, // 33: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	20, // 34: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	22, // 35: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	24, // 36: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	26, // 37: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	28, // 38: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	32, // 39: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	30, // 40: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	17, // 41: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	19, // 42: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	21, // 43: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	23, // 44: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	25, // 45: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	27, // 46: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	29, // 47: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	33, // 48: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	31, // 49: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	41, // [41:50] is the sub-list for method output_type
+	32, // [32:41] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -2310,7 +2462,7 @@ func file_range_proto_init() {
 	if File_range_proto != nil {
 		return
 	}
-	file_range_proto_msgTypes[6].OneofWrappers = []any{
+	file_range_proto_msgTypes[8].OneofWrappers = []any{
 		(*Command_Lease)(nil),
 		(*Command_Prepare)(nil),
 		(*Command_Commit)(nil),
@@ -2323,7 +2475,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

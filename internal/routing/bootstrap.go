@@ -1,0 +1,35 @@
+package routing
+
+import (
+	"context"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// BootstrapGeneration is the generation of a range the topology file seeds.
+const BootstrapGeneration = 1
+
+// BootstrapDescriptor returns the first descriptor of range g of the
+// topology file (DESIGN.md §11: the file seeds the descriptors once).
+func BootstrapDescriptor(g topology.Group) *pb.RangeDescriptor {
+	return &pb.RangeDescriptor{RangeId: g.ID, StartKey: g.Start, EndKey: g.End, Region: g.Region,
+		Replicas: append([]uint64(nil), g.Replicas...), Generation: BootstrapGeneration}
+}
+
+// TopologyResolver resolves from the bootstrap topology: every range it
+// seeds, at the bootstrap generation. It stands in for the replicated
+// directory, which supersedes it as soon as ranges change shape.
+type TopologyResolver struct {
+	Topology *topology.Topology
+}
+
+// Resolve implements Resolver: every range of the topology (they tile the key
+// space, so one of them holds key).
+func (r TopologyResolver) Resolve(context.Context, []byte) ([]*pb.RangeDescriptor, error) {
+	var out []*pb.RangeDescriptor
+	for _, g := range r.Topology.Ranges() {
+		out = append(out, BootstrapDescriptor(g))
+	}
+	return out, nil
+}
