@@ -74,6 +74,9 @@ var (
 	ErrCrossRegion = coordinator.ErrCrossRegion
 	// ErrReadOnly: a write in a snapshot transaction.
 	ErrReadOnly = coordinator.ErrReadOnly
+	// ErrSplitKey: a split key that is empty, too large or already a range
+	// boundary (AdminSplit).
+	ErrSplitKey = coordinator.ErrSplitKey
 	// ErrSnapshotRetry: a Linearizable snapshot must run again at a later
 	// epoch (paper §5.3.1). Retryable; View does it.
 	ErrSnapshotRetry = coordinator.ErrSnapshotRetry
@@ -366,3 +369,13 @@ type CommitMode = coordinator.CommitMode
 // SetCommitMode makes this handle's transactions begun from now on commit in
 // mode.
 func (db *DB) SetCommitMode(mode CommitMode) { db.coord.SetCommitMode(mode) }
+
+// AdminSplit splits the range holding key at key (DESIGN.md §11): an
+// operator's action (`terroir admin range split`). Transactions in flight
+// across the split commit or abort cleanly. Errors: ErrSplitKey (empty, too
+// large, or already a range boundary: nothing changed), ErrUnavailable,
+// ErrConflict (retry), ErrCommitUnknown (whether it split is unknown).
+func (db *DB) AdminSplit(ctx context.Context, key []byte) error {
+	_, _, err := db.coord.SplitRange(ctx, key)
+	return err
+}

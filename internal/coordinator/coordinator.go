@@ -254,8 +254,11 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 				}
 			}
 			return err
-		case codes.InvalidArgument, codes.Internal, codes.DataLoss, codes.NotFound:
+		case codes.InvalidArgument, codes.Internal, codes.DataLoss:
 			return err
+		case codes.NotFound: // did not execute: the node does not host the range (yet: a split applies there later)
+			c.routes.ForgetLeader(id)
+			next++
 		case codes.FailedPrecondition: // did not execute: not the leader, or not serving yet
 			hint := uint64(0)
 			for _, d := range st.Details() {
@@ -381,4 +384,38 @@ func (c *Coordinator) routeSpan(ctx context.Context, lo, hi []byte, check func(*
 		}
 	}
 	return fmt.Errorf("%w: routing [%q, %q): %v", ErrUnavailable, lo, hi, err)
+}
+
+// ErrSplitKey: a split key that is empty or already a range boundary.
+var ErrSplitKey = errors.New("terroir: bad split key")
+
+// SplitRange splits the range holding key at key (DESIGN.md §11) and returns
+// the two new descriptors; the routing cache learns them at once. Errors:
+// ErrSplitKey (empty, too large, or already a boundary), ErrUnavailable,
+// ErrConflict (retry: transactions above the key kept committing, or the
+// range changed first), ErrCommitUnknown (the call failed after it was
+// sent: whether it split is unknown). While transactions above the key keep
+// committing, the leader refuses and the call retries until ctx ends.
+func (c *Coordinator) SplitRange(ctx context.Context, key []byte) (left, right *pb.RangeDescriptor, err error) {
+	if len(key) == 0 {
+		return nil, nil, fmt.Errorf("%w: empty key", ErrSplitKey)
+	}
+	if len(key) > MaxKeySize {
+		return nil, nil, fmt.Errorf("%w: %d bytes, limit %d", ErrSplitKey, len(key), MaxKeySize)
+	}
+	err = c.routeKey(ctx, key, func(d *pb.RangeDescriptor) error {
+		return c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
+			resp, err := rc.AdminSplit(ctx, &pb.AdminSplitRequest{RangeId: d.GetRangeId(), SplitKey: key})
+			left, right = resp.GetLeft(), resp.GetRight()
+			return err
+		})
+	})
+	if status.Code(errors.Unwrap(err)) == codes.InvalidArgument || status.Code(err) == codes.InvalidArgument {
+		return nil, nil, fmt.Errorf("%w: %v", ErrSplitKey, status.Convert(err).Message())
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	c.routes.Update(left, right)
+	return left, right, nil
 }

@@ -420,6 +420,33 @@ func (t *Table) holdersExact(span Span) []holder {
 	return out
 }
 
+// SpansOf returns the spans txn holds locks on (copies).
+func (t *Table) SpansOf(txn TxnID) []Span {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Span, 0, len(t.byTxn[txn]))
+	for _, s := range t.byTxn[txn] {
+		out = append(out, cloneSpan(s))
+	}
+	return out
+}
+
+// Inside reports whether span s lies in [start, end) (a nil end: unbounded).
+// A range lock to the end of the key space lies inside only an unbounded
+// [start, end).
+func (s Span) Inside(start, end []byte) bool {
+	if bytes.Compare(s.Key, start) < 0 {
+		return false
+	}
+	if end == nil {
+		return true
+	}
+	if s.isPoint() {
+		return bytes.Compare(s.Key, end) < 0
+	}
+	return bytes.Compare(s.EndKey, end) <= 0
+}
+
 // HeldBy returns how many distinct spans txn holds locks on.
 func (t *Table) HeldBy(txn TxnID) int {
 	t.mu.Lock()

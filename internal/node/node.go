@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/rangeserver"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/routing"
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
@@ -63,10 +65,12 @@ type Node struct {
 	listener net.Listener
 	epochs   map[uint64]*epoch.Replica
 	global   *epoch.Global // nil unless the node hosts a global epoch replica
-	ranges   []*rangeserver.Replica
-	readers  map[string]*epoch.Reader // epoch and publisher readers, by kind/region
+	rangeSrv *rangeserver.Server
 	mu       sync.Mutex
+	ranges   []*rangeserver.Replica   // grows when a split creates a range here
+	readers  map[string]*epoch.Reader // epoch and publisher readers, by kind/region
 	deciders map[uint64]*txnstate.Client
+	closing  bool // no range is added once Close began
 	registry *prometheus.Registry
 	served   chan struct{}
 }
@@ -106,7 +110,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region})
 	epochServer := epoch.NewServer()
 	txnServer := txnstate.NewServer()
-	rangeServer := rangeserver.NewServer()
+	n.rangeSrv = rangeserver.NewServer()
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		switch g.Kind {
 		case topology.KindLocalEpoch, topology.KindPublisher, topology.KindGlobalEpoch:
@@ -145,33 +149,25 @@ func Start(cfg Config) (_ *Node, err error) {
 			}
 			txnServer.Add(txnstate.Replica{Group: rg, SM: sm})
 		case topology.KindRange:
-			sm, err := rangeserver.NewStateMachine(n.engine, routing.BootstrapDescriptor(g))
-			if err != nil {
+			if _, err := n.addRange(routing.BootstrapDescriptor(g), false); err != nil {
 				return nil, err
 			}
-			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
-			if err != nil {
-				return nil, err
-			}
-			epochs, err := n.reader(topology.KindLocalEpoch, g.Region)
-			if err != nil {
-				return nil, err
-			}
-			srcs := rangeserver.Epochs{Local: epochs}
-			if pub, err := n.reader(topology.KindPublisher, g.Region); err == nil {
-				srcs.Publisher = pub // else regional-only
-			}
-			if gg := top.GroupsOfKind(topology.KindGlobalEpoch, ""); len(gg) > 0 {
-				if srcs.Service, err = n.reader(topology.KindGlobalEpoch, gg[0].Region); err != nil {
-					return nil, err
-				}
-			}
-			r := rangeserver.NewReplica(cfg.NodeID, rg, sm, srcs, n.decider,
-				rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs})
-			n.ranges = append(n.ranges, r)
-			rangeServer.Add(r)
 		default:
 			return nil, fmt.Errorf("node: group %d has kind %q this node cannot host", g.ID, g.Kind)
+		}
+	}
+
+	// Ranges that splits created here since bootstrap.
+	split, err := n.engine.IndexedRanges()
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range split {
+		if _, hosted := top.Group(id); hosted || n.Range(id) != nil {
+			continue
+		}
+		if _, err := n.addRange(&pb.RangeDescriptor{RangeId: id}, false); err != nil {
+			return nil, err
 		}
 	}
 
@@ -180,7 +176,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.raft.Register(n.server)
 	epochServer.Register(n.server)
 	txnServer.Register(n.server)
-	rangeServer.Register(n.server)
+	n.rangeSrv.Register(n.server)
 
 	n.listener = cfg.Listener
 	if n.listener == nil {
@@ -194,11 +190,12 @@ func Start(cfg Config) (_ *Node, err error) {
 			slog.Error("grpc server stopped", "node", cfg.NodeID, "err", err)
 		}
 	}()
+	ranges := n.rangeReplicas() // a split applied from now on starts its own
 	n.host.Start(n.raft)
 	for _, r := range n.epochs {
 		r.Start()
 	}
-	for _, r := range n.ranges {
+	for _, r := range ranges {
 		r.Start()
 	}
 	if n.global != nil {
@@ -208,9 +205,92 @@ func Start(cfg Config) (_ *Node, err error) {
 	return n, nil
 }
 
+// addRange opens this node's replica of the range that seed describes (its
+// stored descriptor, once it has one, supersedes seed) and makes it
+// reachable, starting it if start is set. Each replica learns of the range's
+// splits through onSplit. Once Close began it fails with raftgroup.ErrStopped.
+func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Replica, error) {
+	top := n.cfg.Topology
+	sm, err := rangeserver.NewStateMachine(n.engine, seed)
+	if err != nil {
+		return nil, err
+	}
+	d := sm.Descriptor()
+	if !slices.Contains(d.GetReplicas(), n.cfg.NodeID) {
+		return nil, fmt.Errorf("node %d: range %d's descriptor does not name this node (replicas %v)", n.cfg.NodeID, d.GetRangeId(), d.GetReplicas())
+	}
+	srcs := rangeserver.Epochs{}
+	if srcs.Local, err = n.reader(topology.KindLocalEpoch, d.GetRegion()); err != nil {
+		return nil, err
+	}
+	if pub, err := n.reader(topology.KindPublisher, d.GetRegion()); err == nil {
+		srcs.Publisher = pub // else regional-only
+	}
+	if gg := top.GroupsOfKind(topology.KindGlobalEpoch, ""); len(gg) > 0 {
+		if srcs.Service, err = n.reader(topology.KindGlobalEpoch, gg[0].Region); err != nil {
+			return nil, err
+		}
+	}
+	rg, err := n.host.AddGroup(d.GetRangeId(), d.GetReplicas(), sm)
+	if err != nil {
+		return nil, err
+	}
+	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, srcs, n.decider,
+		rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs})
+	sm.OnSplit(n.onSplit)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closing {
+		return nil, raftgroup.ErrStopped // the host stops the group
+	}
+	n.ranges = append(n.ranges, r)
+	n.rangeSrv.Add(r)
+	if start {
+		r.Start()
+	}
+	return r, nil
+}
+
+// onSplit starts this node's replica of the right-hand range of a split, once
+// the split is durable here (DESIGN.md §11). The leaseholder's replica calls
+// the new group's first election, so leadership and lease stay on one node.
+func (n *Node) onSplit(s rangeserver.Split) {
+	if n.Range(s.Right.GetRangeId()) != nil {
+		return
+	}
+	r, err := n.addRange(s.Right, true)
+	if err != nil {
+		if !errors.Is(err, raftgroup.ErrStopped) {
+			slog.Error("node: starting the right-hand range of a split", "node", n.cfg.NodeID, "range", s.Right.GetRangeId(), "err", err)
+		}
+		return
+	}
+	if r.LeaseHolder() == n.cfg.NodeID {
+		r.Campaign()
+	}
+}
+
+// RangeIDs returns the IDs of the ranges the node hosts, as hosted.
+func (n *Node) RangeIDs() []uint64 {
+	var ids []uint64
+	for _, r := range n.rangeReplicas() {
+		ids = append(ids, r.ID())
+	}
+	return ids
+}
+
+// rangeReplicas returns the node's range replicas.
+func (n *Node) rangeReplicas() []*rangeserver.Replica {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.ranges)
+}
+
 // reader returns the node's reader of region's group of kind (a local epoch
 // group or a publisher), shared by the node's replicas.
 func (n *Node) reader(kind topology.Kind, region string) (*epoch.Reader, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	key := string(kind) + "/" + region
 	if r, ok := n.readers[key]; ok {
 		return r, nil
@@ -242,7 +322,7 @@ func (n *Node) decider(id uint64) rangeserver.Decider {
 
 // Range returns the node's replica of range id, or nil.
 func (n *Node) Range(id uint64) *rangeserver.Replica {
-	for _, r := range n.ranges {
+	for _, r := range n.rangeReplicas() {
 		if r.ID() == id {
 			return r
 		}
@@ -284,7 +364,10 @@ func (n *Node) closeParts() error {
 	if n.global != nil {
 		n.global.Close()
 	}
-	for _, r := range n.ranges {
+	n.mu.Lock()
+	n.closing = true
+	n.mu.Unlock()
+	for _, r := range n.rangeReplicas() {
 		r.Close()
 	}
 	for _, r := range n.epochs {

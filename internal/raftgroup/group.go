@@ -36,6 +36,14 @@ type StateMachine interface {
 	Restore(b *pebble.Batch, data []byte) error
 }
 
+// PostApplier is a StateMachine that acts once the batch of its applied
+// entries is in the engine (a range split starts the right-hand range's group
+// then, never before the state it reads is there). PostApply runs on the
+// group's goroutine after every applied batch.
+type PostApplier interface {
+	PostApply()
+}
+
 // Errors returned by Propose.
 var (
 	// ErrNotLeader: this replica is not the group's leader; LeaderHint may name it.
@@ -305,6 +313,13 @@ func (g *Group) report(f func(*raft.RawNode)) {
 	case g.reports <- f:
 	default:
 	}
+}
+
+// Campaign asks this replica to start an election now (a new group's
+// replica on the node that should lead it, DESIGN.md §11), without waiting
+// for the election timeout. Best effort.
+func (g *Group) Campaign() {
+	g.report(func(rn *raft.RawNode) { _ = rn.Campaign() })
 }
 
 // reportSnapshot queues a snapshot outcome. It is never dropped: a lost failure
@@ -624,6 +639,9 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 		return err
 	}
 	g.setApplied(last)
+	if pa, ok := g.sm.(PostApplier); ok {
+		pa.PostApply()
+	}
 	for _, r := range results {
 		r.p.done <- proposalResult{val: r.val}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/terroir-db/terroir/internal/locktable"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
@@ -28,6 +29,17 @@ func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, spa
 	}
 	if cur, _ := r.leader(); cur != l {
 		return 0, ErrLocksLost // the lock is in a table that no longer counts
+	}
+	d := r.sm.Descriptor()
+	var end []byte
+	if len(d.GetEndKey()) > 0 {
+		end = d.GetEndKey()
+	}
+	if !span.Inside(d.GetStartKey(), end) {
+		// A split applied while the lock was awaited: the lock is the
+		// right-hand range's to give, so the transaction's locks here go.
+		l.txns.release(meta.GetId(), 0)
+		return 0, fmt.Errorf("%w: range %d split while the lock was awaited", ErrLocksLost, r.id)
 	}
 	return inc, nil
 }

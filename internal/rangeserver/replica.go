@@ -113,6 +113,9 @@ type MismatchError struct {
 	Desc *pb.RangeDescriptor
 	// Keys names what fell outside the span.
 	Keys string
+	// Start and End bound the keys asked for (a nil End: unbounded); the
+	// server adds the descriptors it hosts there to its reply.
+	Start, End []byte
 }
 
 func (e *MismatchError) Error() string {
@@ -163,8 +166,10 @@ type Replica struct {
 func NewReplica(self uint64, group *raftgroup.Group, sm *StateMachine,
 	epochs Epochs, deciders func(uint64) Decider, cfg Config) *Replica {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher,
+	r := &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher,
 		service: epochs.Service, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
+	sm.OnSplit(r.onSplit)
+	return r
 }
 
 // Start begins the lease and resolver loop.
@@ -182,6 +187,13 @@ func (r *Replica) Close() {
 
 // Desc returns the range's descriptor.
 func (r *Replica) Desc() *pb.RangeDescriptor { return r.sm.Descriptor() }
+
+// LeaseHolder returns the node named by the range's current lease (0: none).
+func (r *Replica) LeaseHolder() uint64 { return r.sm.Lease().GetHolder() }
+
+// Campaign asks this replica to call an election now (the leaseholder's
+// replica of a range a split just created).
+func (r *Replica) Campaign() { r.group.Campaign() }
 
 // ID returns the range's ID.
 func (r *Replica) ID() uint64 { return r.id }
@@ -234,7 +246,7 @@ func (r *Replica) leader() (*leadership, error) {
 func (r *Replica) checkKey(key []byte) error {
 	d := r.sm.Descriptor()
 	if bytes.Compare(key, d.GetStartKey()) < 0 || (len(d.GetEndKey()) > 0 && bytes.Compare(key, d.GetEndKey()) >= 0) {
-		return &MismatchError{Desc: d, Keys: fmt.Sprintf("key %q", key)}
+		return &MismatchError{Desc: d, Keys: fmt.Sprintf("key %q", key), Start: key, End: append(append([]byte{}, key...), 0)}
 	}
 	return nil
 }
@@ -248,7 +260,7 @@ func (r *Replica) checkSpan(start, end []byte) error {
 		(len(d.GetEndKey()) == 0 || (end != nil && bytes.Compare(end, d.GetEndKey()) <= 0)) {
 		return nil
 	}
-	return &MismatchError{Desc: d, Keys: fmt.Sprintf("span [%q, %q)", start, end)}
+	return &MismatchError{Desc: d, Keys: fmt.Sprintf("span [%q, %q)", start, end), Start: start, End: end}
 }
 
 // proposeTimeout bounds the wait for a proposal the caller may have given up

@@ -94,20 +94,45 @@ func (r *Replica) toStatus(err error) error {
 	case errors.Is(err, ErrSnapshotEpoch):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, ErrRangeMismatch):
-		st := status.New(codes.OutOfRange, err.Error())
-		var m *MismatchError
-		if errors.As(err, &m) {
-			if d, derr := st.WithDetails(&pb.RangeMismatch{Descriptors: []*pb.RangeDescriptor{m.Desc}}); derr == nil {
-				st = d
-			}
-		}
-		return st.Err()
+		return status.Error(codes.OutOfRange, err.Error())
+	case errors.Is(err, ErrSplitKey):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrSplitBusy):
+		return notExecuted(err, r.self) // retry here
+	case errors.Is(err, ErrSplitRaced):
+		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, ErrBadRequest):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// status maps a replica error to a gRPC status; a mismatch carries the
+// range's current descriptor and every descriptor this node hosts over the
+// keys asked for (after a split, the right-hand range is here too), so the
+// sender's cache fills in one round.
+func (s *Server) status(r *Replica, err error) error {
+	var m *MismatchError
+	if !errors.As(err, &m) {
+		return r.toStatus(err)
+	}
+	descs := []*pb.RangeDescriptor{m.Desc}
+	s.mu.RLock()
+	for _, o := range s.replicas {
+		d := o.Desc()
+		if d.GetRangeId() != m.Desc.GetRangeId() && (m.End == nil || bytes.Compare(d.GetStartKey(), m.End) < 0) &&
+			(len(d.GetEndKey()) == 0 || bytes.Compare(m.Start, d.GetEndKey()) < 0) {
+			descs = append(descs, d)
+		}
+	}
+	s.mu.RUnlock()
+	st := status.New(codes.OutOfRange, err.Error())
+	if ds, derr := st.WithDetails(&pb.RangeMismatch{Descriptors: descs}); derr == nil {
+		st = ds
+	}
+	return st.Err()
 }
 
 // notExecuted is FailedPrecondition: the request did not execute and may be
@@ -127,10 +152,10 @@ func (s *Server) Get(ctx context.Context, req *pb.GetRequest) (*pb.GetResponse, 
 		return nil, err
 	}
 	if err := errors.Join(validTxn(req.GetTxn()), validKey(req.GetKey())); err != nil {
-		return nil, r.toStatus(err)
+		return nil, s.status(r, err)
 	}
 	resp, err := r.Get(ctx, req.GetTxn(), req.GetKey())
-	return resp, r.toStatus(err)
+	return resp, s.status(r, err)
 }
 
 // Scan implements pb.RangeServer.
@@ -140,14 +165,14 @@ func (s *Server) Scan(ctx context.Context, req *pb.ScanRequest) (*pb.ScanRespons
 		return nil, err
 	}
 	if err := validTxn(req.GetTxn()); err != nil {
-		return nil, r.toStatus(err)
+		return nil, s.status(r, err)
 	}
 	var end []byte
 	if len(req.GetEnd()) > 0 {
 		end = req.GetEnd()
 	}
 	resp, err := r.Scan(ctx, req.GetTxn(), req.GetStart(), end, int(req.GetLimit()))
-	return resp, r.toStatus(err)
+	return resp, s.status(r, err)
 }
 
 // Lock implements pb.RangeServer.
@@ -157,10 +182,10 @@ func (s *Server) Lock(ctx context.Context, req *pb.LockRequest) (*pb.LockRespons
 		return nil, err
 	}
 	if err := errors.Join(validTxn(req.GetTxn()), validKey(req.GetKey())); err != nil {
-		return nil, r.toStatus(err)
+		return nil, s.status(r, err)
 	}
 	inc, err := r.Lock(ctx, req.GetTxn(), req.GetKey())
-	return &pb.LockResponse{Incarnation: inc}, r.toStatus(err)
+	return &pb.LockResponse{Incarnation: inc}, s.status(r, err)
 }
 
 // Prepare implements pb.RangeServer.
@@ -170,10 +195,10 @@ func (s *Server) Prepare(ctx context.Context, req *pb.PrepareRequest) (*pb.Prepa
 		return nil, err
 	}
 	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
-		return nil, r.toStatus(err)
+		return nil, s.status(r, err)
 	}
 	resp, err := r.Prepare(ctx, req.GetTxn(), req.GetWrites(), req.GetLockCount(), req.GetIncarnation())
-	return resp, r.toStatus(err)
+	return resp, s.status(r, err)
 }
 
 // Commit implements pb.RangeServer.
@@ -182,7 +207,7 @@ func (s *Server) Commit(ctx context.Context, req *pb.CommitRequest) (*pb.CommitR
 	if err != nil {
 		return nil, err
 	}
-	return &pb.CommitResponse{}, r.toStatus(r.Commit(ctx, req.GetTxnId(), req.GetVersion(), req.GetRegionalVersion()))
+	return &pb.CommitResponse{}, s.status(r, r.Commit(ctx, req.GetTxnId(), req.GetVersion(), req.GetRegionalVersion()))
 }
 
 // Abort implements pb.RangeServer.
@@ -191,7 +216,7 @@ func (s *Server) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResp
 	if err != nil {
 		return nil, err
 	}
-	return &pb.AbortResponse{}, r.toStatus(r.Abort(ctx, req.GetTxnId()))
+	return &pb.AbortResponse{}, s.status(r, r.Abort(ctx, req.GetTxnId()))
 }
 
 // Heartbeat implements pb.RangeServer.
@@ -201,7 +226,23 @@ func (s *Server) Heartbeat(_ context.Context, req *pb.HeartbeatRequest) (*pb.Hea
 		return nil, err
 	}
 	lost, err := r.Heartbeat(req.GetTxnId(), req.GetIncarnation())
-	return &pb.HeartbeatResponse{Lost: lost}, r.toStatus(err)
+	return &pb.HeartbeatResponse{Lost: lost}, s.status(r, err)
+}
+
+// AdminSplit implements pb.RangeServer.
+func (s *Server) AdminSplit(ctx context.Context, req *pb.AdminSplitRequest) (*pb.AdminSplitResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := validKey(req.GetSplitKey()); err != nil {
+		return nil, s.status(r, fmt.Errorf("%w: %v", ErrSplitKey, err))
+	}
+	left, right, err := r.AdminSplit(ctx, req.GetSplitKey())
+	if err != nil {
+		return nil, s.status(r, err)
+	}
+	return &pb.AdminSplitResponse{Left: left, Right: right}, nil
 }
 
 // CommitOnePhase implements pb.RangeServer.
@@ -211,11 +252,11 @@ func (s *Server) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (*
 		return nil, err
 	}
 	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
-		return nil, r.toStatus(err)
+		return nil, s.status(r, err)
 	}
 	v, err := r.CommitOnePhase(ctx, req.GetTxn(), req.GetWrites(), req.GetMinEpoch(), req.GetLockCount(), req.GetIncarnation())
 	if err != nil {
-		return nil, r.toStatus(err)
+		return nil, s.status(r, err)
 	}
 	return &pb.OnePhaseResponse{Version: v}, nil
 }
@@ -228,11 +269,11 @@ func (s *Server) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest) 
 	}
 	if !req.GetScan() {
 		if err := validKey(req.GetStart()); err != nil {
-			return nil, r.toStatus(err)
+			return nil, s.status(r, err)
 		}
 	} else if len(req.GetEnd()) > 0 && bytes.Compare(req.GetEnd(), req.GetStart()) < 0 {
-		return nil, r.toStatus(fmt.Errorf("%w: scan end before start", ErrBadRequest))
+		return nil, s.status(r, fmt.Errorf("%w: scan end before start", ErrBadRequest))
 	}
 	resp, err := r.SnapshotRead(ctx, req)
-	return resp, r.toStatus(err)
+	return resp, s.status(r, err)
 }

@@ -61,6 +61,14 @@ type StateMachine struct {
 	mu       sync.Mutex
 	lease    *pb.Lease
 	prepared map[string]*pb.PreparedRecord
+	splits   []Split       // applied, not yet durable: told by PostApply
+	onSplit  []func(Split) // split listeners
+}
+
+// Split is a split as applied: the range's new descriptor and the new
+// right-hand range's.
+type Split struct {
+	Left, Right *pb.RangeDescriptor
 }
 
 // Applied is the result of applying one command.
@@ -68,8 +76,46 @@ type Applied struct {
 	// LeaseGranted is set for a lease command that took effect.
 	LeaseGranted bool
 	// Rejected is set for a prepare or one-phase commit evaluated under a lease
-	// that is no longer current: it had no effect.
+	// that is no longer current, or with writes outside the range's span
+	// (a split applied first), and for a split proposed under an older
+	// generation: it had no effect.
 	Rejected bool
+	// Split is set for a split that took effect.
+	Split *Split
+}
+
+// OnSplit registers f to be told of every split of this range once it is
+// durable in the engine (on every replica, after the entry applied): the
+// node starts the right-hand range there, the leader hands over what it held.
+func (sm *StateMachine) OnSplit(f func(Split)) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	sm.onSplit = append(sm.onSplit, f)
+}
+
+// PostApply implements raftgroup.PostApplier: it tells the split listeners of
+// the splits applied since the last call, now that they are in the engine.
+func (sm *StateMachine) PostApply() {
+	sm.mu.Lock()
+	splits, listeners := sm.splits, sm.onSplit
+	sm.splits = nil
+	sm.mu.Unlock()
+	for _, s := range splits {
+		for _, f := range listeners {
+			f(s)
+		}
+	}
+}
+
+// inSpan reports whether every write's key lies in d's span.
+func writesInSpan(d *pb.RangeDescriptor, writes []*pb.Write) bool {
+	for _, w := range writes {
+		k := w.GetKey()
+		if bytes.Compare(k, d.GetStartKey()) < 0 || (len(d.GetEndKey()) > 0 && bytes.Compare(k, d.GetEndKey()) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // NewStateMachine loads the descriptor, lease and prepared transactions of
@@ -203,7 +249,7 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		sm.lease = proto.Clone(x.Lease.GetLease()).(*pb.Lease)
 		return Applied{LeaseGranted: true}
 	case *pb.Command_Prepare:
-		if x.Prepare.GetLeaseStart() != sm.lease.GetStart() {
+		if x.Prepare.GetLeaseStart() != sm.lease.GetStart() || !writesInSpan(sm.desc.Load(), x.Prepare.GetWrites()) {
 			return Applied{Rejected: true}
 		}
 		rec := &pb.PreparedRecord{Txn: x.Prepare.GetTxn(), Writes: x.Prepare.GetWrites()}
@@ -222,10 +268,12 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		_ = b.Delete(sm.sub(subPrepared, x.Abort.GetTxnId()), nil)
 		delete(sm.prepared, string(x.Abort.GetTxnId()))
 	case *pb.Command_OnePhase:
-		if x.OnePhase.GetLeaseStart() != sm.lease.GetStart() {
+		if x.OnePhase.GetLeaseStart() != sm.lease.GetStart() || !writesInSpan(sm.desc.Load(), x.OnePhase.GetWrites()) {
 			return Applied{Rejected: true}
 		}
 		sm.writeVersions(b, x.OnePhase.GetWrites(), x.OnePhase.GetVersion(), x.OnePhase.GetRegionalVersion())
+	case *pb.Command_Split:
+		return sm.applySplit(b, x.Split)
 	default:
 		return fmt.Errorf("%w: empty command", ErrBadCommand)
 	}
@@ -335,4 +383,55 @@ func inSpans(k []byte, spans [][2][]byte) bool {
 		}
 	}
 	return false
+}
+
+// applySplit splits the range at cmd's key (DESIGN.md §11); callers hold
+// sm.mu. The right-hand range's range-local state is written under its id in
+// the same batch: its descriptor, the same lease (holder and epoch interval),
+// and the prepared records of transactions with writes at or above the key,
+// cut to those writes; the left keeps the rest. No user data moves. A split
+// under another generation than the range's, or at a key not strictly inside
+// its span, is rejected.
+func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
+	d, k := sm.desc.Load(), cmd.GetSplitKey()
+	if cmd.GetGeneration() != d.GetGeneration() || len(k) == 0 || bytes.Compare(k, d.GetStartKey()) <= 0 ||
+		(len(d.GetEndKey()) > 0 && bytes.Compare(k, d.GetEndKey()) >= 0) || cmd.GetRightRangeId() == d.GetRangeId() {
+		return Applied{Rejected: true}
+	}
+	left := proto.Clone(d).(*pb.RangeDescriptor)
+	left.EndKey, left.Generation = k, d.GetGeneration()+1
+	right := &pb.RangeDescriptor{RangeId: cmd.GetRightRangeId(), StartKey: k, EndKey: d.GetEndKey(), Region: d.GetRegion(),
+		Replicas: d.GetReplicas(), Generation: left.GetGeneration()}
+	rprefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, right.GetRangeId())
+	rsub := func(b byte, rest []byte) []byte { return append(append(append([]byte{}, rprefix...), b), rest...) }
+	v, _ := proto.Marshal(right)
+	_ = b.Set(rsub(subDescriptor, nil), v, nil)
+	_ = b.Set(storage.RangeIndexKey(right.GetRangeId()), nil, nil)
+	v, _ = proto.Marshal(sm.lease)
+	_ = b.Set(rsub(subLease, nil), v, nil)
+	for id, rec := range sm.prepared {
+		var lw, rw []*pb.Write
+		for _, w := range rec.GetWrites() {
+			if bytes.Compare(w.GetKey(), k) >= 0 {
+				rw = append(rw, w)
+			} else {
+				lw = append(lw, w)
+			}
+		}
+		if len(rw) == 0 {
+			continue
+		}
+		v, _ := proto.Marshal(&pb.PreparedRecord{Txn: rec.GetTxn(), Writes: rw})
+		_ = b.Set(rsub(subPrepared, []byte(id)), v, nil)
+		kept := &pb.PreparedRecord{Txn: rec.GetTxn(), Writes: lw}
+		v, _ = proto.Marshal(kept)
+		_ = b.Set(sm.sub(subPrepared, []byte(id)), v, nil)
+		sm.prepared[id] = kept
+	}
+	v, _ = proto.Marshal(left)
+	_ = b.Set(sm.sub(subDescriptor, nil), v, nil)
+	sm.desc.Store(left)
+	s := Split{Left: left, Right: right}
+	sm.splits = append(sm.splits, s)
+	return Applied{Split: &s}
 }

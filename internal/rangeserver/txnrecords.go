@@ -26,9 +26,10 @@ type txnTable struct {
 	locks *locktable.Table
 	now   func() time.Time
 
-	mu      sync.Mutex
-	txns    map[string]*leaderTxn
-	highest uint64 // DESIGN.md §3.5: highest epoch of a transaction that released a lock
+	mu       sync.Mutex
+	txns     map[string]*leaderTxn
+	highest  uint64 // DESIGN.md §3.5: highest epoch of a transaction that released a lock
+	splitKey []byte // set while a split at it is being proposed: see freeze
 }
 
 // leaderTxn is the leader's record of a transaction holding locks here. Its
@@ -149,6 +150,9 @@ func (tt *txnTable) startCommit(meta *pb.TxnMeta, writes []*pb.Write, lockCount 
 	if t.incarnation != incarnation {
 		return fmt.Errorf("%w: locks taken under another incarnation", ErrLocksLost)
 	}
+	if tt.splitKey != nil && !tt.allBelow(id, tt.splitKey) {
+		return fmt.Errorf("%w: the range is splitting at %q", ErrLocksLost, tt.splitKey)
+	}
 	if held := tt.locks.HeldBy(id); held != int(lockCount) {
 		return fmt.Errorf("%w: %d of %d locks held", ErrLocksLost, held, lockCount)
 	}
@@ -263,4 +267,70 @@ func (tt *txnTable) resolved(t *leaderTxn) {
 	defer tt.mu.Unlock()
 	t.resolving = false
 	t.lastActive = tt.now()
+}
+
+// allBelow reports whether every lock txn holds lies below key.
+func (tt *txnTable) allBelow(id locktable.TxnID, key []byte) bool {
+	for _, sp := range tt.locks.SpansOf(id) {
+		if !sp.Inside(nil, key) {
+			return false
+		}
+	}
+	return true
+}
+
+// freeze starts a split at key (DESIGN.md §11): from now on no transaction
+// holding a lock at or above key may start to commit here, so that none is
+// prepared or committing with locks the right-hand range will not know of.
+// It returns a function that ends the freeze.
+func (tt *txnTable) freeze(key []byte) (thaw func()) {
+	tt.mu.Lock()
+	tt.splitKey = key
+	tt.mu.Unlock()
+	return func() {
+		tt.mu.Lock()
+		tt.splitKey = nil
+		tt.mu.Unlock()
+	}
+}
+
+// committingAbove reports whether a prepared or committing transaction holds
+// a lock at or above key: a split there waits until none does.
+func (tt *txnTable) committingAbove(key []byte) bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	for id, t := range tt.txns {
+		if t.state != txnActive && !tt.allBelow(lockID([]byte(id)), key) {
+			return true
+		}
+	}
+	return false
+}
+
+// dropOutside drops, after a split, every active transaction holding a lock
+// outside [start, end) (a nil end: unbounded): its locks there are the
+// right-hand range's now, which does not know them, so the transaction must
+// not commit (its next step or Prepare here finds its locks gone). A split
+// waits until no prepared or committing transaction holds such a lock; one
+// that still does (re-locked from an older lease's records) keeps its locks.
+// It returns how many it dropped.
+func (tt *txnTable) dropOutside(start, end []byte) int {
+	tt.mu.Lock()
+	var drop [][]byte
+	for id, t := range tt.txns {
+		if t.state != txnActive {
+			continue
+		}
+		for _, sp := range tt.locks.SpansOf(lockID([]byte(id))) {
+			if !sp.Inside(start, end) {
+				drop = append(drop, []byte(id))
+				break
+			}
+		}
+	}
+	tt.mu.Unlock()
+	for _, id := range drop {
+		tt.release(id, 0)
+	}
+	return len(drop)
 }

@@ -59,6 +59,7 @@ var (
 )
 
 var (
+	rangeIndexPrefix = []byte{PrefixMeta, 'R'}
 	storeIdentKey    = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
 	layoutVersionKey = []byte{PrefixMeta, 'l', 'a', 'y', 'o', 'u', 't'}
 )
@@ -174,6 +175,26 @@ func (e *Engine) checkIdent(nodeID uint64) error {
 			ErrLayout, e.dir, layout, LayoutVersion)
 	}
 	return nil
+}
+
+// RangeIndexKey is the key recording that the store holds range id's state
+// though the topology file does not name the range (a split made it). Its
+// value is empty; set it in the batch that creates the range's state.
+func RangeIndexKey(id uint64) []byte {
+	return binary.BigEndian.AppendUint64(append([]byte{}, rangeIndexPrefix...), id)
+}
+
+// IndexedRanges returns the IDs recorded by RangeIndexKey, ascending.
+func (e *Engine) IndexedRanges() ([]uint64, error) {
+	var ids []uint64
+	err := e.Scan(rangeIndexPrefix, PrefixEnd(rangeIndexPrefix), func(k, _ []byte) (bool, error) {
+		if len(k) != len(rangeIndexPrefix)+8 {
+			return false, fmt.Errorf("%w: range index key of %d bytes", ErrCorrupt, len(k))
+		}
+		ids = append(ids, binary.BigEndian.Uint64(k[len(rangeIndexPrefix):]))
+		return true, nil
+	})
+	return ids, err
 }
 
 // Dir returns the data directory.

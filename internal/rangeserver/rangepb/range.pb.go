@@ -583,6 +583,7 @@ type Command struct {
 	//	*Command_Commit
 	//	*Command_Abort
 	//	*Command_OnePhase
+	//	*Command_Split
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -670,6 +671,15 @@ func (x *Command) GetOnePhase() *OnePhaseCmd {
 	return nil
 }
 
+func (x *Command) GetSplit() *SplitCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Split); ok {
+			return x.Split
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -694,6 +704,10 @@ type Command_OnePhase struct {
 	OnePhase *OnePhaseCmd `protobuf:"bytes,5,opt,name=one_phase,json=onePhase,proto3,oneof"`
 }
 
+type Command_Split struct {
+	Split *SplitCmd `protobuf:"bytes,6,opt,name=split,proto3,oneof"`
+}
+
 func (*Command_Lease) isCommand_Cmd() {}
 
 func (*Command_Prepare) isCommand_Cmd() {}
@@ -703,6 +717,73 @@ func (*Command_Commit) isCommand_Cmd() {}
 func (*Command_Abort) isCommand_Cmd() {}
 
 func (*Command_OnePhase) isCommand_Cmd() {}
+
+func (*Command_Split) isCommand_Cmd() {}
+
+// SplitCmd splits the range at split_key (DESIGN.md §11): the range keeps
+// [start, split_key) and a new range right_range_id, on the same replicas,
+// takes [split_key, end) with the same lease and the prepared records of its
+// keys. Both halves get generation + 1. Applied only if the range is still at
+// `generation` and split_key lies strictly inside it (else rejected).
+type SplitCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SplitKey      []byte                 `protobuf:"bytes,1,opt,name=split_key,json=splitKey,proto3" json:"split_key,omitempty"`
+	RightRangeId  uint64                 `protobuf:"varint,2,opt,name=right_range_id,json=rightRangeId,proto3" json:"right_range_id,omitempty"`
+	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SplitCmd) Reset() {
+	*x = SplitCmd{}
+	mi := &file_range_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SplitCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SplitCmd) ProtoMessage() {}
+
+func (x *SplitCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SplitCmd.ProtoReflect.Descriptor instead.
+func (*SplitCmd) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SplitCmd) GetSplitKey() []byte {
+	if x != nil {
+		return x.SplitKey
+	}
+	return nil
+}
+
+func (x *SplitCmd) GetRightRangeId() uint64 {
+	if x != nil {
+		return x.RightRangeId
+	}
+	return 0
+}
+
+func (x *SplitCmd) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
 
 type LeaseCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -714,7 +795,7 @@ type LeaseCmd struct {
 
 func (x *LeaseCmd) Reset() {
 	*x = LeaseCmd{}
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +807,7 @@ func (x *LeaseCmd) String() string {
 func (*LeaseCmd) ProtoMessage() {}
 
 func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +820,7 @@ func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCmd.ProtoReflect.Descriptor instead.
 func (*LeaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{9}
+	return file_range_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LeaseCmd) GetLease() *Lease {
@@ -767,7 +848,7 @@ type PrepareCmd struct {
 
 func (x *PrepareCmd) Reset() {
 	*x = PrepareCmd{}
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +860,7 @@ func (x *PrepareCmd) String() string {
 func (*PrepareCmd) ProtoMessage() {}
 
 func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +873,7 @@ func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareCmd.ProtoReflect.Descriptor instead.
 func (*PrepareCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{10}
+	return file_range_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PrepareCmd) GetTxn() *TxnMeta {
@@ -830,7 +911,7 @@ type CommitCmd struct {
 
 func (x *CommitCmd) Reset() {
 	*x = CommitCmd{}
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +923,7 @@ func (x *CommitCmd) String() string {
 func (*CommitCmd) ProtoMessage() {}
 
 func (x *CommitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +936,7 @@ func (x *CommitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
 func (*CommitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{11}
+	return file_range_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CommitCmd) GetTxnId() []byte {
@@ -888,7 +969,7 @@ type AbortCmd struct {
 
 func (x *AbortCmd) Reset() {
 	*x = AbortCmd{}
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +981,7 @@ func (x *AbortCmd) String() string {
 func (*AbortCmd) ProtoMessage() {}
 
 func (x *AbortCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +994,7 @@ func (x *AbortCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortCmd.ProtoReflect.Descriptor instead.
 func (*AbortCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{12}
+	return file_range_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AbortCmd) GetTxnId() []byte {
@@ -936,7 +1017,7 @@ type OnePhaseCmd struct {
 
 func (x *OnePhaseCmd) Reset() {
 	*x = OnePhaseCmd{}
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1029,7 @@ func (x *OnePhaseCmd) String() string {
 func (*OnePhaseCmd) ProtoMessage() {}
 
 func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1042,7 @@ func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseCmd.ProtoReflect.Descriptor instead.
 func (*OnePhaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{13}
+	return file_range_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *OnePhaseCmd) GetTxnId() []byte {
@@ -1010,7 +1091,7 @@ type PreparedRecord struct {
 
 func (x *PreparedRecord) Reset() {
 	*x = PreparedRecord{}
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1103,7 @@ func (x *PreparedRecord) String() string {
 func (*PreparedRecord) ProtoMessage() {}
 
 func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1116,7 @@ func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreparedRecord.ProtoReflect.Descriptor instead.
 func (*PreparedRecord) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{14}
+	return file_range_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PreparedRecord) GetTxn() *TxnMeta {
@@ -1063,7 +1144,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1156,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1169,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{15}
+	return file_range_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetRequest) GetRangeId() uint64 {
@@ -1123,7 +1204,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1216,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1229,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{16}
+	return file_range_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1186,7 +1267,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1279,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1292,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{17}
+	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ScanRequest) GetRangeId() uint64 {
@@ -1259,7 +1340,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1352,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1365,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{18}
+	return file_range_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -1312,7 +1393,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1405,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1418,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{19}
+	return file_range_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LockRequest) GetRangeId() uint64 {
@@ -1373,7 +1454,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1466,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1479,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{20}
+	return file_range_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LockResponse) GetIncarnation() uint64 {
@@ -1421,7 +1502,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +1514,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +1527,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{21}
+	return file_range_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PrepareRequest) GetRangeId() uint64 {
@@ -1496,7 +1577,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1589,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1602,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{22}
+	return file_range_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PrepareResponse) GetLease() *Lease {
@@ -1564,7 +1645,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1657,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1670,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{23}
+	return file_range_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CommitRequest) GetRangeId() uint64 {
@@ -1628,7 +1709,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1721,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1734,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{24}
+	return file_range_proto_rawDescGZIP(), []int{25}
 }
 
 type AbortRequest struct {
@@ -1666,7 +1747,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1759,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1772,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{25}
+	return file_range_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AbortRequest) GetRangeId() uint64 {
@@ -1716,7 +1797,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +1809,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +1822,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{26}
+	return file_range_proto_rawDescGZIP(), []int{27}
 }
 
 type OnePhaseRequest struct {
@@ -1758,7 +1839,7 @@ type OnePhaseRequest struct {
 
 func (x *OnePhaseRequest) Reset() {
 	*x = OnePhaseRequest{}
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1851,7 @@ func (x *OnePhaseRequest) String() string {
 func (*OnePhaseRequest) ProtoMessage() {}
 
 func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1864,7 @@ func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseRequest.ProtoReflect.Descriptor instead.
 func (*OnePhaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{27}
+	return file_range_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *OnePhaseRequest) GetRangeId() uint64 {
@@ -1837,7 +1918,7 @@ type OnePhaseResponse struct {
 
 func (x *OnePhaseResponse) Reset() {
 	*x = OnePhaseResponse{}
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +1930,7 @@ func (x *OnePhaseResponse) String() string {
 func (*OnePhaseResponse) ProtoMessage() {}
 
 func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +1943,7 @@ func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseResponse.ProtoReflect.Descriptor instead.
 func (*OnePhaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{28}
+	return file_range_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *OnePhaseResponse) GetVersion() *VersionID {
@@ -1886,7 +1967,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +1979,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +1992,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{29}
+	return file_range_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HeartbeatRequest) GetRangeId() uint64 {
@@ -1947,7 +2028,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2040,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2053,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{30}
+	return file_range_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HeartbeatResponse) GetLost() bool {
@@ -2006,7 +2087,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2099,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2112,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{31}
+	return file_range_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -2108,7 +2189,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2201,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2214,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{32}
+	return file_range_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -2178,6 +2259,110 @@ func (x *SnapshotReadResponse) GetLockWaitUs() uint64 {
 	return 0
 }
 
+type AdminSplitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	SplitKey      []byte                 `protobuf:"bytes,2,opt,name=split_key,json=splitKey,proto3" json:"split_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdminSplitRequest) Reset() {
+	*x = AdminSplitRequest{}
+	mi := &file_range_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdminSplitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdminSplitRequest) ProtoMessage() {}
+
+func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
+func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *AdminSplitRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *AdminSplitRequest) GetSplitKey() []byte {
+	if x != nil {
+		return x.SplitKey
+	}
+	return nil
+}
+
+type AdminSplitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Left          *RangeDescriptor       `protobuf:"bytes,1,opt,name=left,proto3" json:"left,omitempty"`
+	Right         *RangeDescriptor       `protobuf:"bytes,2,opt,name=right,proto3" json:"right,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdminSplitResponse) Reset() {
+	*x = AdminSplitResponse{}
+	mi := &file_range_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdminSplitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdminSplitResponse) ProtoMessage() {}
+
+func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
+func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
+	if x != nil {
+		return x.Left
+	}
+	return nil
+}
+
+func (x *AdminSplitResponse) GetRight() *RangeDescriptor {
+	if x != nil {
+		return x.Right
+	}
+	return nil
+}
+
 var File_range_proto protoreflect.FileDescriptor
 
 const file_range_proto_rawDesc = "" +
@@ -2218,14 +2403,21 @@ const file_range_proto_rawDesc = "" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_hint\x18\x01 \x01(\x04R\n" +
-	"leaderHint\"\x98\x02\n" +
+	"leaderHint\"\xc9\x02\n" +
 	"\aCommand\x12/\n" +
 	"\x05lease\x18\x01 \x01(\v2\x17.terroir.range.LeaseCmdH\x00R\x05lease\x125\n" +
 	"\aprepare\x18\x02 \x01(\v2\x19.terroir.range.PrepareCmdH\x00R\aprepare\x122\n" +
 	"\x06commit\x18\x03 \x01(\v2\x18.terroir.range.CommitCmdH\x00R\x06commit\x12/\n" +
 	"\x05abort\x18\x04 \x01(\v2\x17.terroir.range.AbortCmdH\x00R\x05abort\x129\n" +
-	"\tone_phase\x18\x05 \x01(\v2\x1a.terroir.range.OnePhaseCmdH\x00R\bonePhaseB\x05\n" +
-	"\x03cmd\"Q\n" +
+	"\tone_phase\x18\x05 \x01(\v2\x1a.terroir.range.OnePhaseCmdH\x00R\bonePhase\x12/\n" +
+	"\x05split\x18\x06 \x01(\v2\x17.terroir.range.SplitCmdH\x00R\x05splitB\x05\n" +
+	"\x03cmd\"m\n" +
+	"\bSplitCmd\x12\x1b\n" +
+	"\tsplit_key\x18\x01 \x01(\fR\bsplitKey\x12$\n" +
+	"\x0eright_range_id\x18\x02 \x01(\x04R\frightRangeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\"Q\n" +
 	"\bLeaseCmd\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x19\n" +
 	"\bprev_seq\x18\x02 \x01(\x04R\aprevSeq\"\x85\x01\n" +
@@ -2332,12 +2524,18 @@ const file_range_proto_rawDesc = "" +
 	"\flatest_epoch\x18\x04 \x01(\x04R\vlatestEpoch\x12\"\n" +
 	"\repoch_wait_us\x18\x05 \x01(\x04R\vepochWaitUs\x12 \n" +
 	"\flock_wait_us\x18\x06 \x01(\x04R\n" +
-	"lockWaitUs*Y\n" +
+	"lockWaitUs\"K\n" +
+	"\x11AdminSplitRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
+	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
+	"\x12AdminSplitResponse\x122\n" +
+	"\x04left\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x04left\x124\n" +
+	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right*Y\n" +
 	"\n" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\x98\x05\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xeb\x05\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -2347,7 +2545,9 @@ const file_range_proto_rawDesc = "" +
 	"\x05Abort\x12\x1b.terroir.range.AbortRequest\x1a\x1c.terroir.range.AbortResponse\x12Q\n" +
 	"\x0eCommitOnePhase\x12\x1e.terroir.range.OnePhaseRequest\x1a\x1f.terroir.range.OnePhaseResponse\x12W\n" +
 	"\fSnapshotRead\x12\".terroir.range.SnapshotReadRequest\x1a#.terroir.range.SnapshotReadResponse\x12N\n" +
-	"\tHeartbeat\x12\x1f.terroir.range.HeartbeatRequest\x1a .terroir.range.HeartbeatResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
+	"\tHeartbeat\x12\x1f.terroir.range.HeartbeatRequest\x1a .terroir.range.HeartbeatResponse\x12Q\n" +
+	"\n" +
+	"AdminSplit\x12 .terroir.range.AdminSplitRequest\x1a!.terroir.range.AdminSplitResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -2362,7 +2562,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),              // 0: terroir.range.CommitMode
 	(*VersionID)(nil),            // 1: terroir.range.VersionID
@@ -2374,87 +2574,95 @@ var file_range_proto_goTypes = []any{
 	(*RangeMismatch)(nil),        // 7: terroir.range.RangeMismatch
 	(*NotLeader)(nil),            // 8: terroir.range.NotLeader
 	(*Command)(nil),              // 9: terroir.range.Command
-	(*LeaseCmd)(nil),             // 10: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),           // 11: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),            // 12: terroir.range.CommitCmd
-	(*AbortCmd)(nil),             // 13: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),          // 14: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),       // 15: terroir.range.PreparedRecord
-	(*GetRequest)(nil),           // 16: terroir.range.GetRequest
-	(*GetResponse)(nil),          // 17: terroir.range.GetResponse
-	(*ScanRequest)(nil),          // 18: terroir.range.ScanRequest
-	(*ScanResponse)(nil),         // 19: terroir.range.ScanResponse
-	(*LockRequest)(nil),          // 20: terroir.range.LockRequest
-	(*LockResponse)(nil),         // 21: terroir.range.LockResponse
-	(*PrepareRequest)(nil),       // 22: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),      // 23: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),        // 24: terroir.range.CommitRequest
-	(*CommitResponse)(nil),       // 25: terroir.range.CommitResponse
-	(*AbortRequest)(nil),         // 26: terroir.range.AbortRequest
-	(*AbortResponse)(nil),        // 27: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),      // 28: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),     // 29: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),     // 30: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),    // 31: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),  // 32: terroir.range.SnapshotReadRequest
-	(*SnapshotReadResponse)(nil), // 33: terroir.range.SnapshotReadResponse
+	(*SplitCmd)(nil),             // 10: terroir.range.SplitCmd
+	(*LeaseCmd)(nil),             // 11: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),           // 12: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),            // 13: terroir.range.CommitCmd
+	(*AbortCmd)(nil),             // 14: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),          // 15: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),       // 16: terroir.range.PreparedRecord
+	(*GetRequest)(nil),           // 17: terroir.range.GetRequest
+	(*GetResponse)(nil),          // 18: terroir.range.GetResponse
+	(*ScanRequest)(nil),          // 19: terroir.range.ScanRequest
+	(*ScanResponse)(nil),         // 20: terroir.range.ScanResponse
+	(*LockRequest)(nil),          // 21: terroir.range.LockRequest
+	(*LockResponse)(nil),         // 22: terroir.range.LockResponse
+	(*PrepareRequest)(nil),       // 23: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),      // 24: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),        // 25: terroir.range.CommitRequest
+	(*CommitResponse)(nil),       // 26: terroir.range.CommitResponse
+	(*AbortRequest)(nil),         // 27: terroir.range.AbortRequest
+	(*AbortResponse)(nil),        // 28: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),      // 29: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),     // 30: terroir.range.OnePhaseResponse
+	(*HeartbeatRequest)(nil),     // 31: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),    // 32: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),  // 33: terroir.range.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil), // 34: terroir.range.SnapshotReadResponse
+	(*AdminSplitRequest)(nil),    // 35: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),   // 36: terroir.range.AdminSplitResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
 	6,  // 1: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
-	10, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
-	11, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
-	12, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
-	13, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
-	14, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
-	3,  // 7: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
-	2,  // 8: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
-	4,  // 9: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
-	1,  // 10: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	1,  // 11: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
-	4,  // 12: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	1,  // 13: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	1,  // 14: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
-	2,  // 15: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	4,  // 16: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	2,  // 17: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 18: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	5,  // 19: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	2,  // 20: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 21: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 22: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	3,  // 23: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	1,  // 24: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	1,  // 25: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
-	1,  // 26: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	1,  // 27: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	2,  // 28: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 29: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	1,  // 30: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	5,  // 31: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	16, // 32: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	18, // 33: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	20, // 34: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	22, // 35: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	24, // 36: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	26, // 37: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	28, // 38: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	32, // 39: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	30, // 40: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	17, // 41: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	19, // 42: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	21, // 43: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	23, // 44: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	25, // 45: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	27, // 46: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	29, // 47: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	33, // 48: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	31, // 49: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	41, // [41:50] is the sub-list for method output_type
-	32, // [32:41] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	11, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
+	12, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
+	13, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
+	14, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
+	15, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
+	10, // 7: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
+	3,  // 8: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
+	2,  // 9: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
+	4,  // 10: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
+	1,  // 11: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
+	1,  // 12: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	4,  // 13: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	1,  // 14: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	1,  // 15: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	2,  // 16: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	4,  // 17: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	2,  // 18: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 19: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	5,  // 20: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	2,  // 21: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 22: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 23: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	3,  // 24: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	1,  // 25: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	1,  // 26: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	1,  // 27: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	1,  // 28: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	2,  // 29: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 30: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 31: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	5,  // 32: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	6,  // 33: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 34: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	17, // 35: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	19, // 36: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	21, // 37: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	23, // 38: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	25, // 39: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	27, // 40: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	29, // 41: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	33, // 42: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	31, // 43: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	35, // 44: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	18, // 45: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	20, // 46: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	22, // 47: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	24, // 48: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	26, // 49: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	28, // 50: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	30, // 51: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	34, // 52: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	32, // 53: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	36, // 54: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	45, // [45:55] is the sub-list for method output_type
+	35, // [35:45] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -2468,6 +2676,7 @@ func file_range_proto_init() {
 		(*Command_Commit)(nil),
 		(*Command_Abort)(nil),
 		(*Command_OnePhase)(nil),
+		(*Command_Split)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2475,7 +2684,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

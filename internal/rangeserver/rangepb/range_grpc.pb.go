@@ -31,6 +31,7 @@ const (
 	Range_CommitOnePhase_FullMethodName = "/terroir.range.Range/CommitOnePhase"
 	Range_SnapshotRead_FullMethodName   = "/terroir.range.Range/SnapshotRead"
 	Range_Heartbeat_FullMethodName      = "/terroir.range.Range/Heartbeat"
+	Range_AdminSplit_FullMethodName     = "/terroir.range.Range/AdminSplit"
 )
 
 // RangeClient is the client API for Range service.
@@ -46,6 +47,9 @@ type RangeClient interface {
 	CommitOnePhase(ctx context.Context, in *OnePhaseRequest, opts ...grpc.CallOption) (*OnePhaseResponse, error)
 	SnapshotRead(ctx context.Context, in *SnapshotReadRequest, opts ...grpc.CallOption) (*SnapshotReadResponse, error)
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// AdminSplit splits the range at split_key (an operator's or the
+	// automatic splitter's request to the range's leader).
+	AdminSplit(ctx context.Context, in *AdminSplitRequest, opts ...grpc.CallOption) (*AdminSplitResponse, error)
 }
 
 type rangeClient struct {
@@ -146,6 +150,16 @@ func (c *rangeClient) Heartbeat(ctx context.Context, in *HeartbeatRequest, opts 
 	return out, nil
 }
 
+func (c *rangeClient) AdminSplit(ctx context.Context, in *AdminSplitRequest, opts ...grpc.CallOption) (*AdminSplitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdminSplitResponse)
+	err := c.cc.Invoke(ctx, Range_AdminSplit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServer is the server API for Range service.
 // All implementations must embed UnimplementedRangeServer
 // for forward compatibility.
@@ -159,6 +173,9 @@ type RangeServer interface {
 	CommitOnePhase(context.Context, *OnePhaseRequest) (*OnePhaseResponse, error)
 	SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error)
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// AdminSplit splits the range at split_key (an operator's or the
+	// automatic splitter's request to the range's leader).
+	AdminSplit(context.Context, *AdminSplitRequest) (*AdminSplitResponse, error)
 	mustEmbedUnimplementedRangeServer()
 }
 
@@ -195,6 +212,9 @@ func (UnimplementedRangeServer) SnapshotRead(context.Context, *SnapshotReadReque
 }
 func (UnimplementedRangeServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedRangeServer) AdminSplit(context.Context, *AdminSplitRequest) (*AdminSplitResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AdminSplit not implemented")
 }
 func (UnimplementedRangeServer) mustEmbedUnimplementedRangeServer() {}
 func (UnimplementedRangeServer) testEmbeddedByValue()               {}
@@ -379,6 +399,24 @@ func _Range_Heartbeat_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_AdminSplit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdminSplitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).AdminSplit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_AdminSplit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).AdminSplit(ctx, req.(*AdminSplitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Range_ServiceDesc is the grpc.ServiceDesc for Range service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -421,6 +459,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Heartbeat",
 			Handler:    _Range_Heartbeat_Handler,
+		},
+		{
+			MethodName: "AdminSplit",
+			Handler:    _Range_AdminSplit_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,154 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/localcluster"
+)
+
+// snapshotTotal reads every account in one strong snapshot (lock-free).
+func snapshotTotal(ctx context.Context, db *client.DB) (int64, error) {
+	var sum int64
+	_, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+		sum = 0
+		for i := 0; i < accounts; i++ {
+			v, ok, err := s.Get(ctx, account(i))
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errors.New("account missing")
+			}
+			sum += dec(v)
+		}
+		return nil
+	})
+	return sum, err
+}
+
+// TestSplitsUnderLoad splits both ranges of examples/one-region.yaml into
+// seven while clients transfer money between accounts on every range
+// (DESIGN.md §11): transactions in flight across a split commit or abort
+// cleanly, every locking and every snapshot read of all accounts sees the
+// initial total, no transfer fails for good, and a node killed and restarted
+// afterwards hosts every range again with all the data.
+func TestSplitsUnderLoad(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{Crashable: true})
+	ctx := ctxT(t, 120*time.Second)
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		for i := 0; i < accounts; i++ {
+			if err := tx.Put(ctx, account(i), enc(initialBalance)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	work, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var transfers, failed, checks atomic.Int64
+	for w := 0; w < 6; w++ {
+		cdb, err := c.Client("us-east1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			for work.Err() == nil {
+				if w < 2 { // two clients check the total: locking, then lock-free
+					read := total
+					if w == 1 {
+						read = snapshotTotal
+					}
+					if sum, err := read(work, cdb); err == nil {
+						checks.Add(1)
+						if sum != accounts*initialBalance {
+							t.Errorf("client %d read a total of %d, want %d", w, sum, accounts*initialBalance)
+						}
+					}
+					continue
+				}
+				from, to := r.IntN(accounts), r.IntN(accounts)
+				if from == to {
+					continue
+				}
+				amount := int64(r.IntN(50))
+				err := cdb.Update(work, func(ctx context.Context, tx *client.Txn) error {
+					a, _, err := tx.Get(ctx, account(from))
+					if err != nil {
+						return err
+					}
+					b, _, err := tx.Get(ctx, account(to))
+					if err != nil {
+						return err
+					}
+					if err := tx.Put(ctx, account(from), enc(dec(a)-amount)); err != nil {
+						return err
+					}
+					return tx.Put(ctx, account(to), enc(dec(b)+amount))
+				})
+				switch {
+				case err == nil:
+					transfers.Add(1)
+				case work.Err() == nil && !errors.Is(err, client.ErrCommitUnknown):
+					failed.Add(1)
+					t.Errorf("transfer failed for good: %v", err)
+				}
+			}
+		}(w)
+	}
+	splits := []string{"acct-04", "x-acct-05", "acct-10", "x-acct-13", "acct-16"}
+	for _, k := range splits {
+		time.Sleep(700 * time.Millisecond)
+		began := time.Now()
+		if err := db.AdminSplit(ctx, []byte(k)); err != nil {
+			t.Fatalf("split at %s: %v", k, err)
+		}
+		t.Logf("split at %s in %v (%d transfers so far)", k, time.Since(began).Round(time.Millisecond), transfers.Load())
+	}
+	time.Sleep(time.Second)
+	stop()
+	wg.Wait()
+	t.Logf("%d transfers, %d total checks across %d splits", transfers.Load(), checks.Load(), len(splits))
+	if transfers.Load() == 0 || checks.Load() == 0 {
+		t.Fatalf("no progress: %d transfers, %d checks", transfers.Load(), checks.Load())
+	}
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Fatalf("final total %d, %v", sum, err)
+	}
+
+	// Bad input: nothing changes.
+	for _, bad := range []string{"", "acct-10", "m"} { // empty, made a boundary above, a bootstrap boundary
+		if err := db.AdminSplit(ctx, []byte(bad)); !errors.Is(err, client.ErrSplitKey) {
+			t.Errorf("split at %q = %v; want ErrSplitKey", bad, err)
+		}
+	}
+	if err := db.AdminSplit(ctx, make([]byte, 5000)); !errors.Is(err, client.ErrSplitKey) {
+		t.Errorf("split at a 5000-byte key = %v; want ErrSplitKey", err)
+	}
+
+	// A node killed and restarted comes back with every range.
+	victim := c.NodeIDs()[0]
+	if err := c.KillNode(victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartNode(victim); err != nil {
+		t.Fatal(err)
+	}
+	if hosted := len(c.Node(victim).RangeIDs()); hosted != 2+len(splits) {
+		t.Fatalf("node %d hosts %d ranges after a restart; want %d", victim, hosted, 2+len(splits))
+	}
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Fatalf("total after the restart %d, %v", sum, err)
+	}
+}

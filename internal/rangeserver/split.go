@@ -1,0 +1,112 @@
+package rangeserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+// Errors of AdminSplit; each leaves the range as it was.
+var (
+	// ErrSplitKey: the split key is empty or already a boundary of the range.
+	ErrSplitKey = errors.New("rangeserver: bad split key")
+	// ErrSplitBusy: transactions holding locks above the split key kept
+	// committing for splitQuiesce; retry later.
+	ErrSplitBusy = errors.New("rangeserver: transactions above the split key did not finish in time")
+	// ErrSplitRaced: the range changed (another split, a lease change) before
+	// the split applied; retry against its current descriptor.
+	ErrSplitRaced = errors.New("rangeserver: the range changed before the split applied")
+)
+
+// splitQuiesce bounds the wait for prepared or committing transactions with
+// locks above a split key to finish.
+const splitQuiesce = 5 * time.Second
+
+// firstSplitRangeID is the least ID a split gives a new range: far above the
+// IDs a topology file gives its groups.
+const firstSplitRangeID = 1 << 32
+
+// AdminSplit splits the range at key (DESIGN.md §11), on its leader: the
+// range keeps [start, key) and a new range on the same replicas takes
+// [key, end) with the same lease, the prepared records of its keys and, once
+// its leader has waited for one global epoch advance, the highest epoch
+// (invariant 5). It first stops transactions with locks at or above key from
+// starting to commit and waits until none is prepared or committing; active
+// ones that hold such locks are dropped when the split applies (they abort:
+// no lock is ever lost silently). It returns both new descriptors.
+//
+// Errors: ErrNotLeaseholder / ErrLeaseNotActive (retry at the leader),
+// ErrSplitKey (empty, or already a boundary), a *MismatchError (key outside
+// the range), ErrSplitBusy, ErrSplitRaced, or ctx's error.
+func (r *Replica) AdminSplit(ctx context.Context, key []byte) (left, right *pb.RangeDescriptor, err error) {
+	if len(key) == 0 {
+		return nil, nil, fmt.Errorf("%w: empty key", ErrSplitKey)
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, nil, err
+	}
+	d := r.sm.Descriptor()
+	if bytes.Equal(key, d.GetStartKey()) {
+		return nil, nil, fmt.Errorf("%w: %q is already the start of range %d", ErrSplitKey, key, d.GetRangeId())
+	}
+	if err := r.checkKey(key); err != nil {
+		return nil, nil, err
+	}
+	thaw := l.txns.freeze(key)
+	defer thaw()
+	wctx, cancel := context.WithTimeout(ctx, splitQuiesce)
+	defer cancel()
+	for l.txns.committingAbove(key) {
+		if !transport.SleepCtx(wctx, time.Millisecond) {
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
+			}
+			return nil, nil, fmt.Errorf("%w: range %d at %q", ErrSplitBusy, d.GetRangeId(), key)
+		}
+	}
+	cmd := &pb.Command{Cmd: &pb.Command_Split{Split: &pb.SplitCmd{SplitKey: key, RightRangeId: r.newRangeID(), Generation: d.GetGeneration()}}}
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
+	defer pcancel()
+	res, err := r.group.Propose(pctx, EncodeCommand(cmd))
+	if err != nil {
+		return nil, nil, err
+	}
+	a, ok := res.(Applied)
+	if !ok || a.Split == nil {
+		return nil, nil, fmt.Errorf("%w: range %d at %q", ErrSplitRaced, d.GetRangeId(), key)
+	}
+	return a.Split.Left, a.Split.Right, nil
+}
+
+// newRangeID picks the ID of a range a split creates: random above
+// firstSplitRangeID (a replicated directory will allocate them).
+func (r *Replica) newRangeID() uint64 {
+	return firstSplitRangeID + rand.Uint64N(1<<62)
+}
+
+// onSplit runs on every replica once a split of this range is durable: the
+// leader drops the transactions that hold locks the right-hand range now
+// owns (see AdminSplit).
+func (r *Replica) onSplit(s Split) {
+	r.mu.Lock()
+	l := r.lead
+	r.mu.Unlock()
+	var end []byte
+	if len(s.Left.GetEndKey()) > 0 {
+		end = s.Left.GetEndKey()
+	}
+	dropped := 0
+	if l != nil {
+		dropped = l.txns.dropOutside(s.Left.GetStartKey(), end)
+	}
+	slog.Info("range split", "range", r.id, "right", s.Right.GetRangeId(), "at", string(s.Right.GetStartKey()),
+		"generation", s.Left.GetGeneration(), "dropped_txns", dropped)
+}
