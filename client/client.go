@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/terroir-db/terroir/internal/coordinator"
+	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 )
@@ -370,12 +371,41 @@ type CommitMode = coordinator.CommitMode
 // mode.
 func (db *DB) SetCommitMode(mode CommitMode) { db.coord.SetCommitMode(mode) }
 
+// RangeInfo describes a range (DESIGN.md §11): its ID, its span [Start, End)
+// (a nil End: to the end of the key space), its home region, the nodes that
+// hold its replicas, and its generation, which rises with every split, merge
+// and replica change.
+type RangeInfo struct {
+	ID         uint64
+	Start, End []byte
+	Region     string
+	Replicas   []uint64
+	Generation uint64
+}
+
+func rangeInfo(d *rangepb.RangeDescriptor) RangeInfo {
+	r := RangeInfo{ID: d.GetRangeId(), Start: d.GetStartKey(), Region: d.GetRegion(), Replicas: d.GetReplicas(), Generation: d.GetGeneration()}
+	if len(d.GetEndKey()) > 0 {
+		r.End = d.GetEndKey()
+	}
+	return r
+}
+
 // AdminSplit splits the range holding key at key (DESIGN.md §11): an
 // operator's action (`terroir admin range split`). Transactions in flight
 // across the split commit or abort cleanly. Errors: ErrSplitKey (empty, too
 // large, or already a range boundary: nothing changed), ErrUnavailable,
 // ErrConflict (retry), ErrCommitUnknown (whether it split is unknown).
 func (db *DB) AdminSplit(ctx context.Context, key []byte) error {
-	_, _, err := db.coord.SplitRange(ctx, key)
+	_, _, err := db.AdminSplitRanges(ctx, key)
 	return err
+}
+
+// AdminSplitRanges is AdminSplit, returning the two ranges it made.
+func (db *DB) AdminSplitRanges(ctx context.Context, key []byte) (left, right RangeInfo, err error) {
+	l, r, err := db.coord.SplitRange(ctx, key)
+	if err != nil {
+		return RangeInfo{}, RangeInfo{}, err
+	}
+	return rangeInfo(l), rangeInfo(r), nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -16,7 +17,7 @@ func adminCmd() *cobra.Command {
 	var configPath string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "admin --config <topology.yaml> region exclude|include|list",
+		Use:   "admin --config <topology.yaml> region exclude|include|list | range split <key>",
 		Short: "Operate a running cluster",
 	}
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
@@ -83,6 +84,44 @@ func adminCmd() *cobra.Command {
 			},
 		},
 	)
-	cmd.AddCommand(region)
+	rng := &cobra.Command{Use: "range", Short: "Change the shape of ranges"}
+	rng.AddCommand(&cobra.Command{
+		Use:   "split <key>",
+		Short: "Split the range holding key at key: it keeps the keys below, a new range on the same replicas takes the rest",
+		Long: "split asks the range's leader to split it at key (DESIGN.md §11). Transactions in flight\n" +
+			"commit or abort cleanly; nothing moves on disk. A key that is empty, larger than 4 KiB or\n" +
+			"already a range boundary is refused and nothing changes.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
+				db, err := client.OpenWithDialer(top, coordinatorRegion(top), d)
+				if err != nil {
+					return err
+				}
+				defer db.Close()
+				left, right, err := db.AdminSplitRanges(ctx, []byte(args[0]))
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.OutOrStdout(), "split range %d at %q:\n", left.ID, args[0])
+				for _, r := range []client.RangeInfo{left, right} {
+					fmt.Fprintf(c.OutOrStdout(), "range %d\t[%q, %q)\t%s\treplicas %v\tgeneration %d\n", r.ID, r.Start, r.End, r.Region, r.Replicas, r.Generation)
+				}
+				return nil
+			})
+		},
+	})
+	cmd.AddCommand(region, rng)
 	return cmd
+}
+
+// coordinatorRegion is a region an operator's client can run from: the first
+// with a local epoch and a transaction state store.
+func coordinatorRegion(top *topology.Topology) string {
+	for _, r := range top.Regions {
+		if len(top.GroupsOfKind(topology.KindLocalEpoch, r)) > 0 && len(top.GroupsOfKind(topology.KindTxnState, r)) > 0 {
+			return r
+		}
+	}
+	return top.Regions[0]
 }

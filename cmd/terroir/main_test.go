@@ -83,4 +83,27 @@ func TestKVAgainstACluster(t *testing.T) {
 	if _, err := kv("put", "k", strings.Repeat("v", client.MaxValueSize+1)); !errors.Is(err, client.ErrValueTooLarge) {
 		t.Fatalf("put of an oversized value = %v, want ErrValueTooLarge", err)
 	}
+
+	// admin range split: the range holding "t" ([m, )) splits there; the
+	// data reads back across the new boundary; bad keys change nothing.
+	admin := func(args ...string) (string, error) {
+		cmd := rootCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(append([]string{"admin", "--config", cfg, "range", "split"}, args...))
+		err := cmd.Execute()
+		return out.String(), err
+	}
+	out, err = admin("t")
+	if err != nil || !strings.Contains(out, `split range 11 at "t"`) || !strings.Contains(out, `["m", "t")`) || !strings.Contains(out, `["t", "")`) {
+		t.Fatalf("admin range split t printed %q (%v)", out, err)
+	}
+	if out, err := kv("scan", "a"); err != nil || out != "zebra\tstripes\n" {
+		t.Fatalf("scan after the split printed %q (%v)", out, err)
+	}
+	for _, bad := range []string{"t", "m", ""} {
+		if _, err := admin(bad); !errors.Is(err, client.ErrSplitKey) {
+			t.Errorf("admin range split %q = %v, want ErrSplitKey", bad, err)
+		}
+	}
 }

@@ -332,17 +332,20 @@ const maxRouteAttempts = 20
 
 // routeKey runs f at the range holding key, as the routing cache has it, and
 // again at the range the cache then names after each mismatch reply
-// (errStaleRoute), so a stale cache is never a final error. A range homed
-// where this client cannot write is ErrCrossRegion.
-func (c *Coordinator) routeKey(ctx context.Context, key []byte, f func(*pb.RangeDescriptor) error) error {
+// (errStaleRoute), so a stale cache is never a final error. check, if set,
+// vets the range first (c.local: a range homed where this client cannot
+// write is ErrCrossRegion).
+func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.RangeDescriptor) error, f func(*pb.RangeDescriptor) error) error {
 	var err error
 	for attempt := 0; attempt < maxRouteAttempts; attempt++ {
 		var d *pb.RangeDescriptor
 		if d, err = c.routes.Lookup(ctx, key); err != nil {
 			return fmt.Errorf("%w: routing %q: %v", ErrUnavailable, key, err)
 		}
-		if err = c.local(d); err != nil {
-			return err
+		if check != nil {
+			if err = check(d); err != nil {
+				return err
+			}
 		}
 		if err = f(d); !errors.Is(err, errStaleRoute) {
 			return err
@@ -403,7 +406,7 @@ func (c *Coordinator) SplitRange(ctx context.Context, key []byte) (left, right *
 	if len(key) > MaxKeySize {
 		return nil, nil, fmt.Errorf("%w: %d bytes, limit %d", ErrSplitKey, len(key), MaxKeySize)
 	}
-	err = c.routeKey(ctx, key, func(d *pb.RangeDescriptor) error {
+	err = c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
 		return c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
 			resp, err := rc.AdminSplit(ctx, &pb.AdminSplitRequest{RangeId: d.GetRangeId(), SplitKey: key})
 			left, right = resp.GetLeft(), resp.GetRight()

@@ -193,7 +193,7 @@ func (s *Snapshot) Get(ctx context.Context, key []byte) (value []byte, ok bool, 
 		return nil, false, err
 	}
 	var resp *pb.SnapshotReadResponse
-	err = s.c.routeKey(ctx, key, func(g *pb.RangeDescriptor) (err error) {
+	err = s.c.routeKey(ctx, key, nil, func(g *pb.RangeDescriptor) (err error) {
 		resp, err = s.read(ctx, g, &pb.SnapshotReadRequest{RangeId: g.GetRangeId(), Start: key})
 		return err
 	})

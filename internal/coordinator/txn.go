@@ -148,7 +148,7 @@ func (t *Txn) Get(ctx context.Context, key []byte) (value []byte, ok bool, err e
 	if w, buffered := t.writes[string(key)]; buffered {
 		return w.GetValue(), !w.GetTombstone(), nil
 	}
-	err = t.c.routeKey(ctx, key, func(g *pb.RangeDescriptor) error {
+	err = t.c.routeKey(ctx, key, t.c.local, func(g *pb.RangeDescriptor) error {
 		var inc uint64
 		err := t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
 			resp, err := rc.Get(ctx, &pb.GetRequest{RangeId: g.GetRangeId(), Txn: t.meta, Key: key})
@@ -300,7 +300,7 @@ func (t *Txn) write(ctx context.Context, w *pb.Write) error {
 		return err
 	}
 	if _, locked := t.writes[string(w.GetKey())]; !locked {
-		err := t.c.routeKey(ctx, w.GetKey(), func(g *pb.RangeDescriptor) error {
+		err := t.c.routeKey(ctx, w.GetKey(), t.c.local, func(g *pb.RangeDescriptor) error {
 			var inc uint64
 			err := t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
 				resp, err := rc.Lock(ctx, &pb.LockRequest{RangeId: g.GetRangeId(), Txn: t.meta, Key: w.GetKey()})

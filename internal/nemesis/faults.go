@@ -27,11 +27,14 @@ const (
 	faultPreparedCrash = "kill a participant's leader and the coordinator between prepare and commit record"
 	faultDecided       = "kill a participant's leader between commit record and notification"
 	faultDecidedCrash  = "kill a participant's leader and the coordinator between commit record and notification"
+	faultSplit         = "split a range under load"
+	faultSplitKill     = "split a range and kill its leader as the split applies"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
-	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash}
+	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
+	faultSplit, faultSplitKill}
 
 // midCommit describes the faults that strike inside two-phase commit.
 var midCommit = map[string]struct {
@@ -156,6 +159,32 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 					errs = append(errs, cp.c.RestartNode(id))
 				}
 				return errors.Join(errs...)
+			}
+		case faultSplit, faultSplitKill:
+			key := cp.splitKey(r)
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			left, _, err := dbs[0].AdminSplitRanges(sctx, key)
+			cancel()
+			switch {
+			case errors.Is(err, client.ErrSplitKey):
+				continue // already a boundary: no fault this time
+			case client.IsRetryable(err) || errors.Is(err, client.ErrCommitUnknown) || ctx.Err() != nil:
+				continue // the range was busy, or the campaign is ending
+			case err != nil:
+				cp.anomaly("splitting at %q: %v", key, err)
+				continue
+			}
+			heal = func() error { return nil }
+			if kind == faultSplitKill {
+				// The leaseholder of both halves, right after the split applied
+				// there and while the right-hand range elects its first leader.
+				if id := cp.c.Leader(left.ID); id != 0 {
+					if err := cp.c.KillNode(id); err != nil {
+						cp.anomaly("stopping node %d after a split: %v", id, err)
+						continue
+					}
+					heal = func() error { return cp.c.RestartNode(id) }
+				}
 			}
 		case faultExclude:
 			region := cp.regions[r.IntN(len(cp.regions))]
@@ -317,4 +346,17 @@ func (cp *campaign) probe(dbs []*client.DB) error {
 		}
 	}
 	return nil
+}
+
+// splitKey picks a key to split at among the workloads' keys of a random data
+// region, so that their transactions span the new boundary.
+func (cp *campaign) splitKey(r *rand.Rand) []byte {
+	names := []string{
+		fmt.Sprintf("nemesis-acct-%02d", r.IntN(16)),
+		fmt.Sprintf("nemesis-g%d", r.IntN(4)),
+		fmt.Sprintf("nemesis-g%d-k%d", r.IntN(4), r.IntN(6)),
+		fmt.Sprintf("nemesis-list-%d", r.IntN(8)),
+		fmt.Sprintf("nemesis-reg-%d", r.IntN(8)),
+	}
+	return cp.key(r.IntN(len(cp.keys)), names[r.IntN(len(names))])
 }
