@@ -11,6 +11,7 @@ import (
 
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/topology"
 )
 
 // snapshotTotal reads every account in one strong snapshot (lock-free).
@@ -151,4 +152,60 @@ func TestSplitsUnderLoad(t *testing.T) {
 	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
 		t.Fatalf("total after the restart %d, %v", sum, err)
 	}
+}
+
+// TestAutomaticSplitByLoad: with split_qps lowered to 40, reads spread over
+// range 10's keys make it split by itself at keys that divide the load, and
+// every key still reads back.
+func TestAutomaticSplitByLoad(t *testing.T) {
+	top, err := topology.Load("../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	top.SplitQPS = 40
+	c, err := localcluster.Start(top, localcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	keys := make([][]byte, 26)
+	for i := range keys {
+		keys[i] = []byte{byte('a' + i%12), byte('a' + i)} // all in range 10: [, m)
+	}
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		for _, k := range keys {
+			if err := tx.Put(ctx, k, k); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	ranges := 0
+	for r := 0; time.Now().Before(deadline); r++ {
+		k := keys[r%len(keys)]
+		var v []byte
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+			v, _, err = tx.Get(ctx, k)
+			return err
+		}); err != nil || string(v) != string(k) {
+			t.Fatalf("read %s = %q, %v", k, v, err)
+		}
+		if r%100 == 0 {
+			if ranges = len(c.Node(c.NodeIDs()[0]).RangeIDs()); ranges >= 4 {
+				break
+			}
+		}
+	}
+	if ranges < 4 {
+		t.Fatalf("%d ranges after 30 s at over 40 requests/s: no automatic split by load", ranges)
+	}
+	t.Logf("%d ranges", ranges)
 }

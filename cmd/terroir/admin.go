@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -111,6 +112,37 @@ func adminCmd() *cobra.Command {
 			})
 		},
 	})
+	rng.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "Print every range: id, span, home region, replicas, leaseholder, lease, generation, size, load",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
+				ranges, down, err := admin.Ranges(ctx, d, top)
+				if err != nil && len(ranges) == 0 {
+					return err
+				}
+				w := tabwriter.NewWriter(c.OutOrStdout(), 2, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "id\tspan\tregion\treplicas\tleaseholder\tlease\tgeneration\tsize\tload")
+				for _, r := range ranges {
+					d, l := r.GetRangeDescriptor(), r.GetLease()
+					load := "-"
+					if r.GetLeader() {
+						load = fmt.Sprintf("%.0f/s", r.GetQps())
+					}
+					fmt.Fprintf(w, "%d\t[%q, %q)\t%s\t%v\t%d\t[%d, %d]\t%d\t%s\t%s\n", d.GetRangeId(), d.GetStartKey(), d.GetEndKey(),
+						d.GetRegion(), d.GetReplicas(), l.GetHolder(), l.GetStart(), l.GetEnd(), d.GetGeneration(), humanBytes(r.GetSizeBytes()), load)
+				}
+				if err := w.Flush(); err != nil {
+					return err
+				}
+				if len(down) > 0 {
+					fmt.Fprintf(c.OutOrStdout(), "nodes not answering: %v\n", down)
+				}
+				return nil
+			})
+		},
+	})
 	cmd.AddCommand(region, rng)
 	return cmd
 }
@@ -124,4 +156,17 @@ func coordinatorRegion(top *topology.Topology) string {
 		}
 	}
 	return top.Regions[0]
+}
+
+// humanBytes renders n bytes as B, KiB, MiB or GiB.
+func humanBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }

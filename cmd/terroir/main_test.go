@@ -106,4 +106,21 @@ func TestKVAgainstACluster(t *testing.T) {
 			t.Errorf("admin range split %q = %v, want ErrSplitKey", bad, err)
 		}
 	}
+	cmd := rootCmd()
+	var list bytes.Buffer
+	cmd.SetOut(&list)
+	cmd.SetArgs([]string{"admin", "--config", cfg, "range", "list"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(list.String()), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "id") {
+		t.Fatalf("range list printed:\n%s\nwant a header and three ranges", list.String())
+	}
+	for i, want := range []string{`["", "m")`, `["m", "t")`, `["t", "")`} {
+		if !strings.Contains(lines[i+1], want) || !strings.Contains(lines[i+1], "us-east1") {
+			t.Errorf("range list line %d = %q, want span %s in us-east1", i+1, lines[i+1], want)
+		}
+	}
+	t.Logf("range list:\n%s", list.String())
 }

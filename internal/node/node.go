@@ -236,7 +236,8 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 		return nil, err
 	}
 	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, srcs, n.decider,
-		rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs})
+		rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
+			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS})
 	sm.OnSplit(n.onSplit)
 	n.mu.Lock()
 	defer n.mu.Unlock()

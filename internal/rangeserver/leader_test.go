@@ -131,3 +131,44 @@ func TestOrphansFollowTheClock(t *testing.T) {
 		t.Errorf("commit of the transaction dropped as idle = %v; want ErrLocksLost", err)
 	}
 }
+
+// TestLoadSplitKey: a range over its request rate samples its request keys
+// and, after the hot period, names a key that divides them evenly; a range
+// whose load sits on one key, or that cooled down, names none.
+func TestLoadSplitKey(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1000, 0)}
+	lt := newLoadTracker(clock.Now, 100)
+	key := func(i int) []byte { return []byte{byte('a' + i%26)} }
+	// 3 s at 500 requests/s over 26 keys.
+	for s := 0; s < 4; s++ {
+		for i := 0; i < 500; i++ {
+			lt.record(key(i * 7))
+			clock.advance(2 * time.Millisecond)
+		}
+	}
+	if q := lt.QPS(); q < 400 || q > 600 {
+		t.Errorf("QPS = %.0f, want about 500", q)
+	}
+	k := lt.splitKey(2 * time.Second)
+	if len(k) != 1 || k[0] < 'g' || k[0] > 't' {
+		t.Fatalf("split key %q: want one near the middle of a…z", k)
+	}
+	if lt.splitKey(time.Hour) != nil {
+		t.Error("a split key before the range was hot long enough")
+	}
+	// One hot key: no key divides the load.
+	lt = newLoadTracker(clock.Now, 100)
+	for i := 0; i < 2000; i++ {
+		lt.record([]byte("hot"))
+		clock.advance(2 * time.Millisecond)
+	}
+	if k := lt.splitKey(time.Second); k != nil {
+		t.Errorf("split key %q for a load on one key", k)
+	}
+	// Cooling down stops the sampling.
+	clock.advance(3 * time.Second)
+	lt.record([]byte("a"))
+	if k := lt.splitKey(0); k != nil || lt.QPS() != 0 {
+		t.Errorf("after a quiet spell: split key %q, QPS %.0f", k, lt.QPS())
+	}
+}

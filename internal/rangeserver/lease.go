@@ -72,6 +72,7 @@ func (r *Replica) tick() {
 	}
 	l := r.activate(lease, highest)
 	r.resolveOrphans(l)
+	r.maybeSplit()
 }
 
 // nextLease returns the lease that replica self, leading the range's Raft

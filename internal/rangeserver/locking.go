@@ -62,6 +62,7 @@ func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) (*pb.Ge
 	if err := r.checkKey(key); err != nil {
 		return nil, err
 	}
+	r.load.record(key)
 	l, err := r.leader()
 	if err != nil {
 		return nil, err
@@ -85,6 +86,7 @@ func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte,
 	if err := r.checkSpan(start, end); err != nil {
 		return nil, err
 	}
+	r.load.record(start)
 	if end != nil && bytes.Compare(start, end) >= 0 {
 		return &pb.ScanResponse{}, nil
 	}
@@ -117,6 +119,7 @@ func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) (uint6
 	if err := r.checkKey(key); err != nil {
 		return 0, err
 	}
+	r.load.record(key)
 	l, err := r.leader()
 	if err != nil {
 		return 0, err

@@ -56,6 +56,13 @@ type Config struct {
 	// Clock tells the leader the time for its orphan bound (default: the
 	// system clock); tests inject their own.
 	Clock Clock
+	// SplitSize splits the range at its middle once its data takes this many
+	// bytes on disk (0: never by size).
+	SplitSize uint64
+	// SplitQPS splits the range at the key that divides its load once it has
+	// served more requests per second than this for loadSplitAfter (0: never
+	// by load).
+	SplitQPS float64
 }
 
 // Clock tells the time. The leader reads the time only through it, so its
@@ -150,6 +157,8 @@ type Replica struct {
 	cfg      Config
 
 	lastEpoch atomic.Uint64 // the newest local epoch this replica has read
+	load      *loadTracker
+	splits    splitQueue
 
 	mu   sync.Mutex
 	lead *leadership // nil unless serving as leaseholder
@@ -168,6 +177,7 @@ func NewReplica(self uint64, group *raftgroup.Group, sm *StateMachine,
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher,
 		service: epochs.Service, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
+	r.load = newLoadTracker(r.cfg.Clock.Now, r.cfg.SplitQPS)
 	sm.OnSplit(r.onSplit)
 	return r
 }
@@ -187,6 +197,18 @@ func (r *Replica) Close() {
 
 // Desc returns the range's descriptor.
 func (r *Replica) Desc() *pb.RangeDescriptor { return r.sm.Descriptor() }
+
+// Status reports this replica's view of its range: descriptor, lease, whether
+// it serves as leader, size on disk, and, at the leader, its request rate and
+// locks.
+func (r *Replica) Status() *pb.RangeStatus {
+	st := &pb.RangeStatus{RangeDescriptor: r.sm.Descriptor(), Lease: r.sm.Lease(), Node: r.self}
+	st.SizeBytes, _ = r.sm.Size()
+	if l, err := r.leader(); err == nil {
+		st.Leader, st.Qps, st.Locks = true, r.load.QPS(), uint32(l.txns.locks.Len())
+	}
+	return st
+}
 
 // LeaseHolder returns the node named by the range's current lease (0: none).
 func (r *Replica) LeaseHolder() uint64 { return r.sm.Lease().GetHolder() }

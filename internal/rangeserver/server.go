@@ -229,6 +229,21 @@ func (s *Server) Heartbeat(_ context.Context, req *pb.HeartbeatRequest) (*pb.Hea
 	return &pb.HeartbeatResponse{Lost: lost}, s.status(r, err)
 }
 
+// Ranges implements pb.RangeServer.
+func (s *Server) Ranges(context.Context, *pb.RangesRequest) (*pb.RangesResponse, error) {
+	s.mu.RLock()
+	replicas := make([]*Replica, 0, len(s.replicas))
+	for _, r := range s.replicas {
+		replicas = append(replicas, r)
+	}
+	s.mu.RUnlock()
+	resp := &pb.RangesResponse{}
+	for _, r := range replicas {
+		resp.Ranges = append(resp.Ranges, r.Status())
+	}
+	return resp, nil
+}
+
 // AdminSplit implements pb.RangeServer.
 func (s *Server) AdminSplit(ctx context.Context, req *pb.AdminSplitRequest) (*pb.AdminSplitResponse, error) {
 	r, err := s.replica(req.GetRangeId())

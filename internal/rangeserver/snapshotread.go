@@ -55,6 +55,7 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	if _, err := r.leader(); err != nil {
 		return nil, err
 	}
+	r.load.record(start)
 	src, ks := r.global, Versions
 	switch {
 	case r.global == nil: // regional-only: the data carries local epochs

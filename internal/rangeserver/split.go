@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
@@ -107,6 +108,64 @@ func (r *Replica) onSplit(s Split) {
 	if l != nil {
 		dropped = l.txns.dropOutside(s.Left.GetStartKey(), end)
 	}
+	r.load.reset() // its samples may lie in the right half
 	slog.Info("range split", "range", r.id, "right", s.Right.GetRangeId(), "at", string(s.Right.GetStartKey()),
 		"generation", s.Left.GetGeneration(), "dropped_txns", dropped)
+}
+
+// Automatic splits (DESIGN.md §11).
+const (
+	// splitCheck is how often a leader checks its size and load.
+	splitCheck = time.Second
+	// loadSplitAfter is how long a range must stay over SplitQPS, with its
+	// requests sampled, before it splits by load.
+	loadSplitAfter = 3 * time.Second
+)
+
+// splitQueue is a leader's automatic splitting: at most one split at a time.
+type splitQueue struct {
+	lastCheck time.Time   // read and written by the tick loop only
+	running   atomic.Bool // a split is under way
+}
+
+// maybeSplit, on the leader's tick at most every splitCheck, splits the range
+// when its data passed SplitSize (at its middle by bytes) or it has been
+// hotter than SplitQPS for loadSplitAfter (at the key that divides its
+// requests evenly). The split runs in the background; one at a time.
+func (r *Replica) maybeSplit() {
+	now := r.cfg.Clock.Now()
+	if now.Sub(r.splits.lastCheck) < splitCheck || r.splits.running.Load() {
+		return
+	}
+	r.splits.lastCheck = now
+	var key []byte
+	reason := "load"
+	if r.cfg.SplitSize > 0 {
+		if size, err := r.sm.Size(); err == nil && size >= r.cfg.SplitSize {
+			if key, err = r.sm.MidKey(); err != nil {
+				key = nil
+			}
+			reason = fmt.Sprintf("size %d bytes", size)
+		}
+	}
+	if key == nil && r.cfg.SplitQPS > 0 {
+		key = r.load.splitKey(loadSplitAfter)
+		reason = fmt.Sprintf("load %.0f requests/s", r.load.QPS())
+	}
+	if key == nil {
+		return
+	}
+	r.splits.running.Store(true)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer r.splits.running.Store(false)
+		ctx, cancel := context.WithTimeout(r.ctx, proposeTimeout+splitQuiesce)
+		defer cancel()
+		if _, _, err := r.AdminSplit(ctx, key); err != nil {
+			slog.Debug("automatic split", "range", r.id, "at", string(key), "reason", reason, "err", err)
+			return
+		}
+		slog.Info("automatic split", "range", r.id, "at", string(key), "reason", reason)
+	}()
 }

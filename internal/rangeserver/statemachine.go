@@ -435,3 +435,60 @@ func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
 	sm.splits = append(sm.splits, s)
 	return Applied{Split: &s}
 }
+
+// Size estimates the bytes on disk of the range's data and regional copies.
+func (sm *StateMachine) Size() (uint64, error) {
+	var total uint64
+	for _, sp := range sm.spans()[1:] {
+		n, err := sm.e.DiskUsage(sp[0], sp[1])
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// MidKey returns the user key at which the range's data (all versions)
+// reaches half its bytes, for a split by size; nil if the range holds fewer
+// than two keys.
+func (sm *StateMachine) MidKey() ([]byte, error) {
+	d := sm.desc.Load()
+	var end []byte
+	if len(d.GetEndKey()) > 0 {
+		end = d.GetEndKey()
+	}
+	lo, hi := storage.MVCCKeyBounds(dataPrefix, d.GetStartKey(), end)
+	var total int
+	if err := sm.e.Scan(lo, hi, func(k, v []byte) (bool, error) {
+		total += len(k) + len(v)
+		return true, nil
+	}); err != nil {
+		return nil, err
+	}
+	var mid, first []byte
+	seen := 0
+	err := sm.e.Scan(lo, hi, func(k, v []byte) (bool, error) {
+		seen += len(k) + len(v)
+		if seen*2 < total {
+			return true, nil
+		}
+		uk, _, err := storage.DecodeMVCCKey(dataPrefix, k)
+		if err != nil {
+			return false, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)
+		}
+		if first == nil {
+			first = uk
+			return true, nil
+		}
+		if !bytes.Equal(uk, first) {
+			mid = uk // the first key after the half: both sides hold data
+			return false, nil
+		}
+		return true, nil
+	})
+	if mid == nil && first != nil && !bytes.Equal(first, d.GetStartKey()) {
+		mid = first
+	}
+	return mid, err
+}

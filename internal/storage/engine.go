@@ -197,6 +197,17 @@ func (e *Engine) IndexedRanges() ([]uint64, error) {
 	return ids, err
 }
 
+// DiskUsage estimates the bytes on disk of the keys in [start, end): the
+// tables overlapping it, in proportion (data still in the memtable is not
+// counted).
+func (e *Engine) DiskUsage(start, end []byte) (uint64, error) {
+	n, err := e.db.EstimateDiskUsage(start, end)
+	if err != nil {
+		return 0, wrapReadErr(err)
+	}
+	return n, nil
+}
+
 // Dir returns the data directory.
 func (e *Engine) Dir() string { return e.dir }
 

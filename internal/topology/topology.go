@@ -24,6 +24,8 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -61,6 +63,12 @@ const (
 	// DefaultPublisherLease is how long a publisher serves the global epoch
 	// after its last update (DESIGN.md §7).
 	DefaultPublisherLease = time.Second
+	// DefaultSplitSize is the data size, in bytes on disk, past which a range
+	// splits by itself (DESIGN.md §11): 64 MiB.
+	DefaultSplitSize = 64 << 20
+	// DefaultSplitQPS is the request rate, per second at a range's leader,
+	// past which a range splits by load (DESIGN.md §11).
+	DefaultSplitQPS = 2500
 	// DefaultOrphanAfter is how long a range leader waits for a heartbeat from
 	// a transaction's coordinator before treating it as an orphan (DESIGN.md §10).
 	DefaultOrphanAfter = 2 * time.Second
@@ -94,6 +102,13 @@ type Topology struct {
 	// §10). Coordinators heartbeat every OrphanAfter/4. Waiting for a lock
 	// never counts as silence.
 	OrphanAfter time.Duration
+	// SplitSize is the data size in bytes past which a range splits at its
+	// middle (0: never by size). File: split_size, e.g. 64MiB or off.
+	SplitSize uint64
+	// SplitQPS is the request rate per second past which a range splits at
+	// the key that divides its load (0: never by load). File: split_qps, a
+	// number or off.
+	SplitQPS float64
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -142,6 +157,8 @@ type fileTopology struct {
 	QuietEpochs        uint64      `yaml:"quiet_epochs"`
 	AutoExcludeAfter   string      `yaml:"auto_exclude_after"`
 	OrphanAfter        string      `yaml:"orphan_after,omitempty"`
+	SplitSize          string      `yaml:"split_size,omitempty"`
+	SplitQPS           string      `yaml:"split_qps,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -211,6 +228,32 @@ func parseDuration(field, s string, def time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
+// parseSize reads a byte count such as 512KiB, 64MiB or 1GiB (or a plain
+// number of bytes); "off" is 0.
+func parseSize(field, s string, def uint64) (uint64, error) {
+	switch s {
+	case "":
+		return def, nil
+	case "off":
+		return 0, nil
+	}
+	mult := uint64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   uint64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, invalid("%s: %q is not a size such as 64MiB (or off)", field, s)
+	}
+	return n * mult, nil
+}
+
 func build(f *fileTopology) (*Topology, error) {
 	t := &Topology{nodeByID: map[uint64]int{}, rtt: map[[2]string]time.Duration{}}
 	var err error
@@ -238,6 +281,18 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if t.OrphanAfter, err = parseDuration("orphan_after", f.OrphanAfter, DefaultOrphanAfter); err != nil {
 		return nil, err
+	}
+	if t.SplitSize, err = parseSize("split_size", f.SplitSize, DefaultSplitSize); err != nil {
+		return nil, err
+	}
+	switch f.SplitQPS {
+	case "":
+		t.SplitQPS = DefaultSplitQPS
+	case "off":
+	default:
+		if t.SplitQPS, err = strconv.ParseFloat(f.SplitQPS, 64); err != nil || t.SplitQPS <= 0 {
+			return nil, invalid("split_qps: %q is not a positive number of requests per second (or off)", f.SplitQPS)
+		}
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -549,11 +604,19 @@ func (t *Topology) Marshal() ([]byte, error) {
 		RaftTick:           t.RaftTick.String(),
 		PublisherLease:     t.PublisherLease.String(),
 		OrphanAfter:        t.OrphanAfter.String(),
+		SplitSize:          "off",
+		SplitQPS:           "off",
 		QuietEpochs:        t.QuietEpochs,
 		Regions:            t.Regions,
 	}
 	if t.AutoExcludeAfter > 0 {
 		f.AutoExcludeAfter = t.AutoExcludeAfter.String()
+	}
+	if t.SplitSize > 0 {
+		f.SplitSize = strconv.FormatUint(t.SplitSize, 10) + "B"
+	}
+	if t.SplitQPS > 0 {
+		f.SplitQPS = strconv.FormatFloat(t.SplitQPS, 'f', -1, 64)
 	}
 	if t.GlobalEpochMinInterval > 0 {
 		f.GlobalMinInterval = t.GlobalEpochMinInterval.String()

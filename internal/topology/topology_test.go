@@ -166,3 +166,47 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestSplitSettings(t *testing.T) {
+	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
+	for _, c := range []struct {
+		extra string
+		size  uint64
+		qps   float64
+		bad   bool
+	}{
+		{"", DefaultSplitSize, DefaultSplitQPS, false},
+		{"split_size: 512KiB\nsplit_qps: 300\n", 512 << 10, 300, false},
+		{"split_size: off\nsplit_qps: off\n", 0, 0, false},
+		{"split_size: 1000\n", 1000, DefaultSplitQPS, false},
+		{"split_size: 64MB\n", 0, 0, true},
+		{"split_size: 0\n", 0, 0, true},
+		{"split_qps: -5\n", 0, 0, true},
+		{"split_qps: lots\n", 0, 0, true},
+	} {
+		top, err := Parse([]byte(c.extra + base))
+		if c.bad {
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("%q: %v, want ErrInvalid", c.extra, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.extra, err)
+			continue
+		}
+		if top.SplitSize != c.size || top.SplitQPS != c.qps {
+			t.Errorf("%q: size %d qps %v, want %d %v", c.extra, top.SplitSize, top.SplitQPS, c.size, c.qps)
+			continue
+		}
+		// Marshal and Parse round-trip the settings.
+		out, err := top.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := Parse(out)
+		if err != nil || again.SplitSize != c.size || again.SplitQPS != c.qps {
+			t.Errorf("%q: round trip gave size %d qps %v (%v)", c.extra, again.SplitSize, again.SplitQPS, err)
+		}
+	}
+}

@@ -2363,6 +2363,179 @@ func (x *AdminSplitResponse) GetRight() *RangeDescriptor {
 	return nil
 }
 
+// RangeStatus is one replica's view of its range, for operators.
+type RangeStatus struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RangeDescriptor *RangeDescriptor       `protobuf:"bytes,1,opt,name=range_descriptor,json=rangeDescriptor,proto3" json:"range_descriptor,omitempty"`
+	Lease           *Lease                 `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	Leader          bool                   `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`                        // this replica serves the range under the lease
+	SizeBytes       uint64                 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"` // estimated bytes on disk of the range's data
+	Qps             float64                `protobuf:"fixed64,5,opt,name=qps,proto3" json:"qps,omitempty"`                             // requests per second at the leader (0 elsewhere)
+	Locks           uint32                 `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`                          // locks held at the leader
+	Node            uint64                 `protobuf:"varint,7,opt,name=node,proto3" json:"node,omitempty"`                            // the node answering
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RangeStatus) Reset() {
+	*x = RangeStatus{}
+	mi := &file_range_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeStatus) ProtoMessage() {}
+
+func (x *RangeStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
+func (*RangeStatus) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
+	if x != nil {
+		return x.RangeDescriptor
+	}
+	return nil
+}
+
+func (x *RangeStatus) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *RangeStatus) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *RangeStatus) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *RangeStatus) GetQps() float64 {
+	if x != nil {
+		return x.Qps
+	}
+	return 0
+}
+
+func (x *RangeStatus) GetLocks() uint32 {
+	if x != nil {
+		return x.Locks
+	}
+	return 0
+}
+
+func (x *RangeStatus) GetNode() uint64 {
+	if x != nil {
+		return x.Node
+	}
+	return 0
+}
+
+type RangesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangesRequest) Reset() {
+	*x = RangesRequest{}
+	mi := &file_range_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangesRequest) ProtoMessage() {}
+
+func (x *RangesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
+func (*RangesRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{37}
+}
+
+type RangesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ranges        []*RangeStatus         `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangesResponse) Reset() {
+	*x = RangesResponse{}
+	mi := &file_range_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangesResponse) ProtoMessage() {}
+
+func (x *RangesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
+func (*RangesResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RangesResponse) GetRanges() []*RangeStatus {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
 var File_range_proto protoreflect.FileDescriptor
 
 const file_range_proto_rawDesc = "" +
@@ -2530,12 +2703,24 @@ const file_range_proto_rawDesc = "" +
 	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
 	"\x12AdminSplitResponse\x122\n" +
 	"\x04left\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x04left\x124\n" +
-	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right*Y\n" +
+	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\"\xf7\x01\n" +
+	"\vRangeStatus\x12I\n" +
+	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\x12*\n" +
+	"\x05lease\x18\x02 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\bR\x06leader\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12\x10\n" +
+	"\x03qps\x18\x05 \x01(\x01R\x03qps\x12\x14\n" +
+	"\x05locks\x18\x06 \x01(\rR\x05locks\x12\x12\n" +
+	"\x04node\x18\a \x01(\x04R\x04node\"\x0f\n" +
+	"\rRangesRequest\"D\n" +
+	"\x0eRangesResponse\x122\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x1a.terroir.range.RangeStatusR\x06ranges*Y\n" +
 	"\n" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xeb\x05\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xb2\x06\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -2547,7 +2732,8 @@ const file_range_proto_rawDesc = "" +
 	"\fSnapshotRead\x12\".terroir.range.SnapshotReadRequest\x1a#.terroir.range.SnapshotReadResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.terroir.range.HeartbeatRequest\x1a .terroir.range.HeartbeatResponse\x12Q\n" +
 	"\n" +
-	"AdminSplit\x12 .terroir.range.AdminSplitRequest\x1a!.terroir.range.AdminSplitResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
+	"AdminSplit\x12 .terroir.range.AdminSplitRequest\x1a!.terroir.range.AdminSplitResponse\x12E\n" +
+	"\x06Ranges\x12\x1c.terroir.range.RangesRequest\x1a\x1d.terroir.range.RangesResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -2562,7 +2748,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),              // 0: terroir.range.CommitMode
 	(*VersionID)(nil),            // 1: terroir.range.VersionID
@@ -2601,6 +2787,9 @@ var file_range_proto_goTypes = []any{
 	(*SnapshotReadResponse)(nil), // 34: terroir.range.SnapshotReadResponse
 	(*AdminSplitRequest)(nil),    // 35: terroir.range.AdminSplitRequest
 	(*AdminSplitResponse)(nil),   // 36: terroir.range.AdminSplitResponse
+	(*RangeStatus)(nil),          // 37: terroir.range.RangeStatus
+	(*RangesRequest)(nil),        // 38: terroir.range.RangesRequest
+	(*RangesResponse)(nil),       // 39: terroir.range.RangesResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
@@ -2638,31 +2827,36 @@ var file_range_proto_depIdxs = []int32{
 	5,  // 32: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
 	6,  // 33: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
 	6,  // 34: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	17, // 35: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	19, // 36: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	21, // 37: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	23, // 38: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	25, // 39: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	27, // 40: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	29, // 41: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	33, // 42: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	31, // 43: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	35, // 44: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	18, // 45: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	20, // 46: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	22, // 47: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	24, // 48: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	26, // 49: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	28, // 50: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	30, // 51: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	34, // 52: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	32, // 53: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	36, // 54: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	45, // [45:55] is the sub-list for method output_type
-	35, // [35:45] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	6,  // 35: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 36: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	37, // 37: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	17, // 38: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	19, // 39: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	21, // 40: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	23, // 41: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	25, // 42: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	27, // 43: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	29, // 44: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	33, // 45: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	31, // 46: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	35, // 47: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	38, // 48: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	18, // 49: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	20, // 50: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	22, // 51: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	24, // 52: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	26, // 53: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	28, // 54: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	30, // 55: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	34, // 56: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	32, // 57: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	36, // 58: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	39, // 59: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	49, // [49:60] is the sub-list for method output_type
+	38, // [38:49] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -2684,7 +2878,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	Range_SnapshotRead_FullMethodName   = "/terroir.range.Range/SnapshotRead"
 	Range_Heartbeat_FullMethodName      = "/terroir.range.Range/Heartbeat"
 	Range_AdminSplit_FullMethodName     = "/terroir.range.Range/AdminSplit"
+	Range_Ranges_FullMethodName         = "/terroir.range.Range/Ranges"
 )
 
 // RangeClient is the client API for Range service.
@@ -50,6 +51,8 @@ type RangeClient interface {
 	// AdminSplit splits the range at split_key (an operator's or the
 	// automatic splitter's request to the range's leader).
 	AdminSplit(ctx context.Context, in *AdminSplitRequest, opts ...grpc.CallOption) (*AdminSplitResponse, error)
+	// Ranges reports every range replica the node hosts.
+	Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error)
 }
 
 type rangeClient struct {
@@ -160,6 +163,16 @@ func (c *rangeClient) AdminSplit(ctx context.Context, in *AdminSplitRequest, opt
 	return out, nil
 }
 
+func (c *rangeClient) Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RangesResponse)
+	err := c.cc.Invoke(ctx, Range_Ranges_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServer is the server API for Range service.
 // All implementations must embed UnimplementedRangeServer
 // for forward compatibility.
@@ -176,6 +189,8 @@ type RangeServer interface {
 	// AdminSplit splits the range at split_key (an operator's or the
 	// automatic splitter's request to the range's leader).
 	AdminSplit(context.Context, *AdminSplitRequest) (*AdminSplitResponse, error)
+	// Ranges reports every range replica the node hosts.
+	Ranges(context.Context, *RangesRequest) (*RangesResponse, error)
 	mustEmbedUnimplementedRangeServer()
 }
 
@@ -215,6 +230,9 @@ func (UnimplementedRangeServer) Heartbeat(context.Context, *HeartbeatRequest) (*
 }
 func (UnimplementedRangeServer) AdminSplit(context.Context, *AdminSplitRequest) (*AdminSplitResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method AdminSplit not implemented")
+}
+func (UnimplementedRangeServer) Ranges(context.Context, *RangesRequest) (*RangesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Ranges not implemented")
 }
 func (UnimplementedRangeServer) mustEmbedUnimplementedRangeServer() {}
 func (UnimplementedRangeServer) testEmbeddedByValue()               {}
@@ -417,6 +435,24 @@ func _Range_AdminSplit_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_Ranges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RangesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).Ranges(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_Ranges_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).Ranges(ctx, req.(*RangesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Range_ServiceDesc is the grpc.ServiceDesc for Range service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -463,6 +499,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AdminSplit",
 			Handler:    _Range_AdminSplit_Handler,
+		},
+		{
+			MethodName: "Ranges",
+			Handler:    _Range_Ranges_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
