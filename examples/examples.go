@@ -14,3 +14,9 @@ var OneRegion []byte
 //
 //go:embed three-regions.yaml
 var ThreeRegions []byte
+
+// OneRange is examples/one-range.yaml: one region, three nodes and a single
+// range, which `terroir bench split` watches split by load.
+//
+//go:embed one-range.yaml
+var OneRange []byte

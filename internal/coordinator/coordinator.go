@@ -63,9 +63,8 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 		stateID:    tg[0].ID,
 		quiet:      top.QuietEpochs,
 	}
-	resolver := routing.TopologyResolver{Topology: top}
-	seed, _ := resolver.Resolve(context.Background(), nil)
-	c.routes = routing.NewCache(resolver, seed...)
+	seed, _ := routing.TopologyResolver{Topology: top}.Resolve(context.Background(), nil)
+	c.routes = routing.NewCache(routing.NodesResolver{Topology: top, Dialer: dialer}, seed...)
 	for _, r := range top.Regions {
 		if g := top.GroupsOfKind(topology.KindLocalEpoch, r); len(g) > 0 {
 			c.epochs[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)

@@ -5,5 +5,5 @@ import (
 )
 
 // SetRoutes makes c's routing cache hold only descs (a test makes it stale
-// this way); misses still resolve through the topology.
+// this way); misses still resolve through the nodes.
 func SetRoutes(c *Coordinator, descs ...*pb.RangeDescriptor) { c.routes.Reset(descs...) }

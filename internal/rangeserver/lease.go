@@ -39,6 +39,13 @@ func (r *Replica) loop() {
 // group, activate leadership once the lease is ours, resolve orphans.
 func (r *Replica) tick() {
 	st := r.group.Status()
+	if st.Leader == 0 && r.sm.Lease().GetHolder() == r.self {
+		// The group has no leader and the lease names this replica (a range
+		// a split just made, whose other replicas may have started after
+		// its first vote request): stand for election now rather than after
+		// an election timeout, so leadership and lease stay together.
+		r.group.Campaign()
+	}
 	if st.Leader != r.self || !st.CaughtUp {
 		r.stepDown()
 		return

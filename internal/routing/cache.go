@@ -29,7 +29,8 @@ var ErrNoRange = errors.New("routing: no range holds the key")
 // Cache holds range descriptors, sorted by start key and disjoint, and the
 // node believed to lead each range. It is safe for concurrent use.
 type Cache struct {
-	resolver Resolver
+	resolver  Resolver
+	resolving sync.Mutex // one resolution at a time: a split makes every client miss at once
 
 	mu      sync.RWMutex
 	ranges  []*pb.RangeDescriptor // by start key; spans never overlap
@@ -114,6 +115,11 @@ func (c *Cache) cached(key []byte) *pb.RangeDescriptor {
 func (c *Cache) Lookup(ctx context.Context, key []byte) (*pb.RangeDescriptor, error) {
 	if d := c.cached(key); d != nil {
 		return d, nil
+	}
+	c.resolving.Lock()
+	defer c.resolving.Unlock()
+	if d := c.cached(key); d != nil {
+		return d, nil // resolved meanwhile
 	}
 	descs, err := c.resolver.Resolve(ctx, key)
 	if err != nil {

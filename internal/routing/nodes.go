@@ -1,0 +1,61 @@
+package routing
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+// nodesTimeout bounds one round of asking the nodes.
+const nodesTimeout = 2 * time.Second
+
+// NodesResolver resolves a miss by asking every node of the topology which
+// ranges it hosts (the Range service's Ranges call) and returning every
+// descriptor they report; the cache keeps the newest generation of each span.
+// It finds ranges that splits made, which the bootstrap topology cannot name;
+// the replicated directory will answer in one call instead. When no node
+// answers for the key, the topology's bootstrap descriptors stand in.
+type NodesResolver struct {
+	Topology *topology.Topology
+	Dialer   *transport.Dialer
+}
+
+// Resolve implements Resolver.
+func (r NodesResolver) Resolve(ctx context.Context, key []byte) ([]*pb.RangeDescriptor, error) {
+	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var out []*pb.RangeDescriptor
+	holds := false
+	var wg sync.WaitGroup
+	for _, n := range r.Topology.Nodes {
+		wg.Add(1)
+		go func(id uint64) {
+			defer wg.Done()
+			conn, err := r.Dialer.Conn(id)
+			if err != nil {
+				return
+			}
+			resp, err := pb.NewRangeClient(conn).Ranges(ctx, &pb.RangesRequest{})
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, st := range resp.GetRanges() {
+				d := st.GetRangeDescriptor()
+				out = append(out, d)
+				holds = holds || Contains(d, key)
+			}
+		}(n.ID)
+	}
+	wg.Wait()
+	if !holds {
+		return TopologyResolver{Topology: r.Topology}.Resolve(ctx, key)
+	}
+	return out, nil
+}
