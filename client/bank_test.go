@@ -34,6 +34,22 @@ func receipt(id uint64) []byte { return []byte(fmt.Sprintf("x-receipt-%016x", id
 func enc(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) }
 func dec(b []byte) int64 { return int64(binary.BigEndian.Uint64(b)) }
 
+// transfer moves amount from account `from` to account `to` in tx.
+func transfer(ctx context.Context, tx *client.Txn, from, to int, amount int64) error {
+	a, _, err := tx.Get(ctx, account(from))
+	if err != nil {
+		return err
+	}
+	b, _, err := tx.Get(ctx, account(to))
+	if err != nil {
+		return err
+	}
+	if err := tx.Put(ctx, account(from), enc(dec(a)-amount)); err != nil {
+		return err
+	}
+	return tx.Put(ctx, account(to), enc(dec(b)+amount))
+}
+
 // total reads every account in one locking transaction.
 func total(ctx context.Context, db *client.DB) (int64, error) {
 	var sum int64
@@ -129,18 +145,7 @@ func TestBankUnderLeaderKillAndRestart(t *testing.T) {
 				amount := int64(r.IntN(50))
 				id := r.Uint64()
 				err := cdb.Update(work, func(ctx context.Context, tx *client.Txn) error {
-					a, _, err := tx.Get(ctx, account(from))
-					if err != nil {
-						return err
-					}
-					b, _, err := tx.Get(ctx, account(to))
-					if err != nil {
-						return err
-					}
-					if err := tx.Put(ctx, account(from), enc(dec(a)-amount)); err != nil {
-						return err
-					}
-					if err := tx.Put(ctx, account(to), enc(dec(b)+amount)); err != nil {
+					if err := transfer(ctx, tx, from, to, amount); err != nil {
 						return err
 					}
 					return tx.Put(ctx, receipt(id), []byte("ok"))

@@ -63,21 +63,14 @@ func TestSilentCoordinatorLosesItsLocks(t *testing.T) {
 	c, db := startCluster(t, localcluster.Options{OrphanAfter: 300 * time.Millisecond})
 	ctx := ctxT(t, 30*time.Second)
 	k := []byte("acct")
-	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, k, []byte("100")) }); err != nil {
-		t.Fatal(err)
-	}
-	rc, meta := rawTxn(t, c)
-	lock, err := rc.Lock(ctx, &pb.LockRequest{RangeId: 10, Txn: meta, Key: k})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, meta, lock := lockedAcct(t, ctx, c, db, k)
 	time.Sleep(time.Second) // silent past orphan_after
 	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
 		return tx.Put(ctx, k, []byte("150"))
 	}); err != nil {
 		t.Fatalf("update after the silent transaction's bound: %v", err)
 	}
-	_, err = rc.CommitOnePhase(ctx, &pb.OnePhaseRequest{RangeId: 10, Txn: meta, LockCount: 1, Incarnation: lock.GetIncarnation(),
+	_, err := rc.CommitOnePhase(ctx, &pb.OnePhaseRequest{RangeId: 10, Txn: meta, LockCount: 1, Incarnation: lock.GetIncarnation(),
 		Writes: []*pb.Write{{Key: k, Value: []byte("90")}}})
 	if status.Code(err) != codes.Aborted {
 		t.Fatalf("commit of the silent transaction = %v; want Aborted (its locks are gone)", err)
@@ -115,6 +108,21 @@ func TestWaitingIsNotSilence(t *testing.T) {
 	}
 }
 
+// lockedAcct writes k = 100, then locks k exclusively for a fresh
+// transaction over the wire (so it sends no heartbeats) and returns it.
+func lockedAcct(t *testing.T, ctx context.Context, c *localcluster.Cluster, db *client.DB, k []byte) (pb.RangeClient, *pb.TxnMeta, *pb.LockResponse) {
+	t.Helper()
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, k, []byte("100")) }); err != nil {
+		t.Fatal(err)
+	}
+	rc, meta := rawTxn(t, c)
+	lock, err := rc.Lock(ctx, &pb.LockRequest{RangeId: 10, Txn: meta, Key: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc, meta, lock
+}
+
 // rawTxn returns a Range client of range 10's leader and a fresh
 // transaction's metadata, for tests that speak the wire protocol directly
 // (and so send no heartbeats).
@@ -138,17 +146,10 @@ func TestPrepareWhoseCallerGaveUpIsResolved(t *testing.T) {
 	c, db := startCluster(t, localcluster.Options{OrphanAfter: 300 * time.Millisecond})
 	ctx := ctxT(t, 60*time.Second)
 	k := []byte("acct")
-	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, k, []byte("100")) }); err != nil {
-		t.Fatal(err)
-	}
-	rc, meta := rawTxn(t, c)
-	lock, err := rc.Lock(ctx, &pb.LockRequest{RangeId: 10, Txn: meta, Key: k})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, meta, lock := lockedAcct(t, ctx, c, db, k)
 	c.Net.SetExtraDelay(30 * time.Millisecond)
 	pctx, cancel := context.WithTimeout(ctx, 45*time.Millisecond)
-	_, err = rc.Prepare(pctx, &pb.PrepareRequest{RangeId: 10, Txn: meta, LockCount: 1, Incarnation: lock.GetIncarnation(),
+	_, err := rc.Prepare(pctx, &pb.PrepareRequest{RangeId: 10, Txn: meta, LockCount: 1, Incarnation: lock.GetIncarnation(),
 		Writes: []*pb.Write{{Key: k, Value: []byte("stranded")}}})
 	cancel()
 	t.Logf("prepare with a short deadline: %v", err)

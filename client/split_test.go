@@ -85,18 +85,7 @@ func TestSplitsUnderLoad(t *testing.T) {
 				}
 				amount := int64(r.IntN(50))
 				err := cdb.Update(work, func(ctx context.Context, tx *client.Txn) error {
-					a, _, err := tx.Get(ctx, account(from))
-					if err != nil {
-						return err
-					}
-					b, _, err := tx.Get(ctx, account(to))
-					if err != nil {
-						return err
-					}
-					if err := tx.Put(ctx, account(from), enc(dec(a)-amount)); err != nil {
-						return err
-					}
-					return tx.Put(ctx, account(to), enc(dec(b)+amount))
+					return transfer(ctx, tx, from, to, amount)
 				})
 				switch {
 				case err == nil:

@@ -26,19 +26,26 @@ func staleRoutes() []*pb.RangeDescriptor {
 	}
 }
 
+// startCoordinator starts examples/one-region.yaml and a coordinator in
+// us-east1, closed with the test, and a context of 30 s.
+func startCoordinator(t *testing.T) (*localcluster.Cluster, *coordinator.Coordinator, context.Context) {
+	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	coord, err := coordinator.New(c.Topology, "us-east1", c.Dialer("us-east1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(coord.Close)
+	return c, coord, ctx
+}
+
 // TestStaleRoutingIsRefreshed: a coordinator whose descriptor cache is stale
 // sends reads, writes and scans to the wrong range; the range answers with a
 // typed mismatch carrying its descriptor, the coordinator refreshes its cache
 // and routes again, and the caller never sees the mismatch (DESIGN.md §11).
 func TestStaleRoutingIsRefreshed(t *testing.T) {
-	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	coord, err := coordinator.New(c.Topology, "us-east1", c.Dialer("us-east1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer coord.Close()
+	_, coord, ctx := startCoordinator(t)
 	coordinator.SetRoutes(coord, staleRoutes()...)
 	tx := coord.Begin(0)
 	for _, k := range []string{"apple", "pear", "zebra"} { // pear: range 11, cached as 10's
@@ -81,14 +88,7 @@ func TestStaleRoutingIsRefreshed(t *testing.T) {
 // span silently, nor serves a key outside it: it answers OutOfRange with its
 // current descriptor, and executes nothing.
 func TestMismatchReplyCarriesTheDescriptor(t *testing.T) {
-	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	coord, err := coordinator.New(c.Topology, "us-east1", c.Dialer("us-east1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer coord.Close()
+	c, coord, ctx := startCoordinator(t)
 	if _, _, err := coord.Begin(0).Get(ctx, []byte("warm-up")); err != nil { // a leader for both ranges
 		t.Fatal(err)
 	}
