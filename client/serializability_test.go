@@ -171,6 +171,38 @@ func TestStrictSerializabilityWithLeaderKills(t *testing.T) {
 		}})
 }
 
+// TestStrictSerializabilityWithSplits splits us-east1's two ranges into
+// eight between the model's keys while transactions, 2PC across the halves
+// and linearizable and regional snapshots run, with global-epoch versions
+// (DESIGN.md §11): the history stays strictly serializable.
+func TestStrictSerializabilityWithSplits(t *testing.T) {
+	checkStrictSerializability(t, ssRun{topology: "../examples/three-regions.yaml", regions: []string{"us-east1"}, ks: eastKeys,
+		clients: 4, perClient: 30, snapshots: true, modes: []client.SnapshotMode{client.Linearizable, client.Regional},
+		chaos: func(c *localcluster.Cluster) {
+			db, err := c.Client("us-east1")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ctx := ctxT(t, 60*time.Second)
+			for _, k := range []string{"b-1", "h-4", "b-0z", "h-5", "b-2", "h-3z"} {
+				time.Sleep(250 * time.Millisecond)
+				if err := db.AdminSplit(ctx, []byte(k)); err != nil {
+					t.Errorf("split at %s: %v", k, err)
+				}
+			}
+			// Every replica starts a split's right-hand range once the split
+			// applied there, the followers a little after the leader.
+			n, deadline := 0, time.Now().Add(10*time.Second)
+			for ; n < 8 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				n = len(c.Node(c.NodeIDs()[0]).RangeIDs())
+			}
+			if n < 8 {
+				t.Errorf("node %d hosts %d ranges after the splits; want 8", c.NodeIDs()[0], n)
+			}
+		}})
+}
+
 // TestCheckerRejectsStaleRead makes sure the model can fail: a read that misses
 // a write completed before it started is not strictly serializable.
 func TestCheckerRejectsStaleRead(t *testing.T) {

@@ -198,3 +198,37 @@ func TestAutomaticSplitByLoad(t *testing.T) {
 	}
 	t.Logf("%d ranges", ranges)
 }
+
+// TestSplitNeverLosesALockSilently: t1 reads x; the range splits below x, so
+// x's lock is the right-hand range's to give, which never heard of it; t2
+// updates x there. t1 must not commit a write computed from the x it read —
+// that would lose t2's update (DESIGN.md §11).
+func TestSplitNeverLosesALockSilently(t *testing.T) {
+	_, db := startCluster(t, localcluster.Options{})
+	ctx := ctxT(t, 30*time.Second)
+	x, y := []byte("g-x"), []byte("b-y") // both in range 10 [, m)
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		return errors.Join(tx.Put(ctx, x, []byte("100")), tx.Put(ctx, y, []byte("0")))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t1 := db.Begin()
+	if v, _, err := t1.Get(ctx, x); err != nil || string(v) != "100" {
+		t.Fatalf("t1 read x = %q, %v", v, err)
+	}
+	if err := db.AdminSplit(ctx, []byte("f")); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		return tx.Put(ctx, x, []byte("150"))
+	}); err != nil {
+		t.Fatalf("t2: %v", err)
+	}
+	err := t1.Put(ctx, y, []byte("100")) // y = x as t1 read it
+	if err == nil {
+		_, err = t1.Commit(ctx)
+	}
+	if !errors.Is(err, client.ErrConflict) && !errors.Is(err, client.ErrAborted) {
+		t.Fatalf("t1, whose read lock on x went to the right-hand range, ended with %v; want ErrConflict or ErrAborted", err)
+	}
+}
