@@ -232,3 +232,53 @@ func TestSplitNeverLosesALockSilently(t *testing.T) {
 		t.Fatalf("t1, whose read lock on x went to the right-hand range, ended with %v; want ErrConflict or ErrAborted", err)
 	}
 }
+
+// TestNodeDownDuringASplit: a node is down while its ranges split; restarted,
+// it applies the splits from its log, hosts every new range and serves their
+// data (it leads them after the others stop).
+func TestNodeDownDuringASplit(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{Crashable: true})
+	ctx := ctxT(t, 60*time.Second)
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		return errors.Join(tx.Put(ctx, []byte("b"), []byte("1")), tx.Put(ctx, []byte("d"), []byte("2")), tx.Put(ctx, []byte("x"), []byte("3")))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	down := c.NodeIDs()[2]
+	if err := c.KillNode(down); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"c", "w"} {
+		if err := db.AdminSplit(ctx, []byte(k)); err != nil {
+			t.Fatalf("split at %s with node %d down: %v", k, down, err)
+		}
+	}
+	if err := c.RestartNode(down); err != nil {
+		t.Fatal(err)
+	}
+	n, deadline := 0, time.Now().Add(15*time.Second)
+	for ; n < 4 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		n = len(c.Node(down).RangeIDs())
+	}
+	if n != 4 {
+		t.Fatalf("node %d hosts %d ranges after catching up; want 4", down, n)
+	}
+	// Leave only the restarted node and one other: every range needs its
+	// replica on the restarted node to serve.
+	for _, id := range c.NodeIDs() {
+		if id != down && id != c.NodeIDs()[0] {
+			if err := c.StopNode(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for k, want := range map[string]string{"b": "1", "d": "2", "x": "3"} {
+		var v []byte
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+			v, _, err = tx.Get(ctx, []byte(k))
+			return err
+		}); err != nil || string(v) != want {
+			t.Errorf("%s = %q, %v; want %s", k, v, err, want)
+		}
+	}
+}

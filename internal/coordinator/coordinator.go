@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -35,6 +36,7 @@ type Coordinator struct {
 
 	mode     atomic.Pointer[CommitMode] // nil: Chablis
 	routes   *routing.Cache             // range descriptors and leader hints
+	nodes    routing.NodesResolver      // asks the nodes which ranges they host
 	session  atomic.Uint64              // the highest epoch this client has committed at
 	lastPrio atomic.Uint64
 	crash    atomic.Pointer[CrashHook] // nil: none
@@ -64,7 +66,8 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 		quiet:      top.QuietEpochs,
 	}
 	seed, _ := routing.TopologyResolver{Topology: top}.Resolve(context.Background(), nil)
-	c.routes = routing.NewCache(routing.NodesResolver{Topology: top, Dialer: dialer}, seed...)
+	c.nodes = routing.NodesResolver{Topology: top, Dialer: dialer}
+	c.routes = routing.NewCache(c.nodes, seed...)
 	for _, r := range top.Regions {
 		if g := top.GroupsOfKind(topology.KindLocalEpoch, r); len(g) > 0 {
 			c.epochs[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
@@ -272,10 +275,10 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 				next++
 			}
 		default: // Unknown, Unavailable, deadline: it may have executed
+			c.routes.ForgetLeader(id)
 			if !idempotent {
 				return fmt.Errorf("%w: range %d: %v", ErrCommitUnknown, id, err)
 			}
-			c.routes.ForgetLeader(id)
 			next++
 		}
 		if ctx.Err() != nil {
@@ -405,14 +408,25 @@ func (c *Coordinator) SplitRange(ctx context.Context, key []byte) (left, right *
 	if len(key) > MaxKeySize {
 		return nil, nil, fmt.Errorf("%w: %d bytes, limit %d", ErrSplitKey, len(key), MaxKeySize)
 	}
-	err = c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
-		return c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
-			resp, err := rc.AdminSplit(ctx, &pb.AdminSplitRequest{RangeId: d.GetRangeId(), SplitKey: key})
-			left, right = resp.GetLeft(), resp.GetRight()
-			return err
+	for {
+		err = c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
+			return c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
+				resp, err := rc.AdminSplit(ctx, &pb.AdminSplitRequest{RangeId: d.GetRangeId(), SplitKey: key})
+				left, right = resp.GetLeft(), resp.GetRight()
+				return err
+			})
 		})
-	})
-	if status.Code(errors.Unwrap(err)) == codes.InvalidArgument || status.Code(err) == codes.InvalidArgument {
+		if !errors.Is(err, ErrCommitUnknown) || ctx.Err() != nil {
+			break
+		}
+		// The reply was lost (a leader died, say): read the outcome from
+		// the nodes, and ask again only if the range did not split.
+		if left, right = c.splitAt(ctx, key); right != nil {
+			err = nil
+			break
+		}
+	}
+	if status.Code(err) == codes.InvalidArgument {
 		return nil, nil, fmt.Errorf("%w: %v", ErrSplitKey, status.Convert(err).Message())
 	}
 	if err != nil {
@@ -420,4 +434,26 @@ func (c *Coordinator) SplitRange(ctx context.Context, key []byte) (left, right *
 	}
 	c.routes.Update(left, right)
 	return left, right, nil
+}
+
+// splitAt returns the ranges on either side of a boundary at key, as the
+// nodes report them, or nils if key is no range's start.
+func (c *Coordinator) splitAt(ctx context.Context, key []byte) (left, right *pb.RangeDescriptor) {
+	descs, err := c.nodes.Resolve(ctx, key)
+	if err != nil {
+		return nil, nil
+	}
+	c.routes.Update(descs...)
+	for _, d := range descs {
+		switch {
+		case bytes.Equal(d.GetStartKey(), key) && (right == nil || d.GetGeneration() > right.GetGeneration()):
+			right = d
+		case bytes.Equal(d.GetEndKey(), key) && (left == nil || d.GetGeneration() > left.GetGeneration()):
+			left = d
+		}
+	}
+	if left == nil || right == nil {
+		return nil, nil
+	}
+	return left, right
 }
