@@ -4,9 +4,10 @@
 // two-phase commit, serves snapshot reads, and resolves transactions whose
 // coordinator went silent. One file per job:
 //
-//   - statemachine.go: the replicated state — the lease and prepared records
-//     under the range's id, the MVCC data under the user key — and its
-//     commands, snapshots and reads (Get, Scan).
+//   - statemachine.go: the replicated state — the descriptor, lease and
+//     prepared records under the range's id, the MVCC data under the user
+//     key — and its commands (the split among them), snapshots and reads
+//     (Get, Scan, Size, MidKey).
 //   - replica.go: a replica, its configuration and errors, and the gate every
 //     leader operation passes (leader, propose).
 //   - lease.go: acquiring, renewing and queueing leases (nextLease), and a
@@ -20,6 +21,9 @@
 //     commit — by the rules of package commitrule.
 //   - orphans.go: resolving orphans through the transaction state store.
 //   - snapshotread.go: lock-free snapshot reads (paper §5.2, Algorithm 1).
+//   - split.go: splits, by an operator (AdminSplit) or automatically by size
+//     or load, and what the leader does when one applies.
+//   - load.go: the leader's request rate and the key that divides its load.
 //   - server.go: the gRPC service and its error mapping.
 //
 // The leader reads time only through Config.Clock, and data only through the
