@@ -34,6 +34,21 @@ func receipt(id uint64) []byte { return []byte(fmt.Sprintf("x-receipt-%016x", id
 func enc(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) }
 func dec(b []byte) int64 { return int64(binary.BigEndian.Uint64(b)) }
 
+// fund opens every account with initialBalance.
+func fund(t *testing.T, ctx context.Context, db *client.DB) {
+	t.Helper()
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		for i := 0; i < accounts; i++ {
+			if err := tx.Put(ctx, account(i), enc(initialBalance)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // transfer moves amount from account `from` to account `to` in tx.
 func transfer(ctx context.Context, tx *client.Txn, from, to int, amount int64) error {
 	a, _, err := tx.Get(ctx, account(from))
@@ -96,16 +111,7 @@ func TestBankUnderLeaderKillAndRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-		for i := 0; i < accounts; i++ {
-			if err := tx.Put(ctx, account(i), enc(initialBalance)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	fund(t, ctx, db)
 
 	var (
 		mu        sync.Mutex

@@ -43,16 +43,7 @@ func snapshotTotal(ctx context.Context, db *client.DB) (int64, error) {
 func TestSplitsUnderLoad(t *testing.T) {
 	c, db := startCluster(t, localcluster.Options{Crashable: true})
 	ctx := ctxT(t, 120*time.Second)
-	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-		for i := 0; i < accounts; i++ {
-			if err := tx.Put(ctx, account(i), enc(initialBalance)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	fund(t, ctx, db)
 	work, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var transfers, failed, checks atomic.Int64
