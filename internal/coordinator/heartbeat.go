@@ -51,6 +51,7 @@ func (h *heartbeater) track(g *pb.RangeDescriptor, incarnation uint64) {
 	}
 	h.targets[g.GetRangeId()] = hbTarget{desc: g, incarnation: incarnation}
 	if h.timer == nil {
+		h.c.beating.Store(h, struct{}{}) // so Close stops it
 		h.arm()
 	}
 }
@@ -59,7 +60,6 @@ func (h *heartbeater) track(g *pb.RangeDescriptor, incarnation uint64) {
 // counts the scheduled beat, so Close waits for one in flight.
 func (h *heartbeater) arm() {
 	h.c.wg.Add(1)
-	h.c.beating.Store(h, struct{}{})
 	h.timer = time.AfterFunc(h.every, h.beat)
 }
 

@@ -89,9 +89,13 @@ func TestStaleRoutingIsRefreshed(t *testing.T) {
 // current descriptor, and executes nothing.
 func TestMismatchReplyCarriesTheDescriptor(t *testing.T) {
 	c, coord, ctx := startCoordinator(t)
-	if _, _, err := coord.Begin(0).Get(ctx, []byte("warm-up")); err != nil { // a leader for both ranges
-		t.Fatal(err)
+	tx := coord.Begin(0)
+	for _, k := range []string{"a-warm-up", "warm-up"} { // a serving leader for both ranges
+		if _, _, err := tx.Get(ctx, []byte(k)); err != nil {
+			t.Fatal(err)
+		}
 	}
+	_ = tx.Abort(ctx)
 	conn, err := c.Dialer("us-east1").Conn(c.Leader(10))
 	if err != nil {
 		t.Fatal(err)
