@@ -78,6 +78,13 @@ var (
 	// ErrSplitKey: a split key that is empty, too large or already a range
 	// boundary (AdminSplit).
 	ErrSplitKey = coordinator.ErrSplitKey
+	// ErrMergeLast: AdminMerge on the last range of the key space, which has
+	// no right neighbour.
+	ErrMergeLast = coordinator.ErrMergeLast
+	// ErrMergeRegions: AdminMerge of two ranges homed in different regions.
+	ErrMergeRegions = coordinator.ErrMergeRegions
+	// ErrMergeReplicas: AdminMerge of two ranges on different nodes.
+	ErrMergeReplicas = coordinator.ErrMergeReplicas
 	// ErrSnapshotRetry: a Linearizable snapshot must run again at a later
 	// epoch (paper §5.3.1). Retryable; View does it.
 	ErrSnapshotRetry = coordinator.ErrSnapshotRetry
@@ -399,6 +406,20 @@ func rangeInfo(d *rangepb.RangeDescriptor) RangeInfo {
 func (db *DB) AdminSplit(ctx context.Context, key []byte) error {
 	_, _, err := db.AdminSplitRanges(ctx, key)
 	return err
+}
+
+// AdminMerge merges the range holding key with its right neighbour, which
+// it absorbs (DESIGN.md §11): an operator's action (`terroir admin range
+// merge`). It returns the merged range. Transactions in flight on the
+// absorbed range commit or abort cleanly. Errors: ErrMergeLast,
+// ErrMergeRegions, ErrMergeReplicas (nothing changed), ErrKeyTooLarge,
+// ErrUnavailable, ErrCommitUnknown (whether it merged is unknown).
+func (db *DB) AdminMerge(ctx context.Context, key []byte) (RangeInfo, error) {
+	d, err := db.coord.MergeRange(ctx, key)
+	if err != nil {
+		return RangeInfo{}, err
+	}
+	return rangeInfo(d), nil
 }
 
 // AdminSplitRanges is AdminSplit, returning the two ranges it made.

@@ -44,9 +44,77 @@ func TestSplitsUnderLoad(t *testing.T) {
 	c, db := startCluster(t, localcluster.Options{Crashable: true})
 	ctx := ctxT(t, 120*time.Second)
 	fund(t, ctx, db)
-	work, stop := context.WithCancel(ctx)
+	load := startBankLoad(t, ctx, c)
+	splits := []string{"acct-04", "x-acct-05", "acct-10", "x-acct-13", "acct-16"}
+	for _, k := range splits {
+		time.Sleep(700 * time.Millisecond)
+		began := time.Now()
+		if err := db.AdminSplit(ctx, []byte(k)); err != nil {
+			t.Fatalf("split at %s: %v", k, err)
+		}
+		t.Logf("split at %s in %v (%d transfers so far)", k, time.Since(began).Round(time.Millisecond), load.transfers.Load())
+	}
+	time.Sleep(time.Second)
+	load.stop()
+	t.Logf("%d transfers, %d total checks across %d splits", load.transfers.Load(), load.checks.Load(), len(splits))
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Fatalf("final total %d, %v", sum, err)
+	}
+
+	// Bad input: nothing changes.
+	for _, bad := range []string{"", "acct-10", "m"} { // empty, made a boundary above, a bootstrap boundary
+		if err := db.AdminSplit(ctx, []byte(bad)); !errors.Is(err, client.ErrSplitKey) {
+			t.Errorf("split at %q = %v; want ErrSplitKey", bad, err)
+		}
+	}
+	if err := db.AdminSplit(ctx, make([]byte, 5000)); !errors.Is(err, client.ErrSplitKey) {
+		t.Errorf("split at a 5000-byte key = %v; want ErrSplitKey", err)
+	}
+	restartHostsEveryRange(t, ctx, c, db, 2+len(splits))
+}
+
+// restartHostsEveryRange kills and restarts a node, which must come back
+// hosting want ranges, and checks the accounts' total after.
+func restartHostsEveryRange(t *testing.T, ctx context.Context, c *localcluster.Cluster, db *client.DB, want int) {
+	t.Helper()
+	victim := c.NodeIDs()[0]
+	if err := c.KillNode(victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartNode(victim); err != nil {
+		t.Fatal(err)
+	}
+	if hosted := len(c.Node(victim).RangeIDs()); hosted != want {
+		t.Fatalf("node %d hosts %d ranges after a restart; want %d", victim, hosted, want)
+	}
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Fatalf("total after the restart %d, %v", sum, err)
+	}
+}
+
+// bankLoad is a bank workload running on a cluster: see startBankLoad.
+type bankLoad struct {
+	transfers, checks atomic.Int64
+	stop              func() // ends the load, waits, and fails the test if it made no progress
+}
+
+// startBankLoad starts six clients on c: four transfer money between random
+// accounts, and two check the total, one by a locking read of every account
+// and one by a strong snapshot. A wrong total, or a transfer that fails
+// other than ErrCommitUnknown, fails the test.
+func startBankLoad(t *testing.T, ctx context.Context, c *localcluster.Cluster) *bankLoad {
+	t.Helper()
+	work, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	var transfers, checks atomic.Int64
+	load := &bankLoad{}
+	transfers, checks := &load.transfers, &load.checks
+	load.stop = func() {
+		cancel()
+		wg.Wait()
+		if transfers.Load() == 0 || checks.Load() == 0 {
+			t.Fatalf("no progress: %d transfers, %d checks", transfers.Load(), checks.Load())
+		}
+	}
 	for w := 0; w < 6; w++ {
 		cdb, err := c.Client("us-east1")
 		if err != nil {
@@ -87,50 +155,7 @@ func TestSplitsUnderLoad(t *testing.T) {
 			}
 		}(w)
 	}
-	splits := []string{"acct-04", "x-acct-05", "acct-10", "x-acct-13", "acct-16"}
-	for _, k := range splits {
-		time.Sleep(700 * time.Millisecond)
-		began := time.Now()
-		if err := db.AdminSplit(ctx, []byte(k)); err != nil {
-			t.Fatalf("split at %s: %v", k, err)
-		}
-		t.Logf("split at %s in %v (%d transfers so far)", k, time.Since(began).Round(time.Millisecond), transfers.Load())
-	}
-	time.Sleep(time.Second)
-	stop()
-	wg.Wait()
-	t.Logf("%d transfers, %d total checks across %d splits", transfers.Load(), checks.Load(), len(splits))
-	if transfers.Load() == 0 || checks.Load() == 0 {
-		t.Fatalf("no progress: %d transfers, %d checks", transfers.Load(), checks.Load())
-	}
-	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
-		t.Fatalf("final total %d, %v", sum, err)
-	}
-
-	// Bad input: nothing changes.
-	for _, bad := range []string{"", "acct-10", "m"} { // empty, made a boundary above, a bootstrap boundary
-		if err := db.AdminSplit(ctx, []byte(bad)); !errors.Is(err, client.ErrSplitKey) {
-			t.Errorf("split at %q = %v; want ErrSplitKey", bad, err)
-		}
-	}
-	if err := db.AdminSplit(ctx, make([]byte, 5000)); !errors.Is(err, client.ErrSplitKey) {
-		t.Errorf("split at a 5000-byte key = %v; want ErrSplitKey", err)
-	}
-
-	// A node killed and restarted comes back with every range.
-	victim := c.NodeIDs()[0]
-	if err := c.KillNode(victim); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.RestartNode(victim); err != nil {
-		t.Fatal(err)
-	}
-	if hosted := len(c.Node(victim).RangeIDs()); hosted != 2+len(splits) {
-		t.Fatalf("node %d hosts %d ranges after a restart; want %d", victim, hosted, 2+len(splits))
-	}
-	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
-		t.Fatalf("total after the restart %d, %v", sum, err)
-	}
+	return load
 }
 
 // TestAutomaticSplitByLoad: with split_qps lowered to 40, reads spread over

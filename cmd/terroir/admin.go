@@ -113,6 +113,30 @@ func adminCmd() *cobra.Command {
 		},
 	})
 	rng.AddCommand(&cobra.Command{
+		Use:   "merge <key>",
+		Short: "Merge the range holding key with its right neighbour, which it absorbs",
+		Long: "merge asks the range's leader to absorb the range that starts where it ends (DESIGN.md §11).\n" +
+			"Both must be homed in one region and on the same nodes. Transactions in flight commit or\n" +
+			"abort cleanly; nothing moves on disk. Merging the last range, or ranges of different home\n" +
+			"regions or nodes, is refused and nothing changes.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
+				db, err := client.OpenWithDialer(top, coordinatorRegion(top), d)
+				if err != nil {
+					return err
+				}
+				defer db.Close()
+				r, err := db.AdminMerge(ctx, []byte(args[0]))
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.OutOrStdout(), "merged into range %d\t[%q, %q)\t%s\treplicas %v\tgeneration %d\n", r.ID, r.Start, r.End, r.Region, r.Replicas, r.Generation)
+				return nil
+			})
+		},
+	})
+	rng.AddCommand(&cobra.Command{
 		Use:   "list",
 		Short: "Print every range: id, span, home region, replicas, leaseholder, lease, generation, size, load",
 		Args:  cobra.NoArgs,

@@ -21,11 +21,13 @@ type RangeReport struct {
 }
 
 // Ranges asks every node of top for the ranges it hosts and returns one
-// report per range, ordered by start key. Nodes that do not answer by ctx's
+// report per range, ordered by start key; a range merged away (subsumed, by
+// any replica's report) is left out. Nodes that do not answer by ctx's
 // end are listed in down; their ranges are reported by the others.
 func Ranges(ctx context.Context, d *transport.Dialer, top *topology.Topology) (ranges []RangeReport, down []uint64, err error) {
 	var mu sync.Mutex
 	byID := map[uint64]*RangeReport{}
+	subsumed := map[uint64]bool{}
 	var wg sync.WaitGroup
 	for _, n := range top.Nodes {
 		wg.Add(1)
@@ -44,6 +46,7 @@ func Ranges(ctx context.Context, d *transport.Dialer, top *topology.Topology) (r
 			}
 			for _, st := range resp.GetRanges() {
 				id := st.GetRangeDescriptor().GetRangeId()
+				subsumed[id] = subsumed[id] || st.GetRangeDescriptor().GetSubsumed()
 				cur := byID[id]
 				switch {
 				case cur == nil:
@@ -58,8 +61,10 @@ func Ranges(ctx context.Context, d *transport.Dialer, top *topology.Topology) (r
 		}(n.ID)
 	}
 	wg.Wait()
-	for _, r := range byID {
-		ranges = append(ranges, *r)
+	for id, r := range byID {
+		if !subsumed[id] {
+			ranges = append(ranges, *r)
+		}
 	}
 	sort.Slice(ranges, func(i, j int) bool {
 		return bytes.Compare(ranges[i].GetRangeDescriptor().GetStartKey(), ranges[j].GetRangeDescriptor().GetStartKey()) < 0

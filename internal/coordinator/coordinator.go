@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,7 +229,7 @@ var errStaleRoute = fmt.Errorf("%w: the range changed shape", ErrConflict)
 // not execute (FailedPrecondition); any other failure is ErrCommitUnknown.
 func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idempotent bool, f func(context.Context, pb.RangeClient) error) error {
 	var lastErr error
-	next := 0
+	next, missing := 0, 0 // missing: replicas in a row that do not host the range
 	id, replicas := g.GetRangeId(), g.GetReplicas()
 	for attempt := 0; ; attempt++ {
 		target := replicas[next%len(replicas)]
@@ -245,6 +247,9 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 		}
 		lastErr = err
 		st := status.Convert(err)
+		if st.Code() != codes.NotFound {
+			missing = 0
+		}
 		switch st.Code() {
 		case codes.Aborted:
 			return fmt.Errorf("%w: %s", ErrConflict, st.Message())
@@ -261,6 +266,11 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 		case codes.NotFound: // did not execute: the node does not host the range (yet: a split applies there later)
 			c.routes.ForgetLeader(id)
 			next++
+			if missing++; missing >= len(replicas) {
+				// No replica hosts it: the range was merged away.
+				c.routes.Forget(id)
+				return fmt.Errorf("%w: range %d is hosted nowhere: %s", errStaleRoute, id, st.Message())
+			}
 		case codes.FailedPrecondition: // did not execute: not the leader, or not serving yet
 			hint := uint64(0)
 			for _, d := range st.Details() {
@@ -329,8 +339,24 @@ func (c *Coordinator) readEpochs(ctx context.Context, regions []string, naive bo
 }
 
 // maxRouteAttempts bounds how often one operation is routed again after
-// mismatch replies before it gives up as unavailable.
-const maxRouteAttempts = 20
+// mismatch replies, or while no range serves its key (a merge between its
+// two halves), before it gives up as unavailable; routeBackoff spaces the
+// attempts (about 1.5 s in all).
+const maxRouteAttempts = 40
+
+// routeBackoff waits before routing attempt (from 0) again: not at all
+// after the first mismatch, then 2 ms more each time up to 50 ms. It
+// reports false if ctx ended.
+func routeBackoff(ctx context.Context, attempt int) bool {
+	if attempt == 0 {
+		return ctx.Err() == nil
+	}
+	return transport.SleepCtx(ctx, time.Duration(min(2*attempt, 50))*time.Millisecond)
+}
+
+// lookupRetryable reports a routing failure that a later attempt may not
+// meet: no range serves the key now.
+func lookupRetryable(err error) bool { return errors.Is(err, routing.ErrNoRange) }
 
 // routeKey runs f at the range holding key, as the routing cache has it, and
 // again at the range the cache then names after each mismatch reply
@@ -339,9 +365,12 @@ const maxRouteAttempts = 20
 // write is ErrCrossRegion).
 func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.RangeDescriptor) error, f func(*pb.RangeDescriptor) error) error {
 	var err error
-	for attempt := 0; attempt < maxRouteAttempts; attempt++ {
+	for attempt := 0; attempt < maxRouteAttempts && routeBackoff(ctx, attempt); attempt++ {
 		var d *pb.RangeDescriptor
 		if d, err = c.routes.Lookup(ctx, key); err != nil {
+			if lookupRetryable(err) {
+				continue
+			}
 			return fmt.Errorf("%w: routing %q: %v", ErrUnavailable, key, err)
 		}
 		if check != nil {
@@ -363,9 +392,12 @@ func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.R
 func (c *Coordinator) routeSpan(ctx context.Context, lo, hi []byte, check func(*pb.RangeDescriptor) error,
 	f func(p routing.Part) (done bool, err error)) error {
 	var err error
-	for attempt := 0; attempt < maxRouteAttempts; attempt++ {
+	for attempt := 0; attempt < maxRouteAttempts && routeBackoff(ctx, attempt); attempt++ {
 		var parts []routing.Part
 		if parts, err = c.routes.Overlapping(ctx, lo, hi); err != nil {
+			if lookupRetryable(err) {
+				continue
+			}
 			return fmt.Errorf("%w: routing [%q, %q): %v", ErrUnavailable, lo, hi, err)
 		}
 		stale := false
@@ -434,6 +466,107 @@ func (c *Coordinator) SplitRange(ctx context.Context, key []byte) (left, right *
 	}
 	c.routes.Update(left, right)
 	return left, right, nil
+}
+
+// Errors of MergeRange; each leaves the ranges as they were.
+var (
+	// ErrMergeLast: the range holding the key ends the key space.
+	ErrMergeLast = errors.New("terroir: the last range of the key space has no right neighbour to absorb")
+	// ErrMergeRegions: the range and its right neighbour are homed in
+	// different regions.
+	ErrMergeRegions = errors.New("terroir: the range and its right neighbour have different home regions")
+	// ErrMergeReplicas: the range and its right neighbour are not on the
+	// same nodes.
+	ErrMergeReplicas = errors.New("terroir: the range and its right neighbour are on different nodes")
+)
+
+// MergeRange merges the range holding key with its right neighbour, which
+// it absorbs (DESIGN.md §11), and returns the merged descriptor; the routing
+// cache learns it at once. Transactions in flight on the right-hand range
+// commit or abort cleanly. Errors: ErrMergeLast, ErrMergeRegions,
+// ErrMergeReplicas (nothing changed), ErrUnavailable, ErrCommitUnknown
+// (whether it merged is unknown). While the right-hand range is not ready
+// (its leadership moving, transactions committing) or a range changed
+// first, the call retries until ctx ends.
+func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDescriptor, error) {
+	if len(key) > MaxKeySize {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
+	}
+	for {
+		var merged, left *pb.RangeDescriptor
+		err := c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
+			left = d
+			if err := c.mergeable(ctx, d); err != nil {
+				return err
+			}
+			return c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
+				resp, err := rc.AdminMerge(ctx, &pb.AdminMergeRequest{RangeId: d.GetRangeId()})
+				merged = resp.GetMerged()
+				return err
+			})
+		})
+		switch {
+		case err == nil:
+			c.routes.Update(merged)
+			return merged, nil
+		case errors.Is(err, ErrCommitUnknown) && ctx.Err() == nil:
+			// The reply was lost: read the outcome from the nodes, and ask
+			// again only if the range did not grow.
+			if descs, rerr := c.nodes.Resolve(ctx, key); rerr == nil {
+				c.routes.Update(descs...)
+				for _, d := range descs {
+					if d.GetRangeId() == left.GetRangeId() && !d.GetSubsumed() && d.GetGeneration() > left.GetGeneration() &&
+						!bytes.Equal(d.GetEndKey(), left.GetEndKey()) {
+						return d, nil
+					}
+				}
+			}
+		case errors.Is(err, ErrConflict) && ctx.Err() == nil:
+			// A range changed first: route and ask again.
+			if !routeBackoff(ctx, 5) {
+				return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			}
+		case status.Code(err) == codes.InvalidArgument:
+			return nil, mergeRefusal(status.Convert(err).Message())
+		default:
+			return nil, err
+		}
+	}
+}
+
+// mergeable checks, by the routing cache, that range d may absorb its right
+// neighbour: the leader checks again by its own state.
+func (c *Coordinator) mergeable(ctx context.Context, d *pb.RangeDescriptor) error {
+	if len(d.GetEndKey()) == 0 {
+		return fmt.Errorf("%w: range %d [%q, end of the key space)", ErrMergeLast, d.GetRangeId(), d.GetStartKey())
+	}
+	right, err := c.routes.Lookup(ctx, d.GetEndKey())
+	if err != nil {
+		return fmt.Errorf("%w: routing %q: %v", ErrUnavailable, d.GetEndKey(), err)
+	}
+	if right.GetRegion() != d.GetRegion() {
+		return fmt.Errorf("%w: range %d is homed in %s, range %d in %s", ErrMergeRegions, d.GetRangeId(), d.GetRegion(), right.GetRangeId(), right.GetRegion())
+	}
+	a, b := slices.Clone(d.GetReplicas()), slices.Clone(right.GetReplicas())
+	slices.Sort(a)
+	slices.Sort(b)
+	if !slices.Equal(a, b) {
+		return fmt.Errorf("%w: range %d on nodes %v, range %d on %v", ErrMergeReplicas, d.GetRangeId(), d.GetReplicas(), right.GetRangeId(), right.GetReplicas())
+	}
+	return nil
+}
+
+// mergeRefusal types a leader's refusal of a merge by its message.
+func mergeRefusal(msg string) error {
+	for _, r := range []struct {
+		says string
+		err  error
+	}{{"has no right neighbour", ErrMergeLast}, {"different home regions", ErrMergeRegions}, {"different replicas", ErrMergeReplicas}} {
+		if strings.Contains(msg, r.says) {
+			return fmt.Errorf("%w: %s", r.err, msg)
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrMergeReplicas, msg)
 }
 
 // splitAt returns the ranges on either side of a boundary at key, as the

@@ -364,13 +364,29 @@ func (t *Txn) abortAll(ctx context.Context) {
 			defer wg.Done()
 			actx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
-			_ = t.c.rangeCall(actx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-				_, err := rc.Abort(ctx, &pb.AbortRequest{RangeId: g.GetRangeId(), TxnId: t.meta.GetId()})
+			_ = t.tell(actx, g, func(ctx context.Context, rc pb.RangeClient, id uint64) error {
+				_, err := rc.Abort(ctx, &pb.AbortRequest{RangeId: id, TxnId: t.meta.GetId()})
 				return err
 			})
 		}(p.desc)
 	}
 	wg.Wait()
+}
+
+// tell sends the transaction's outcome to participant g by send (given the
+// range ID to name), retrying as rangeCall does. If g was merged away since
+// (a mismatch reply), it tells the range that now holds g's start key
+// instead, which took g's prepared record.
+func (t *Txn) tell(ctx context.Context, g *pb.RangeDescriptor, send func(ctx context.Context, rc pb.RangeClient, id uint64) error) error {
+	first := true
+	return t.c.routeKey(ctx, g.GetStartKey(), nil, func(d *pb.RangeDescriptor) error {
+		if first { // the participant itself; after a mismatch, the range holding its start
+			d, first = g, false
+		}
+		return t.c.rangeCall(ctx, d, true, func(ctx context.Context, rc pb.RangeClient) error {
+			return send(ctx, rc, d.GetRangeId())
+		})
+	})
 }
 
 // Commit commits the transaction and returns its version id. On a retryable
@@ -565,7 +581,9 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		time.Sleep(time.Duration(t.meta.GetCommitWaitUs()) * time.Microsecond)
 	}
 	// Tell the participants, in the background: the outcome is durable, and a
-	// participant that misses this resolves it through the state store.
+	// participant that misses this resolves it through the state store. A
+	// participant merged away since answers with a mismatch; the range that
+	// now holds its start key took its prepared record, and is told instead.
 	parts := make([]*pb.RangeDescriptor, 0, len(t.parts))
 	for _, p := range t.parts {
 		parts = append(parts, p.desc)
@@ -580,8 +598,8 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 			wg.Add(1)
 			go func(g *pb.RangeDescriptor) {
 				defer wg.Done()
-				_ = t.c.rangeCall(nctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
-					_, err := rc.Commit(ctx, &pb.CommitRequest{RangeId: g.GetRangeId(), TxnId: t.meta.GetId(), Version: ver, RegionalVersion: regional[g.GetRegion()]})
+				_ = t.tell(nctx, g, func(ctx context.Context, rc pb.RangeClient, id uint64) error {
+					_, err := rc.Commit(ctx, &pb.CommitRequest{RangeId: id, TxnId: t.meta.GetId(), Version: ver, RegionalVersion: regional[g.GetRegion()]})
 					return err
 				})
 			}(g)

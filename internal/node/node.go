@@ -5,6 +5,7 @@ package node
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -70,7 +71,8 @@ type Node struct {
 	ranges   []*rangeserver.Replica   // grows when a split creates a range here
 	readers  map[string]*epoch.Reader // epoch and publisher readers, by kind/region
 	deciders map[uint64]*txnstate.Client
-	closing  bool // no range is added once Close began
+	closing  bool           // no range is added once Close began
+	removing sync.WaitGroup // replicas of merged-away ranges being removed
 	registry *prometheus.Registry
 	served   chan struct{}
 }
@@ -108,6 +110,10 @@ func Start(cfg Config) (_ *Node, err error) {
 		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter},
 		raftgroup.NewMetrics(cfg.Registry))
 	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region})
+	removed, err := n.removedRanges()
+	if err != nil {
+		return nil, err
+	}
 	epochServer := epoch.NewServer()
 	txnServer := txnstate.NewServer()
 	n.rangeSrv = rangeserver.NewServer()
@@ -149,6 +155,9 @@ func Start(cfg Config) (_ *Node, err error) {
 			}
 			txnServer.Add(txnstate.Replica{Group: rg, SM: sm})
 		case topology.KindRange:
+			if removed[g.ID] {
+				continue // merged away
+			}
 			if _, err := n.addRange(routing.BootstrapDescriptor(g), false); err != nil {
 				return nil, err
 			}
@@ -163,7 +172,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	for _, id := range split {
-		if _, hosted := top.Group(id); hosted || n.Range(id) != nil {
+		if _, hosted := top.Group(id); hosted || n.Range(id) != nil || removed[id] {
 			continue
 		}
 		if _, err := n.addRange(&pb.RangeDescriptor{RangeId: id}, false); err != nil {
@@ -237,8 +246,10 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 	}
 	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, srcs, n.decider,
 		rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
-			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS})
+			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay,
+			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor})
 	sm.OnSplit(n.onSplit)
+	sm.OnMerge(n.onMerge)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closing {
@@ -269,6 +280,75 @@ func (n *Node) onSplit(s rangeserver.Split) {
 	if r.LeaseHolder() == n.cfg.NodeID {
 		r.Campaign()
 	}
+}
+
+// onMerge removes this node's replica of the range a merge subsumed, once
+// the merge is durable here (DESIGN.md §11): the replica stops, and its Raft
+// and range-local state are deleted. The store's tombstone for the range,
+// written with the merge, keeps the node from hosting it again.
+func (n *Node) onMerge(m rangeserver.Merge) {
+	id := m.Right.GetRangeId()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i := slices.IndexFunc(n.ranges, func(r *rangeserver.Replica) bool { return r.ID() == id })
+	if i < 0 || n.closing {
+		return
+	}
+	r := n.ranges[i]
+	n.ranges = slices.Delete(n.ranges, i, i+1)
+	n.rangeSrv.Remove(id)
+	n.removing.Add(1)
+	go func() { // not on the merged range's apply loop: stopping r waits for its loop
+		defer n.removing.Done()
+		r.Close()
+		if err := n.dropRange(id); err != nil {
+			slog.Error("node: removing a merged range's replica", "node", n.cfg.NodeID, "range", id, "err", err)
+		}
+	}()
+}
+
+// dropRange deletes range id's Raft group and range-local state.
+func (n *Node) dropRange(id uint64) error {
+	if err := n.host.RemoveGroup(id); err != nil {
+		return err
+	}
+	return n.engine.DeleteState(id)
+}
+
+// removedRanges returns the ranges merged away on this store, deleting
+// what a removal cut short by a crash left of them.
+func (n *Node) removedRanges() (map[uint64]bool, error) {
+	ids, err := n.engine.RemovedRanges()
+	if err != nil {
+		return nil, err
+	}
+	removed := map[uint64]bool{}
+	for _, id := range ids {
+		removed[id] = true
+		if err := n.dropRange(id); err != nil {
+			return nil, err
+		}
+	}
+	return removed, nil
+}
+
+// peerDescriptor asks node for its descriptor of range id
+// (rangeserver.Config.PeerDescriptor).
+func (n *Node) peerDescriptor(ctx context.Context, node, id uint64) (*pb.RangeDescriptor, error) {
+	conn, err := n.dialer.Conn(node)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := pb.NewRangeClient(conn).Ranges(ctx, &pb.RangesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range resp.GetRanges() {
+		if d := st.GetRangeDescriptor(); d.GetRangeId() == id {
+			return d, nil
+		}
+	}
+	return nil, nil
 }
 
 // RangeIDs returns the IDs of the ranges the node hosts, as hosted.
@@ -371,6 +451,7 @@ func (n *Node) closeParts() error {
 	for _, r := range n.rangeReplicas() {
 		r.Close()
 	}
+	n.removing.Wait()
 	for _, r := range n.epochs {
 		r.Close()
 	}

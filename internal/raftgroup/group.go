@@ -315,6 +315,14 @@ func (g *Group) report(f func(*raft.RawNode)) {
 	}
 }
 
+// TransferLeadership asks the group's leader to hand leadership to replica
+// to (a follower forwards the request to the leader it knows). It returns at
+// once; the transfer may not happen (raft abandons it after an election
+// timeout).
+func (g *Group) TransferLeadership(to uint64) {
+	g.report(func(rn *raft.RawNode) { rn.TransferLeader(to) })
+}
+
 // Campaign asks this replica to start an election now (a new group's
 // replica on the node that should lead it, DESIGN.md §11), without waiting
 // for the election timeout. Best effort.

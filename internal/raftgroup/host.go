@@ -103,6 +103,27 @@ func (h *Host) AddGroup(id uint64, voters []uint64, sm StateMachine) (*Group, er
 	return g, nil
 }
 
+// RemoveGroup stops this node's replica of group id and deletes its Raft
+// state (a range merged away, DESIGN.md §11), durably. The group's state
+// machine state is the caller's to delete. Removing a group not hosted here
+// deletes whatever Raft state of it is left.
+func (h *Host) RemoveGroup(id uint64) error {
+	h.mu.Lock()
+	g := h.groups[id]
+	delete(h.groups, id)
+	started := h.started
+	h.mu.Unlock()
+	if g != nil && started {
+		g.close()
+	}
+	b := h.e.NewBatch()
+	if err := b.DeleteRange(groupPrefix(id), storage.PrefixEnd(groupPrefix(id)), nil); err != nil {
+		_ = b.Close()
+		return err
+	}
+	return h.e.Commit(b, true)
+}
+
 // Start begins driving every group, sending through s.
 func (h *Host) Start(s Sender) {
 	h.mu.Lock()

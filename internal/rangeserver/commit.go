@@ -95,6 +95,9 @@ func (r *Replica) Abort(ctx context.Context, txnID []byte) error {
 // through Raft whenever a prepared record exists or may still be applying (the
 // transaction prepared here), so no record outlives its outcome.
 func (r *Replica) finish(ctx context.Context, txnID []byte, cmd *pb.Command, committedEpoch uint64) error {
+	if d := r.sm.Descriptor(); d.GetSubsumed() {
+		return subsumedError(d) // the merged range holds the record: tell it there
+	}
 	r.mu.Lock()
 	l := r.lead
 	r.mu.Unlock()

@@ -46,8 +46,8 @@ func (r *Replica) tick() {
 		// an election timeout, so leadership and lease stay together.
 		r.group.Campaign()
 	}
-	if st.Leader != r.self || !st.CaughtUp {
-		r.stepDown()
+	if st.Leader != r.self || !st.CaughtUp || r.sm.Descriptor().GetSubsumed() {
+		r.stepDown() // a subsumed range serves nothing: no lease to keep
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
@@ -80,6 +80,7 @@ func (r *Replica) tick() {
 	l := r.activate(lease, highest)
 	r.resolveOrphans(l)
 	r.maybeSplit()
+	r.maybeMerge()
 }
 
 // nextLease returns the lease that replica self, leading the range's Raft

@@ -35,7 +35,7 @@ func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, spa
 	if len(d.GetEndKey()) > 0 {
 		end = d.GetEndKey()
 	}
-	if !span.Inside(d.GetStartKey(), end) {
+	if d.GetSubsumed() || !span.Inside(d.GetStartKey(), end) {
 		// A split applied while the lock was awaited: the lock is the
 		// right-hand range's to give, so the transaction's locks here go.
 		l.txns.release(meta.GetId(), 0)

@@ -63,6 +63,22 @@ type Config struct {
 	// served more requests per second than this for loadSplitAfter (0: never
 	// by load).
 	SplitQPS float64
+	// MergeSize merges the range with its right-hand neighbour once both
+	// together take fewer bytes on disk than this (0: no automatic merges).
+	MergeSize uint64
+	// MergeQPS is the request rate per second both ranges together must stay
+	// under to merge automatically (0: any).
+	MergeQPS float64
+	// MergeDelay is how long both ranges must have kept their shape (no
+	// split or merge, no restart) before they merge automatically.
+	MergeDelay time.Duration
+	// Sibling returns this node's replica of the range whose span starts at
+	// key (nil: none here). Merges find the right-hand neighbour with it.
+	Sibling func(key []byte) *Replica
+	// PeerDescriptor returns node's descriptor of range id (nil, nil: the
+	// node does not host it). A merge asks every replica of the subsumed
+	// range whether it has applied its subsume.
+	PeerDescriptor func(ctx context.Context, node, id uint64) (*pb.RangeDescriptor, error)
 }
 
 // Clock tells the time. The leader reads the time only through it, so its
@@ -127,6 +143,9 @@ type MismatchError struct {
 
 func (e *MismatchError) Error() string {
 	d := e.Desc
+	if d.GetSubsumed() {
+		return fmt.Sprintf("%v: range %d [%q, %q) merged into its left neighbour (generation %d)", ErrRangeMismatch, d.GetRangeId(), d.GetStartKey(), d.GetEndKey(), d.GetGeneration())
+	}
 	return fmt.Sprintf("%v: %s not in range %d [%q, %q) generation %d", ErrRangeMismatch, e.Keys, d.GetRangeId(), d.GetStartKey(), d.GetEndKey(), d.GetGeneration())
 }
 
@@ -159,6 +178,7 @@ type Replica struct {
 	lastEpoch atomic.Uint64 // the newest local epoch this replica has read
 	load      *loadTracker
 	splits    splitQueue
+	reshaped  atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
 
 	mu   sync.Mutex
 	lead *leadership // nil unless serving as leaseholder
@@ -178,7 +198,9 @@ func NewReplica(self uint64, group *raftgroup.Group, sm *StateMachine,
 	r := &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher,
 		service: epochs.Service, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
 	r.load = newLoadTracker(r.cfg.Clock.Now, r.cfg.SplitQPS)
+	r.reshaped.Store(r.cfg.Clock.Now().UnixNano())
 	sm.OnSplit(r.onSplit)
+	sm.OnMerge(r.onMerge)
 	return r
 }
 
@@ -256,6 +278,9 @@ func (r *Replica) leader() (*leadership, error) {
 	l := r.lead
 	r.mu.Unlock()
 	if l == nil || !r.group.IsLeader() {
+		if d := r.sm.Descriptor(); d.GetSubsumed() {
+			return nil, subsumedError(d)
+		}
 		return nil, ErrNotLeaseholder
 	}
 	if e := r.lastEpoch.Load(); e < l.start || e > l.end.Load() {
@@ -264,9 +289,22 @@ func (r *Replica) leader() (*leadership, error) {
 	return l, nil
 }
 
-// checkKey refuses a key outside the range's span with a *MismatchError.
+// subsumedError is the *MismatchError of a subsumed range: it serves no key.
+func subsumedError(d *pb.RangeDescriptor) *MismatchError {
+	var end []byte
+	if len(d.GetEndKey()) > 0 {
+		end = d.GetEndKey()
+	}
+	return &MismatchError{Desc: d, Keys: "every key (merged into its left neighbour)", Start: d.GetStartKey(), End: end}
+}
+
+// checkKey refuses a key outside the range's span, or any key once the range
+// is subsumed, with a *MismatchError.
 func (r *Replica) checkKey(key []byte) error {
 	d := r.sm.Descriptor()
+	if d.GetSubsumed() {
+		return subsumedError(d)
+	}
 	if bytes.Compare(key, d.GetStartKey()) < 0 || (len(d.GetEndKey()) > 0 && bytes.Compare(key, d.GetEndKey()) >= 0) {
 		return &MismatchError{Desc: d, Keys: fmt.Sprintf("key %q", key), Start: key, End: append(append([]byte{}, key...), 0)}
 	}
@@ -278,6 +316,9 @@ func (r *Replica) checkKey(key []byte) error {
 // is never cut to the range silently: the sender's routing may be stale.
 func (r *Replica) checkSpan(start, end []byte) error {
 	d := r.sm.Descriptor()
+	if d.GetSubsumed() {
+		return subsumedError(d)
+	}
 	if bytes.Compare(start, d.GetStartKey()) >= 0 &&
 		(len(d.GetEndKey()) == 0 || (end != nil && bytes.Compare(end, d.GetEndKey()) <= 0)) {
 		return nil

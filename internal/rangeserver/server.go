@@ -97,10 +97,12 @@ func (r *Replica) toStatus(err error) error {
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, ErrSplitKey):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrSplitBusy):
+	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy):
 		return notExecuted(err, r.self) // retry here
-	case errors.Is(err, ErrSplitRaced):
+	case errors.Is(err, ErrSplitRaced), errors.Is(err, ErrMergeRaced):
 		return status.Error(codes.Aborted, err.Error())
+	case errors.Is(err, ErrMergeLast), errors.Is(err, ErrMergeRegions), errors.Is(err, ErrMergeReplicas):
+		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrBadRequest):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -258,6 +260,41 @@ func (s *Server) AdminSplit(ctx context.Context, req *pb.AdminSplitRequest) (*pb
 		return nil, s.status(r, err)
 	}
 	return &pb.AdminSplitResponse{Left: left, Right: right}, nil
+}
+
+// AdminMerge implements pb.RangeServer.
+func (s *Server) AdminMerge(ctx context.Context, req *pb.AdminMergeRequest) (*pb.AdminMergeResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	merged, err := r.AdminMerge(ctx)
+	if err != nil {
+		return nil, s.status(r, err)
+	}
+	return &pb.AdminMergeResponse{Merged: merged}, nil
+}
+
+// Remove makes range id unreachable through the server (a merge removed
+// it).
+func (s *Server) Remove(id uint64) {
+	s.mu.Lock()
+	delete(s.replicas, id)
+	s.mu.Unlock()
+}
+
+// Sibling returns the replica of the range whose span starts at key, or nil
+// (Config.Sibling).
+func (s *Server) Sibling(key []byte) *Replica {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var found *Replica
+	for _, r := range s.replicas {
+		if bytes.Equal(r.Desc().GetStartKey(), key) && (found == nil || r.Desc().GetGeneration() > found.Desc().GetGeneration()) {
+			found = r
+		}
+	}
+	return found
 }
 
 // CommitOnePhase implements pb.RangeServer.

@@ -46,7 +46,16 @@ const firstSplitRangeID = 1 << 32
 // Errors: ErrNotLeaseholder / ErrLeaseNotActive (retry at the leader),
 // ErrSplitKey (empty, or already a boundary), a *MismatchError (key outside
 // the range), ErrSplitBusy, ErrSplitRaced, or ctx's error.
+//
+// An operator's split (this call) is sticky: automatic merges keep its
+// boundary.
 func (r *Replica) AdminSplit(ctx context.Context, key []byte) (left, right *pb.RangeDescriptor, err error) {
+	return r.split(ctx, key, true)
+}
+
+// split is AdminSplit; sticky marks the right-hand descriptor (see
+// pb.RangeDescriptor.sticky).
+func (r *Replica) split(ctx context.Context, key []byte, sticky bool) (left, right *pb.RangeDescriptor, err error) {
 	if len(key) == 0 {
 		return nil, nil, fmt.Errorf("%w: empty key", ErrSplitKey)
 	}
@@ -63,17 +72,10 @@ func (r *Replica) AdminSplit(ctx context.Context, key []byte) (left, right *pb.R
 	}
 	thaw := l.txns.freeze(key)
 	defer thaw()
-	wctx, cancel := context.WithTimeout(ctx, splitQuiesce)
-	defer cancel()
-	for l.txns.committingAbove(key) {
-		if !transport.SleepCtx(wctx, time.Millisecond) {
-			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
-			}
-			return nil, nil, fmt.Errorf("%w: range %d at %q", ErrSplitBusy, d.GetRangeId(), key)
-		}
+	if err := r.quiesce(ctx, l, key); err != nil {
+		return nil, nil, err
 	}
-	cmd := &pb.Command{Cmd: &pb.Command_Split{Split: &pb.SplitCmd{SplitKey: key, RightRangeId: r.newRangeID(), Generation: d.GetGeneration()}}}
+	cmd := &pb.Command{Cmd: &pb.Command_Split{Split: &pb.SplitCmd{SplitKey: key, RightRangeId: r.newRangeID(), Generation: d.GetGeneration(), Sticky: sticky}}}
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
 	defer pcancel()
 	res, err := r.group.Propose(pctx, EncodeCommand(cmd))
@@ -85,6 +87,23 @@ func (r *Replica) AdminSplit(ctx context.Context, key []byte) (left, right *pb.R
 		return nil, nil, fmt.Errorf("%w: range %d at %q", ErrSplitRaced, d.GetRangeId(), key)
 	}
 	return a.Split.Left, a.Split.Right, nil
+}
+
+// quiesce waits, up to splitQuiesce, until no transaction holding a lock at
+// or above key is prepared or committing (the caller froze them: see
+// txnTable.freeze). Errors: ErrSplitBusy, or ctx's error.
+func (r *Replica) quiesce(ctx context.Context, l *leadership, key []byte) error {
+	wctx, cancel := context.WithTimeout(ctx, splitQuiesce)
+	defer cancel()
+	for l.txns.committingAbove(key) {
+		if !transport.SleepCtx(wctx, time.Millisecond) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w: range %d at %q", ErrSplitBusy, r.id, key)
+		}
+	}
+	return nil
 }
 
 // newRangeID picks the ID of a range a split creates: random above
@@ -108,6 +127,7 @@ func (r *Replica) onSplit(s Split) {
 	if l != nil {
 		dropped = l.txns.dropOutside(s.Left.GetStartKey(), end)
 	}
+	r.reshaped.Store(r.cfg.Clock.Now().UnixNano())
 	r.load.reset() // its samples may lie in the right half
 	slog.Info("range split", "range", r.id, "right", s.Right.GetRangeId(), "at", string(s.Right.GetStartKey()),
 		"generation", s.Left.GetGeneration(), "dropped_txns", dropped)
@@ -125,7 +145,8 @@ const (
 // splitQueue is a leader's automatic splitting: at most one split at a time.
 type splitQueue struct {
 	lastCheck time.Time   // read and written by the tick loop only
-	running   atomic.Bool // a split is under way
+	lastMerge time.Time   // likewise, for maybeMerge
+	running   atomic.Bool // a split or merge is under way
 }
 
 // maybeSplit, on the leader's tick at most every splitCheck, splits the range
@@ -162,7 +183,7 @@ func (r *Replica) maybeSplit() {
 		defer r.splits.running.Store(false)
 		ctx, cancel := context.WithTimeout(r.ctx, proposeTimeout+splitQuiesce)
 		defer cancel()
-		if _, _, err := r.AdminSplit(ctx, key); err != nil {
+		if _, _, err := r.split(ctx, key, false); err != nil {
 			slog.Debug("automatic split", "range", r.id, "at", string(key), "reason", reason, "err", err)
 			return
 		}

@@ -63,12 +63,22 @@ type StateMachine struct {
 	prepared map[string]*pb.PreparedRecord
 	splits   []Split       // applied, not yet durable: told by PostApply
 	onSplit  []func(Split) // split listeners
+	merges   []Merge       // applied, not yet durable: told by PostApply
+	onMerge  []func(Merge) // merge listeners
 }
 
 // Split is a split as applied: the range's new descriptor and the new
 // right-hand range's.
 type Split struct {
 	Left, Right *pb.RangeDescriptor
+}
+
+// Merge is a merge as applied on the left-hand range: its new descriptor, the
+// subsumed right-hand range's last one, and the prepared records it took
+// from the right-hand range.
+type Merge struct {
+	Merged, Right *pb.RangeDescriptor
+	Prepared      []*pb.PreparedRecord
 }
 
 // Applied is the result of applying one command.
@@ -82,6 +92,11 @@ type Applied struct {
 	Rejected bool
 	// Split is set for a split that took effect.
 	Split *Split
+	// Subsumed is the range's last descriptor after a subsume that took
+	// effect.
+	Subsumed *pb.RangeDescriptor
+	// Merge is set for a merge that took effect.
+	Merge *Merge
 }
 
 // OnSplit registers f to be told of every split of this range once it is
@@ -93,22 +108,42 @@ func (sm *StateMachine) OnSplit(f func(Split)) {
 	sm.onSplit = append(sm.onSplit, f)
 }
 
-// PostApply implements raftgroup.PostApplier: it tells the split listeners of
-// the splits applied since the last call, now that they are in the engine.
+// OnMerge registers f to be told of every merge of this range (as the
+// left-hand range) once it is durable in the engine, on every replica: the
+// node removes its replica of the subsumed range.
+func (sm *StateMachine) OnMerge(f func(Merge)) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	sm.onMerge = append(sm.onMerge, f)
+}
+
+// PostApply implements raftgroup.PostApplier: it tells the split and merge
+// listeners of the splits and merges applied since the last call, now that
+// they are in the engine.
 func (sm *StateMachine) PostApply() {
 	sm.mu.Lock()
-	splits, listeners := sm.splits, sm.onSplit
-	sm.splits = nil
+	splits, onSplit := sm.splits, sm.onSplit
+	merges, onMerge := sm.merges, sm.onMerge
+	sm.splits, sm.merges = nil, nil
 	sm.mu.Unlock()
-	for _, s := range splits {
+	tell(splits, onSplit)
+	tell(merges, onMerge)
+}
+
+func tell[E any](events []E, listeners []func(E)) {
+	for _, e := range events {
 		for _, f := range listeners {
-			f(s)
+			f(e)
 		}
 	}
 }
 
-// inSpan reports whether every write's key lies in d's span.
+// writesInSpan reports whether every write's key lies in d's span; none does
+// once d is subsumed.
 func writesInSpan(d *pb.RangeDescriptor, writes []*pb.Write) bool {
+	if d.GetSubsumed() {
+		return false
+	}
 	for _, w := range writes {
 		k := w.GetKey()
 		if bytes.Compare(k, d.GetStartKey()) < 0 || (len(d.GetEndKey()) > 0 && bytes.Compare(k, d.GetEndKey()) >= 0) {
@@ -186,8 +221,11 @@ func (sm *StateMachine) Scan(ks Keyspace, start, end []byte, below storage.Versi
 
 // spans returns the engine spans a snapshot of the range holds: its
 // range-local state, then its data and regional copies within its span.
-func (sm *StateMachine) spans() [][2][]byte {
-	d := sm.desc.Load()
+func (sm *StateMachine) spans() [][2][]byte { return sm.spansOf(sm.desc.Load()) }
+
+// spansOf returns the engine spans of the range-local state and of the data
+// and regional copies in d's span.
+func (sm *StateMachine) spansOf(d *pb.RangeDescriptor) [][2][]byte {
 	var end []byte
 	if len(d.GetEndKey()) > 0 {
 		end = d.GetEndKey()
@@ -258,13 +296,18 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		sm.prepared[string(rec.GetTxn().GetId())] = rec
 	case *pb.Command_Commit:
 		rec, ok := sm.prepared[string(x.Commit.GetTxnId())]
-		if !ok {
-			return Applied{} // already resolved
+		if !ok || sm.desc.Load().GetSubsumed() {
+			// Already resolved, or subsumed: the merged range holds the
+			// record now and resolves it.
+			return Applied{}
 		}
 		sm.writeVersions(b, rec.GetWrites(), x.Commit.GetVersion(), x.Commit.GetRegionalVersion())
 		_ = b.Delete(sm.sub(subPrepared, x.Commit.GetTxnId()), nil)
 		delete(sm.prepared, string(x.Commit.GetTxnId()))
 	case *pb.Command_Abort:
+		if sm.desc.Load().GetSubsumed() {
+			return Applied{}
+		}
 		_ = b.Delete(sm.sub(subPrepared, x.Abort.GetTxnId()), nil)
 		delete(sm.prepared, string(x.Abort.GetTxnId()))
 	case *pb.Command_OnePhase:
@@ -274,6 +317,10 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		sm.writeVersions(b, x.OnePhase.GetWrites(), x.OnePhase.GetVersion(), x.OnePhase.GetRegionalVersion())
 	case *pb.Command_Split:
 		return sm.applySplit(b, x.Split)
+	case *pb.Command_Subsume:
+		return sm.applySubsume(b, x.Subsume)
+	case *pb.Command_Merge:
+		return sm.applyMerge(b, x.Merge)
 	default:
 		return fmt.Errorf("%w: empty command", ErrBadCommand)
 	}
@@ -315,12 +362,8 @@ func (sm *StateMachine) Snapshot() ([]byte, error) {
 // and its span's data with the snapshot's. A key outside them is
 // storage.ErrCorrupt.
 func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
+	var kvs [][2][]byte
 	spans := sm.spans()
-	for _, sp := range spans {
-		if err := b.DeleteRange(sp[0], sp[1], nil); err != nil {
-			return err
-		}
-	}
 	for len(data) > 0 {
 		k, rest, err := storage.NextRecord(data)
 		if err != nil {
@@ -331,10 +374,26 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 			return err
 		}
 		data = rest
-		if !inSpans(k, spans) {
+		kvs = append(kvs, [2][]byte{k, v})
+		if bytes.Equal(k, sm.sub(subDescriptor, nil)) {
+			// The snapshot's span, which a merge may have grown, is the range's too.
+			d := &pb.RangeDescriptor{}
+			if err := proto.Unmarshal(v, d); err != nil {
+				return fmt.Errorf("%w: descriptor in snapshot: %v", storage.ErrCorrupt, err)
+			}
+			spans = append(spans, sm.spansOf(d)...)
+		}
+	}
+	for _, sp := range spans {
+		if err := b.DeleteRange(sp[0], sp[1], nil); err != nil {
+			return err
+		}
+	}
+	for _, kv := range kvs {
+		if !inSpans(kv[0], spans) {
 			return fmt.Errorf("%w: range snapshot key outside the range", storage.ErrCorrupt)
 		}
-		if err := b.Set(k, v, nil); err != nil {
+		if err := b.Set(kv[0], kv[1], nil); err != nil {
 			return err
 		}
 	}
@@ -383,57 +442,6 @@ func inSpans(k []byte, spans [][2][]byte) bool {
 		}
 	}
 	return false
-}
-
-// applySplit splits the range at cmd's key (DESIGN.md §11); callers hold
-// sm.mu. The right-hand range's range-local state is written under its id in
-// the same batch: its descriptor, the same lease (holder and epoch interval),
-// and the prepared records of transactions with writes at or above the key,
-// cut to those writes; the left keeps the rest. No user data moves. A split
-// under another generation than the range's, or at a key not strictly inside
-// its span, is rejected.
-func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
-	d, k := sm.desc.Load(), cmd.GetSplitKey()
-	if cmd.GetGeneration() != d.GetGeneration() || len(k) == 0 || bytes.Compare(k, d.GetStartKey()) <= 0 ||
-		(len(d.GetEndKey()) > 0 && bytes.Compare(k, d.GetEndKey()) >= 0) || cmd.GetRightRangeId() == d.GetRangeId() {
-		return Applied{Rejected: true}
-	}
-	left := proto.Clone(d).(*pb.RangeDescriptor)
-	left.EndKey, left.Generation = k, d.GetGeneration()+1
-	right := &pb.RangeDescriptor{RangeId: cmd.GetRightRangeId(), StartKey: k, EndKey: d.GetEndKey(), Region: d.GetRegion(),
-		Replicas: d.GetReplicas(), Generation: left.GetGeneration()}
-	rprefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, right.GetRangeId())
-	rsub := func(b byte, rest []byte) []byte { return append(append(append([]byte{}, rprefix...), b), rest...) }
-	v, _ := proto.Marshal(right)
-	_ = b.Set(rsub(subDescriptor, nil), v, nil)
-	_ = b.Set(storage.RangeIndexKey(right.GetRangeId()), nil, nil)
-	v, _ = proto.Marshal(sm.lease)
-	_ = b.Set(rsub(subLease, nil), v, nil)
-	for id, rec := range sm.prepared {
-		var lw, rw []*pb.Write
-		for _, w := range rec.GetWrites() {
-			if bytes.Compare(w.GetKey(), k) >= 0 {
-				rw = append(rw, w)
-			} else {
-				lw = append(lw, w)
-			}
-		}
-		if len(rw) == 0 {
-			continue
-		}
-		v, _ := proto.Marshal(&pb.PreparedRecord{Txn: rec.GetTxn(), Writes: rw})
-		_ = b.Set(rsub(subPrepared, []byte(id)), v, nil)
-		kept := &pb.PreparedRecord{Txn: rec.GetTxn(), Writes: lw}
-		v, _ = proto.Marshal(kept)
-		_ = b.Set(sm.sub(subPrepared, []byte(id)), v, nil)
-		sm.prepared[id] = kept
-	}
-	v, _ = proto.Marshal(left)
-	_ = b.Set(sm.sub(subDescriptor, nil), v, nil)
-	sm.desc.Store(left)
-	s := Split{Left: left, Right: right}
-	sm.splits = append(sm.splits, s)
-	return Applied{Split: &s}
 }
 
 // Size estimates the bytes on disk of the range's data and regional copies.

@@ -151,7 +151,7 @@ func (tt *txnTable) startCommit(meta *pb.TxnMeta, writes []*pb.Write, lockCount 
 		return fmt.Errorf("%w: locks taken under another incarnation", ErrLocksLost)
 	}
 	if tt.splitKey != nil && !tt.allBelow(id, tt.splitKey) {
-		return fmt.Errorf("%w: the range is splitting at %q", ErrLocksLost, tt.splitKey)
+		return fmt.Errorf("%w: the range is changing shape at %q", ErrLocksLost, tt.splitKey)
 	}
 	if held := tt.locks.HeldBy(id); held != int(lockCount) {
 		return fmt.Errorf("%w: %d of %d locks held", ErrLocksLost, held, lockCount)
@@ -217,6 +217,13 @@ func (tt *txnTable) highestEpoch() uint64 {
 	return tt.highest
 }
 
+// raise raises the highest epoch to e (a merge brings the subsumed range's).
+func (tt *txnTable) raise(e uint64) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	tt.highest = max(tt.highest, e)
+}
+
 // release drops txn's record and locks after its outcome is durable, raising
 // the highest epoch to the transaction's (invariant 5) when it committed.
 func (tt *txnTable) release(txnID []byte, committedEpoch uint64) {
@@ -279,9 +286,10 @@ func (tt *txnTable) allBelow(id locktable.TxnID, key []byte) bool {
 	return true
 }
 
-// freeze starts a split at key (DESIGN.md §11): from now on no transaction
-// holding a lock at or above key may start to commit here, so that none is
-// prepared or committing with locks the right-hand range will not know of.
+// freeze starts a split at key, or a subsume with key the range's start
+// (DESIGN.md §11): from now on no transaction holding a lock at or above key
+// may start to commit here, so that none is prepared or committing with
+// locks the range that takes over those keys will not know of.
 // It returns a function that ends the freeze.
 func (tt *txnTable) freeze(key []byte) (thaw func()) {
 	tt.mu.Lock()

@@ -11,10 +11,12 @@ import (
 const BootstrapGeneration = 1
 
 // BootstrapDescriptor returns the first descriptor of range g of the
-// topology file (DESIGN.md §11: the file seeds the descriptors once).
+// topology file (DESIGN.md §11: the file seeds the descriptors once). Its
+// start is sticky: the operator chose the boundary, so automatic merges
+// keep it.
 func BootstrapDescriptor(g topology.Group) *pb.RangeDescriptor {
 	return &pb.RangeDescriptor{RangeId: g.ID, StartKey: g.Start, EndKey: g.End, Region: g.Region,
-		Replicas: append([]uint64(nil), g.Replicas...), Generation: BootstrapGeneration}
+		Replicas: append([]uint64(nil), g.Replicas...), Generation: BootstrapGeneration, Sticky: true}
 }
 
 // TopologyResolver resolves from the bootstrap topology: every range it

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -61,6 +62,9 @@ func overlaps(d *pb.RangeDescriptor, lo, hi []byte) bool {
 // those has a higher generation (it is then stale and dropped): generations
 // rise with every split and merge, and a merge takes a generation above both
 // halves', so the newer of two overlapping descriptors has the higher one.
+// A subsumed descriptor (a range merged into its left neighbour) drops the
+// older ones it overlaps and is not kept: its span is the merged range's,
+// which the next lookup resolves.
 func (c *Cache) Update(descs ...*pb.RangeDescriptor) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -79,11 +83,13 @@ next:
 			if o.GetGeneration() > d.GetGeneration() {
 				continue next
 			}
-			if o.GetRangeId() != d.GetRangeId() {
+			if o.GetRangeId() != d.GetRangeId() || d.GetSubsumed() {
 				delete(c.leaders, o.GetRangeId())
 			}
 		}
-		kept = append(kept, d)
+		if !d.GetSubsumed() {
+			kept = append(kept, d)
+		}
 		sort.Slice(kept, func(i, j int) bool { return bytes.Compare(kept[i].GetStartKey(), kept[j].GetStartKey()) < 0 })
 		c.ranges = kept
 	}
@@ -160,6 +166,16 @@ func (c *Cache) Overlapping(ctx context.Context, lo, hi []byte) ([]Part, error) 
 		}
 		start = end
 	}
+}
+
+// Forget drops range id's descriptor and leader hint: no node hosts the
+// range any more (it was merged away), and the next lookup of its span
+// resolves again.
+func (c *Cache) Forget(id uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ranges = slices.DeleteFunc(c.ranges, func(d *pb.RangeDescriptor) bool { return d.GetRangeId() == id })
+	delete(c.leaders, id)
 }
 
 // Leader returns the node believed to lead range id.

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -18,7 +19,9 @@ const nodesTimeout = 2 * time.Second
 // descriptor they report; the cache keeps the newest generation of each span.
 // It finds ranges that splits made, which the bootstrap topology cannot name;
 // the replicated directory will answer in one call instead. When no node
-// answers for the key, the topology's bootstrap descriptors stand in.
+// answers at all, the topology's bootstrap descriptors stand in; when nodes
+// answer but none serves the key (a merge between its halves), it is
+// ErrNoRange, and the caller retries.
 type NodesResolver struct {
 	Topology *topology.Topology
 	Dialer   *transport.Dialer
@@ -30,7 +33,7 @@ func (r NodesResolver) Resolve(ctx context.Context, key []byte) ([]*pb.RangeDesc
 	defer cancel()
 	var mu sync.Mutex
 	var out []*pb.RangeDescriptor
-	holds := false
+	holds, answered := false, false
 	var wg sync.WaitGroup
 	for _, n := range r.Topology.Nodes {
 		wg.Add(1)
@@ -46,16 +49,20 @@ func (r NodesResolver) Resolve(ctx context.Context, key []byte) ([]*pb.RangeDesc
 			}
 			mu.Lock()
 			defer mu.Unlock()
+			answered = true
 			for _, st := range resp.GetRanges() {
 				d := st.GetRangeDescriptor()
 				out = append(out, d)
-				holds = holds || Contains(d, key)
+				holds = holds || (Contains(d, key) && !d.GetSubsumed())
 			}
 		}(n.ID)
 	}
 	wg.Wait()
-	if !holds {
+	if !answered {
 		return TopologyResolver{Topology: r.Topology}.Resolve(ctx, key)
+	}
+	if !holds {
+		return nil, fmt.Errorf("%w: %q (no node serves it now)", ErrNoRange, key)
 	}
 	return out, nil
 }

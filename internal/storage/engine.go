@@ -59,7 +59,8 @@ var (
 )
 
 var (
-	rangeIndexPrefix = []byte{PrefixMeta, 'R'}
+	rangeIndexPrefix     = []byte{PrefixMeta, 'R'}
+	rangeTombstonePrefix = []byte{PrefixMeta, 'T'}
 	storeIdentKey    = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
 	layoutVersionKey = []byte{PrefixMeta, 'l', 'a', 'y', 'o', 'u', 't'}
 )
@@ -186,15 +187,46 @@ func RangeIndexKey(id uint64) []byte {
 
 // IndexedRanges returns the IDs recorded by RangeIndexKey, ascending.
 func (e *Engine) IndexedRanges() ([]uint64, error) {
+	return e.rangeIDs(rangeIndexPrefix, "range index")
+}
+
+// rangeIDs returns the range IDs of the keys under prefix (each prefix and a
+// big-endian ID), ascending. A key of another length wraps ErrCorrupt.
+func (e *Engine) rangeIDs(prefix []byte, what string) ([]uint64, error) {
 	var ids []uint64
-	err := e.Scan(rangeIndexPrefix, PrefixEnd(rangeIndexPrefix), func(k, _ []byte) (bool, error) {
-		if len(k) != len(rangeIndexPrefix)+8 {
-			return false, fmt.Errorf("%w: range index key of %d bytes", ErrCorrupt, len(k))
+	err := e.Scan(prefix, PrefixEnd(prefix), func(k, _ []byte) (bool, error) {
+		if len(k) != len(prefix)+8 {
+			return false, fmt.Errorf("%w: %s key of %d bytes", ErrCorrupt, what, len(k))
 		}
-		ids = append(ids, binary.BigEndian.Uint64(k[len(rangeIndexPrefix):]))
+		ids = append(ids, binary.BigEndian.Uint64(k[len(prefix):]))
 		return true, nil
 	})
 	return ids, err
+}
+
+// RangeTombstoneKey is the key recording that range id was merged away on
+// this store (DESIGN.md §11): the node never hosts it again, even if the
+// topology file names it. Its value is empty; set it in the batch that
+// applies the merge.
+func RangeTombstoneKey(id uint64) []byte {
+	return binary.BigEndian.AppendUint64(append([]byte{}, rangeTombstonePrefix...), id)
+}
+
+// RemovedRanges returns the IDs recorded by RangeTombstoneKey, ascending.
+func (e *Engine) RemovedRanges() ([]uint64, error) {
+	return e.rangeIDs(rangeTombstonePrefix, "range tombstone")
+}
+
+// DeleteState deletes group id's state machine sub-space (PrefixState and
+// the big-endian id), durably: a range merged away.
+func (e *Engine) DeleteState(id uint64) error {
+	lo := binary.BigEndian.AppendUint64([]byte{PrefixState}, id)
+	b := e.NewBatch()
+	if err := b.DeleteRange(lo, PrefixEnd(lo), nil); err != nil {
+		_ = b.Close()
+		return err
+	}
+	return e.Commit(b, true)
 }
 
 // DiskUsage estimates the bytes on disk of the keys in [start, end): the

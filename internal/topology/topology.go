@@ -21,6 +21,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"sort"
@@ -72,6 +73,9 @@ const (
 	// DefaultOrphanAfter is how long a range leader waits for a heartbeat from
 	// a transaction's coordinator before treating it as an orphan (DESIGN.md §10).
 	DefaultOrphanAfter = 2 * time.Second
+	// DefaultMergeDelay is how long two neighbouring ranges must keep their
+	// shape before they merge automatically (DESIGN.md §11).
+	DefaultMergeDelay = 30 * time.Second
 )
 
 // ErrInvalid marks every validation failure; the wrapped message names the field.
@@ -109,6 +113,19 @@ type Topology struct {
 	// the key that divides its load (0: never by load). File: split_qps, a
 	// number or off.
 	SplitQPS float64
+	// MergeSize: two neighbouring ranges of one region and the same nodes
+	// merge automatically once together they take fewer bytes on disk than
+	// this (0: never automatically). File: merge_size, default a quarter of
+	// split_size (16 MiB if that is off); under half of split_size, so a
+	// merged range does not split back.
+	MergeSize uint64
+	// MergeQPS: ... and together serve fewer requests per second than this
+	// (0: load is not considered). File: merge_qps, default a quarter of
+	// split_qps; under half of it.
+	MergeQPS float64
+	// MergeDelay: ... and neither has split or merged for this long. File:
+	// merge_delay, default 30s.
+	MergeDelay time.Duration
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -159,6 +176,9 @@ type fileTopology struct {
 	OrphanAfter        string      `yaml:"orphan_after,omitempty"`
 	SplitSize          string      `yaml:"split_size,omitempty"`
 	SplitQPS           string      `yaml:"split_qps,omitempty"`
+	MergeSize          string      `yaml:"merge_size,omitempty"`
+	MergeQPS           string      `yaml:"merge_qps,omitempty"`
+	MergeDelay         string      `yaml:"merge_delay,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -230,6 +250,49 @@ func parseDuration(field, s string, def time.Duration) (time.Duration, error) {
 
 // parseSize reads a byte count such as 512KiB, 64MiB or 1GiB (or a plain
 // number of bytes); "off" is 0.
+// parseRate parses a request rate per second, or off (0); "" gives def.
+func parseRate(field, s string, def float64) (float64, error) {
+	switch s {
+	case "":
+		return def, nil
+	case "off":
+		return 0, nil
+	}
+	r, err := strconv.ParseFloat(s, 64)
+	if err != nil || r <= 0 || math.IsInf(r, 0) || math.IsNaN(r) {
+		return 0, invalid("%s: %q is not a positive number of requests per second (or off)", field, s)
+	}
+	return r, nil
+}
+
+// parseMerges sets the automatic merge thresholds (after the split ones)
+// and checks that they sit under half of the split thresholds: the
+// hysteresis that keeps a range from splitting and merging back and forth.
+func (t *Topology) parseMerges(f *fileTopology) (err error) {
+	defSize := uint64(16 << 20)
+	if t.SplitSize > 0 {
+		defSize = t.SplitSize / 4
+	}
+	if t.MergeSize, err = parseSize("merge_size", f.MergeSize, defSize); err != nil {
+		return err
+	}
+	if t.SplitSize > 0 && t.MergeSize*2 > t.SplitSize {
+		return invalid("merge_size: %d bytes is over half of split_size (%d bytes): merged ranges would split back", t.MergeSize, t.SplitSize)
+	}
+	defQPS := float64(DefaultSplitQPS) / 4
+	if t.SplitQPS > 0 {
+		defQPS = t.SplitQPS / 4
+	}
+	if t.MergeQPS, err = parseRate("merge_qps", f.MergeQPS, defQPS); err != nil {
+		return err
+	}
+	if t.SplitQPS > 0 && (t.MergeQPS == 0 || t.MergeQPS*2 > t.SplitQPS) {
+		return invalid("merge_qps: %v requests/s is over half of split_qps (%v): merged ranges would split back", t.MergeQPS, t.SplitQPS)
+	}
+	t.MergeDelay, err = parseDuration("merge_delay", f.MergeDelay, DefaultMergeDelay)
+	return err
+}
+
 func parseSize(field, s string, def uint64) (uint64, error) {
 	switch s {
 	case "":
@@ -285,14 +348,11 @@ func build(f *fileTopology) (*Topology, error) {
 	if t.SplitSize, err = parseSize("split_size", f.SplitSize, DefaultSplitSize); err != nil {
 		return nil, err
 	}
-	switch f.SplitQPS {
-	case "":
-		t.SplitQPS = DefaultSplitQPS
-	case "off":
-	default:
-		if t.SplitQPS, err = strconv.ParseFloat(f.SplitQPS, 64); err != nil || t.SplitQPS <= 0 {
-			return nil, invalid("split_qps: %q is not a positive number of requests per second (or off)", f.SplitQPS)
-		}
+	if t.SplitQPS, err = parseRate("split_qps", f.SplitQPS, DefaultSplitQPS); err != nil {
+		return nil, err
+	}
+	if err := t.parseMerges(f); err != nil {
+		return nil, err
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -617,6 +677,13 @@ func (t *Topology) Marshal() ([]byte, error) {
 	}
 	if t.SplitQPS > 0 {
 		f.SplitQPS = strconv.FormatFloat(t.SplitQPS, 'f', -1, 64)
+	}
+	f.MergeSize, f.MergeQPS, f.MergeDelay = "off", "off", t.MergeDelay.String()
+	if t.MergeSize > 0 {
+		f.MergeSize = strconv.FormatUint(t.MergeSize, 10) + "B"
+	}
+	if t.MergeQPS > 0 {
+		f.MergeQPS = strconv.FormatFloat(t.MergeQPS, 'f', -1, 64)
 	}
 	if t.GlobalEpochMinInterval > 0 {
 		f.GlobalMinInterval = t.GlobalEpochMinInterval.String()

@@ -396,13 +396,20 @@ func (x *KeyValue) GetValue() []byte {
 // change, so of two descriptors of overlapping spans the higher generation
 // is the newer.
 type RangeDescriptor struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
-	StartKey      []byte                 `protobuf:"bytes,2,opt,name=start_key,json=startKey,proto3" json:"start_key,omitempty"`
-	EndKey        []byte                 `protobuf:"bytes,3,opt,name=end_key,json=endKey,proto3" json:"end_key,omitempty"` // exclusive; empty: to the end of the key space
-	Region        string                 `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
-	Replicas      []uint64               `protobuf:"varint,5,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`
-	Generation    uint64                 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"` // from 1
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RangeId    uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	StartKey   []byte                 `protobuf:"bytes,2,opt,name=start_key,json=startKey,proto3" json:"start_key,omitempty"`
+	EndKey     []byte                 `protobuf:"bytes,3,opt,name=end_key,json=endKey,proto3" json:"end_key,omitempty"` // exclusive; empty: to the end of the key space
+	Region     string                 `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
+	Replicas   []uint64               `protobuf:"varint,5,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`
+	Generation uint64                 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"` // from 1
+	// subsumed: the range was merged into its left neighbour, or is being
+	// (DESIGN.md §11): it serves nothing, and its span belongs to the range
+	// that ends at its start key once that one applies the merge.
+	Subsumed bool `protobuf:"varint,7,opt,name=subsumed,proto3" json:"subsumed,omitempty"`
+	// sticky: an operator's split set the start key; automatic merges keep
+	// the boundary (an operator's merge does not).
+	Sticky        bool `protobuf:"varint,8,opt,name=sticky,proto3" json:"sticky,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -477,6 +484,20 @@ func (x *RangeDescriptor) GetGeneration() uint64 {
 		return x.Generation
 	}
 	return 0
+}
+
+func (x *RangeDescriptor) GetSubsumed() bool {
+	if x != nil {
+		return x.Subsumed
+	}
+	return false
+}
+
+func (x *RangeDescriptor) GetSticky() bool {
+	if x != nil {
+		return x.Sticky
+	}
+	return false
 }
 
 // RangeMismatch is attached to an OutOfRange error from a range that got a
@@ -584,6 +605,8 @@ type Command struct {
 	//	*Command_Abort
 	//	*Command_OnePhase
 	//	*Command_Split
+	//	*Command_Subsume
+	//	*Command_Merge
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -680,6 +703,24 @@ func (x *Command) GetSplit() *SplitCmd {
 	return nil
 }
 
+func (x *Command) GetSubsume() *SubsumeCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Subsume); ok {
+			return x.Subsume
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetMerge() *MergeCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Merge); ok {
+			return x.Merge
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -708,6 +749,14 @@ type Command_Split struct {
 	Split *SplitCmd `protobuf:"bytes,6,opt,name=split,proto3,oneof"`
 }
 
+type Command_Subsume struct {
+	Subsume *SubsumeCmd `protobuf:"bytes,7,opt,name=subsume,proto3,oneof"`
+}
+
+type Command_Merge struct {
+	Merge *MergeCmd `protobuf:"bytes,8,opt,name=merge,proto3,oneof"`
+}
+
 func (*Command_Lease) isCommand_Cmd() {}
 
 func (*Command_Prepare) isCommand_Cmd() {}
@@ -720,6 +769,10 @@ func (*Command_OnePhase) isCommand_Cmd() {}
 
 func (*Command_Split) isCommand_Cmd() {}
 
+func (*Command_Subsume) isCommand_Cmd() {}
+
+func (*Command_Merge) isCommand_Cmd() {}
+
 // SplitCmd splits the range at split_key (DESIGN.md §11): the range keeps
 // [start, split_key) and a new range right_range_id, on the same replicas,
 // takes [split_key, end) with the same lease and the prepared records of its
@@ -730,6 +783,7 @@ type SplitCmd struct {
 	SplitKey      []byte                 `protobuf:"bytes,1,opt,name=split_key,json=splitKey,proto3" json:"split_key,omitempty"`
 	RightRangeId  uint64                 `protobuf:"varint,2,opt,name=right_range_id,json=rightRangeId,proto3" json:"right_range_id,omitempty"`
 	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Sticky        bool                   `protobuf:"varint,4,opt,name=sticky,proto3" json:"sticky,omitempty"` // an operator's split: the right half's descriptor is sticky
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -785,6 +839,142 @@ func (x *SplitCmd) GetGeneration() uint64 {
 	return 0
 }
 
+func (x *SplitCmd) GetSticky() bool {
+	if x != nil {
+		return x.Sticky
+	}
+	return false
+}
+
+// SubsumeCmd is the first half of a merge (DESIGN.md §11), on the right-hand
+// range R: from its apply on, R serves nothing, and its state (its
+// descriptor, marked subsumed at generation + 1, and its prepared records) is
+// final. Applied only if R is still at `generation` (else rejected).
+type SubsumeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    uint64                 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	LeaseStart    uint64                 `protobuf:"varint,2,opt,name=lease_start,json=leaseStart,proto3" json:"lease_start,omitempty"` // applied only under the lease that starts here
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubsumeCmd) Reset() {
+	*x = SubsumeCmd{}
+	mi := &file_range_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubsumeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubsumeCmd) ProtoMessage() {}
+
+func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubsumeCmd.ProtoReflect.Descriptor instead.
+func (*SubsumeCmd) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SubsumeCmd) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *SubsumeCmd) GetLeaseStart() uint64 {
+	if x != nil {
+		return x.LeaseStart
+	}
+	return 0
+}
+
+// MergeCmd is the second half of a merge, on the left-hand range L: L's span
+// grows to right's end and L takes right's prepared records, keeping its own
+// lease. Applied only if L is still at `generation` under the lease that
+// starts at lease_start, ends where right starts, and right is subsumed
+// (else rejected). The merged range takes a generation above both.
+type MergeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    uint64                 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	LeaseStart    uint64                 `protobuf:"varint,2,opt,name=lease_start,json=leaseStart,proto3" json:"lease_start,omitempty"`
+	Right         *RangeDescriptor       `protobuf:"bytes,3,opt,name=right,proto3" json:"right,omitempty"`
+	RightPrepared []*PreparedRecord      `protobuf:"bytes,4,rep,name=right_prepared,json=rightPrepared,proto3" json:"right_prepared,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MergeCmd) Reset() {
+	*x = MergeCmd{}
+	mi := &file_range_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MergeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MergeCmd) ProtoMessage() {}
+
+func (x *MergeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MergeCmd.ProtoReflect.Descriptor instead.
+func (*MergeCmd) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *MergeCmd) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *MergeCmd) GetLeaseStart() uint64 {
+	if x != nil {
+		return x.LeaseStart
+	}
+	return 0
+}
+
+func (x *MergeCmd) GetRight() *RangeDescriptor {
+	if x != nil {
+		return x.Right
+	}
+	return nil
+}
+
+func (x *MergeCmd) GetRightPrepared() []*PreparedRecord {
+	if x != nil {
+		return x.RightPrepared
+	}
+	return nil
+}
+
 type LeaseCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
@@ -795,7 +985,7 @@ type LeaseCmd struct {
 
 func (x *LeaseCmd) Reset() {
 	*x = LeaseCmd{}
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +997,7 @@ func (x *LeaseCmd) String() string {
 func (*LeaseCmd) ProtoMessage() {}
 
 func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +1010,7 @@ func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCmd.ProtoReflect.Descriptor instead.
 func (*LeaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{10}
+	return file_range_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LeaseCmd) GetLease() *Lease {
@@ -848,7 +1038,7 @@ type PrepareCmd struct {
 
 func (x *PrepareCmd) Reset() {
 	*x = PrepareCmd{}
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +1050,7 @@ func (x *PrepareCmd) String() string {
 func (*PrepareCmd) ProtoMessage() {}
 
 func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +1063,7 @@ func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareCmd.ProtoReflect.Descriptor instead.
 func (*PrepareCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{11}
+	return file_range_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PrepareCmd) GetTxn() *TxnMeta {
@@ -911,7 +1101,7 @@ type CommitCmd struct {
 
 func (x *CommitCmd) Reset() {
 	*x = CommitCmd{}
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1113,7 @@ func (x *CommitCmd) String() string {
 func (*CommitCmd) ProtoMessage() {}
 
 func (x *CommitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1126,7 @@ func (x *CommitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
 func (*CommitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{12}
+	return file_range_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CommitCmd) GetTxnId() []byte {
@@ -969,7 +1159,7 @@ type AbortCmd struct {
 
 func (x *AbortCmd) Reset() {
 	*x = AbortCmd{}
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +1171,7 @@ func (x *AbortCmd) String() string {
 func (*AbortCmd) ProtoMessage() {}
 
 func (x *AbortCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1184,7 @@ func (x *AbortCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortCmd.ProtoReflect.Descriptor instead.
 func (*AbortCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{13}
+	return file_range_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AbortCmd) GetTxnId() []byte {
@@ -1017,7 +1207,7 @@ type OnePhaseCmd struct {
 
 func (x *OnePhaseCmd) Reset() {
 	*x = OnePhaseCmd{}
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1219,7 @@ func (x *OnePhaseCmd) String() string {
 func (*OnePhaseCmd) ProtoMessage() {}
 
 func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1232,7 @@ func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseCmd.ProtoReflect.Descriptor instead.
 func (*OnePhaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{14}
+	return file_range_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *OnePhaseCmd) GetTxnId() []byte {
@@ -1091,7 +1281,7 @@ type PreparedRecord struct {
 
 func (x *PreparedRecord) Reset() {
 	*x = PreparedRecord{}
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1293,7 @@ func (x *PreparedRecord) String() string {
 func (*PreparedRecord) ProtoMessage() {}
 
 func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1306,7 @@ func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreparedRecord.ProtoReflect.Descriptor instead.
 func (*PreparedRecord) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{15}
+	return file_range_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PreparedRecord) GetTxn() *TxnMeta {
@@ -1144,7 +1334,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1346,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1359,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{16}
+	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetRequest) GetRangeId() uint64 {
@@ -1204,7 +1394,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1406,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1419,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{17}
+	return file_range_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1267,7 +1457,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1469,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1482,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{18}
+	return file_range_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ScanRequest) GetRangeId() uint64 {
@@ -1340,7 +1530,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1542,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1555,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{19}
+	return file_range_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -1393,7 +1583,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1595,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1608,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{20}
+	return file_range_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LockRequest) GetRangeId() uint64 {
@@ -1454,7 +1644,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1656,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1669,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{21}
+	return file_range_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LockResponse) GetIncarnation() uint64 {
@@ -1502,7 +1692,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1704,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1717,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{22}
+	return file_range_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PrepareRequest) GetRangeId() uint64 {
@@ -1577,7 +1767,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1779,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1792,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{23}
+	return file_range_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PrepareResponse) GetLease() *Lease {
@@ -1645,7 +1835,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1847,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1860,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{24}
+	return file_range_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CommitRequest) GetRangeId() uint64 {
@@ -1709,7 +1899,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1911,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1924,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{25}
+	return file_range_proto_rawDescGZIP(), []int{27}
 }
 
 type AbortRequest struct {
@@ -1747,7 +1937,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +1949,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +1962,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{26}
+	return file_range_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AbortRequest) GetRangeId() uint64 {
@@ -1797,7 +1987,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1999,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +2012,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{27}
+	return file_range_proto_rawDescGZIP(), []int{29}
 }
 
 type OnePhaseRequest struct {
@@ -1839,7 +2029,7 @@ type OnePhaseRequest struct {
 
 func (x *OnePhaseRequest) Reset() {
 	*x = OnePhaseRequest{}
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +2041,7 @@ func (x *OnePhaseRequest) String() string {
 func (*OnePhaseRequest) ProtoMessage() {}
 
 func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +2054,7 @@ func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseRequest.ProtoReflect.Descriptor instead.
 func (*OnePhaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{28}
+	return file_range_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *OnePhaseRequest) GetRangeId() uint64 {
@@ -1918,7 +2108,7 @@ type OnePhaseResponse struct {
 
 func (x *OnePhaseResponse) Reset() {
 	*x = OnePhaseResponse{}
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2120,7 @@ func (x *OnePhaseResponse) String() string {
 func (*OnePhaseResponse) ProtoMessage() {}
 
 func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2133,7 @@ func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseResponse.ProtoReflect.Descriptor instead.
 func (*OnePhaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{29}
+	return file_range_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *OnePhaseResponse) GetVersion() *VersionID {
@@ -1967,7 +2157,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1979,7 +2169,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1992,7 +2182,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{30}
+	return file_range_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HeartbeatRequest) GetRangeId() uint64 {
@@ -2028,7 +2218,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2040,7 +2230,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2053,7 +2243,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{31}
+	return file_range_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HeartbeatResponse) GetLost() bool {
@@ -2087,7 +2277,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2289,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2302,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{32}
+	return file_range_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -2189,7 +2379,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2391,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2404,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{33}
+	return file_range_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -2269,7 +2459,7 @@ type AdminSplitRequest struct {
 
 func (x *AdminSplitRequest) Reset() {
 	*x = AdminSplitRequest{}
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2281,7 +2471,7 @@ func (x *AdminSplitRequest) String() string {
 func (*AdminSplitRequest) ProtoMessage() {}
 
 func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2294,7 +2484,7 @@ func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
 func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{34}
+	return file_range_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AdminSplitRequest) GetRangeId() uint64 {
@@ -2321,7 +2511,7 @@ type AdminSplitResponse struct {
 
 func (x *AdminSplitResponse) Reset() {
 	*x = AdminSplitResponse{}
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2523,7 @@ func (x *AdminSplitResponse) String() string {
 func (*AdminSplitResponse) ProtoMessage() {}
 
 func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2536,7 @@ func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
 func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{35}
+	return file_range_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
@@ -2359,6 +2549,94 @@ func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
 func (x *AdminSplitResponse) GetRight() *RangeDescriptor {
 	if x != nil {
 		return x.Right
+	}
+	return nil
+}
+
+type AdminMergeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"` // the left-hand range, which absorbs its right neighbour
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdminMergeRequest) Reset() {
+	*x = AdminMergeRequest{}
+	mi := &file_range_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdminMergeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdminMergeRequest) ProtoMessage() {}
+
+func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
+func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *AdminMergeRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+type AdminMergeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Merged        *RangeDescriptor       `protobuf:"bytes,1,opt,name=merged,proto3" json:"merged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdminMergeResponse) Reset() {
+	*x = AdminMergeResponse{}
+	mi := &file_range_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdminMergeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdminMergeResponse) ProtoMessage() {}
+
+func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
+func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
+	if x != nil {
+		return x.Merged
 	}
 	return nil
 }
@@ -2379,7 +2657,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2391,7 +2669,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2404,7 +2682,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{36}
+	return file_range_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -2464,7 +2742,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2754,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2767,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{37}
+	return file_range_proto_rawDescGZIP(), []int{41}
 }
 
 type RangesResponse struct {
@@ -2501,7 +2779,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2791,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2804,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{38}
+	return file_range_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -2562,7 +2840,7 @@ const file_range_proto_rawDesc = "" +
 	"\ttombstone\x18\x03 \x01(\bR\ttombstone\"2\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xb6\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xea\x01\n" +
 	"\x0fRangeDescriptor\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
 	"\tstart_key\x18\x02 \x01(\fR\bstartKey\x12\x17\n" +
@@ -2571,26 +2849,46 @@ const file_range_proto_rawDesc = "" +
 	"\breplicas\x18\x05 \x03(\x04R\breplicas\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x06 \x01(\x04R\n" +
-	"generation\"Q\n" +
+	"generation\x12\x1a\n" +
+	"\bsubsumed\x18\a \x01(\bR\bsubsumed\x12\x16\n" +
+	"\x06sticky\x18\b \x01(\bR\x06sticky\"Q\n" +
 	"\rRangeMismatch\x12@\n" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_hint\x18\x01 \x01(\x04R\n" +
-	"leaderHint\"\xc9\x02\n" +
+	"leaderHint\"\xb1\x03\n" +
 	"\aCommand\x12/\n" +
 	"\x05lease\x18\x01 \x01(\v2\x17.terroir.range.LeaseCmdH\x00R\x05lease\x125\n" +
 	"\aprepare\x18\x02 \x01(\v2\x19.terroir.range.PrepareCmdH\x00R\aprepare\x122\n" +
 	"\x06commit\x18\x03 \x01(\v2\x18.terroir.range.CommitCmdH\x00R\x06commit\x12/\n" +
 	"\x05abort\x18\x04 \x01(\v2\x17.terroir.range.AbortCmdH\x00R\x05abort\x129\n" +
 	"\tone_phase\x18\x05 \x01(\v2\x1a.terroir.range.OnePhaseCmdH\x00R\bonePhase\x12/\n" +
-	"\x05split\x18\x06 \x01(\v2\x17.terroir.range.SplitCmdH\x00R\x05splitB\x05\n" +
-	"\x03cmd\"m\n" +
+	"\x05split\x18\x06 \x01(\v2\x17.terroir.range.SplitCmdH\x00R\x05split\x125\n" +
+	"\asubsume\x18\a \x01(\v2\x19.terroir.range.SubsumeCmdH\x00R\asubsume\x12/\n" +
+	"\x05merge\x18\b \x01(\v2\x17.terroir.range.MergeCmdH\x00R\x05mergeB\x05\n" +
+	"\x03cmd\"\x85\x01\n" +
 	"\bSplitCmd\x12\x1b\n" +
 	"\tsplit_key\x18\x01 \x01(\fR\bsplitKey\x12$\n" +
 	"\x0eright_range_id\x18\x02 \x01(\x04R\frightRangeId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
-	"generation\"Q\n" +
+	"generation\x12\x16\n" +
+	"\x06sticky\x18\x04 \x01(\bR\x06sticky\"M\n" +
+	"\n" +
+	"SubsumeCmd\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x04R\n" +
+	"generation\x12\x1f\n" +
+	"\vlease_start\x18\x02 \x01(\x04R\n" +
+	"leaseStart\"\xc7\x01\n" +
+	"\bMergeCmd\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x04R\n" +
+	"generation\x12\x1f\n" +
+	"\vlease_start\x18\x02 \x01(\x04R\n" +
+	"leaseStart\x124\n" +
+	"\x05right\x18\x03 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\x12D\n" +
+	"\x0eright_prepared\x18\x04 \x03(\v2\x1d.terroir.range.PreparedRecordR\rrightPrepared\"Q\n" +
 	"\bLeaseCmd\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x19\n" +
 	"\bprev_seq\x18\x02 \x01(\x04R\aprevSeq\"\x85\x01\n" +
@@ -2703,7 +3001,11 @@ const file_range_proto_rawDesc = "" +
 	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
 	"\x12AdminSplitResponse\x122\n" +
 	"\x04left\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x04left\x124\n" +
-	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\"\xf7\x01\n" +
+	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\".\n" +
+	"\x11AdminMergeRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\"L\n" +
+	"\x12AdminMergeResponse\x126\n" +
+	"\x06merged\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x06merged\"\xf7\x01\n" +
 	"\vRangeStatus\x12I\n" +
 	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\x12*\n" +
 	"\x05lease\x18\x02 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x16\n" +
@@ -2720,7 +3022,7 @@ const file_range_proto_rawDesc = "" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xb2\x06\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\x85\a\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -2732,7 +3034,9 @@ const file_range_proto_rawDesc = "" +
 	"\fSnapshotRead\x12\".terroir.range.SnapshotReadRequest\x1a#.terroir.range.SnapshotReadResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.terroir.range.HeartbeatRequest\x1a .terroir.range.HeartbeatResponse\x12Q\n" +
 	"\n" +
-	"AdminSplit\x12 .terroir.range.AdminSplitRequest\x1a!.terroir.range.AdminSplitResponse\x12E\n" +
+	"AdminSplit\x12 .terroir.range.AdminSplitRequest\x1a!.terroir.range.AdminSplitResponse\x12Q\n" +
+	"\n" +
+	"AdminMerge\x12 .terroir.range.AdminMergeRequest\x1a!.terroir.range.AdminMergeResponse\x12E\n" +
 	"\x06Ranges\x12\x1c.terroir.range.RangesRequest\x1a\x1d.terroir.range.RangesResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
 var (
@@ -2748,7 +3052,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),              // 0: terroir.range.CommitMode
 	(*VersionID)(nil),            // 1: terroir.range.VersionID
@@ -2761,102 +3065,113 @@ var file_range_proto_goTypes = []any{
 	(*NotLeader)(nil),            // 8: terroir.range.NotLeader
 	(*Command)(nil),              // 9: terroir.range.Command
 	(*SplitCmd)(nil),             // 10: terroir.range.SplitCmd
-	(*LeaseCmd)(nil),             // 11: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),           // 12: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),            // 13: terroir.range.CommitCmd
-	(*AbortCmd)(nil),             // 14: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),          // 15: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),       // 16: terroir.range.PreparedRecord
-	(*GetRequest)(nil),           // 17: terroir.range.GetRequest
-	(*GetResponse)(nil),          // 18: terroir.range.GetResponse
-	(*ScanRequest)(nil),          // 19: terroir.range.ScanRequest
-	(*ScanResponse)(nil),         // 20: terroir.range.ScanResponse
-	(*LockRequest)(nil),          // 21: terroir.range.LockRequest
-	(*LockResponse)(nil),         // 22: terroir.range.LockResponse
-	(*PrepareRequest)(nil),       // 23: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),      // 24: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),        // 25: terroir.range.CommitRequest
-	(*CommitResponse)(nil),       // 26: terroir.range.CommitResponse
-	(*AbortRequest)(nil),         // 27: terroir.range.AbortRequest
-	(*AbortResponse)(nil),        // 28: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),      // 29: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),     // 30: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),     // 31: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),    // 32: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),  // 33: terroir.range.SnapshotReadRequest
-	(*SnapshotReadResponse)(nil), // 34: terroir.range.SnapshotReadResponse
-	(*AdminSplitRequest)(nil),    // 35: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),   // 36: terroir.range.AdminSplitResponse
-	(*RangeStatus)(nil),          // 37: terroir.range.RangeStatus
-	(*RangesRequest)(nil),        // 38: terroir.range.RangesRequest
-	(*RangesResponse)(nil),       // 39: terroir.range.RangesResponse
+	(*SubsumeCmd)(nil),           // 11: terroir.range.SubsumeCmd
+	(*MergeCmd)(nil),             // 12: terroir.range.MergeCmd
+	(*LeaseCmd)(nil),             // 13: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),           // 14: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),            // 15: terroir.range.CommitCmd
+	(*AbortCmd)(nil),             // 16: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),          // 17: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),       // 18: terroir.range.PreparedRecord
+	(*GetRequest)(nil),           // 19: terroir.range.GetRequest
+	(*GetResponse)(nil),          // 20: terroir.range.GetResponse
+	(*ScanRequest)(nil),          // 21: terroir.range.ScanRequest
+	(*ScanResponse)(nil),         // 22: terroir.range.ScanResponse
+	(*LockRequest)(nil),          // 23: terroir.range.LockRequest
+	(*LockResponse)(nil),         // 24: terroir.range.LockResponse
+	(*PrepareRequest)(nil),       // 25: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),      // 26: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),        // 27: terroir.range.CommitRequest
+	(*CommitResponse)(nil),       // 28: terroir.range.CommitResponse
+	(*AbortRequest)(nil),         // 29: terroir.range.AbortRequest
+	(*AbortResponse)(nil),        // 30: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),      // 31: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),     // 32: terroir.range.OnePhaseResponse
+	(*HeartbeatRequest)(nil),     // 33: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),    // 34: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),  // 35: terroir.range.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil), // 36: terroir.range.SnapshotReadResponse
+	(*AdminSplitRequest)(nil),    // 37: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),   // 38: terroir.range.AdminSplitResponse
+	(*AdminMergeRequest)(nil),    // 39: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),   // 40: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),          // 41: terroir.range.RangeStatus
+	(*RangesRequest)(nil),        // 42: terroir.range.RangesRequest
+	(*RangesResponse)(nil),       // 43: terroir.range.RangesResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
 	6,  // 1: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
-	11, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
-	12, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
-	13, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
-	14, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
-	15, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
+	13, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
+	14, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
+	15, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
+	16, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
+	17, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
 	10, // 7: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
-	3,  // 8: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
-	2,  // 9: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
-	4,  // 10: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
-	1,  // 11: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	1,  // 12: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
-	4,  // 13: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	1,  // 14: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	1,  // 15: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
-	2,  // 16: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	4,  // 17: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	2,  // 18: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 19: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	5,  // 20: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	2,  // 21: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 22: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 23: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	3,  // 24: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	1,  // 25: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	1,  // 26: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
-	1,  // 27: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	1,  // 28: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	2,  // 29: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 30: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	1,  // 31: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	5,  // 32: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	6,  // 33: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 34: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	6,  // 35: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 36: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	37, // 37: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	17, // 38: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	19, // 39: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	21, // 40: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	23, // 41: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	25, // 42: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	27, // 43: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	29, // 44: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	33, // 45: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	31, // 46: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	35, // 47: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	38, // 48: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	18, // 49: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	20, // 50: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	22, // 51: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	24, // 52: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	26, // 53: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	28, // 54: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	30, // 55: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	34, // 56: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	32, // 57: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	36, // 58: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	39, // 59: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	49, // [49:60] is the sub-list for method output_type
-	38, // [38:49] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	11, // 8: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
+	12, // 9: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
+	6,  // 10: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
+	18, // 11: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
+	3,  // 12: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
+	2,  // 13: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
+	4,  // 14: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
+	1,  // 15: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
+	1,  // 16: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	4,  // 17: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	1,  // 18: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	1,  // 19: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	2,  // 20: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	4,  // 21: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	2,  // 22: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 23: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	5,  // 24: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	2,  // 25: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 26: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 27: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	3,  // 28: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	1,  // 29: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	1,  // 30: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	1,  // 31: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	1,  // 32: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	2,  // 33: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 34: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 35: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	5,  // 36: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	6,  // 37: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 38: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	6,  // 39: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 40: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 41: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	41, // 42: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	19, // 43: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	21, // 44: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	23, // 45: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	25, // 46: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	27, // 47: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	29, // 48: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	31, // 49: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	35, // 50: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	33, // 51: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	37, // 52: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	39, // 53: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	42, // 54: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	20, // 55: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	22, // 56: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	24, // 57: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	26, // 58: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	28, // 59: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	30, // 60: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	32, // 61: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	36, // 62: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	34, // 63: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	38, // 64: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	40, // 65: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	43, // 66: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	55, // [55:67] is the sub-list for method output_type
+	43, // [43:55] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -2871,6 +3186,8 @@ func file_range_proto_init() {
 		(*Command_Abort)(nil),
 		(*Command_OnePhase)(nil),
 		(*Command_Split)(nil),
+		(*Command_Subsume)(nil),
+		(*Command_Merge)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2878,7 +3195,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

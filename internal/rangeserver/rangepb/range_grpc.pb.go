@@ -32,6 +32,7 @@ const (
 	Range_SnapshotRead_FullMethodName   = "/terroir.range.Range/SnapshotRead"
 	Range_Heartbeat_FullMethodName      = "/terroir.range.Range/Heartbeat"
 	Range_AdminSplit_FullMethodName     = "/terroir.range.Range/AdminSplit"
+	Range_AdminMerge_FullMethodName     = "/terroir.range.Range/AdminMerge"
 	Range_Ranges_FullMethodName         = "/terroir.range.Range/Ranges"
 )
 
@@ -51,6 +52,9 @@ type RangeClient interface {
 	// AdminSplit splits the range at split_key (an operator's or the
 	// automatic splitter's request to the range's leader).
 	AdminSplit(ctx context.Context, in *AdminSplitRequest, opts ...grpc.CallOption) (*AdminSplitResponse, error)
+	// AdminMerge merges the range with its right neighbour (at the left
+	// range's leader).
+	AdminMerge(ctx context.Context, in *AdminMergeRequest, opts ...grpc.CallOption) (*AdminMergeResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error)
 }
@@ -163,6 +167,16 @@ func (c *rangeClient) AdminSplit(ctx context.Context, in *AdminSplitRequest, opt
 	return out, nil
 }
 
+func (c *rangeClient) AdminMerge(ctx context.Context, in *AdminMergeRequest, opts ...grpc.CallOption) (*AdminMergeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdminMergeResponse)
+	err := c.cc.Invoke(ctx, Range_AdminMerge_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *rangeClient) Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RangesResponse)
@@ -189,6 +203,9 @@ type RangeServer interface {
 	// AdminSplit splits the range at split_key (an operator's or the
 	// automatic splitter's request to the range's leader).
 	AdminSplit(context.Context, *AdminSplitRequest) (*AdminSplitResponse, error)
+	// AdminMerge merges the range with its right neighbour (at the left
+	// range's leader).
+	AdminMerge(context.Context, *AdminMergeRequest) (*AdminMergeResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(context.Context, *RangesRequest) (*RangesResponse, error)
 	mustEmbedUnimplementedRangeServer()
@@ -230,6 +247,9 @@ func (UnimplementedRangeServer) Heartbeat(context.Context, *HeartbeatRequest) (*
 }
 func (UnimplementedRangeServer) AdminSplit(context.Context, *AdminSplitRequest) (*AdminSplitResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method AdminSplit not implemented")
+}
+func (UnimplementedRangeServer) AdminMerge(context.Context, *AdminMergeRequest) (*AdminMergeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AdminMerge not implemented")
 }
 func (UnimplementedRangeServer) Ranges(context.Context, *RangesRequest) (*RangesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ranges not implemented")
@@ -435,6 +455,24 @@ func _Range_AdminSplit_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_AdminMerge_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdminMergeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).AdminMerge(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_AdminMerge_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).AdminMerge(ctx, req.(*AdminMergeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Range_Ranges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RangesRequest)
 	if err := dec(in); err != nil {
@@ -499,6 +537,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AdminSplit",
 			Handler:    _Range_AdminSplit_Handler,
+		},
+		{
+			MethodName: "AdminMerge",
+			Handler:    _Range_AdminMerge_Handler,
 		},
 		{
 			MethodName: "Ranges",

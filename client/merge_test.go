@@ -1,0 +1,113 @@
+package client_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/localcluster"
+)
+
+// TestSplitIntoEightAndMergeBackUnderLoad splits both ranges of
+// examples/one-region.yaml into eight, then merges them back into two,
+// while clients transfer money between accounts on every range (DESIGN.md
+// §11): every locking and every snapshot read of all accounts sees the
+// initial total, no transfer fails for good, bad merges are typed errors
+// that change nothing, and a node killed and restarted afterwards hosts the
+// two ranges with all the data.
+func TestSplitIntoEightAndMergeBackUnderLoad(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{Crashable: true})
+	ctx := ctxT(t, 150*time.Second)
+	fund(t, ctx, db)
+	load := startBankLoad(t, ctx, c)
+	for _, k := range []string{"acct-04", "x-acct-05", "acct-10", "x-acct-13", "acct-16", "x-acct-17"} {
+		time.Sleep(300 * time.Millisecond)
+		if err := db.AdminSplit(ctx, []byte(k)); err != nil {
+			t.Fatalf("split at %s: %v", k, err)
+		}
+	}
+	if n := rangeCount(c, 8); n != 8 {
+		t.Fatalf("%d ranges after the splits; want 8", n)
+	}
+	// Merge back: the range holding "" absorbs its right neighbours until
+	// it ends at m, and the one holding m until it ends the key space.
+	merges := 0
+	for _, side := range []struct{ key, end string }{{"", "m"}, {"m", ""}} {
+		for {
+			time.Sleep(300 * time.Millisecond)
+			began := time.Now()
+			r, err := db.AdminMerge(ctx, []byte(side.key))
+			if err != nil {
+				t.Fatalf("merge at %q: %v", side.key, err)
+			}
+			merges++
+			t.Logf("merged into range %d [%q, %q) in %v (%d transfers so far)", r.ID, r.Start, r.End,
+				time.Since(began).Round(time.Millisecond), load.transfers.Load())
+			if bytes.Equal(r.End, []byte(side.end)) {
+				break
+			}
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	load.stop()
+	t.Logf("%d transfers, %d total checks across 6 splits and %d merges", load.transfers.Load(), load.checks.Load(), merges)
+	if merges != 6 {
+		t.Errorf("%d merges; want 6", merges)
+	}
+	if n := rangeCount(c, 2); n != 2 {
+		t.Fatalf("%d ranges after the merges; want 2", n)
+	}
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Fatalf("final total %d, %v", sum, err)
+	}
+
+	// Bad input: merging the last range is refused, and nothing changes.
+	if _, err := db.AdminMerge(ctx, []byte("x-acct-05")); !errors.Is(err, client.ErrMergeLast) {
+		t.Errorf("merging the last range = %v; want ErrMergeLast", err)
+	}
+	if _, err := db.AdminMerge(ctx, make([]byte, 5000)); !errors.Is(err, client.ErrKeyTooLarge) {
+		t.Errorf("merge at a 5000-byte key = %v; want ErrKeyTooLarge", err)
+	}
+	if n := rangeCount(c, 2); n != 2 {
+		t.Fatalf("%d ranges after the refused merges; want 2", n)
+	}
+	restartHostsEveryRange(t, ctx, c, db, 2)
+}
+
+// TestMergeAcrossRegionsIsRefused: the ranges on either side of "m" in
+// examples/three-regions.yaml are homed in us-east1 and us-west1; merging
+// them is a typed error and changes nothing.
+func TestMergeAcrossRegionsIsRefused(t *testing.T) {
+	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 30*time.Second)
+	if _, err := db.AdminMerge(ctx, []byte("g")); !errors.Is(err, client.ErrMergeRegions) {
+		t.Fatalf("merging ranges of us-east1 and us-west1 = %v; want ErrMergeRegions", err)
+	}
+	if n := len(c.Node(c.NodeIDs()[0]).RangeIDs()); n != 2 { // us-east1's two ranges
+		t.Fatalf("node %d hosts %d ranges after a refused merge; want 2", c.NodeIDs()[0], n)
+	}
+}
+
+// rangeCount waits, up to 10 s, until every node of c hosts want ranges
+// (a node removes a merged range's replica shortly after the merge), and
+// returns the count of the node hosting the most.
+func rangeCount(c *localcluster.Cluster, want int) int {
+	most := 0
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		most = 0
+		ok := true
+		for _, id := range c.NodeIDs() {
+			n := len(c.Node(id).RangeIDs())
+			most, ok = max(most, n), ok && n == want
+		}
+		if ok || time.Now().After(deadline) {
+			return most
+		}
+	}
+}

@@ -1,0 +1,281 @@
+package rangeserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+// Errors of AdminMerge; each leaves both ranges as they were.
+var (
+	// ErrMergeLast: the range ends the key space; it has no right neighbour.
+	ErrMergeLast = errors.New("rangeserver: the range is the last of the key space and has no right neighbour")
+	// ErrMergeRegions: the two ranges are homed in different regions.
+	ErrMergeRegions = errors.New("rangeserver: the ranges have different home regions")
+	// ErrMergeReplicas: the two ranges are not on the same nodes (moving
+	// replicas comes with membership).
+	ErrMergeReplicas = errors.New("rangeserver: the ranges have different replicas")
+	// ErrMergeBusy: the right-hand range is not ready (its leadership is
+	// moving here, transactions kept committing, or a replica has not
+	// caught up); retry shortly.
+	ErrMergeBusy = errors.New("rangeserver: the right-hand range is not ready to merge")
+	// ErrMergeRaced: a range changed (a split, a lease change) before the
+	// merge applied; retry against the current descriptors.
+	ErrMergeRaced = errors.New("rangeserver: a range changed before the merge applied")
+)
+
+// mergeWait bounds the wait for every replica of the subsumed range to
+// apply its subsume command.
+const mergeWait = 10 * time.Second
+
+// AdminMerge merges the range with its right-hand neighbour R (DESIGN.md
+// §11), on the range's leader, and returns the merged descriptor. R must be
+// of the same region and on the same nodes, and lead on this node (if it
+// does not, AdminMerge asks R's leadership to move here and returns
+// ErrMergeBusy). The merge has two halves, each one Raft command:
+//
+//  1. subsume, on R: no transaction with locks at R may start to commit;
+//     once none is prepared or committing, R's subsume command makes its
+//     state final. From its apply on, R serves nothing (its replies are
+//     range mismatches), and its active transactions are dropped (they
+//     abort: no lock is lost silently).
+//  2. merge, on this range, once every replica of R has applied the
+//     subsume (each future leader reads R's data from its own engine):
+//     with R's prepared transactions locked here first, the merge command
+//     grows the span over R's, takes R's prepared records, and keeps this
+//     range's lease. The leader raises its highest epoch to R's (invariant
+//     5); each replica then removes its replica of R.
+//
+// A subsumed R whose merge did not happen (the leader failed between the
+// halves) is merged by this range's leader on its next check: subsuming is
+// the decision.
+//
+// Errors: ErrNotLeaseholder / ErrLeaseNotActive (retry at the leader),
+// ErrMergeLast, ErrMergeRegions, ErrMergeReplicas, ErrMergeBusy,
+// ErrMergeRaced, or ctx's error.
+func (r *Replica) AdminMerge(ctx context.Context) (*pb.RangeDescriptor, error) {
+	if _, err := r.leader(); err != nil {
+		return nil, err
+	}
+	right, err := r.rightNeighbour()
+	if err != nil {
+		return nil, err
+	}
+	highest, known := uint64(0), false
+	if !right.Desc().GetSubsumed() {
+		if highest, err = right.subsume(ctx); err != nil {
+			return nil, err
+		}
+		known = true
+	}
+	return r.absorb(ctx, right, highest, known)
+}
+
+// rightNeighbour returns this node's replica of the range that starts where
+// this one ends, if the two may merge.
+func (r *Replica) rightNeighbour() (*Replica, error) {
+	d := r.sm.Descriptor()
+	if len(d.GetEndKey()) == 0 {
+		return nil, fmt.Errorf("%w: range %d", ErrMergeLast, d.GetRangeId())
+	}
+	var right *Replica
+	if r.cfg.Sibling != nil {
+		right = r.cfg.Sibling(d.GetEndKey())
+	}
+	if right == nil {
+		return nil, fmt.Errorf("%w: node %d hosts no range starting at %q, where range %d ends", ErrMergeReplicas, r.self, d.GetEndKey(), d.GetRangeId())
+	}
+	rd := right.Desc()
+	if rd.GetRegion() != d.GetRegion() {
+		return nil, fmt.Errorf("%w: range %d is homed in %s, range %d in %s", ErrMergeRegions, d.GetRangeId(), d.GetRegion(), rd.GetRangeId(), rd.GetRegion())
+	}
+	if !sameNodes(rd.GetReplicas(), d.GetReplicas()) {
+		return nil, fmt.Errorf("%w: range %d on nodes %v, range %d on %v", ErrMergeReplicas, d.GetRangeId(), d.GetReplicas(), rd.GetRangeId(), rd.GetReplicas())
+	}
+	return right, nil
+}
+
+func sameNodes(a, b []uint64) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+// subsume makes this range's state final as the right-hand side of a merge
+// (see AdminMerge) and returns its highest epoch, final too.
+func (r *Replica) subsume(ctx context.Context) (highest uint64, err error) {
+	l, err := r.leader()
+	if err != nil {
+		// The merge runs where the left-hand range leads: ask for this
+		// range's leadership there, and let the caller retry.
+		r.group.TransferLeadership(r.self)
+		return 0, fmt.Errorf("%w: range %d does not lead on node %d yet (%v)", ErrMergeBusy, r.id, r.self, err)
+	}
+	d := r.sm.Descriptor()
+	thaw := l.txns.freeze(d.GetStartKey())
+	defer thaw()
+	if err := r.quiesce(ctx, l, d.GetStartKey()); err != nil {
+		if errors.Is(err, ErrSplitBusy) {
+			err = fmt.Errorf("%w: %v", ErrMergeBusy, err)
+		}
+		return 0, err
+	}
+	cmd := &pb.Command{Cmd: &pb.Command_Subsume{Subsume: &pb.SubsumeCmd{Generation: d.GetGeneration(), LeaseStart: l.start}}}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
+	defer cancel()
+	res, err := r.group.Propose(pctx, EncodeCommand(cmd))
+	if err != nil {
+		return 0, err
+	}
+	if a, ok := res.(Applied); !ok || a.Subsumed == nil {
+		return 0, fmt.Errorf("%w: range %d changed before its subsume applied", ErrMergeRaced, r.id)
+	}
+	dropped := l.txns.dropOutside(d.GetStartKey(), d.GetStartKey()) // every active one
+	slog.Info("range subsumed", "range", r.id, "generation", d.GetGeneration()+1, "dropped_txns", dropped)
+	return l.txns.highestEpoch(), nil
+}
+
+// absorb is the merge's second half (see AdminMerge), on this range's
+// leader: right is subsumed. highest is right's highest epoch if known;
+// else this leader waits for the global epoch to advance once, as a new
+// leaseholder does (DESIGN.md §3.5).
+func (r *Replica) absorb(ctx context.Context, right *Replica, highest uint64, known bool) (*pb.RangeDescriptor, error) {
+	rd := right.Desc()
+	if err := r.waitSubsumed(ctx, right); err != nil {
+		return nil, err
+	}
+	if !known && r.global != nil {
+		var err error
+		if highest, err = r.nextGlobalEpoch(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrMergeBusy, err)
+		}
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	// Lock R's prepared transactions here before the span grows over their
+	// keys, so no other transaction can lock those keys in between.
+	prepared := right.sm.Prepared()
+	l.txns.raise(highest)
+	for _, key := range l.txns.relock(prepared) {
+		slog.Error("locking a subsumed range's prepared transaction failed", "range", r.id, "key", key)
+	}
+	d := r.sm.Descriptor()
+	cmd := &pb.Command{Cmd: &pb.Command_Merge{Merge: &pb.MergeCmd{Generation: d.GetGeneration(), LeaseStart: l.start, Right: rd, RightPrepared: prepared}}}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
+	defer cancel()
+	res, err := r.group.Propose(pctx, EncodeCommand(cmd))
+	if err != nil {
+		return nil, err // the locks taken above lie outside the span: they block no one
+	}
+	a, ok := res.(Applied)
+	if !ok || a.Merge == nil {
+		for _, rec := range prepared {
+			if !r.sm.IsPrepared(rec.GetTxn().GetId()) {
+				l.txns.release(rec.GetTxn().GetId(), 0)
+			}
+		}
+		return nil, fmt.Errorf("%w: range %d changed before the merge applied", ErrMergeRaced, r.id)
+	}
+	return a.Merge.Merged, nil
+}
+
+// waitSubsumed waits, up to mergeWait, until every replica of right has
+// applied its subsume command: a replica that no longer hosts right
+// removed it after the merge applied there.
+func (r *Replica) waitSubsumed(ctx context.Context, right *Replica) error {
+	rd := right.Desc()
+	wctx, cancel := context.WithTimeout(ctx, mergeWait)
+	defer cancel()
+	for {
+		var behind []uint64
+		for _, n := range rd.GetReplicas() {
+			if n == r.self || r.cfg.PeerDescriptor == nil {
+				continue // right is this node's replica, subsumed
+			}
+			d, err := r.cfg.PeerDescriptor(wctx, n, rd.GetRangeId())
+			if err != nil || (d != nil && !d.GetSubsumed()) {
+				behind = append(behind, n)
+			}
+		}
+		if len(behind) == 0 {
+			return nil
+		}
+		if !transport.SleepCtx(wctx, 5*time.Millisecond) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w: range %d's replicas on nodes %v have not applied its subsume", ErrMergeBusy, rd.GetRangeId(), behind)
+		}
+	}
+}
+
+// onMerge runs on every replica once a merge into this range is durable.
+func (r *Replica) onMerge(m Merge) {
+	r.reshaped.Store(r.cfg.Clock.Now().UnixNano())
+	r.load.reset()
+	slog.Info("range merged", "range", r.id, "subsumed", m.Right.GetRangeId(),
+		"span", fmt.Sprintf("[%q, %q)", m.Merged.GetStartKey(), m.Merged.GetEndKey()), "generation", m.Merged.GetGeneration())
+}
+
+// maybeMerge, on the leader's tick at most every splitCheck, finishes the
+// merge of a subsumed right-hand neighbour, or merges with the neighbour
+// when both are small and cold: together under MergeSize bytes and
+// MergeQPS requests per second, both unchanged in shape for MergeDelay, and
+// the boundary not set by an operator (sticky). The thresholds sit well
+// below the split thresholds, so a merged range does not split back. One
+// split or merge at a time, in the background.
+func (r *Replica) maybeMerge() {
+	now := r.cfg.Clock.Now()
+	if now.Sub(r.splits.lastMerge) < splitCheck || r.splits.running.Load() {
+		return
+	}
+	r.splits.lastMerge = now
+	right, err := r.rightNeighbour()
+	if err != nil {
+		return
+	}
+	rd := right.Desc()
+	reason := "finishing a subsumed neighbour"
+	if !rd.GetSubsumed() {
+		if r.cfg.MergeSize == 0 || rd.GetSticky() || !r.coldFor(now) || !right.coldFor(now) {
+			return
+		}
+		if _, err := right.leader(); err != nil {
+			return
+		}
+		lsize, err1 := r.sm.Size()
+		rsize, err2 := right.sm.Size()
+		qps := r.load.QPS() + right.load.QPS()
+		if err1 != nil || err2 != nil || lsize+rsize >= r.cfg.MergeSize || (r.cfg.MergeQPS > 0 && qps >= r.cfg.MergeQPS) {
+			return
+		}
+		reason = fmt.Sprintf("small and cold: %d bytes, %.0f requests/s", lsize+rsize, qps)
+	}
+	r.splits.running.Store(true)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer r.splits.running.Store(false)
+		ctx, cancel := context.WithTimeout(r.ctx, 2*proposeTimeout+splitQuiesce+mergeWait)
+		defer cancel()
+		if _, err := r.AdminMerge(ctx); err != nil {
+			slog.Debug("automatic merge", "range", r.id, "right", rd.GetRangeId(), "reason", reason, "err", err)
+			return
+		}
+		slog.Info("automatic merge", "range", r.id, "right", rd.GetRangeId(), "reason", reason)
+	}()
+}
+
+// coldFor reports whether the range has kept its shape for MergeDelay.
+func (r *Replica) coldFor(now time.Time) bool {
+	return now.Sub(time.Unix(0, r.reshaped.Load())) >= r.cfg.MergeDelay
+}
