@@ -158,15 +158,16 @@ func startBankLoad(t *testing.T, ctx context.Context, c *localcluster.Cluster) *
 	return load
 }
 
-// TestAutomaticSplitByLoad: with split_qps lowered to 40, reads spread over
-// range 10's keys make it split by itself at keys that divide the load, and
-// every key still reads back.
-func TestAutomaticSplitByLoad(t *testing.T) {
+// TestAutomaticSplitByLoadAndMergeBack: with split_qps lowered to 40, reads
+// spread over range 10's keys make it split by itself at keys that divide
+// the load; once the load stops, the ranges merge back by themselves (under
+// merge_qps for merge_delay), and every key still reads back.
+func TestAutomaticSplitByLoadAndMergeBack(t *testing.T) {
 	top, err := topology.Load("../examples/one-region.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	top.SplitQPS = 40
+	top.SplitQPS, top.MergeQPS, top.MergeDelay = 40, 10, 2*time.Second
 	c, err := localcluster.Start(top, localcluster.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -211,7 +212,24 @@ func TestAutomaticSplitByLoad(t *testing.T) {
 	if ranges < 4 {
 		t.Fatalf("%d ranges after 30 s at over 40 requests/s: no automatic split by load", ranges)
 	}
-	t.Logf("%d ranges", ranges)
+	t.Logf("%d ranges under load", ranges)
+
+	// Once cold for merge_delay, the ranges the load made merge back; the
+	// boundary of the topology file stays.
+	began := time.Now()
+	if n := rangeCountWithin(c, 2, 30*time.Second); n != 2 {
+		t.Fatalf("%d ranges 30 s after the load stopped; want them merged back into 2", n)
+	}
+	t.Logf("merged back into 2 ranges %v after the load stopped", time.Since(began).Round(100*time.Millisecond))
+	for _, k := range keys {
+		var v []byte
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+			v, _, err = tx.Get(ctx, k)
+			return err
+		}); err != nil || string(v) != string(k) {
+			t.Fatalf("after the merges, read %s = %q, %v", k, v, err)
+		}
+	}
 }
 
 // TestSplitNeverLosesALockSilently: t1 reads x; the range splits below x, so

@@ -210,3 +210,54 @@ func TestSplitSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeSettings: the automatic merge thresholds default to a quarter of
+// the split thresholds, accept off, and are refused over half of them (the
+// hysteresis that keeps a merged range from splitting back).
+func TestMergeSettings(t *testing.T) {
+	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
+	for _, c := range []struct {
+		extra string
+		size  uint64
+		qps   float64
+		delay time.Duration
+		bad   bool
+	}{
+		{"", DefaultSplitSize / 4, DefaultSplitQPS / 4, DefaultMergeDelay, false},
+		{"split_size: 8MiB\nsplit_qps: 400\n", 2 << 20, 100, DefaultMergeDelay, false},
+		{"merge_size: 1MiB\nmerge_qps: 50\nmerge_delay: 5s\n", 1 << 20, 50, 5 * time.Second, false},
+		{"split_size: off\nsplit_qps: off\n", 16 << 20, DefaultSplitQPS / 4, DefaultMergeDelay, false},
+		{"merge_size: off\n", 0, DefaultSplitQPS / 4, DefaultMergeDelay, false},
+		{"split_qps: off\nmerge_qps: off\n", DefaultSplitSize / 4, 0, DefaultMergeDelay, false},
+		{"merge_size: 40MiB\n", 0, 0, 0, true}, // over half of 64 MiB
+		{"merge_qps: 2000\n", 0, 0, 0, true},   // over half of 2500
+		{"merge_qps: off\n", 0, 0, 0, true},    // hot ranges would merge back
+		{"merge_qps: -1\n", 0, 0, 0, true},
+		{"merge_delay: 0s\n", 0, 0, 0, true},
+		{"merge_size: lots\n", 0, 0, 0, true},
+	} {
+		top, err := Parse([]byte(c.extra + base))
+		if c.bad {
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("%q: %v, want ErrInvalid", c.extra, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.extra, err)
+			continue
+		}
+		if top.MergeSize != c.size || top.MergeQPS != c.qps || top.MergeDelay != c.delay {
+			t.Errorf("%q: merge size %d qps %v delay %v, want %d %v %v", c.extra, top.MergeSize, top.MergeQPS, top.MergeDelay, c.size, c.qps, c.delay)
+			continue
+		}
+		out, err := top.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := Parse(out)
+		if err != nil || again.MergeSize != c.size || again.MergeQPS != c.qps || again.MergeDelay != c.delay {
+			t.Errorf("%q: round trip gave merge size %d qps %v delay %v (%v)", c.extra, again.MergeSize, again.MergeQPS, again.MergeDelay, err)
+		}
+	}
+}
