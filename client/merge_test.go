@@ -97,7 +97,9 @@ func TestMergeAcrossRegionsIsRefused(t *testing.T) {
 // rangeCount waits, up to 10 s, until every node of c hosts want ranges
 // (a node removes a merged range's replica shortly after the merge), and
 // returns the count of the node hosting the most.
-func rangeCount(c *localcluster.Cluster, want int) int { return rangeCountWithin(c, want, 10*time.Second) }
+func rangeCount(c *localcluster.Cluster, want int) int {
+	return rangeCountWithin(c, want, 10*time.Second)
+}
 
 // rangeCountWithin is rangeCount, waiting up to d.
 func rangeCountWithin(c *localcluster.Cluster, want int, d time.Duration) int {

@@ -61,8 +61,8 @@ var (
 var (
 	rangeIndexPrefix     = []byte{PrefixMeta, 'R'}
 	rangeTombstonePrefix = []byte{PrefixMeta, 'T'}
-	storeIdentKey    = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
-	layoutVersionKey = []byte{PrefixMeta, 'l', 'a', 'y', 'o', 'u', 't'}
+	storeIdentKey        = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
+	layoutVersionKey     = []byte{PrefixMeta, 'l', 'a', 'y', 'o', 'u', 't'}
 )
 
 // Engine is a node's Pebble store. It is safe for concurrent use.
