@@ -29,12 +29,14 @@ const (
 	faultDecidedCrash  = "kill a participant's leader and the coordinator between commit record and notification"
 	faultSplit         = "split a range under load"
 	faultSplitKill     = "split a range and kill its leader as the split applies"
+	faultMerge         = "merge two ranges under load"
+	faultMergeKill     = "merge two ranges and kill the leader as the merge applies"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
-	faultSplit, faultSplitKill}
+	faultSplit, faultSplitKill, faultMerge, faultMergeKill}
 
 // midCommit describes the faults that strike inside two-phase commit.
 var midCommit = map[string]struct {
@@ -181,6 +183,32 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				if id := cp.c.Leader(left.ID); id != 0 {
 					if err := cp.c.KillNode(id); err != nil {
 						cp.anomaly("stopping node %d after a split: %v", id, err)
+						continue
+					}
+					heal = func() error { return cp.c.RestartNode(id) }
+				}
+			}
+		case faultMerge, faultMergeKill:
+			key := cp.splitKey(r)
+			mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			merged, err := dbs[0].AdminMerge(mctx, key)
+			cancel()
+			switch {
+			case errors.Is(err, client.ErrMergeLast), errors.Is(err, client.ErrMergeRegions), errors.Is(err, client.ErrMergeReplicas):
+				continue // no neighbour to absorb here: no fault this time
+			case client.IsRetryable(err) || errors.Is(err, client.ErrCommitUnknown) || ctx.Err() != nil:
+				continue // a range was busy, or the campaign is ending
+			case err != nil:
+				cp.anomaly("merging at %q: %v", key, err)
+				continue
+			}
+			heal = func() error { return nil }
+			if kind == faultMergeKill {
+				// The merged range's leader, right after the merge applied
+				// there and while the other replicas remove the subsumed one.
+				if id := cp.c.Leader(merged.ID); id != 0 {
+					if err := cp.c.KillNode(id); err != nil {
+						cp.anomaly("stopping node %d after a merge: %v", id, err)
 						continue
 					}
 					heal = func() error { return cp.c.RestartNode(id) }
