@@ -171,13 +171,14 @@ func TestStrictSerializabilityWithLeaderKills(t *testing.T) {
 		}})
 }
 
-// TestStrictSerializabilityWithSplits splits us-east1's two ranges into
-// eight between the model's keys while transactions, 2PC across the halves
-// and linearizable and regional snapshots run, with global-epoch versions
-// (DESIGN.md §11): the history stays strictly serializable.
-func TestStrictSerializabilityWithSplits(t *testing.T) {
+// TestStrictSerializabilityWithSplitsAndMerges splits us-east1's two ranges
+// into eight between the model's keys, then merges them back into two,
+// while transactions, 2PC across the halves and linearizable and regional
+// snapshots run, with global-epoch versions (DESIGN.md §11): the history
+// stays strictly serializable.
+func TestStrictSerializabilityWithSplitsAndMerges(t *testing.T) {
 	checkStrictSerializability(t, ssRun{topology: "../examples/three-regions.yaml", regions: []string{"us-east1"}, ks: eastKeys,
-		clients: 4, perClient: 30, snapshots: true, modes: []client.SnapshotMode{client.Linearizable, client.Regional},
+		clients: 4, perClient: 50, snapshots: true, modes: []client.SnapshotMode{client.Linearizable, client.Regional},
 		chaos: func(c *localcluster.Cluster) {
 			db, err := c.Client("us-east1")
 			if err != nil {
@@ -200,6 +201,24 @@ func TestStrictSerializabilityWithSplits(t *testing.T) {
 			if n < 8 {
 				t.Errorf("node %d hosts %d ranges after the splits; want 8", c.NodeIDs()[0], n)
 			}
+			// Back into the two ranges of the topology file.
+			for _, side := range []struct{ key, end string }{{"", "g"}, {"g", "m"}} {
+				for {
+					r, err := db.AdminMerge(ctx, []byte(side.key))
+					if err != nil {
+						t.Errorf("merge at %q: %v", side.key, err)
+						return
+					}
+					if string(r.End) == side.end {
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			if n := rangeCount(c, 2); n != 2 {
+				t.Errorf("a node hosts %d ranges after the merges; want 2", n)
+			}
+			t.Logf("split into 8 and merged back into 2")
 		}})
 }
 
