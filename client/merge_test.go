@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -115,4 +116,78 @@ func rangeCountWithin(c *localcluster.Cluster, want int, d time.Duration) int {
 			return most
 		}
 	}
+}
+
+// TestNodeDownDuringAMerge: with a replica's node down, a merge is refused
+// before it changes anything (it would otherwise wait for that node) and the
+// ranges keep serving; once the node is back the merge goes through, and the
+// node, killed as the merge applies and restarted, hosts the merged range
+// with every key, serving with just one other node.
+func TestNodeDownDuringAMerge(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{Crashable: true})
+	ctx := ctxT(t, 90*time.Second)
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		return errors.Join(tx.Put(ctx, []byte("b"), []byte("1")), tx.Put(ctx, []byte("d"), []byte("2")), tx.Put(ctx, []byte("x"), []byte("3")))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.AdminSplit(ctx, []byte("c")); err != nil {
+		t.Fatal(err)
+	}
+	down := c.NodeIDs()[2]
+	if err := c.KillNode(down); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err := db.AdminMerge(short, []byte("b"))
+	cancel()
+	// The leader refuses, and the client retries until its deadline, which
+	// may cut the last attempt short: unavailable, or outcome unknown.
+	if !errors.Is(err, client.ErrUnavailable) && !errors.Is(err, client.ErrCommitUnknown) {
+		t.Fatalf("merge with node %d down = %v; want ErrUnavailable or ErrCommitUnknown", down, err)
+	}
+	if n := len(c.Node(c.NodeIDs()[0]).RangeIDs()); n != 3 {
+		t.Fatalf("node %d hosts %d ranges after a refused merge; want 3", c.NodeIDs()[0], n)
+	}
+	read := func(key, want string) {
+		t.Helper()
+		var v []byte
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+			v, _, err = tx.Get(ctx, []byte(key))
+			return err
+		}); err != nil || string(v) != want {
+			t.Fatalf("%s = %q, %v; want %s", key, v, err, want)
+		}
+	}
+	read("d", "2") // the right-hand range still serves
+	if err := c.RestartNode(down); err != nil {
+		t.Fatal(err)
+	}
+	merged, err := db.AdminMerge(ctx, []byte("b"))
+	if err != nil || string(merged.End) != "m" {
+		t.Fatalf("merge after node %d came back = %+v, %v; want [\"\", m)", down, merged, err)
+	}
+	if err := c.KillNode(down); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartNode(down); err != nil {
+		t.Fatal(err)
+	}
+	n, deadline := 0, time.Now().Add(15*time.Second)
+	for ; n != 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		n = len(c.Node(down).RangeIDs())
+	}
+	if n != 2 {
+		t.Fatalf("node %d hosts %d ranges after its restart; want 2", down, n)
+	}
+	for _, id := range c.NodeIDs() {
+		if id != down && id != c.NodeIDs()[0] {
+			if err := c.StopNode(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	read("b", "1")
+	read("d", "2")
+	read("x", "3")
 }

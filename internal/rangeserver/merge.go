@@ -69,6 +69,12 @@ func (r *Replica) AdminMerge(ctx context.Context) (*pb.RangeDescriptor, error) {
 	}
 	highest, known := uint64(0), false
 	if !right.Desc().GetSubsumed() {
+		// Subsuming is the decision: start only if every replica of R
+		// answers with R's current shape, so the merge need not wait for
+		// a node that is down.
+		if err := r.peersAgree(ctx, right.Desc()); err != nil {
+			return nil, err
+		}
 		if highest, err = right.subsume(ctx); err != nil {
 			return nil, err
 		}
@@ -186,6 +192,29 @@ func (r *Replica) absorb(ctx context.Context, right *Replica, highest uint64, kn
 		return nil, fmt.Errorf("%w: range %d changed before the merge applied", ErrMergeRaced, r.id)
 	}
 	return a.Merge.Merged, nil
+}
+
+// peersAgree checks that every other replica of range d answers with d's
+// generation; else ErrMergeBusy.
+func (r *Replica) peersAgree(ctx context.Context, d *pb.RangeDescriptor) error {
+	if r.cfg.PeerDescriptor == nil {
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	for _, n := range d.GetReplicas() {
+		if n == r.self {
+			continue
+		}
+		pd, err := r.cfg.PeerDescriptor(pctx, n, d.GetRangeId())
+		if err != nil {
+			return fmt.Errorf("%w: range %d's replica on node %d does not answer: %v", ErrMergeBusy, d.GetRangeId(), n, err)
+		}
+		if pd.GetGeneration() != d.GetGeneration() {
+			return fmt.Errorf("%w: range %d's replica on node %d is at generation %d, not %d", ErrMergeBusy, d.GetRangeId(), n, pd.GetGeneration(), d.GetGeneration())
+		}
+	}
+	return nil
 }
 
 // waitSubsumed waits, up to mergeWait, until every replica of right has
