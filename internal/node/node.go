@@ -265,17 +265,26 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 
 // onSplit starts this node's replica of the right-hand range of a split, once
 // the split is durable here (DESIGN.md §11). The leaseholder's replica calls
-// the new group's first election, so leadership and lease stay on one node.
+// the new group's first election, so leadership and lease stay on one node,
+// and inherits the left-hand leader's highest epoch.
 func (n *Node) onSplit(s rangeserver.Split) {
 	if n.Range(s.Right.GetRangeId()) != nil {
 		return
 	}
+	left := n.Range(s.Left.GetRangeId())
 	r, err := n.addRange(s.Right, true)
 	if err != nil {
 		if !errors.Is(err, raftgroup.ErrStopped) {
 			slog.Error("node: starting the right-hand range of a split", "node", n.cfg.NodeID, "range", s.Right.GetRangeId(), "err", err)
 		}
 		return
+	}
+	if left != nil {
+		// Before its first election is done: a later one only means the
+		// new leader waits for the global epoch instead.
+		if start, highest, ok := left.HandOver(); ok {
+			r.Inherit(start, highest)
+		}
 	}
 	if r.LeaseHolder() == n.cfg.NodeID {
 		r.Campaign()

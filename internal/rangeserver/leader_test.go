@@ -172,3 +172,28 @@ func TestLoadSplitKey(t *testing.T) {
 		t.Errorf("after a quiet spell: split key %q, QPS %.0f", k, lt.QPS())
 	}
 }
+
+// TestInheritanceNeedsTheSameLease: a split's right-hand range starts from
+// the left-hand leader's highest epoch only under the very lease both halves
+// held, held by this replica, and only once; otherwise it waits for the
+// global epoch like any new leaseholder (DESIGN.md §3.5, §11).
+func TestInheritanceNeedsTheSameLease(t *testing.T) {
+	r := &Replica{self: 1}
+	for _, c := range []struct {
+		name  string
+		lease *pb.Lease
+		ok    bool
+	}{
+		{"another lease", &pb.Lease{Holder: 1, Start: 6}, false},
+		{"another holder", &pb.Lease{Holder: 2, Start: 5}, false},
+		{"the same lease", &pb.Lease{Holder: 1, Start: 5}, true},
+	} {
+		r.Inherit(5, 42)
+		if h, ok := r.takeInheritance(c.lease); ok != c.ok || (ok && h != 42) {
+			t.Errorf("%s: inherited %d, %v; want 42, %v", c.name, h, ok, c.ok)
+		}
+		if _, ok := r.takeInheritance(c.lease); ok {
+			t.Errorf("%s: inherited twice", c.name)
+		}
+	}
+}

@@ -71,9 +71,11 @@ func (r *Replica) tick() {
 	}
 	highest := lease.GetStart()
 	if r.global != nil && !r.leading(lease) {
-		// A new leaseholder does not trust its predecessor's highest epoch: it
-		// waits for the global epoch to advance once (DESIGN.md §3.5).
-		if highest, err = r.nextGlobalEpoch(); err != nil {
+		if h, ok := r.takeInheritance(lease); ok {
+			highest = h // the split's left-hand leader's, under this very lease
+		} else if highest, err = r.nextGlobalEpoch(); err != nil {
+			// A new leaseholder does not trust its predecessor's highest
+			// epoch: it waits for the global epoch to advance once (DESIGN.md §3.5).
 			return
 		}
 	}
@@ -110,6 +112,16 @@ func nextLease(current *pb.Lease, self, e, leaseEpochs uint64) *pb.Lease {
 		return nil
 	}
 	return next
+}
+
+// takeInheritance returns, once, the highest epoch inherited for lease (see
+// Inherit).
+func (r *Replica) takeInheritance(lease *pb.Lease) (uint64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in := r.inherited
+	r.inherited = inheritance{}
+	return in.highest, in.set && in.leaseStart == lease.GetStart() && lease.GetHolder() == r.self
 }
 
 // leading reports whether this replica already leads under lease.

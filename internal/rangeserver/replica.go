@@ -180,8 +180,9 @@ type Replica struct {
 	splits    splitQueue
 	reshaped  atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
 
-	mu   sync.Mutex
-	lead *leadership // nil unless serving as leaseholder
+	mu        sync.Mutex
+	lead      *leadership // nil unless serving as leaseholder
+	inherited inheritance // from the range this one split from, on this node
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -230,6 +231,38 @@ func (r *Replica) Status() *pb.RangeStatus {
 		st.Leader, st.Qps, st.Locks = true, r.load.QPS(), uint32(l.txns.locks.Len())
 	}
 	return st
+}
+
+// inheritance is what a split's right-hand range takes from the left-hand
+// range's leader on the same node: under the lease that starts at
+// leaseStart (the one both halves hold), the left's highest epoch.
+type inheritance struct {
+	leaseStart, highest uint64
+	set                 bool
+}
+
+// HandOver returns what a range split from this one inherits from this
+// replica (see Inherit): ok only while it leads.
+func (r *Replica) HandOver() (leaseStart, highest uint64, ok bool) {
+	r.mu.Lock()
+	l := r.lead
+	r.mu.Unlock()
+	if l == nil {
+		return 0, 0, false
+	}
+	return l.start, l.txns.highestEpoch(), true
+}
+
+// Inherit gives this replica, of a range a split just made, the highest
+// epoch of the left-hand range's leader on this node under the lease that
+// starts at leaseStart (DESIGN.md §11): if it leads under that same lease,
+// it starts from highest instead of waiting for the global epoch to advance
+// (invariant 5 holds: the split froze every commit on its keys, so no
+// transaction released a lock on them above highest).
+func (r *Replica) Inherit(leaseStart, highest uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inherited = inheritance{leaseStart: leaseStart, highest: highest, set: true}
 }
 
 // LeaseHolder returns the node named by the range's current lease (0: none).
