@@ -6,8 +6,9 @@
 //
 //   - statemachine.go: the replicated state — the descriptor, lease and
 //     prepared records under the range's id, the MVCC data under the user
-//     key — and its commands (the split among them), snapshots and reads
-//     (Get, Scan, Size, MidKey).
+//     key — and its commands, snapshots and reads (Get, Scan, Size, MidKey).
+//   - reshape.go: the commands that change the range's shape, as every
+//     replica applies them: split, subsume, merge.
 //   - replica.go: a replica, its configuration and errors, and the gate every
 //     leader operation passes (leader, propose).
 //   - lease.go: acquiring, renewing and queueing leases (nextLease), and a
@@ -23,6 +24,8 @@
 //   - snapshotread.go: lock-free snapshot reads (paper §5.2, Algorithm 1).
 //   - split.go: splits, by an operator (AdminSplit) or automatically by size
 //     or load, and what the leader does when one applies.
+//   - merge.go: merges, by an operator (AdminMerge) or automatically of
+//     small, cold neighbours: subsuming the right-hand range, absorbing it.
 //   - load.go: the leader's request rate and the key that divides its load.
 //   - server.go: the gRPC service and its error mapping.
 //

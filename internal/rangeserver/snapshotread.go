@@ -126,7 +126,10 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		if ok {
 			resp.Kvs = []*pb.KeyValue{{Key: v.Key, Value: v.Value}}
 		}
-		return resp, check()
+		if err := check(); err != nil {
+			return nil, err // see below
+		}
+		return resp, nil
 	}
 	limit := int(req.GetLimit())
 	err = r.sm.Scan(ks, start, end, below, func(v storage.Version, newest storage.VersionID) bool {
@@ -142,5 +145,8 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	// A merge subsumes a range only once its replicas stopped serving; a
 	// read that ends after the subsume may have missed a write the merged
 	// range made since, so it is refused (the reader retries there).
-	return resp, check()
+	if err := check(); err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
