@@ -500,7 +500,7 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 				return err
 			}
 			return c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
-				resp, err := rc.AdminMerge(ctx, &pb.AdminMergeRequest{RangeId: d.GetRangeId()})
+				resp, err := rc.AdminMerge(ctx, &pb.AdminMergeRequest{RangeId: d.GetRangeId(), EndKey: d.GetEndKey()})
 				merged = resp.GetMerged()
 				return err
 			})
@@ -515,9 +515,9 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 			if descs, rerr := c.nodes.Resolve(ctx, key); rerr == nil {
 				c.routes.Update(descs...)
 				for _, d := range descs {
-					if d.GetRangeId() == left.GetRangeId() && !d.GetSubsumed() && d.GetGeneration() > left.GetGeneration() &&
-						!bytes.Equal(d.GetEndKey(), left.GetEndKey()) {
-						return d, nil
+					if d.GetRangeId() == left.GetRangeId() && !d.GetSubsumed() &&
+						(len(d.GetEndKey()) == 0 || bytes.Compare(d.GetEndKey(), left.GetEndKey()) > 0) {
+						return d, nil // it reaches past its old end: merged
 					}
 				}
 			}

@@ -72,6 +72,7 @@ var wireMethods = []wireMethod{
 	{rangepb.Range_SnapshotRead_FullMethodName, func() proto.Message { return &rangepb.SnapshotReadRequest{} }, func() proto.Message { return &rangepb.SnapshotReadResponse{} }, rangeKinds},
 	{rangepb.Range_Heartbeat_FullMethodName, func() proto.Message { return &rangepb.HeartbeatRequest{} }, func() proto.Message { return &rangepb.HeartbeatResponse{} }, rangeKinds},
 	{rangepb.Range_AdminSplit_FullMethodName, func() proto.Message { return &rangepb.AdminSplitRequest{} }, func() proto.Message { return &rangepb.AdminSplitResponse{} }, rangeKinds},
+	{rangepb.Range_AdminMerge_FullMethodName, func() proto.Message { return &rangepb.AdminMergeRequest{} }, func() proto.Message { return &rangepb.AdminMergeResponse{} }, rangeKinds},
 	{rangepb.Range_Ranges_FullMethodName, func() proto.Message { return &rangepb.RangesRequest{} }, func() proto.Message { return &rangepb.RangesResponse{} }, nil},
 	{txnstatepb.TxnState_Decide_FullMethodName, func() proto.Message { return &txnstatepb.DecideRequest{} }, func() proto.Message { return &txnstatepb.DecideResponse{} }, txnStateKinds},
 	{txnstatepb.TxnState_Get_FullMethodName, func() proto.Message { return &txnstatepb.GetRequest{} }, func() proto.Message { return &txnstatepb.GetResponse{} }, txnStateKinds},
@@ -121,6 +122,8 @@ func FuzzWireRequests(f *testing.F) {
 			r.TxnId, r.Incarnation = txn, 1
 		case *rangepb.AdminSplitRequest:
 			r.SplitKey = []byte("b")
+		case *rangepb.AdminMergeRequest:
+			r.EndKey = []byte("m")
 		case *txnstatepb.DecideRequest:
 			r.Record = &txnstatepb.Record{TxnId: txn, Outcome: txnstatepb.Outcome_OUTCOME_ABORTED}
 		case *txnstatepb.GetRequest:
@@ -210,7 +213,8 @@ func setGroup(req proto.Message, id uint64) {
 func outcomeMayBeUnknown(method string) bool {
 	switch method {
 	case rangepb.Range_Prepare_FullMethodName, rangepb.Range_Commit_FullMethodName, rangepb.Range_Abort_FullMethodName,
-		rangepb.Range_CommitOnePhase_FullMethodName, rangepb.Range_AdminSplit_FullMethodName, txnstatepb.TxnState_Decide_FullMethodName,
+		rangepb.Range_CommitOnePhase_FullMethodName, rangepb.Range_AdminSplit_FullMethodName, rangepb.Range_AdminMerge_FullMethodName,
+		txnstatepb.TxnState_Decide_FullMethodName,
 		epochpb.Epoch_Publish_FullMethodName, epochpb.Epoch_SetExcluded_FullMethodName:
 		return true
 	}

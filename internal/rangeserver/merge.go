@@ -1,6 +1,7 @@
 package rangeserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -56,12 +57,23 @@ const mergeWait = 10 * time.Second
 // halves) is merged by this range's leader on its next check: subsuming is
 // the decision.
 //
+// endKey is where the caller saw the range end (nil: the range's current
+// end): a range that already reaches past it absorbed the neighbour there
+// (an earlier attempt finished), and AdminMerge returns its descriptor; one
+// that ends before it split since (ErrMergeRaced).
+//
 // Errors: ErrNotLeaseholder / ErrLeaseNotActive (retry at the leader),
 // ErrMergeLast, ErrMergeRegions, ErrMergeReplicas, ErrMergeBusy,
 // ErrMergeRaced, or ctx's error.
-func (r *Replica) AdminMerge(ctx context.Context) (*pb.RangeDescriptor, error) {
+func (r *Replica) AdminMerge(ctx context.Context, endKey []byte) (*pb.RangeDescriptor, error) {
 	if _, err := r.leader(); err != nil {
 		return nil, err
+	}
+	if d := r.sm.Descriptor(); endKey != nil && !bytes.Equal(d.GetEndKey(), endKey) {
+		if len(d.GetEndKey()) == 0 || bytes.Compare(d.GetEndKey(), endKey) > 0 {
+			return d, nil // merged already
+		}
+		return nil, fmt.Errorf("%w: range %d ends at %q, before %q: it split", ErrMergeRaced, d.GetRangeId(), d.GetEndKey(), endKey)
 	}
 	right, err := r.rightNeighbour()
 	if err != nil {
@@ -296,7 +308,7 @@ func (r *Replica) maybeMerge() {
 		defer r.splits.running.Store(false)
 		ctx, cancel := context.WithTimeout(r.ctx, 2*proposeTimeout+splitQuiesce+mergeWait)
 		defer cancel()
-		if _, err := r.AdminMerge(ctx); err != nil {
+		if _, err := r.AdminMerge(ctx, nil); err != nil {
 			slog.Debug("automatic merge", "range", r.id, "right", rd.GetRangeId(), "reason", reason, "err", err)
 			return
 		}

@@ -268,7 +268,11 @@ func (s *Server) AdminMerge(ctx context.Context, req *pb.AdminMergeRequest) (*pb
 	if err != nil {
 		return nil, err
 	}
-	merged, err := r.AdminMerge(ctx)
+	var end []byte
+	if len(req.GetEndKey()) > 0 {
+		end = req.GetEndKey()
+	}
+	merged, err := r.AdminMerge(ctx, end)
 	if err != nil {
 		return nil, s.status(r, err)
 	}

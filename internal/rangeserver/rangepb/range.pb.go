@@ -2554,8 +2554,13 @@ func (x *AdminSplitResponse) GetRight() *RangeDescriptor {
 }
 
 type AdminMergeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"` // the left-hand range, which absorbs its right neighbour
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RangeId uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"` // the left-hand range, which absorbs its right neighbour
+	// end_key is the range's end as the sender knows it: the merge absorbs the
+	// range that starts there. If the range already reaches past it, that
+	// merge happened (an earlier attempt): the reply is the current
+	// descriptor. If the range ends before it, it split since: Aborted.
+	EndKey        []byte `protobuf:"bytes,2,opt,name=end_key,json=endKey,proto3" json:"end_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2595,6 +2600,13 @@ func (x *AdminMergeRequest) GetRangeId() uint64 {
 		return x.RangeId
 	}
 	return 0
+}
+
+func (x *AdminMergeRequest) GetEndKey() []byte {
+	if x != nil {
+		return x.EndKey
+	}
+	return nil
 }
 
 type AdminMergeResponse struct {
@@ -3001,9 +3013,10 @@ const file_range_proto_rawDesc = "" +
 	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
 	"\x12AdminSplitResponse\x122\n" +
 	"\x04left\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x04left\x124\n" +
-	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\".\n" +
+	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\"G\n" +
 	"\x11AdminMergeRequest\x12\x19\n" +
-	"\brange_id\x18\x01 \x01(\x04R\arangeId\"L\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x17\n" +
+	"\aend_key\x18\x02 \x01(\fR\x06endKey\"L\n" +
 	"\x12AdminMergeResponse\x126\n" +
 	"\x06merged\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x06merged\"\xf7\x01\n" +
 	"\vRangeStatus\x12I\n" +
