@@ -232,14 +232,15 @@ func TestAutomaticSplitByLoadAndMergeBack(t *testing.T) {
 	}
 }
 
-// TestSplitNeverLosesALockSilently: t1 reads x; the range splits below x, so
-// x's lock is the right-hand range's to give, which never heard of it; t2
-// updates x there. t1 must not commit a write computed from the x it read —
-// that would lose t2's update (DESIGN.md §11).
-func TestSplitNeverLosesALockSilently(t *testing.T) {
+// TestTransactionsKeepTheirLocksAcrossASplit: t1 reads x and writes z; the
+// range splits below both, so their locks go to the right-hand range, with
+// t1's record and incarnation (DESIGN.md §11); t2, which writes x, must wait
+// for t1 there. t1 then writes y on the left and commits across both
+// halves, and t2 commits after it: x is t2's, y is x as t1 read it.
+func TestTransactionsKeepTheirLocksAcrossASplit(t *testing.T) {
 	_, db := startCluster(t, localcluster.Options{})
 	ctx := ctxT(t, 30*time.Second)
-	x, y := []byte("g-x"), []byte("b-y") // both in range 10 [, m)
+	x, y, z := []byte("g-x"), []byte("b-y"), []byte("h-z") // all in range 10 [, m)
 	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
 		return errors.Join(tx.Put(ctx, x, []byte("100")), tx.Put(ctx, y, []byte("0")))
 	}); err != nil {
@@ -249,20 +250,36 @@ func TestSplitNeverLosesALockSilently(t *testing.T) {
 	if v, _, err := t1.Get(ctx, x); err != nil || string(v) != "100" {
 		t.Fatalf("t1 read x = %q, %v", v, err)
 	}
+	if err := t1.Put(ctx, z, []byte("t1")); err != nil {
+		t.Fatal(err)
+	}
 	if err := db.AdminSplit(ctx, []byte("f")); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-		return tx.Put(ctx, x, []byte("150"))
-	}); err != nil {
+	t2 := make(chan error, 1)
+	go func() {
+		t2 <- db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+			return tx.Put(ctx, x, []byte("150"))
+		})
+	}()
+	time.Sleep(200 * time.Millisecond) // t2 meets t1's lock on x at the right-hand range
+	if err := t1.Put(ctx, y, []byte("100")); err != nil { // y = x as t1 read it
+		t.Fatalf("t1's write on the left after the split: %v", err)
+	}
+	if _, err := t1.Commit(ctx); err != nil {
+		t.Fatalf("t1, whose locks went to the right-hand range with it, could not commit: %v", err)
+	}
+	if err := <-t2; err != nil {
 		t.Fatalf("t2: %v", err)
 	}
-	err := t1.Put(ctx, y, []byte("100")) // y = x as t1 read it
-	if err == nil {
-		_, err = t1.Commit(ctx)
-	}
-	if !errors.Is(err, client.ErrConflict) && !errors.Is(err, client.ErrAborted) {
-		t.Fatalf("t1, whose read lock on x went to the right-hand range, ended with %v; want ErrConflict or ErrAborted", err)
+	for k, want := range map[string]string{"g-x": "150", "b-y": "100", "h-z": "t1"} {
+		var v []byte
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+			v, _, err = tx.Get(ctx, []byte(k))
+			return err
+		}); err != nil || string(v) != want {
+			t.Errorf("%s = %q, %v; want %s", k, v, err, want)
+		}
 	}
 }
 

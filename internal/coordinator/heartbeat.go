@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -77,6 +78,31 @@ func (h *heartbeater) stop() {
 	h.c.beating.Delete(h)
 }
 
+// retarget replaces target t, whose range changed shape, by the ranges
+// that now hold its span (a split handed them its locks under the same
+// incarnation), as the routing cache has them; a range already targeted
+// under another incarnation keeps it.
+func (h *heartbeater) retarget(ctx context.Context, t hbTarget) {
+	var end []byte
+	if len(t.desc.GetEndKey()) > 0 {
+		end = t.desc.GetEndKey()
+	}
+	parts, err := h.c.routes.Overlapping(ctx, t.desc.GetStartKey(), end)
+	if err != nil {
+		return // the next beat tries again
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cur, ok := h.targets[t.desc.GetRangeId()]; ok && cur.desc == t.desc {
+		delete(h.targets, t.desc.GetRangeId())
+	}
+	for _, p := range parts {
+		if cur, ok := h.targets[p.Desc.GetRangeId()]; !ok || cur.incarnation == t.incarnation {
+			h.targets[p.Desc.GetRangeId()] = hbTarget{desc: p.Desc, incarnation: t.incarnation}
+		}
+	}
+}
+
 // lostErr returns why the transaction's locks are gone, or nil.
 func (h *heartbeater) lostErr() error {
 	h.mu.Lock()
@@ -108,10 +134,15 @@ func (h *heartbeater) beat() {
 			defer wg.Done()
 			var lost bool
 			err := h.c.rangeCall(ctx, t.desc, true, func(ctx context.Context, rc pb.RangeClient) error {
-				resp, err := rc.Heartbeat(ctx, &pb.HeartbeatRequest{RangeId: t.desc.GetRangeId(), TxnId: h.txnID, Incarnation: t.incarnation})
+				resp, err := rc.Heartbeat(ctx, &pb.HeartbeatRequest{RangeId: t.desc.GetRangeId(), TxnId: h.txnID,
+					Incarnation: t.incarnation, Generation: t.desc.GetGeneration()})
 				lost = resp.GetLost()
 				return err
 			})
+			if errors.Is(err, errStaleRoute) {
+				h.retarget(ctx, t)
+				return
+			}
 			if err == nil && lost {
 				h.mu.Lock()
 				if h.lost == nil {

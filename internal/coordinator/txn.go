@@ -406,15 +406,32 @@ func (t *Txn) Commit(ctx context.Context) (storage.VersionID, error) {
 	// The heartbeats run until the outcome is known: a participant may wait
 	// for a quiet epoch or the commit record with the locks held.
 	defer t.hb.stop()
-	switch len(t.parts) {
-	case 0:
-		return storage.VersionID{}, nil
-	case 1:
-		for _, p := range t.parts {
-			return t.commitOnePhase(ctx, p)
+	for attempt := 0; ; attempt++ {
+		var v storage.VersionID
+		var err error
+		switch len(t.parts) {
+		case 0:
+			return storage.VersionID{}, nil
+		case 1:
+			for _, p := range t.parts {
+				v, err = t.commitOnePhase(ctx, p)
+			}
+		default:
+			v, err = t.commitTwoPhase(ctx)
+		}
+		if !isReshaped(err) {
+			return v, err
+		}
+		// A participant changed shape; nothing was decided.
+		if attempt == maxRepartitions {
+			t.abortAll(ctx)
+			return storage.VersionID{}, err
+		}
+		if rerr := t.repartition(ctx); rerr != nil {
+			t.abortAll(ctx)
+			return storage.VersionID{}, rerr
 		}
 	}
-	return t.commitTwoPhase(ctx)
 }
 
 // commitOnePhase commits at the single participant's leader (DESIGN.md §4).
@@ -424,12 +441,13 @@ func (t *Txn) commitOnePhase(ctx context.Context, p *participant) (storage.Versi
 		resp, err := rc.CommitOnePhase(ctx, &pb.OnePhaseRequest{
 			RangeId: p.desc.GetRangeId(), Txn: t.meta, Writes: t.writesFor(p),
 			MinEpoch: t.c.session.Load(), LockCount: uint32(len(p.spans)), Incarnation: p.incarnation,
+			Generation: p.desc.GetGeneration(),
 		})
 		ver = resp.GetVersion()
 		return err
 	})
 	if err != nil {
-		if IsRetryable(err) {
+		if IsRetryable(err) && !isReshaped(err) {
 			t.abortAll(ctx)
 		}
 		return storage.VersionID{}, err
@@ -465,7 +483,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 				var err error
 				resp, err = rc.Prepare(ctx, &pb.PrepareRequest{
 					RangeId: p.desc.GetRangeId(), Txn: t.meta, Writes: t.writesFor(p), LockCount: uint32(len(p.spans)),
-					Incarnation: p.incarnation,
+					Incarnation: p.incarnation, Generation: p.desc.GetGeneration(),
 				})
 				return err
 			})
@@ -484,12 +502,21 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	locals, global, epochErr := t.c.readEpochs(ctx, regions, t.meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE)
 	var preps []prepared
 	var firstErr error
+	reshaped := false
 	for range t.parts {
 		r := <-results
 		preps = append(preps, r)
-		if r.err != nil && firstErr == nil {
+		switch {
+		case isReshaped(r.err):
+			reshaped = true
+		case r.err != nil && firstErr == nil:
 			firstErr = r.err
 		}
+	}
+	if firstErr == nil && reshaped {
+		// Nothing decided: the caller moves the participants and prepares
+		// again (a participant that prepared takes the same prepare again).
+		return storage.VersionID{}, errStaleRoute
 	}
 	if firstErr == nil && epochErr != nil {
 		firstErr = fmt.Errorf("%w: reading epochs: %v", ErrUnavailable, epochErr)

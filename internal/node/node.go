@@ -268,10 +268,13 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 // the new group's first election, so leadership and lease stay on one node,
 // and inherits the left-hand leader's highest epoch.
 func (n *Node) onSplit(s rangeserver.Split) {
+	var in rangeserver.Inheritance
+	if left := n.Range(s.Left.GetRangeId()); left != nil {
+		in = left.HandOver(s.Right.GetRangeId())
+	}
 	if n.Range(s.Right.GetRangeId()) != nil {
 		return
 	}
-	left := n.Range(s.Left.GetRangeId())
 	r, err := n.addRange(s.Right, true)
 	if err != nil {
 		if !errors.Is(err, raftgroup.ErrStopped) {
@@ -279,13 +282,9 @@ func (n *Node) onSplit(s rangeserver.Split) {
 		}
 		return
 	}
-	if left != nil {
-		// Before its first election is done: a later one only means the
-		// new leader waits for the global epoch instead.
-		if start, highest, ok := left.HandOver(); ok {
-			r.Inherit(start, highest)
-		}
-	}
+	// Before its first election is done (a later one only means the new
+	// leader waits for the global epoch, and the handed locks are lost).
+	r.Inherit(in)
 	if r.LeaseHolder() == n.cfg.NodeID {
 		r.Campaign()
 	}

@@ -43,9 +43,12 @@ func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.Ver
 // lease, the highest epoch, and the newest existing version of the write set. A
 // read-only participant (no writes) writes nothing, but from here on it too
 // keeps its locks until the outcome is known (invariant 4).
-func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32, incarnation uint64) (*pb.PrepareResponse, error) {
+func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, lockCount uint32, incarnation, generation uint64) (*pb.PrepareResponse, error) {
 	l, err := r.leader()
 	if err != nil {
+		return nil, err
+	}
+	if err := r.checkGeneration(generation); err != nil {
 		return nil, err
 	}
 	if err := r.checkWrites(writes); err != nil {
@@ -115,9 +118,12 @@ func (r *Replica) finish(ctx context.Context, txnID []byte, cmd *pb.Command, com
 // CommitOnePhase commits a transaction whose only participant is this range
 // (DESIGN.md §4): with every lock held, read the local epoch, validate the
 // lease, version the writes, apply them through Raft, release.
-func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, minEpoch uint64, lockCount uint32, incarnation uint64) (*pb.VersionID, error) {
+func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, minEpoch uint64, lockCount uint32, incarnation, generation uint64) (*pb.VersionID, error) {
 	l, err := r.leader()
 	if err != nil {
+		return nil, err
+	}
+	if err := r.checkGeneration(generation); err != nil {
 		return nil, err
 	}
 	if err := r.checkWrites(writes); err != nil {

@@ -188,9 +188,9 @@ func TestInheritanceNeedsTheSameLease(t *testing.T) {
 		{"another holder", &pb.Lease{Holder: 2, Start: 5}, false},
 		{"the same lease", &pb.Lease{Holder: 1, Start: 5}, true},
 	} {
-		r.Inherit(5, 42)
-		if h, ok := r.takeInheritance(c.lease); ok != c.ok || (ok && h != 42) {
-			t.Errorf("%s: inherited %d, %v; want 42, %v", c.name, h, ok, c.ok)
+		r.Inherit(Inheritance{leaseStart: 5, highest: 42, set: true})
+		if in, ok := r.takeInheritance(c.lease); ok != c.ok || (ok && in.highest != 42) {
+			t.Errorf("%s: inherited %d, %v; want 42, %v", c.name, in.highest, ok, c.ok)
 		}
 		if _, ok := r.takeInheritance(c.lease); ok {
 			t.Errorf("%s: inherited twice", c.name)

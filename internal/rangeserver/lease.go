@@ -70,16 +70,23 @@ func (r *Replica) tick() {
 		return
 	}
 	highest := lease.GetStart()
-	if r.global != nil && !r.leading(lease) {
-		if h, ok := r.takeInheritance(lease); ok {
-			highest = h // the split's left-hand leader's, under this very lease
-		} else if highest, err = r.nextGlobalEpoch(); err != nil {
+	var handed []handedTxn
+	if !r.leading(lease) {
+		if in, ok := r.takeInheritance(lease); ok {
+			// A split's left-hand leader's, under this very lease.
+			handed = in.txns
+			if r.global != nil {
+				highest = in.highest
+			}
+		} else if r.global != nil {
 			// A new leaseholder does not trust its predecessor's highest
 			// epoch: it waits for the global epoch to advance once (DESIGN.md §3.5).
-			return
+			if highest, err = r.nextGlobalEpoch(); err != nil {
+				return
+			}
 		}
 	}
-	l := r.activate(lease, highest)
+	l := r.activate(lease, highest, handed)
 	r.resolveOrphans(l)
 	r.maybeSplit()
 	r.maybeMerge()
@@ -116,12 +123,12 @@ func nextLease(current *pb.Lease, self, e, leaseEpochs uint64) *pb.Lease {
 
 // takeInheritance returns, once, the highest epoch inherited for lease (see
 // Inherit).
-func (r *Replica) takeInheritance(lease *pb.Lease) (uint64, bool) {
+func (r *Replica) takeInheritance(lease *pb.Lease) (Inheritance, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	in := r.inherited
-	r.inherited = inheritance{}
-	return in.highest, in.set && in.leaseStart == lease.GetStart() && lease.GetHolder() == r.self
+	r.inherited = Inheritance{}
+	return in, in.set && in.leaseStart == lease.GetStart() && lease.GetHolder() == r.self
 }
 
 // leading reports whether this replica already leads under lease.
@@ -168,9 +175,9 @@ func (r *Replica) observeEpoch(e uint64) uint64 {
 
 // activate returns the leadership of lease, building it if the lease is new: a
 // fresh transaction table holding the exclusive locks of every prepared
-// transaction, and highest, an epoch no lower than any of the previous
-// leaseholders'.
-func (r *Replica) activate(lease *pb.Lease, highest uint64) *leadership {
+// transaction and the transactions a split handed over, and highest, an
+// epoch no lower than any of the previous leaseholders'.
+func (r *Replica) activate(lease *pb.Lease, highest uint64, handed []handedTxn) *leadership {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if l := r.lead; l != nil && l.start == lease.GetStart() {
@@ -186,6 +193,7 @@ func (r *Replica) activate(lease *pb.Lease, highest uint64) *leadership {
 	for _, key := range l.txns.relock(r.sm.Prepared()) {
 		slog.Error("re-locking a prepared transaction failed", "range", r.id, "key", key)
 	}
+	l.txns.adopt(handed)
 	r.lead = l
 	slog.Info("range leaseholder", "range", r.id, "replica", r.self, "lease", fmt.Sprintf("[%d, %d]", lease.GetStart(), lease.GetEnd()))
 	return l

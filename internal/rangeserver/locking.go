@@ -47,10 +47,16 @@ func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, spa
 // Heartbeat records that txn's coordinator is alive (DESIGN.md §10). lost is
 // true when this leader holds no locks of txn under incarnation: the
 // transaction can no longer commit. Errors: ErrNotLeaseholder,
-// ErrLeaseNotActive.
-func (r *Replica) Heartbeat(txnID []byte, incarnation uint64) (lost bool, err error) {
+// ErrLeaseNotActive, a *MismatchError (the range changed shape since
+// generation: the coordinator learns where the locks went; it is alive here
+// all the same).
+func (r *Replica) Heartbeat(txnID []byte, incarnation, generation uint64) (lost bool, err error) {
 	l, err := r.leader()
 	if err != nil {
+		return false, err
+	}
+	if err := r.checkGeneration(generation); err != nil {
+		l.txns.heartbeat(txnID, incarnation)
 		return false, err
 	}
 	return l.txns.heartbeat(txnID, incarnation), nil

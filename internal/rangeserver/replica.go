@@ -181,8 +181,9 @@ type Replica struct {
 	reshaped  atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
 
 	mu        sync.Mutex
-	lead      *leadership // nil unless serving as leaseholder
-	inherited inheritance // from the range this one split from, on this node
+	lead      *leadership             // nil unless serving as leaseholder
+	inherited Inheritance             // from the range this one split from, on this node
+	handoffs  map[uint64]Inheritance // by right-hand range ID: what splits of this range leave for it
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -233,36 +234,39 @@ func (r *Replica) Status() *pb.RangeStatus {
 	return st
 }
 
-// inheritance is what a split's right-hand range takes from the left-hand
-// range's leader on the same node: under the lease that starts at
-// leaseStart (the one both halves hold), the left's highest epoch.
-type inheritance struct {
+// Inheritance is what a split's right-hand range takes from the left-hand
+// range's leader on the same node (DESIGN.md §11), under the lease that
+// both halves hold: the left's highest epoch, and the records and locks of
+// the transactions holding locks at or above the split key.
+type Inheritance struct {
 	leaseStart, highest uint64
+	txns                []handedTxn
 	set                 bool
 }
 
-// HandOver returns what a range split from this one inherits from this
-// replica (see Inherit): ok only while it leads.
-func (r *Replica) HandOver() (leaseStart, highest uint64, ok bool) {
-	r.mu.Lock()
-	l := r.lead
-	r.mu.Unlock()
-	if l == nil {
-		return 0, 0, false
-	}
-	return l.start, l.txns.highestEpoch(), true
-}
-
-// Inherit gives this replica, of a range a split just made, the highest
-// epoch of the left-hand range's leader on this node under the lease that
-// starts at leaseStart (DESIGN.md §11): if it leads under that same lease,
-// it starts from highest instead of waiting for the global epoch to advance
-// (invariant 5 holds: the split froze every commit on its keys, so no
-// transaction released a lock on them above highest).
-func (r *Replica) Inherit(leaseStart, highest uint64) {
+// HandOver returns, once, what the right-hand range rightID of a split of
+// this range inherits from this replica (see Inherit): set only if this
+// replica led the range when the split applied.
+func (r *Replica) HandOver(rightID uint64) Inheritance {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.inherited = inheritance{leaseStart: leaseStart, highest: highest, set: true}
+	in := r.handoffs[rightID]
+	delete(r.handoffs, rightID)
+	return in
+}
+
+// Inherit gives this replica, of a range a split just made, what the
+// left-hand range's leader on this node handed over (HandOver). If it comes
+// to lead under that same lease, it starts from the left's highest epoch
+// instead of waiting for the global epoch to advance (invariant 5 holds:
+// the split froze every commit on its keys, so no transaction released a
+// lock on them above it), with the handed transactions' locks and
+// incarnations; under any other lease those transactions find their locks
+// lost.
+func (r *Replica) Inherit(in Inheritance) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inherited = in
 }
 
 // LeaseHolder returns the node named by the range's current lease (0: none).
@@ -357,6 +361,19 @@ func (r *Replica) checkSpan(start, end []byte) error {
 		return nil
 	}
 	return &MismatchError{Desc: d, Keys: fmt.Sprintf("span [%q, %q)", start, end), Start: start, End: end}
+}
+
+// checkGeneration refuses, with a *MismatchError, a request made under
+// another generation of the range than its current one (gen 0: any): the
+// range changed shape since the sender learned it, and what the sender
+// tracked here may now be another range's (DESIGN.md §11). The reply
+// carries every descriptor the node hosts from the range's start on.
+func (r *Replica) checkGeneration(gen uint64) error {
+	d := r.sm.Descriptor()
+	if gen == 0 || gen == d.GetGeneration() {
+		return nil
+	}
+	return &MismatchError{Desc: d, Keys: fmt.Sprintf("a request under generation %d", gen), Start: d.GetStartKey()}
 }
 
 // proposeTimeout bounds the wait for a proposal the caller may have given up

@@ -199,7 +199,7 @@ func (s *Server) Prepare(ctx context.Context, req *pb.PrepareRequest) (*pb.Prepa
 	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
 		return nil, s.status(r, err)
 	}
-	resp, err := r.Prepare(ctx, req.GetTxn(), req.GetWrites(), req.GetLockCount(), req.GetIncarnation())
+	resp, err := r.Prepare(ctx, req.GetTxn(), req.GetWrites(), req.GetLockCount(), req.GetIncarnation(), req.GetGeneration())
 	return resp, s.status(r, err)
 }
 
@@ -227,7 +227,7 @@ func (s *Server) Heartbeat(_ context.Context, req *pb.HeartbeatRequest) (*pb.Hea
 	if err != nil {
 		return nil, err
 	}
-	lost, err := r.Heartbeat(req.GetTxnId(), req.GetIncarnation())
+	lost, err := r.Heartbeat(req.GetTxnId(), req.GetIncarnation(), req.GetGeneration())
 	return &pb.HeartbeatResponse{Lost: lost}, s.status(r, err)
 }
 
@@ -310,7 +310,7 @@ func (s *Server) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (*
 	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
 		return nil, s.status(r, err)
 	}
-	v, err := r.CommitOnePhase(ctx, req.GetTxn(), req.GetWrites(), req.GetMinEpoch(), req.GetLockCount(), req.GetIncarnation())
+	v, err := r.CommitOnePhase(ctx, req.GetTxn(), req.GetWrites(), req.GetMinEpoch(), req.GetLockCount(), req.GetIncarnation(), req.GetGeneration())
 	if err != nil {
 		return nil, s.status(r, err)
 	}

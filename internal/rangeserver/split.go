@@ -36,12 +36,15 @@ const firstSplitRangeID = 1 << 32
 
 // AdminSplit splits the range at key (DESIGN.md §11), on its leader: the
 // range keeps [start, key) and a new range on the same replicas takes
-// [key, end) with the same lease, the prepared records of its keys and, once
-// its leader has waited for one global epoch advance, the highest epoch
-// (invariant 5). It first stops transactions with locks at or above key from
-// starting to commit and waits until none is prepared or committing; active
-// ones that hold such locks are dropped when the split applies (they abort:
-// no lock is ever lost silently). It returns both new descriptors.
+// [key, end) with the same lease, the prepared records of its keys, the
+// highest epoch (invariant 5), and the locks at or above key with their
+// transactions' records and incarnations, so transactions in flight across
+// the split go on. It first stops transactions with locks at or above key
+// from starting to commit and waits until none is prepared or committing.
+// If the right-hand range comes to lead on another node than the left's
+// leader, the handed locks are lost there, and their transactions find out
+// (they abort: no lock is ever lost silently). It returns both new
+// descriptors.
 //
 // Errors: ErrNotLeaseholder / ErrLeaseNotActive (retry at the leader),
 // ErrSplitKey (empty, or already a boundary), a *MismatchError (key outside
@@ -113,24 +116,31 @@ func (r *Replica) newRangeID() uint64 {
 }
 
 // onSplit runs on every replica once a split of this range is durable: the
-// leader drops the transactions that hold locks the right-hand range now
-// owns (see AdminSplit).
+// leader takes the locks the right-hand range now owns out of its table,
+// with their transactions' records, for the right-hand range's replica on
+// this node (HandOver).
 func (r *Replica) onSplit(s Split) {
 	r.mu.Lock()
 	l := r.lead
 	r.mu.Unlock()
-	var end []byte
-	if len(s.Left.GetEndKey()) > 0 {
-		end = s.Left.GetEndKey()
-	}
-	dropped := 0
+	handed := 0
 	if l != nil {
-		dropped = l.txns.dropOutside(s.Left.GetStartKey(), end)
+		// Hand the locks at or above the split key, with their records, to
+		// the right-hand range's replica on this node (the node passes them
+		// on), which leads under the same lease.
+		in := Inheritance{leaseStart: l.start, highest: l.txns.highestEpoch(), txns: l.txns.handOff(s.Right.GetStartKey()), set: true}
+		handed = len(in.txns)
+		r.mu.Lock()
+		if r.handoffs == nil {
+			r.handoffs = map[uint64]Inheritance{}
+		}
+		r.handoffs[s.Right.GetRangeId()] = in
+		r.mu.Unlock()
 	}
 	r.reshaped.Store(r.cfg.Clock.Now().UnixNano())
 	r.load.reset() // its samples may lie in the right half
 	slog.Info("range split", "range", r.id, "right", s.Right.GetRangeId(), "at", string(s.Right.GetStartKey()),
-		"generation", s.Left.GetGeneration(), "dropped_txns", dropped)
+		"generation", s.Left.GetGeneration(), "handed_txns", handed)
 }
 
 // Automatic splits (DESIGN.md §11).

@@ -315,6 +315,63 @@ func (tt *txnTable) committingAbove(key []byte) bool {
 	return false
 }
 
+// handedTxn is a transaction's record and its locks at or above a split key,
+// as the left-hand range's leader hands them to the right-hand range's
+// (DESIGN.md §11).
+type handedTxn struct {
+	meta        *pb.TxnMeta
+	incarnation uint64
+	state       txnState
+	locks       []locktable.Grant
+}
+
+// handOff takes every lock at or above key out of the table (cutting range
+// locks that straddle it) with the records of the transactions holding
+// them, for the right-hand range of a split at key: none is released, and
+// each transaction keeps its incarnation. Every record stays here too: the
+// transaction may lock keys below key again under the same incarnation.
+func (tt *txnTable) handOff(key []byte) []handedTxn {
+	grants := tt.locks.SplitOff(key)
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	byTxn := map[locktable.TxnID]*handedTxn{}
+	var out []*handedTxn
+	for _, g := range grants {
+		h := byTxn[g.Txn.ID]
+		if h == nil {
+			t := tt.txns[string(g.Txn.ID[:])]
+			if t == nil {
+				continue // a lock with no record: none to hand over
+			}
+			h = &handedTxn{meta: t.meta, incarnation: t.incarnation, state: t.state}
+			byTxn[g.Txn.ID] = h
+			out = append(out, h)
+		}
+		h.locks = append(h.locks, g)
+	}
+	handed := make([]handedTxn, 0, len(out))
+	for _, h := range out {
+		handed = append(handed, *h)
+	}
+	return handed
+}
+
+// adopt installs the records and locks a split's left-hand leader handed
+// over (handOff), keeping each transaction's incarnation; callers do so
+// before the table serves.
+func (tt *txnTable) adopt(handed []handedTxn) {
+	now := tt.now()
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	for _, h := range handed {
+		tt.locks.Install(h.locks)
+		if h.state != txnActive {
+			tt.locks.MarkPrepared(lockID(h.meta.GetId()))
+		}
+		tt.txns[string(h.meta.GetId())] = &leaderTxn{meta: h.meta, incarnation: h.incarnation, lastActive: now, state: h.state}
+	}
+}
+
 // dropOutside drops, after a split, every active transaction holding a lock
 // outside [start, end) (a nil end: unbounded): its locks there are the
 // right-hand range's now, which does not know them, so the transaction must

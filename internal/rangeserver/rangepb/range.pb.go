@@ -1680,12 +1680,16 @@ func (x *LockResponse) GetIncarnation() uint64 {
 }
 
 type PrepareRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
-	Txn           *TxnMeta               `protobuf:"bytes,2,opt,name=txn,proto3" json:"txn,omitempty"`
-	Writes        []*Write               `protobuf:"bytes,3,rep,name=writes,proto3" json:"writes,omitempty"`                         // empty for a read-only participant
-	LockCount     uint32                 `protobuf:"varint,4,opt,name=lock_count,json=lockCount,proto3" json:"lock_count,omitempty"` // distinct spans the transaction locked here
-	Incarnation   uint64                 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`              // the incarnation every lock here was taken under
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	RangeId     uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Txn         *TxnMeta               `protobuf:"bytes,2,opt,name=txn,proto3" json:"txn,omitempty"`
+	Writes      []*Write               `protobuf:"bytes,3,rep,name=writes,proto3" json:"writes,omitempty"`                         // empty for a read-only participant
+	LockCount   uint32                 `protobuf:"varint,4,opt,name=lock_count,json=lockCount,proto3" json:"lock_count,omitempty"` // distinct spans the transaction locked here
+	Incarnation uint64                 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`              // the incarnation every lock here was taken under
+	// generation is the range's generation as the sender knows it (0: any).
+	// If the range changed shape since, the reply is a RangeMismatch: the
+	// sender moves what it tracked to the ranges that now hold it.
+	Generation    uint64 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1751,6 +1755,13 @@ func (x *PrepareRequest) GetLockCount() uint32 {
 func (x *PrepareRequest) GetIncarnation() uint64 {
 	if x != nil {
 		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *PrepareRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
 	}
 	return 0
 }
@@ -2023,6 +2034,7 @@ type OnePhaseRequest struct {
 	MinEpoch      uint64                 `protobuf:"varint,4,opt,name=min_epoch,json=minEpoch,proto3" json:"min_epoch,omitempty"`    // the client session's highest epoch
 	LockCount     uint32                 `protobuf:"varint,5,opt,name=lock_count,json=lockCount,proto3" json:"lock_count,omitempty"` // distinct spans the transaction locked here
 	Incarnation   uint64                 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`              // the incarnation every lock here was taken under
+	Generation    uint64                 `protobuf:"varint,7,opt,name=generation,proto3" json:"generation,omitempty"`                // as in PrepareRequest
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2099,6 +2111,13 @@ func (x *OnePhaseRequest) GetIncarnation() uint64 {
 	return 0
 }
 
+func (x *OnePhaseRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type OnePhaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       *VersionID             `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -2151,6 +2170,7 @@ type HeartbeatRequest struct {
 	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
 	TxnId         []byte                 `protobuf:"bytes,2,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
 	Incarnation   uint64                 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"` // the incarnation its locks here were taken under
+	Generation    uint64                 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`   // as in PrepareRequest
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2202,6 +2222,13 @@ func (x *HeartbeatRequest) GetTxnId() []byte {
 func (x *HeartbeatRequest) GetIncarnation() uint64 {
 	if x != nil {
 		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *HeartbeatRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
 	}
 	return 0
 }
@@ -2949,14 +2976,17 @@ const file_range_proto_rawDesc = "" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\fR\x03key\"0\n" +
 	"\fLockResponse\x12 \n" +
-	"\vincarnation\x18\x01 \x01(\x04R\vincarnation\"\xc4\x01\n" +
+	"\vincarnation\x18\x01 \x01(\x04R\vincarnation\"\xe4\x01\n" +
 	"\x0ePrepareRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
 	"\x06writes\x18\x03 \x03(\v2\x14.terroir.range.WriteR\x06writes\x12\x1d\n" +
 	"\n" +
 	"lock_count\x18\x04 \x01(\rR\tlockCount\x12 \n" +
-	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\"\xe9\x01\n" +
+	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x06 \x01(\x04R\n" +
+	"generation\"\xe9\x01\n" +
 	"\x0fPrepareResponse\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12#\n" +
 	"\rhighest_epoch\x18\x02 \x01(\x04R\fhighestEpoch\x129\n" +
@@ -2972,7 +3002,7 @@ const file_range_proto_rawDesc = "" +
 	"\fAbortRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x15\n" +
 	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\"\x0f\n" +
-	"\rAbortResponse\"\xe2\x01\n" +
+	"\rAbortResponse\"\x82\x02\n" +
 	"\x0fOnePhaseRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
@@ -2980,13 +3010,19 @@ const file_range_proto_rawDesc = "" +
 	"\tmin_epoch\x18\x04 \x01(\x04R\bminEpoch\x12\x1d\n" +
 	"\n" +
 	"lock_count\x18\x05 \x01(\rR\tlockCount\x12 \n" +
-	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\"F\n" +
+	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\x12\x1e\n" +
+	"\n" +
+	"generation\x18\a \x01(\x04R\n" +
+	"generation\"F\n" +
 	"\x10OnePhaseResponse\x122\n" +
-	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"f\n" +
+	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\x86\x01\n" +
 	"\x10HeartbeatRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x15\n" +
 	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\x12 \n" +
-	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\"'\n" +
+	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x04R\n" +
+	"generation\"'\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
 	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xcf\x01\n" +
 	"\x13SnapshotReadRequest\x12\x19\n" +
