@@ -262,7 +262,7 @@ func TestTransactionsKeepTheirLocksAcrossASplit(t *testing.T) {
 			return tx.Put(ctx, x, []byte("150"))
 		})
 	}()
-	time.Sleep(200 * time.Millisecond) // t2 meets t1's lock on x at the right-hand range
+	time.Sleep(200 * time.Millisecond)                    // t2 meets t1's lock on x at the right-hand range
 	if err := t1.Put(ctx, y, []byte("100")); err != nil { // y = x as t1 read it
 		t.Fatalf("t1's write on the left after the split: %v", err)
 	}

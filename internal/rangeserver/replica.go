@@ -181,8 +181,8 @@ type Replica struct {
 	reshaped  atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
 
 	mu        sync.Mutex
-	lead      *leadership             // nil unless serving as leaseholder
-	inherited Inheritance             // from the range this one split from, on this node
+	lead      *leadership            // nil unless serving as leaseholder
+	inherited Inheritance            // from the range this one split from, on this node
 	handoffs  map[uint64]Inheritance // by right-hand range ID: what splits of this range leave for it
 
 	ctx    context.Context
