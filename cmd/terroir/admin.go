@@ -37,6 +37,17 @@ func adminCmd() *cobra.Command {
 		defer cancel()
 		return fn(ctx, d, top)
 	}
+	// withClient runs fn with a client of the cluster, as with does.
+	withClient := func(c *cobra.Command, fn func(ctx context.Context, db *client.DB) error) error {
+		return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
+			db, err := client.OpenWithDialer(top, coordinatorRegion(top), d)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			return fn(ctx, db)
+		})
+	}
 	setExcluded := func(excluded bool) func(c *cobra.Command, args []string) error {
 		return func(c *cobra.Command, args []string) error {
 			return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
@@ -94,20 +105,14 @@ func adminCmd() *cobra.Command {
 			"already a range boundary is refused and nothing changes.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
-				db, err := client.OpenWithDialer(top, coordinatorRegion(top), d)
-				if err != nil {
-					return err
-				}
-				defer db.Close()
+			return withClient(c, func(ctx context.Context, db *client.DB) error {
 				left, right, err := db.AdminSplitRanges(ctx, []byte(args[0]))
 				if err != nil {
 					return err
 				}
 				fmt.Fprintf(c.OutOrStdout(), "split range %d at %q:\n", left.ID, args[0])
-				for _, r := range []client.RangeInfo{left, right} {
-					fmt.Fprintf(c.OutOrStdout(), "range %d\t[%q, %q)\t%s\treplicas %v\tgeneration %d\n", r.ID, r.Start, r.End, r.Region, r.Replicas, r.Generation)
-				}
+				printRange(c, "", left)
+				printRange(c, "", right)
 				return nil
 			})
 		},
@@ -121,17 +126,12 @@ func adminCmd() *cobra.Command {
 			"regions or nodes, is refused and nothing changes.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
-				db, err := client.OpenWithDialer(top, coordinatorRegion(top), d)
-				if err != nil {
-					return err
-				}
-				defer db.Close()
+			return withClient(c, func(ctx context.Context, db *client.DB) error {
 				r, err := db.AdminMerge(ctx, []byte(args[0]))
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(c.OutOrStdout(), "merged into range %d\t[%q, %q)\t%s\treplicas %v\tgeneration %d\n", r.ID, r.Start, r.End, r.Region, r.Replicas, r.Generation)
+				printRange(c, "merged into ", r)
 				return nil
 			})
 		},
@@ -173,6 +173,11 @@ func adminCmd() *cobra.Command {
 
 // coordinatorRegion is a region an operator's client can run from: the first
 // with a local epoch and a transaction state store.
+// printRange prints one range's descriptor on a line, after prefix.
+func printRange(c *cobra.Command, prefix string, r client.RangeInfo) {
+	fmt.Fprintf(c.OutOrStdout(), "%srange %d\t[%q, %q)\t%s\treplicas %v\tgeneration %d\n", prefix, r.ID, r.Start, r.End, r.Region, r.Replicas, r.Generation)
+}
+
 func coordinatorRegion(top *topology.Topology) string {
 	for _, r := range top.Regions {
 		if len(top.GroupsOfKind(topology.KindLocalEpoch, r)) > 0 && len(top.GroupsOfKind(topology.KindTxnState, r)) > 0 {

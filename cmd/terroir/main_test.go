@@ -86,14 +86,15 @@ func TestKVAgainstACluster(t *testing.T) {
 
 	// admin range split: the range holding "t" ([m, )) splits there; the
 	// data reads back across the new boundary; bad keys change nothing.
-	admin := func(args ...string) (string, error) {
+	rangeCmd := func(verb string, args ...string) (string, error) {
 		cmd := rootCmd()
 		var out bytes.Buffer
 		cmd.SetOut(&out)
-		cmd.SetArgs(append([]string{"admin", "--config", cfg, "range", "split"}, args...))
+		cmd.SetArgs(append([]string{"admin", "--config", cfg, "range", verb}, args...))
 		err := cmd.Execute()
 		return out.String(), err
 	}
+	admin := func(args ...string) (string, error) { return rangeCmd("split", args...) }
 	out, err = admin("t")
 	if err != nil || !strings.Contains(out, `split range 11 at "t"`) || !strings.Contains(out, `["m", "t")`) || !strings.Contains(out, `["t", "")`) {
 		t.Fatalf("admin range split t printed %q (%v)", out, err)
@@ -123,4 +124,17 @@ func TestKVAgainstACluster(t *testing.T) {
 		}
 	}
 	t.Logf("range list:\n%s", list.String())
+
+	// admin range merge: [m, t) absorbs [t, ); the last range has no
+	// neighbour to absorb, and nothing changes.
+	out, err = rangeCmd("merge", "p")
+	if err != nil || !strings.Contains(out, `merged into range 11`) || !strings.Contains(out, `["m", "")`) {
+		t.Fatalf("admin range merge p printed %q (%v)", out, err)
+	}
+	if _, err := rangeCmd("merge", "x"); !errors.Is(err, client.ErrMergeLast) {
+		t.Errorf("admin range merge of the last range = %v, want ErrMergeLast", err)
+	}
+	if out, err := kv("scan", "a"); err != nil || out != "zebra\tstripes\n" {
+		t.Fatalf("scan after the merge printed %q (%v)", out, err)
+	}
 }
