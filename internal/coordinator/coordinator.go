@@ -493,6 +493,12 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
 	}
 	for {
+		// The checks below read the routing cache: refresh it from the
+		// nodes first, so a stale descriptor (a range that split since)
+		// does not refuse a merge the leader would make.
+		if descs, err := c.nodes.Resolve(ctx, key); err == nil {
+			c.routes.Update(descs...)
+		}
 		var merged, left *pb.RangeDescriptor
 		err := c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
 			left = d
