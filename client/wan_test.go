@@ -60,8 +60,11 @@ func TestRegionalLatencyIgnoresTheWAN(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // publishers fresh at the new pace
 	f, s := measure(300)
 	t.Logf("single-region read-write P50: %v at %v cross-region RTT, %v at %v", f, fast, s, slow)
-	if float64(s) > 1.1*float64(f) {
-		t.Fatalf("single-region P50 rose from %v to %v (more than 10%%) when the WAN slowed", f, s)
+	// The WAN's RTT grows tenfold; a single-region transaction that paid for
+	// it would slow by as much. 25% is the noise of a loaded 2-core machine
+	// under -race (10% failed there, on this commit's parent too).
+	if float64(s) > 1.25*float64(f) {
+		t.Fatalf("single-region P50 rose from %v to %v (more than 25%%) when the WAN slowed", f, s)
 	}
 	db.SetCommitMode(client.CommitMode{Naive: true})
 	f, s = measure(10)
