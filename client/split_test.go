@@ -236,7 +236,9 @@ func TestAutomaticSplitByLoadAndMergeBack(t *testing.T) {
 // range splits below both, so their locks go to the right-hand range, with
 // t1's record and incarnation (DESIGN.md §11); t2, which writes x, must wait
 // for t1 there. t1 then writes y on the left and commits across both
-// halves, and t2 commits after it: x is t2's, y is x as t1 read it.
+// halves, and t2 commits after it: x is t2's, y is x as t1 read it. t3,
+// which locked only w below the split key, outlives several heartbeats after
+// the split (which tell its coordinator the range changed) and commits too.
 func TestTransactionsKeepTheirLocksAcrossASplit(t *testing.T) {
 	_, db := startCluster(t, localcluster.Options{})
 	ctx := ctxT(t, 30*time.Second)
@@ -251,6 +253,10 @@ func TestTransactionsKeepTheirLocksAcrossASplit(t *testing.T) {
 		t.Fatalf("t1 read x = %q, %v", v, err)
 	}
 	if err := t1.Put(ctx, z, []byte("t1")); err != nil {
+		t.Fatal(err)
+	}
+	t3 := db.Begin()
+	if _, _, err := t3.Get(ctx, []byte("a-w")); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.AdminSplit(ctx, []byte("f")); err != nil {
@@ -271,6 +277,13 @@ func TestTransactionsKeepTheirLocksAcrossASplit(t *testing.T) {
 	}
 	if err := <-t2; err != nil {
 		t.Fatalf("t2: %v", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // three heartbeats of t3 (orphan_after 2 s / 4)
+	if err := t3.Put(ctx, []byte("a-w"), []byte("t3")); err != nil {
+		t.Fatalf("t3, locked only below the split key: %v", err)
+	}
+	if _, err := t3.Commit(ctx); err != nil {
+		t.Fatalf("t3, locked only below the split key, could not commit after the split: %v", err)
 	}
 	for k, want := range map[string]string{"g-x": "150", "b-y": "100", "h-z": "t1"} {
 		var v []byte

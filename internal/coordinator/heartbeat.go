@@ -36,6 +36,11 @@ type heartbeater struct {
 type hbTarget struct {
 	desc        *pb.RangeDescriptor
 	incarnation uint64
+	// tentative: a range that took over part of a target's span when it
+	// changed shape, which may hold none of the transaction's locks (they
+	// all lay in the other part). Lost there means only that: the target
+	// is dropped, and the commit's lock counts tell a real loss.
+	tentative bool
 }
 
 func newHeartbeater(c *Coordinator, txnID []byte) *heartbeater {
@@ -98,7 +103,7 @@ func (h *heartbeater) retarget(ctx context.Context, t hbTarget) {
 	}
 	for _, p := range parts {
 		if cur, ok := h.targets[p.Desc.GetRangeId()]; !ok || cur.incarnation == t.incarnation {
-			h.targets[p.Desc.GetRangeId()] = hbTarget{desc: p.Desc, incarnation: t.incarnation}
+			h.targets[p.Desc.GetRangeId()] = hbTarget{desc: p.Desc, incarnation: t.incarnation, tentative: !ok || cur.tentative}
 		}
 	}
 }
@@ -141,6 +146,14 @@ func (h *heartbeater) beat() {
 			})
 			if errors.Is(err, errStaleRoute) {
 				h.retarget(ctx, t)
+				return
+			}
+			if err == nil && lost && t.tentative {
+				h.mu.Lock()
+				if cur, ok := h.targets[t.desc.GetRangeId()]; ok && cur.tentative && cur.incarnation == t.incarnation {
+					delete(h.targets, t.desc.GetRangeId())
+				}
+				h.mu.Unlock()
 				return
 			}
 			if err == nil && lost {

@@ -137,7 +137,10 @@ func (r *Replica) subsume(ctx context.Context) (highest uint64, err error) {
 		return 0, fmt.Errorf("%w: range %d does not lead on node %d yet (%v)", ErrMergeBusy, r.id, r.self, err)
 	}
 	d := r.sm.Descriptor()
-	thaw := l.txns.freeze(d.GetStartKey())
+	thaw, ok := l.txns.freeze(d.GetStartKey())
+	if !ok {
+		return 0, fmt.Errorf("%w: range %d is already changing shape", ErrMergeBusy, r.id)
+	}
 	defer thaw()
 	if err := r.quiesce(ctx, l, d.GetStartKey()); err != nil {
 		if errors.Is(err, ErrSplitBusy) {

@@ -73,7 +73,10 @@ func (r *Replica) split(ctx context.Context, key []byte, sticky bool) (left, rig
 	if err := r.checkKey(key); err != nil {
 		return nil, nil, err
 	}
-	thaw := l.txns.freeze(key)
+	thaw, ok := l.txns.freeze(key)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: range %d is already changing shape", ErrSplitBusy, d.GetRangeId())
+	}
 	defer thaw()
 	if err := r.quiesce(ctx, l, key); err != nil {
 		return nil, nil, err

@@ -290,16 +290,21 @@ func (tt *txnTable) allBelow(id locktable.TxnID, key []byte) bool {
 // (DESIGN.md §11): from now on no transaction holding a lock at or above key
 // may start to commit here, so that none is prepared or committing with
 // locks the range that takes over those keys will not know of.
-// It returns a function that ends the freeze.
-func (tt *txnTable) freeze(key []byte) (thaw func()) {
+// It returns a function that ends the freeze, or ok false if another split
+// or subsume holds the freeze: one change of shape at a time.
+func (tt *txnTable) freeze(key []byte) (thaw func(), ok bool) {
 	tt.mu.Lock()
+	if tt.splitKey != nil {
+		tt.mu.Unlock()
+		return nil, false
+	}
 	tt.splitKey = key
 	tt.mu.Unlock()
 	return func() {
 		tt.mu.Lock()
 		tt.splitKey = nil
 		tt.mu.Unlock()
-	}
+	}, true
 }
 
 // committingAbove reports whether a prepared or committing transaction holds
@@ -340,8 +345,12 @@ func (tt *txnTable) handOff(key []byte) []handedTxn {
 		h := byTxn[g.Txn.ID]
 		if h == nil {
 			t := tt.txns[string(g.Txn.ID[:])]
-			if t == nil {
-				continue // a lock with no record: none to hand over
+			if t == nil || t.state != txnActive {
+				// No record, or one committing: the split waited for those,
+				// so only one whose commit's outcome is unknown can be
+				// here; its locks are not handed over, and its commit,
+				// which names keys the range no longer holds, is refused.
+				continue
 			}
 			h = &handedTxn{meta: t.meta, incarnation: t.incarnation, state: t.state}
 			byTxn[g.Txn.ID] = h
