@@ -353,24 +353,51 @@ func (t *Txn) Abort(ctx context.Context) error {
 }
 
 // abortAll tells every participant to drop the transaction (best effort: a
-// participant that misses it resolves the transaction itself). It runs even
-// when ctx has ended, for one second per participant.
+// participant that misses it resolves the transaction itself). A participant
+// that changed shape since (a mismatch reply: a split handed some of its
+// locks to a new range) makes it tell, in a second round, every range that
+// now holds a span or write the transaction tracked. It runs even when ctx
+// has ended, for one second per round.
 func (t *Txn) abortAll(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
-	var wg sync.WaitGroup
+	descs := make([]*pb.RangeDescriptor, 0, len(t.parts))
 	for _, p := range t.parts {
+		descs = append(descs, p.desc)
+	}
+	if t.abortAt(ctx, descs) {
+		t.abortAt(ctx, t.rangesHoldingTracked(ctx))
+	}
+}
+
+// abortAt sends Abort to every range of descs in parallel, naming the
+// generation it is known by, and reports whether one changed shape since.
+func (t *Txn) abortAt(ctx context.Context, descs []*pb.RangeDescriptor) (reshaped bool) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, g := range descs {
 		wg.Add(1)
 		go func(g *pb.RangeDescriptor) {
 			defer wg.Done()
 			actx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
 			_ = t.tell(actx, g, func(ctx context.Context, rc pb.RangeClient, id uint64) error {
-				_, err := rc.Abort(ctx, &pb.AbortRequest{RangeId: id, TxnId: t.meta.GetId()})
+				gen := g.GetGeneration()
+				if id != g.GetRangeId() {
+					gen = 0 // rerouted: the range that took g's record
+				}
+				resp, err := rc.Abort(ctx, &pb.AbortRequest{RangeId: id, TxnId: t.meta.GetId(), Generation: gen})
+				if resp.GetReshaped() {
+					t.c.routes.Update(resp.GetDescriptors()...)
+					mu.Lock()
+					reshaped = true
+					mu.Unlock()
+				}
 				return err
 			})
-		}(p.desc)
+		}(g)
 	}
 	wg.Wait()
+	return reshaped
 }
 
 // tell sends the transaction's outcome to participant g by send (given the
@@ -387,6 +414,39 @@ func (t *Txn) tell(ctx context.Context, g *pb.RangeDescriptor, send func(ctx con
 			return send(ctx, rc, d.GetRangeId())
 		})
 	})
+}
+
+// rangesHoldingTracked returns, as the routing cache has them, the ranges
+// that hold a span the transaction locked or a key it wrote.
+func (t *Txn) rangesHoldingTracked(ctx context.Context) []*pb.RangeDescriptor {
+	byID := map[uint64]*pb.RangeDescriptor{}
+	add := func(lo, hi []byte, point bool) {
+		if point {
+			if d, err := t.c.routes.Lookup(ctx, lo); err == nil {
+				byID[d.GetRangeId()] = d
+			}
+			return
+		}
+		parts, _ := t.c.routes.Overlapping(ctx, lo, hi)
+		for _, p := range parts {
+			byID[p.Desc.GetRangeId()] = p.Desc
+		}
+	}
+	for _, p := range t.parts {
+		for span := range p.spans {
+			if lo, hi, point, err := decodeSpan(span); err == nil {
+				add(lo, hi, point)
+			}
+		}
+		for key := range p.writes {
+			add([]byte(key), nil, true)
+		}
+	}
+	out := make([]*pb.RangeDescriptor, 0, len(byID))
+	for _, d := range byID {
+		out = append(out, d)
+	}
+	return out
 }
 
 // Commit commits the transaction and returns its version id. On a retryable

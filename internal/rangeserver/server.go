@@ -120,8 +120,19 @@ func (s *Server) status(r *Replica, err error) error {
 	if !errors.As(err, &m) {
 		return r.toStatus(err)
 	}
+	st := status.New(codes.OutOfRange, err.Error())
+	if ds, derr := st.WithDetails(&pb.RangeMismatch{Descriptors: s.hosted(m)}); derr == nil {
+		st = ds
+	}
+	return st.Err()
+}
+
+// hosted returns m's descriptor and every other one this node hosts over the
+// keys m names.
+func (s *Server) hosted(m *MismatchError) []*pb.RangeDescriptor {
 	descs := []*pb.RangeDescriptor{m.Desc}
 	s.mu.RLock()
+	defer s.mu.RUnlock()
 	for _, o := range s.replicas {
 		d := o.Desc()
 		if d.GetRangeId() != m.Desc.GetRangeId() && (m.End == nil || bytes.Compare(d.GetStartKey(), m.End) < 0) &&
@@ -129,12 +140,7 @@ func (s *Server) status(r *Replica, err error) error {
 			descs = append(descs, d)
 		}
 	}
-	s.mu.RUnlock()
-	st := status.New(codes.OutOfRange, err.Error())
-	if ds, derr := st.WithDetails(&pb.RangeMismatch{Descriptors: descs}); derr == nil {
-		st = ds
-	}
-	return st.Err()
+	return descs
 }
 
 // notExecuted is FailedPrecondition: the request did not execute and may be
@@ -218,7 +224,17 @@ func (s *Server) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResp
 	if err != nil {
 		return nil, err
 	}
-	return &pb.AbortResponse{}, s.status(r, r.Abort(ctx, req.GetTxnId()))
+	if err := r.Abort(ctx, req.GetTxnId()); err != nil {
+		return nil, s.status(r, err)
+	}
+	// Aborted here; if the range changed shape since the sender knew it,
+	// say so, so it aborts where the locks went too.
+	resp := &pb.AbortResponse{}
+	var m *MismatchError
+	if errors.As(r.checkGeneration(req.GetGeneration()), &m) {
+		resp.Reshaped, resp.Descriptors = true, s.hosted(m)
+	}
+	return resp, nil
 }
 
 // Heartbeat implements pb.RangeServer.

@@ -1939,9 +1939,12 @@ func (*CommitResponse) Descriptor() ([]byte, []int) {
 }
 
 type AbortRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
-	TxnId         []byte                 `protobuf:"bytes,2,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RangeId uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	TxnId   []byte                 `protobuf:"bytes,2,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
+	// generation as in PrepareRequest (0: any). The abort happens here all
+	// the same; see AbortResponse.
+	Generation    uint64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1990,8 +1993,21 @@ func (x *AbortRequest) GetTxnId() []byte {
 	return nil
 }
 
+func (x *AbortRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type AbortResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reshaped: the range changed shape since the request's generation (a
+	// split may have handed the transaction's locks to a new range);
+	// descriptors are the ones the node hosts from the range's start on, so
+	// the sender aborts there too.
+	Reshaped      bool               `protobuf:"varint,1,opt,name=reshaped,proto3" json:"reshaped,omitempty"`
+	Descriptors   []*RangeDescriptor `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2024,6 +2040,20 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
 	return file_range_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *AbortResponse) GetReshaped() bool {
+	if x != nil {
+		return x.Reshaped
+	}
+	return false
+}
+
+func (x *AbortResponse) GetDescriptors() []*RangeDescriptor {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
 }
 
 type OnePhaseRequest struct {
@@ -2998,11 +3028,16 @@ const file_range_proto_rawDesc = "" +
 	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\x122\n" +
 	"\aversion\x18\x03 \x01(\v2\x18.terroir.range.VersionIDR\aversion\x12C\n" +
 	"\x10regional_version\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\x0fregionalVersion\"\x10\n" +
-	"\x0eCommitResponse\"@\n" +
+	"\x0eCommitResponse\"`\n" +
 	"\fAbortRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x15\n" +
-	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\"\x0f\n" +
-	"\rAbortResponse\"\x82\x02\n" +
+	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\"m\n" +
+	"\rAbortResponse\x12\x1a\n" +
+	"\breshaped\x18\x01 \x01(\bR\breshaped\x12@\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\"\x82\x02\n" +
 	"\x0fOnePhaseRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
@@ -3182,45 +3217,46 @@ var file_range_proto_depIdxs = []int32{
 	1,  // 30: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
 	1,  // 31: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
 	1,  // 32: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	2,  // 33: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 34: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	1,  // 35: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	5,  // 36: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	6,  // 37: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 38: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	6,  // 39: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 40: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 41: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	41, // 42: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	19, // 43: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	21, // 44: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	23, // 45: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	25, // 46: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	27, // 47: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	29, // 48: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	31, // 49: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	35, // 50: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	33, // 51: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	37, // 52: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	39, // 53: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	42, // 54: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	20, // 55: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	22, // 56: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	24, // 57: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	26, // 58: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	28, // 59: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	30, // 60: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	32, // 61: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	36, // 62: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	34, // 63: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	38, // 64: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	40, // 65: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	43, // 66: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	55, // [55:67] is the sub-list for method output_type
-	43, // [43:55] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	6,  // 33: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	2,  // 34: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 35: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 36: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	5,  // 37: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	6,  // 38: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 39: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	6,  // 40: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 41: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 42: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	41, // 43: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	19, // 44: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	21, // 45: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	23, // 46: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	25, // 47: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	27, // 48: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	29, // 49: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	31, // 50: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	35, // 51: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	33, // 52: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	37, // 53: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	39, // 54: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	42, // 55: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	20, // 56: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	22, // 57: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	24, // 58: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	26, // 59: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	28, // 60: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	30, // 61: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	32, // 62: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	36, // 63: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	34, // 64: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	38, // 65: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	40, // 66: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	43, // 67: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	56, // [56:68] is the sub-list for method output_type
+	44, // [44:56] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
