@@ -187,7 +187,5 @@ func TestNodeDownDuringAMerge(t *testing.T) {
 			}
 		}
 	}
-	read("b", "1")
-	read("d", "2")
-	read("x", "3")
+	expectValues(t, ctx, db, map[string]string{"b": "1", "d": "2", "x": "3"})
 }

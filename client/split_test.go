@@ -285,15 +285,7 @@ func TestTransactionsKeepTheirLocksAcrossASplit(t *testing.T) {
 	if _, err := t3.Commit(ctx); err != nil {
 		t.Fatalf("t3, locked only below the split key, could not commit after the split: %v", err)
 	}
-	for k, want := range map[string]string{"g-x": "150", "b-y": "100", "h-z": "t1"} {
-		var v []byte
-		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
-			v, _, err = tx.Get(ctx, []byte(k))
-			return err
-		}); err != nil || string(v) != want {
-			t.Errorf("%s = %q, %v; want %s", k, v, err, want)
-		}
-	}
+	expectValues(t, ctx, db, map[string]string{"g-x": "150", "b-y": "100", "h-z": "t1"})
 }
 
 // TestNodeDownDuringASplit: a node is down while its ranges split; restarted,
@@ -335,13 +327,20 @@ func TestNodeDownDuringASplit(t *testing.T) {
 			}
 		}
 	}
-	for k, want := range map[string]string{"b": "1", "d": "2", "x": "3"} {
+	expectValues(t, ctx, db, map[string]string{"b": "1", "d": "2", "x": "3"})
+}
+
+// expectValues reads each key in a locking transaction and reports any whose
+// value is not the one wanted.
+func expectValues(t *testing.T, ctx context.Context, db *client.DB, want map[string]string) {
+	t.Helper()
+	for k, w := range want {
 		var v []byte
 		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
 			v, _, err = tx.Get(ctx, []byte(k))
 			return err
-		}); err != nil || string(v) != want {
-			t.Errorf("%s = %q, %v; want %s", k, v, err, want)
+		}); err != nil || string(v) != w {
+			t.Errorf("%s = %q, %v; want %s", k, v, err, w)
 		}
 	}
 }
