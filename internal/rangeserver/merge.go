@@ -158,7 +158,7 @@ func (r *Replica) subsume(ctx context.Context) (highest uint64, err error) {
 	if a, ok := res.(Applied); !ok || a.Subsumed == nil {
 		return 0, fmt.Errorf("%w: range %d changed before its subsume applied", ErrMergeRaced, r.id)
 	}
-	dropped := l.txns.dropOutside(d.GetStartKey(), d.GetStartKey()) // every active one
+	dropped := l.txns.dropActive()
 	slog.Info("range subsumed", "range", r.id, "generation", d.GetGeneration()+1, "dropped_txns", dropped)
 	return l.txns.highestEpoch(), nil
 }

@@ -381,25 +381,17 @@ func (tt *txnTable) adopt(handed []handedTxn) {
 	}
 }
 
-// dropOutside drops, after a split, every active transaction holding a lock
-// outside [start, end) (a nil end: unbounded): its locks there are the
-// right-hand range's now, which does not know them, so the transaction must
-// not commit (its next step or Prepare here finds its locks gone). A split
-// waits until no prepared or committing transaction holds such a lock; one
-// that still does (re-locked from an older lease's records) keeps its locks.
-// It returns how many it dropped.
-func (tt *txnTable) dropOutside(start, end []byte) int {
+// dropActive drops every active transaction, releasing its locks: a
+// subsume made the range's state final, and the merged range will not know
+// these locks, so the transactions must not commit (their next step or
+// Prepare finds their locks gone). Prepared ones stay: the merge carries
+// their records. It returns how many it dropped.
+func (tt *txnTable) dropActive() int {
 	tt.mu.Lock()
 	var drop [][]byte
 	for id, t := range tt.txns {
-		if t.state != txnActive {
-			continue
-		}
-		for _, sp := range tt.locks.SpansOf(lockID([]byte(id))) {
-			if !sp.Inside(start, end) {
-				drop = append(drop, []byte(id))
-				break
-			}
+		if t.state == txnActive {
+			drop = append(drop, []byte(id))
 		}
 	}
 	tt.mu.Unlock()
