@@ -12,3 +12,4 @@ gen transport.proto
 gen epoch.proto
 gen txnstate.proto
 gen range.proto
+gen directory.proto

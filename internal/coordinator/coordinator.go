@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/routing"
@@ -67,9 +68,9 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 		stateID:    tg[0].ID,
 		quiet:      top.QuietEpochs,
 	}
-	seed, _ := routing.TopologyResolver{Topology: top}.Resolve(context.Background(), nil)
+	// Routing asks the directories (DESIGN.md §11), never the file's ranges.
 	c.nodes = routing.NodesResolver{Topology: top, Dialer: dialer}
-	c.routes = routing.NewCache(c.nodes, seed...)
+	c.routes = routing.NewCache(directory.NewResolver(top, region, directory.NewDirectories(top, dialer), c.nodes))
 	for _, r := range top.Regions {
 		if g := top.GroupsOfKind(topology.KindLocalEpoch, r); len(g) > 0 {
 			c.epochs[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)

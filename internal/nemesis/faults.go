@@ -331,8 +331,8 @@ func (cp *campaign) drainLocks() {
 		held := 0
 		for _, id := range cp.c.NodeIDs() {
 			if n := cp.c.Node(id); n != nil {
-				for _, g := range cp.cfg.Topology.Ranges() {
-					if rep := n.Range(g.ID); rep != nil {
+				for _, id := range n.RangeIDs() { // splits' ranges too
+					if rep := n.Range(id); rep != nil {
 						held += rep.Locks()
 					}
 				}

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/rangeserver"
@@ -67,6 +68,10 @@ type Node struct {
 	epochs   map[uint64]*epoch.Replica
 	global   *epoch.Global // nil unless the node hosts a global epoch replica
 	rangeSrv *rangeserver.Server
+	dirs     *directory.Directories // every region's directory, for splits' IDs and descriptor changes
+	stop     context.CancelFunc     // ends publishing and reconciling
+	stopped  context.Context
+	bg       sync.WaitGroup // descriptor publishing and the reconciliation loop
 	mu       sync.Mutex
 	ranges   []*rangeserver.Replica   // grows when a split creates a range here
 	readers  map[string]*epoch.Reader // epoch and publisher readers, by kind/region
@@ -94,6 +99,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	n := &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{}),
 		readers: map[string]*epoch.Reader{}, deciders: map[uint64]*txnstate.Client{}}
+	n.stopped, n.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
 			n.closeParts()
@@ -110,12 +116,14 @@ func Start(cfg Config) (_ *Node, err error) {
 		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter},
 		raftgroup.NewMetrics(cfg.Registry))
 	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region})
+	n.dirs = directory.NewDirectories(top, n.dialer)
 	removed, err := n.removedRanges()
 	if err != nil {
 		return nil, err
 	}
 	epochServer := epoch.NewServer()
 	txnServer := txnstate.NewServer()
+	dirServer := directory.NewServer()
 	n.rangeSrv = rangeserver.NewServer()
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		switch g.Kind {
@@ -154,6 +162,16 @@ func Start(cfg Config) (_ *Node, err error) {
 				return nil, err
 			}
 			txnServer.Add(txnstate.Replica{Group: rg, SM: sm})
+		case topology.KindDirectory:
+			sm, err := directory.NewStateMachine(n.engine, g.ID, directory.SeedFor(top, g.Region))
+			if err != nil {
+				return nil, err
+			}
+			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
+			if err != nil {
+				return nil, err
+			}
+			dirServer.Add(directory.Replica{Group: rg, SM: sm})
 		case topology.KindRange:
 			if removed[g.ID] {
 				continue // merged away
@@ -185,6 +203,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.raft.Register(n.server)
 	epochServer.Register(n.server)
 	txnServer.Register(n.server)
+	dirServer.Register(n.server)
 	n.rangeSrv.Register(n.server)
 
 	n.listener = cfg.Listener
@@ -210,6 +229,8 @@ func Start(cfg Config) (_ *Node, err error) {
 	if n.global != nil {
 		n.global.Start()
 	}
+	n.bg.Add(1)
+	go n.reconcile()
 	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(top.GroupsOn(cfg.NodeID)))
 	return n, nil
 }
@@ -247,7 +268,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, srcs, n.decider,
 		rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay,
-			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor})
+			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: n.rangeIDAllocator(d.GetRegion())})
 	sm.OnSplit(n.onSplit)
 	sm.OnMerge(n.onMerge)
 	n.mu.Lock()
@@ -271,6 +292,9 @@ func (n *Node) onSplit(s rangeserver.Split) {
 	var in rangeserver.Inheritance
 	if left := n.Range(s.Left.GetRangeId()); left != nil {
 		in = left.HandOver(s.Right.GetRangeId())
+		if left.LeaderHint() == n.cfg.NodeID {
+			n.publish(s.Left, s.Right)
+		}
 	}
 	if n.Range(s.Right.GetRangeId()) != nil {
 		return
@@ -296,6 +320,9 @@ func (n *Node) onSplit(s rangeserver.Split) {
 // written with the merge, keeps the node from hosting it again.
 func (n *Node) onMerge(m rangeserver.Merge) {
 	id := m.Right.GetRangeId()
+	if left := n.Range(m.Merged.GetRangeId()); left != nil && left.LeaderHint() == n.cfg.NodeID {
+		n.publish(m.Merged, m.Right)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	i := slices.IndexFunc(n.ranges, func(r *rangeserver.Replica) bool { return r.ID() == id })
@@ -450,12 +477,14 @@ func (n *Node) Kill() error {
 }
 
 func (n *Node) closeParts() error {
-	if n.global != nil {
-		n.global.Close()
-	}
 	n.mu.Lock()
 	n.closing = true
 	n.mu.Unlock()
+	n.stop()
+	n.bg.Wait()
+	if n.global != nil {
+		n.global.Close()
+	}
 	for _, r := range n.rangeReplicas() {
 		r.Close()
 	}

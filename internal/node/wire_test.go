@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/epoch/epochpb"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
@@ -39,6 +40,7 @@ groups:
   - {id: 2, kind: txn-state, region: us-east1}
   - {id: 3, kind: global-epoch, region: us-east1}
   - {id: 4, kind: publisher, region: us-east1}
+  - {id: 5, kind: directory, region: us-east1}
   - {id: 10, kind: range, region: us-east1, start: "", end: "m"}
   - {id: 11, kind: range, region: us-east1, start: "m"}
 `
@@ -58,6 +60,7 @@ var (
 	epochKinds     = []topology.Kind{topology.KindLocalEpoch, topology.KindGlobalEpoch, topology.KindPublisher}
 	publisherKinds = []topology.Kind{topology.KindPublisher}
 	globalKinds    = []topology.Kind{topology.KindGlobalEpoch}
+	directoryKinds = []topology.Kind{topology.KindDirectory}
 )
 
 // wireMethods lists every unary RPC of every service a node serves.
@@ -80,6 +83,11 @@ var wireMethods = []wireMethod{
 	{epochpb.Epoch_Publish_FullMethodName, func() proto.Message { return &epochpb.PublishRequest{} }, func() proto.Message { return &epochpb.PublishResponse{} }, publisherKinds},
 	{epochpb.Epoch_SetExcluded_FullMethodName, func() proto.Message { return &epochpb.SetExcludedRequest{} }, func() proto.Message { return &epochpb.SetExcludedResponse{} }, globalKinds},
 	{epochpb.Epoch_Membership_FullMethodName, func() proto.Message { return &epochpb.MembershipRequest{} }, func() proto.Message { return &epochpb.MembershipResponse{} }, globalKinds},
+	{directorypb.Directory_Lookup_FullMethodName, func() proto.Message { return &directorypb.LookupRequest{} }, func() proto.Message { return &directorypb.LookupResponse{} }, directoryKinds},
+	{directorypb.Directory_Update_FullMethodName, func() proto.Message { return &directorypb.UpdateRequest{} }, func() proto.Message { return &directorypb.UpdateResponse{} }, directoryKinds},
+	{directorypb.Directory_Allocate_FullMethodName, func() proto.Message { return &directorypb.AllocateRequest{} }, func() proto.Message { return &directorypb.AllocateResponse{} }, directoryKinds},
+	{directorypb.Directory_Placement_FullMethodName, func() proto.Message { return &directorypb.PlacementRequest{} }, func() proto.Message { return &directorypb.PlacementResponse{} }, directoryKinds},
+	{directorypb.Directory_List_FullMethodName, func() proto.Message { return &directorypb.ListRequest{} }, func() proto.Message { return &directorypb.ListResponse{} }, directoryKinds},
 	{transportpb.Transport_Ping_FullMethodName, func() proto.Message { return &transportpb.PingRequest{} }, func() proto.Message { return &transportpb.PingResponse{} }, nil},
 }
 
@@ -130,6 +138,10 @@ func FuzzWireRequests(f *testing.F) {
 			r.TxnId = txn
 		case *epochpb.SetExcludedRequest:
 			r.PublisherGroup, r.Excluded = 4, true
+		case *directorypb.LookupRequest:
+			r.Key, r.Limit = []byte("n"), 3
+		case *directorypb.UpdateRequest:
+			r.Descriptors = []*rangepb.RangeDescriptor{{RangeId: 10, StartKey: []byte("m"), Region: "us-east1", Replicas: []uint64{1, 2, 3}, Generation: 1}}
 		case *transportpb.PingRequest:
 			r.Payload = []byte("ping")
 		}

@@ -79,6 +79,10 @@ type Config struct {
 	// node does not host it). A merge asks every replica of the subsumed
 	// range whether it has applied its subsume.
 	PeerDescriptor func(ctx context.Context, node, id uint64) (*pb.RangeDescriptor, error)
+	// NewRangeID allocates the ID of the range a split creates, one no range
+	// ever had (the region's directory, DESIGN.md §11). nil: splits are
+	// refused.
+	NewRangeID func(ctx context.Context) (uint64, error)
 }
 
 // Clock tells the time. The leader reads the time only through it, so its

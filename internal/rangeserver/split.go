@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -29,10 +28,6 @@ var (
 // splitQuiesce bounds the wait for prepared or committing transactions with
 // locks above a split key to finish.
 const splitQuiesce = 5 * time.Second
-
-// firstSplitRangeID is the least ID a split gives a new range: far above the
-// IDs a topology file gives its groups.
-const firstSplitRangeID = 1 << 32
 
 // AdminSplit splits the range at key (DESIGN.md §11), on its leader: the
 // range keeps [start, key) and a new range on the same replicas takes
@@ -73,6 +68,13 @@ func (r *Replica) split(ctx context.Context, key []byte, sticky bool) (left, rig
 	if err := r.checkKey(key); err != nil {
 		return nil, nil, err
 	}
+	if r.cfg.NewRangeID == nil {
+		return nil, nil, fmt.Errorf("%w: range %d has no directory to allocate a range ID", ErrSplitBusy, d.GetRangeId())
+	}
+	rightID, err := r.cfg.NewRangeID(ctx) // before the freeze: it is a round trip
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: allocating a range ID: %v", ErrSplitBusy, err)
+	}
 	thaw, ok := l.txns.freeze(key)
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: range %d is already changing shape", ErrSplitBusy, d.GetRangeId())
@@ -81,7 +83,7 @@ func (r *Replica) split(ctx context.Context, key []byte, sticky bool) (left, rig
 	if err := r.quiesce(ctx, l, key); err != nil {
 		return nil, nil, err
 	}
-	cmd := &pb.Command{Cmd: &pb.Command_Split{Split: &pb.SplitCmd{SplitKey: key, RightRangeId: r.newRangeID(), Generation: d.GetGeneration(), Sticky: sticky}}}
+	cmd := &pb.Command{Cmd: &pb.Command_Split{Split: &pb.SplitCmd{SplitKey: key, RightRangeId: rightID, Generation: d.GetGeneration(), Sticky: sticky}}}
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
 	defer pcancel()
 	res, err := r.group.Propose(pctx, EncodeCommand(cmd))
@@ -110,12 +112,6 @@ func (r *Replica) quiesce(ctx context.Context, l *leadership, key []byte) error 
 		}
 	}
 	return nil
-}
-
-// newRangeID picks the ID of a range a split creates: random above
-// firstSplitRangeID (a replicated directory will allocate them).
-func (r *Replica) newRangeID() uint64 {
-	return firstSplitRangeID + rand.Uint64N(1<<62)
 }
 
 // onSplit runs on every replica once a split of this range is durable: the

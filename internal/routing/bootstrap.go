@@ -1,8 +1,6 @@
 package routing
 
 import (
-	"context"
-
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/topology"
 )
@@ -17,21 +15,4 @@ const BootstrapGeneration = 1
 func BootstrapDescriptor(g topology.Group) *pb.RangeDescriptor {
 	return &pb.RangeDescriptor{RangeId: g.ID, StartKey: g.Start, EndKey: g.End, Region: g.Region,
 		Replicas: append([]uint64(nil), g.Replicas...), Generation: BootstrapGeneration, Sticky: true}
-}
-
-// TopologyResolver resolves from the bootstrap topology: every range it
-// seeds, at the bootstrap generation. It stands in for the replicated
-// directory, which supersedes it as soon as ranges change shape.
-type TopologyResolver struct {
-	Topology *topology.Topology
-}
-
-// Resolve implements Resolver: every range of the topology (they tile the key
-// space, so one of them holds key).
-func (r TopologyResolver) Resolve(context.Context, []byte) ([]*pb.RangeDescriptor, error) {
-	var out []*pb.RangeDescriptor
-	for _, g := range r.Topology.Ranges() {
-		out = append(out, BootstrapDescriptor(g))
-	}
-	return out, nil
 }

@@ -18,8 +18,8 @@ import (
 )
 
 // Resolver returns authoritative descriptors: at least the one whose span
-// holds key. The replicated directory implements it; until a cluster has one,
-// the bootstrap topology does.
+// holds key. The replicated directory implements it (directory.Resolver),
+// with NodesResolver as its fallback.
 type Resolver interface {
 	Resolve(ctx context.Context, key []byte) ([]*pb.RangeDescriptor, error)
 }
@@ -57,42 +57,53 @@ func overlaps(d *pb.RangeDescriptor, lo, hi []byte) bool {
 	return (hi == nil || bytes.Compare(d.GetStartKey(), hi) < 0) && (len(d.GetEndKey()) == 0 || bytes.Compare(lo, d.GetEndKey()) < 0)
 }
 
-// Update installs descriptors learned from a mismatch reply or a resolver. A
-// descriptor replaces every cached one whose span overlaps it, unless one of
-// those has a higher generation (it is then stale and dropped): generations
-// rise with every split and merge, and a merge takes a generation above both
-// halves', so the newer of two overlapping descriptors has the higher one.
-// A subsumed descriptor (a range merged into its left neighbour) drops the
-// older ones it overlaps and is not kept: its span is the merged range's,
-// which the next lookup resolves.
+// Update installs descriptors learned from a mismatch reply or a resolver,
+// each as Install says; a displaced range's leader hint goes with it.
 func (c *Cache) Update(descs ...*pb.RangeDescriptor) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-next:
 	for _, d := range descs {
-		var end []byte
-		if len(d.GetEndKey()) > 0 {
-			end = d.GetEndKey()
+		var displaced []uint64
+		c.ranges, displaced, _ = Install(c.ranges, d)
+		for _, id := range displaced {
+			delete(c.leaders, id)
 		}
-		kept := c.ranges[:0:0]
-		for _, o := range c.ranges {
-			if !overlaps(o, d.GetStartKey(), end) {
-				kept = append(kept, o)
-				continue
-			}
-			if o.GetGeneration() > d.GetGeneration() {
-				continue next
-			}
-			if o.GetRangeId() != d.GetRangeId() || d.GetSubsumed() {
-				delete(c.leaders, o.GetRangeId())
-			}
-		}
-		if !d.GetSubsumed() {
-			kept = append(kept, d)
-		}
-		sort.Slice(kept, func(i, j int) bool { return bytes.Compare(kept[i].GetStartKey(), kept[j].GetStartKey()) < 0 })
-		c.ranges = kept
 	}
+}
+
+// Install applies the descriptor rule of DESIGN.md §11 to ranges (sorted by
+// start key, disjoint) and returns the result, the IDs of the ranges d
+// displaced, and whether d was installed (false: it is stale). d replaces every descriptor whose span it overlaps, unless one
+// of those has a higher generation (d is then stale and nothing changes):
+// generations rise with every split and merge, and a merge takes a
+// generation above both halves', so the newer of two overlapping descriptors
+// has the higher one. A subsumed d (a range merged into its left neighbour)
+// drops the older ones it overlaps and is not kept: its span is the merged
+// range's. ranges is not modified; the result shares its descriptors. The
+// routing cache and the replicated directory both keep descriptors by it.
+func Install(ranges []*pb.RangeDescriptor, d *pb.RangeDescriptor) (_ []*pb.RangeDescriptor, displaced []uint64, installed bool) {
+	var end []byte
+	if len(d.GetEndKey()) > 0 {
+		end = d.GetEndKey()
+	}
+	kept := make([]*pb.RangeDescriptor, 0, len(ranges)+1)
+	for _, o := range ranges {
+		if !overlaps(o, d.GetStartKey(), end) {
+			kept = append(kept, o)
+			continue
+		}
+		if o.GetGeneration() > d.GetGeneration() {
+			return ranges, nil, false
+		}
+		if o.GetRangeId() != d.GetRangeId() || d.GetSubsumed() {
+			displaced = append(displaced, o.GetRangeId())
+		}
+	}
+	if !d.GetSubsumed() {
+		kept = append(kept, d)
+	}
+	sort.Slice(kept, func(i, j int) bool { return bytes.Compare(kept[i].GetStartKey(), kept[j].GetStartKey()) < 0 })
+	return kept, displaced, true
 }
 
 // Reset drops every cached descriptor and leader hint, then installs descs

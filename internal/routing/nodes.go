@@ -17,10 +17,10 @@ const nodesTimeout = 2 * time.Second
 // NodesResolver resolves a miss by asking every node of the topology which
 // ranges it hosts (the Range service's Ranges call) and returning every
 // descriptor they report; the cache keeps the newest generation of each span.
-// It finds ranges that splits made, which the bootstrap topology cannot name;
-// the replicated directory will answer in one call instead. When no node
-// answers at all, the topology's bootstrap descriptors stand in; when nodes
-// answer but none serves the key (a merge between its halves), it is
+// The replicated directory answers in one call instead; this is its
+// fallback when no directory replica answers (a region without quorum),
+// and admin commands ask it for the replicas' own view. When no node
+// answers, or none serves the key (a merge between its halves), it is
 // ErrNoRange, and the caller retries.
 type NodesResolver struct {
 	Topology *topology.Topology
@@ -59,7 +59,7 @@ func (r NodesResolver) Resolve(ctx context.Context, key []byte) ([]*pb.RangeDesc
 	}
 	wg.Wait()
 	if !answered {
-		return TopologyResolver{Topology: r.Topology}.Resolve(ctx, key)
+		return nil, fmt.Errorf("%w: %q (no node answered)", ErrNoRange, key)
 	}
 	if !holds {
 		return nil, fmt.Errorf("%w: %q (no node serves it now)", ErrNoRange, key)

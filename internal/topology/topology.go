@@ -48,10 +48,18 @@ const (
 	// KindGlobalEpoch is the global epoch service (DESIGN.md §2, §7). Its
 	// replicas may be placed in any regions.
 	KindGlobalEpoch Kind = "global-epoch"
+	// KindDirectory is a region's range directory: the descriptors of the
+	// ranges homed there, its range-ID allocator and the placement map
+	// (DESIGN.md §11). Every region that homes ranges has exactly one.
+	KindDirectory Kind = "directory"
 )
 
+// MaxGroupID bounds the IDs of the file's groups: IDs from MaxGroupID on are
+// the range directories' to allocate to ranges that splits create.
+const MaxGroupID = 1_000_000_000
+
 // knownKinds lists the kinds this version can host.
-var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true, KindRange: true, KindPublisher: true, KindGlobalEpoch: true}
+var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true, KindRange: true, KindPublisher: true, KindGlobalEpoch: true, KindDirectory: true}
 
 // Defaults applied when the file leaves a field out.
 const (
@@ -429,6 +437,9 @@ func build(f *fileTopology) (*Topology, error) {
 		if g.ID == 0 {
 			return nil, invalid("groups[%d]: id must be a positive integer", i)
 		}
+		if g.ID >= MaxGroupID {
+			return nil, invalid("groups[%d]: id %d is not below %d (range directories allocate IDs from there)", i, g.ID, uint64(MaxGroupID))
+		}
 		if groupIDs[g.ID] {
 			return nil, invalid("groups[%d]: duplicate group id %d", i, g.ID)
 		}
@@ -470,6 +481,13 @@ func build(f *fileTopology) (*Topology, error) {
 	for _, r := range t.Regions {
 		if n := len(t.GroupsOfKind(KindPublisher, r)); n > 1 {
 			return nil, invalid("region %q: %d publishers, at most one is allowed", r, n)
+		}
+		n := len(t.GroupsOfKind(KindDirectory, r))
+		if n > 1 {
+			return nil, invalid("region %q: %d directory groups, at most one is allowed", r, n)
+		}
+		if n == 0 && len(t.GroupsOfKind(KindRange, r)) > 0 {
+			return nil, invalid("region %q homes ranges but has no directory group (add {id: N, kind: directory, region: %s})", r, r)
 		}
 	}
 	// The global epoch service pushes to every publisher within half a lease

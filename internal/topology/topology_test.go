@@ -106,7 +106,7 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestRanges(t *testing.T) {
-	base := strings.Replace(twoRegions, "groups:\n", "groups:\n  - {id: 20, kind: range, region: east, start: \"\", end: \"m\"}\n  - {id: 21, kind: range, region: east, start: \"m\"}\n", 1)
+	base := strings.Replace(twoRegions, "groups:\n", "groups:\n  - {id: 8, kind: directory, region: east}\n  - {id: 20, kind: range, region: east, start: \"\", end: \"m\"}\n  - {id: 21, kind: range, region: east, start: \"m\"}\n", 1)
 	top, err := Parse([]byte(base))
 	if err != nil {
 		t.Fatal(err)
@@ -121,11 +121,14 @@ func TestRanges(t *testing.T) {
 		t.Fatalf("ranges lost in a round trip: %v\n%s", err, data)
 	}
 	for name, c := range map[string]struct{ from, to, want string }{
-		"gap":          {`start: "m"}`, `start: "n"}`, "gap or overlap"},
-		"no beginning": {`start: "", end`, `start: "a", end`, "belong to no range"},
-		"bounded last": {`start: "m"}`, `start: "m", end: "z"}`, "last range must have no end"},
-		"inverted":     {`start: "", end: "m"`, `start: "", end: ""`, "is not after start"},
-		"no start":     {`start: "m"}`, `end: "z"}`, "start is required"},
+		"gap":             {`start: "m"}`, `start: "n"}`, "gap or overlap"},
+		"no beginning":    {`start: "", end`, `start: "a", end`, "belong to no range"},
+		"bounded last":    {`start: "m"}`, `start: "m", end: "z"}`, "last range must have no end"},
+		"inverted":        {`start: "", end: "m"`, `start: "", end: ""`, "is not after start"},
+		"no start":        {`start: "m"}`, `end: "z"}`, "start is required"},
+		"no directory":    {`{id: 8, kind: directory, region: east}`, `{id: 8, kind: txn-state, region: east}`, "has no directory group"},
+		"two directories": {`{id: 8, kind: directory, region: east}`, "{id: 8, kind: directory, region: east}\n  - {id: 9, kind: directory, region: east}", "2 directory groups"},
+		"id too large":    {`{id: 21,`, `{id: 1000000000,`, "is not below 1000000000"},
 	} {
 		_, err := Parse([]byte(strings.Replace(base, c.from, c.to, 1)))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
