@@ -31,12 +31,17 @@ const (
 	faultSplitKill     = "split a range and kill its leader as the split applies"
 	faultMerge         = "merge two ranges under load"
 	faultMergeKill     = "merge two ranges and kill the leader as the merge applies"
+	faultDirectory     = "kill a region's directory leader and split a range there"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
-	faultSplit, faultSplitKill, faultMerge, faultMergeKill}
+	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory}
+
+// reshapes lists the faults after which the directories must agree with
+// the ranges (checkDirectories).
+var reshapes = map[string]bool{faultSplit: true, faultSplitKill: true, faultMerge: true, faultMergeKill: true, faultDirectory: true}
 
 // midCommit describes the faults that strike inside two-phase commit.
 var midCommit = map[string]struct {
@@ -163,17 +168,8 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				return errors.Join(errs...)
 			}
 		case faultSplit, faultSplitKill:
-			key := cp.splitKey(r)
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			left, _, err := dbs[0].AdminSplitRanges(sctx, key)
-			cancel()
-			switch {
-			case errors.Is(err, client.ErrSplitKey):
-				continue // already a boundary: no fault this time
-			case client.IsRetryable(err) || errors.Is(err, client.ErrCommitUnknown) || ctx.Err() != nil:
-				continue // the range was busy, or the campaign is ending
-			case err != nil:
-				cp.anomaly("splitting at %q: %v", key, err)
+			left, ok := cp.split(ctx, dbs[0], cp.splitKey(r))
+			if !ok {
 				continue
 			}
 			heal = func() error { return nil }
@@ -188,6 +184,26 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 					heal = func() error { return cp.c.RestartNode(id) }
 				}
 			}
+		case faultDirectory:
+			// The split's range ID waits for a new directory leader, and its
+			// descriptors reach the directory through it or, if that write
+			// is lost, through the reconciliation.
+			key := cp.splitKey(r)
+			home, _ := cp.cfg.Topology.RangeFor(key)
+			dir := cp.cfg.Topology.GroupsOfKind(topology.KindDirectory, home.Region)
+			if len(dir) == 0 {
+				continue
+			}
+			id := cp.c.Leader(dir[0].ID)
+			if id == 0 {
+				continue
+			}
+			if err := cp.c.KillNode(id); err != nil {
+				cp.anomaly("stopping node %d: %v", id, err)
+				continue
+			}
+			heal = func() error { return cp.c.RestartNode(id) }
+			cp.split(ctx, dbs[0], key)
 		case faultMerge, faultMergeKill:
 			key := cp.splitKey(r)
 			mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -258,6 +274,11 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		}
 		cp.sum.Recovery[kind].Since(healed)
 		cp.mu.Unlock()
+		if reshapes[kind] {
+			if err := cp.checkDirectories(ctx); err != nil {
+				cp.anomaly("after %q: %v", kind, err)
+			}
+		}
 		if struck != nil {
 			cp.awaitRelease(*struck)
 		}
@@ -378,6 +399,25 @@ func (cp *campaign) probe(dbs []*client.DB) error {
 
 // splitKey picks a key to split at among the workloads' keys of a random data
 // region, so that their transactions span the new boundary.
+// split splits the range holding key through a client; false when the
+// split was refused or did not happen (an anomaly is recorded if it failed
+// in a way it never should).
+func (cp *campaign) split(ctx context.Context, db *client.DB, key []byte) (left client.RangeInfo, ok bool) {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	left, _, err := db.AdminSplitRanges(sctx, key)
+	switch {
+	case errors.Is(err, client.ErrSplitKey):
+		return left, false // already a boundary: no fault this time
+	case client.IsRetryable(err) || errors.Is(err, client.ErrCommitUnknown) || ctx.Err() != nil:
+		return left, false // the range was busy, or the campaign is ending
+	case err != nil:
+		cp.anomaly("splitting at %q: %v", key, err)
+		return left, false
+	}
+	return left, true
+}
+
 func (cp *campaign) splitKey(r *rand.Rand) []byte {
 	names := []string{
 		fmt.Sprintf("nemesis-acct-%02d", r.IntN(16)),
