@@ -91,6 +91,9 @@ var (
 	// ErrSnapshotRestart: a Regional snapshot read a key homed in another
 	// region and must run again as a multi-region one. View does it.
 	ErrSnapshotRestart = coordinator.ErrSnapshotRestart
+	// ErrSnapshotTooOld: the snapshot reads below a range's GC horizon
+	// (named in the message); start a new snapshot.
+	ErrSnapshotTooOld = coordinator.ErrSnapshotTooOld
 )
 
 // IsRetryable reports whether retrying the whole transaction may succeed.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 func nemesisCmd() *cobra.Command {
 	var cfg nemesis.Config
 	var path string
+	var gcTTL time.Duration
 	cmd := &cobra.Command{
 		Use:   "nemesis",
 		Short: "A randomized fault campaign on an embedded cluster, checked for strict serializability",
@@ -35,7 +37,8 @@ reads every key, and checks: porcupine for the key groups (strict
 serializability) and registers (linearizability), the list history (lost,
 aborted, phantom, diverged, fractured and stale reads), every bank total, the
 epoch invariants, and that no lock outlives the load. It prints operations,
-faults, recovery times and anomalies. On an anomaly it writes the histories
+faults, recovery times and anomalies. Ranges collect old versions below
+--gc-ttl (3 s) meanwhile. On an anomaly it writes the histories
 and the seed to --out and exits 1; the same --seed repeats the same choices.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -47,6 +50,12 @@ and the seed to --out and exits 1; the same --seed repeats the same choices.`,
 			}
 			if err != nil {
 				return err
+			}
+			if gcTTL > 0 {
+				if gcTTL < topology.MinGCTTL {
+					return fmt.Errorf("--gc-ttl %v is below %v", gcTTL, topology.MinGCTTL)
+				}
+				cfg.Topology.GCTTL = gcTTL
 			}
 			sum, err := nemesis.Run(cmd.Context(), cfg)
 			if sum != nil {
@@ -60,6 +69,7 @@ and the seed to --out and exits 1; the same --seed repeats the same choices.`,
 	cmd.Flags().Uint64Var(&cfg.Seed, "seed", 1, "random seed of the workload and the fault schedule")
 	cmd.Flags().StringSliceVar(&cfg.Faults, "faults", nil, "fault kinds to inject, comma-separated (default: all; see the list in the error for a wrong one)")
 	cmd.Flags().DurationVar(&cfg.FaultEvery, "fault-every", 3*time.Second, "time between faults")
+	cmd.Flags().DurationVar(&gcTTL, "gc-ttl", 3*time.Second, "the cluster's gc_ttl: short, so ranges collect old versions while the faults strike (0: the topology's)")
 	cmd.Flags().StringVar(&cfg.Out, "out", "nemesis-failure", "where the histories and the seed go when a check fails")
 	return cmd
 }

@@ -261,6 +261,9 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 					return fmt.Errorf("%w: %s", errStaleRoute, st.Message())
 				}
 			}
+			if strings.Contains(st.Message(), tooOld) {
+				return fmt.Errorf("%w: %s", ErrSnapshotTooOld, st.Message())
+			}
 			return err
 		case codes.InvalidArgument, codes.Internal, codes.DataLoss:
 			return err

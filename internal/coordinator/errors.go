@@ -56,7 +56,15 @@ var (
 	// ErrSnapshotRestart: a regional snapshot read a key homed in another region;
 	// it must run again as a multi-region snapshot (paper §5.4). View does it.
 	ErrSnapshotRestart = errors.New("terroir: regional snapshot touched another region")
+	// ErrSnapshotTooOld: a snapshot read at an epoch below a range's GC
+	// horizon, whose older versions may be collected (DESIGN.md §14). The
+	// message names the horizon. Not retryable at the same epoch.
+	ErrSnapshotTooOld = errors.New("terroir: snapshot older than the GC horizon")
 )
+
+// tooOld is how a range's refusal of a snapshot below its GC horizon reads
+// (rangeserver.ErrSnapshotTooOld).
+const tooOld = "snapshot below the GC horizon"
 
 // IsRetryable reports whether retrying the whole transaction may succeed.
 func IsRetryable(err error) bool {

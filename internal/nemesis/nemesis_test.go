@@ -26,6 +26,7 @@ func TestCampaign(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	top.GCTTL = 2 * time.Second // ranges collect while the faults strike
 	var log strings.Builder
 	sum, err := Run(context.Background(), Config{Topology: top, Duration: 15 * time.Second, Seed: 3,
 		FaultEvery: 2 * time.Second, Faults: kinds, Out: t.TempDir()})

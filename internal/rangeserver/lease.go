@@ -90,6 +90,7 @@ func (r *Replica) tick() {
 	r.resolveOrphans(l)
 	r.maybeSplit()
 	r.maybeMerge()
+	r.maybeGC(e)
 }
 
 // nextLease returns the lease that replica self, leading the range's Raft

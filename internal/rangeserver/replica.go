@@ -72,6 +72,10 @@ type Config struct {
 	// MergeDelay is how long both ranges must have kept their shape (no
 	// split or merge, no restart) before they merge automatically.
 	MergeDelay time.Duration
+	// GCTTL is how long a replaced version stays readable: the leader
+	// collects versions below the epochs that were current GCTTL ago
+	// (DESIGN.md §14). 0: never.
+	GCTTL time.Duration
 	// Sibling returns this node's replica of the range whose span starts at
 	// key (nil: none here). Merges find the right-hand neighbour with it.
 	Sibling func(key []byte) *Replica
@@ -182,6 +186,7 @@ type Replica struct {
 	lastEpoch atomic.Uint64 // the newest local epoch this replica has read
 	load      *loadTracker
 	splits    splitQueue
+	gcq       gcQueue
 	reshaped  atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
 
 	mu        sync.Mutex

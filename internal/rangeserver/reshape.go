@@ -40,6 +40,10 @@ func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
 	_ = b.Set(storage.RangeIndexKey(right.GetRangeId()), nil, nil)
 	v, _ = proto.Marshal(sm.lease)
 	_ = b.Set(rsub(subLease, nil), v, nil)
+	if sm.gc.GetHorizon() != 0 || sm.gc.GetRegionalHorizon() != 0 { // the right half's versions were collected alike
+		v, _ = proto.Marshal(sm.gc)
+		_ = b.Set(rsub(subGC, nil), v, nil)
+	}
 	for id, rec := range sm.prepared {
 		var lw, rw []*pb.Write
 		for _, w := range rec.GetWrites() {
@@ -107,6 +111,7 @@ func (sm *StateMachine) applyMerge(b *pebble.Batch, cmd *pb.MergeCmd) any {
 		_ = b.Set(sm.sub(subPrepared, []byte(id)), v, nil)
 		sm.prepared[id] = combined
 	}
+	sm.raiseGC(b, cmd.GetRightGc())
 	sm.storeDescriptor(b, merged)
 	_ = b.Set(storage.RangeTombstoneKey(rd.GetRangeId()), nil, nil)
 	_ = b.Delete(storage.RangeIndexKey(rd.GetRangeId()), nil)

@@ -93,6 +93,8 @@ func (r *Replica) toStatus(err error) error {
 		return status.Error(codes.Unknown, err.Error())
 	case errors.Is(err, ErrSnapshotEpoch):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, ErrSnapshotTooOld): // the message names the horizon
+		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, ErrRangeMismatch):
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, ErrSplitKey):

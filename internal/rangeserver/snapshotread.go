@@ -34,13 +34,22 @@ const (
 // below <At, 0>. It takes no lock, so it never delays a writer.
 //
 // Errors: a *MismatchError (keys outside the range), ErrNotLeaseholder (retry at another replica),
-// ErrSnapshotEpoch, or ctx's error.
+// ErrSnapshotEpoch, ErrSnapshotTooOld (below the range's GC threshold), or ctx's error.
 func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
 	start, end := req.GetStart(), req.GetEnd()
 	if len(end) == 0 {
 		end = nil
 	}
+	ks := Versions
+	if r.global != nil && req.GetRegional() {
+		ks = RegionalVersions
+	}
+	// Checked before the read and again after it: a GC below the snapshot
+	// that applied meanwhile may have removed what the read saw missing.
 	check := func() error {
+		if err := r.sm.checkSnapshotAge(ks, req.GetAt()); err != nil {
+			return err
+		}
 		if !req.GetScan() {
 			return r.checkKey(start)
 		}
@@ -58,12 +67,9 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		return nil, err
 	}
 	r.load.record(start)
-	src, ks := r.global, Versions
-	switch {
-	case r.global == nil: // regional-only: the data carries local epochs
+	src := r.global
+	if r.global == nil || req.GetRegional() { // regional-only data carries local epochs
 		src = r.epochs
-	case req.GetRegional():
-		src, ks = r.epochs, RegionalVersions
 	}
 	began := time.Now()
 	ectx, ecancel := context.WithTimeout(ctx, snapshotEpochWait)

@@ -61,10 +61,11 @@ type StateMachine struct {
 	mu       sync.Mutex
 	lease    *pb.Lease
 	prepared map[string]*pb.PreparedRecord
-	splits   []Split       // applied, not yet durable: told by PostApply
-	onSplit  []func(Split) // split listeners
-	merges   []Merge       // applied, not yet durable: told by PostApply
-	onMerge  []func(Merge) // merge listeners
+	gc       *pb.GCThreshold // no snapshot reads below it (DESIGN.md §14)
+	splits   []Split         // applied, not yet durable: told by PostApply
+	onSplit  []func(Split)   // split listeners
+	merges   []Merge         // applied, not yet durable: told by PostApply
+	onMerge  []func(Merge)   // merge listeners
 }
 
 // Split is a split as applied: the range's new descriptor and the new
@@ -97,6 +98,8 @@ type Applied struct {
 	Subsumed *pb.RangeDescriptor
 	// Merge is set for a merge that took effect.
 	Merge *Merge
+	// GC is set for a GC chunk that took effect.
+	GC *GCResult
 }
 
 // OnSplit registers f to be told of every split of this range once it is
@@ -192,6 +195,9 @@ func (sm *StateMachine) load() error {
 			return fmt.Errorf("%w: descriptor: %v", storage.ErrCorrupt, err)
 		}
 		sm.desc.Store(d)
+	}
+	if err := sm.loadGC(sm.e.Get); err != nil {
+		return err
 	}
 	lo := sm.sub(subPrepared, nil)
 	return sm.e.Scan(lo, storage.PrefixEnd(lo), func(_, v []byte) (bool, error) {
@@ -321,6 +327,8 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		return sm.applySubsume(b, x.Subsume)
 	case *pb.Command_Merge:
 		return sm.applyMerge(b, x.Merge)
+	case *pb.Command_Gc:
+		return sm.applyGC(b, x.Gc)
 	default:
 		return fmt.Errorf("%w: empty command", ErrBadCommand)
 	}
@@ -416,6 +424,9 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 			return fmt.Errorf("%w: descriptor in snapshot: %v", storage.ErrCorrupt, err)
 		}
 		sm.desc.Store(d)
+	}
+	if err := sm.loadGC(func(k []byte) ([]byte, error) { return batchGet(b, k) }); err != nil {
+		return err
 	}
 	lo := sm.sub(subPrepared, nil)
 	it, err := b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: storage.PrefixEnd(lo)})

@@ -81,6 +81,11 @@ const (
 	// DefaultOrphanAfter is how long a range leader waits for a heartbeat from
 	// a transaction's coordinator before treating it as an orphan (DESIGN.md §10).
 	DefaultOrphanAfter = 2 * time.Second
+	// DefaultGCTTL is how long old versions stay readable (DESIGN.md §14).
+	DefaultGCTTL = 4 * time.Hour
+	// MinGCTTL is the least gc_ttl a file may set: a shorter one would fail
+	// snapshots while they run.
+	MinGCTTL = time.Second
 	// DefaultMergeDelay is how long two neighbouring ranges must keep their
 	// shape before they merge automatically (DESIGN.md §11).
 	DefaultMergeDelay = 30 * time.Second
@@ -134,6 +139,11 @@ type Topology struct {
 	// MergeDelay: ... and neither has split or merged for this long. File:
 	// merge_delay, default 30s.
 	MergeDelay time.Duration
+	// GCTTL is how long a version stays readable once a newer one
+	// replaced it: ranges collect versions older than the epoch that was
+	// current GCTTL ago (DESIGN.md §14). File: gc_ttl, default 4h, at
+	// least 1s.
+	GCTTL time.Duration
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -187,6 +197,7 @@ type fileTopology struct {
 	MergeSize          string      `yaml:"merge_size,omitempty"`
 	MergeQPS           string      `yaml:"merge_qps,omitempty"`
 	MergeDelay         string      `yaml:"merge_delay,omitempty"`
+	GCTTL              string      `yaml:"gc_ttl,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -361,6 +372,12 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if err := t.parseMerges(f); err != nil {
 		return nil, err
+	}
+	if t.GCTTL, err = parseDuration("gc_ttl", f.GCTTL, DefaultGCTTL); err != nil {
+		return nil, err
+	}
+	if t.GCTTL < MinGCTTL {
+		return nil, invalid("gc_ttl: %v is below %v: snapshots would fail while they run", t.GCTTL, MinGCTTL)
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -686,6 +703,7 @@ func (t *Topology) Marshal() ([]byte, error) {
 		SplitQPS:           "off",
 		QuietEpochs:        t.QuietEpochs,
 		Regions:            t.Regions,
+		GCTTL:              t.GCTTL.String(),
 	}
 	if t.AutoExcludeAfter > 0 {
 		f.AutoExcludeAfter = t.AutoExcludeAfter.String()

@@ -264,3 +264,35 @@ func TestMergeSettings(t *testing.T) {
 		}
 	}
 }
+
+func TestGCTTLSetting(t *testing.T) {
+	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
+	for _, c := range []struct {
+		extra string
+		ttl   time.Duration
+		bad   string
+	}{
+		{"", DefaultGCTTL, ""},
+		{"gc_ttl: 1m\n", time.Minute, ""},
+		{"gc_ttl: 1s\n", time.Second, ""},
+		{"gc_ttl: 500ms\n", 0, "below 1s"},
+		{"gc_ttl: 0s\n", 0, "not a positive duration"},
+		{"gc_ttl: forever\n", 0, "not a positive duration"},
+	} {
+		top, err := Parse([]byte(c.extra + base))
+		if c.bad != "" {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
+				t.Errorf("%q: %v, want ErrInvalid saying %q", c.extra, err, c.bad)
+			}
+			continue
+		}
+		if err != nil || top.GCTTL != c.ttl {
+			t.Errorf("%q: %v, %v; want %v", c.extra, top, err, c.ttl)
+			continue
+		}
+		out, _ := top.Marshal()
+		if again, err := Parse(out); err != nil || again.GCTTL != c.ttl {
+			t.Errorf("%q: round trip gave %v (%v)", c.extra, again, err)
+		}
+	}
+}

@@ -607,6 +607,7 @@ type Command struct {
 	//	*Command_Split
 	//	*Command_Subsume
 	//	*Command_Merge
+	//	*Command_Gc
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -721,6 +722,15 @@ func (x *Command) GetMerge() *MergeCmd {
 	return nil
 }
 
+func (x *Command) GetGc() *GCCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Gc); ok {
+			return x.Gc
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -757,6 +767,10 @@ type Command_Merge struct {
 	Merge *MergeCmd `protobuf:"bytes,8,opt,name=merge,proto3,oneof"`
 }
 
+type Command_Gc struct {
+	Gc *GCCmd `protobuf:"bytes,9,opt,name=gc,proto3,oneof"`
+}
+
 func (*Command_Lease) isCommand_Cmd() {}
 
 func (*Command_Prepare) isCommand_Cmd() {}
@@ -772,6 +786,143 @@ func (*Command_Split) isCommand_Cmd() {}
 func (*Command_Subsume) isCommand_Cmd() {}
 
 func (*Command_Merge) isCommand_Cmd() {}
+
+func (*Command_Gc) isCommand_Cmd() {}
+
+// GCCmd collects one chunk of the range's old versions (DESIGN.md §14): from
+// start_key on, at most max_keys user keys of the data (or, with regional,
+// of the regional copies), deleting every version that no read at or above
+// the horizon sees. It first raises the range's GC threshold to horizon
+// (global epochs) and regional_horizon (local epochs): snapshot reads below
+// the threshold are refused from then on. Rejected on a subsumed range.
+type GCCmd struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Horizon         uint64                 `protobuf:"varint,1,opt,name=horizon,proto3" json:"horizon,omitempty"`
+	RegionalHorizon uint64                 `protobuf:"varint,2,opt,name=regional_horizon,json=regionalHorizon,proto3" json:"regional_horizon,omitempty"`
+	StartKey        []byte                 `protobuf:"bytes,3,opt,name=start_key,json=startKey,proto3" json:"start_key,omitempty"`
+	MaxKeys         uint32                 `protobuf:"varint,4,opt,name=max_keys,json=maxKeys,proto3" json:"max_keys,omitempty"`
+	Regional        bool                   `protobuf:"varint,5,opt,name=regional,proto3" json:"regional,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *GCCmd) Reset() {
+	*x = GCCmd{}
+	mi := &file_range_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GCCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GCCmd) ProtoMessage() {}
+
+func (x *GCCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GCCmd.ProtoReflect.Descriptor instead.
+func (*GCCmd) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GCCmd) GetHorizon() uint64 {
+	if x != nil {
+		return x.Horizon
+	}
+	return 0
+}
+
+func (x *GCCmd) GetRegionalHorizon() uint64 {
+	if x != nil {
+		return x.RegionalHorizon
+	}
+	return 0
+}
+
+func (x *GCCmd) GetStartKey() []byte {
+	if x != nil {
+		return x.StartKey
+	}
+	return nil
+}
+
+func (x *GCCmd) GetMaxKeys() uint32 {
+	if x != nil {
+		return x.MaxKeys
+	}
+	return 0
+}
+
+func (x *GCCmd) GetRegional() bool {
+	if x != nil {
+		return x.Regional
+	}
+	return false
+}
+
+// GCThreshold is a range's GC threshold: no snapshot reads below it.
+type GCThreshold struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Horizon         uint64                 `protobuf:"varint,1,opt,name=horizon,proto3" json:"horizon,omitempty"`                                        // global epochs (the data)
+	RegionalHorizon uint64                 `protobuf:"varint,2,opt,name=regional_horizon,json=regionalHorizon,proto3" json:"regional_horizon,omitempty"` // local epochs (the regional copies)
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *GCThreshold) Reset() {
+	*x = GCThreshold{}
+	mi := &file_range_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GCThreshold) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GCThreshold) ProtoMessage() {}
+
+func (x *GCThreshold) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GCThreshold.ProtoReflect.Descriptor instead.
+func (*GCThreshold) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GCThreshold) GetHorizon() uint64 {
+	if x != nil {
+		return x.Horizon
+	}
+	return 0
+}
+
+func (x *GCThreshold) GetRegionalHorizon() uint64 {
+	if x != nil {
+		return x.RegionalHorizon
+	}
+	return 0
+}
 
 // SplitCmd splits the range at split_key (DESIGN.md §11): the range keeps
 // [start, split_key) and a new range right_range_id, on the same replicas,
@@ -790,7 +941,7 @@ type SplitCmd struct {
 
 func (x *SplitCmd) Reset() {
 	*x = SplitCmd{}
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +953,7 @@ func (x *SplitCmd) String() string {
 func (*SplitCmd) ProtoMessage() {}
 
 func (x *SplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -815,7 +966,7 @@ func (x *SplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitCmd.ProtoReflect.Descriptor instead.
 func (*SplitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{9}
+	return file_range_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SplitCmd) GetSplitKey() []byte {
@@ -860,7 +1011,7 @@ type SubsumeCmd struct {
 
 func (x *SubsumeCmd) Reset() {
 	*x = SubsumeCmd{}
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1023,7 @@ func (x *SubsumeCmd) String() string {
 func (*SubsumeCmd) ProtoMessage() {}
 
 func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1036,7 @@ func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubsumeCmd.ProtoReflect.Descriptor instead.
 func (*SubsumeCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{10}
+	return file_range_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SubsumeCmd) GetGeneration() uint64 {
@@ -913,13 +1064,14 @@ type MergeCmd struct {
 	LeaseStart    uint64                 `protobuf:"varint,2,opt,name=lease_start,json=leaseStart,proto3" json:"lease_start,omitempty"`
 	Right         *RangeDescriptor       `protobuf:"bytes,3,opt,name=right,proto3" json:"right,omitempty"`
 	RightPrepared []*PreparedRecord      `protobuf:"bytes,4,rep,name=right_prepared,json=rightPrepared,proto3" json:"right_prepared,omitempty"`
+	RightGc       *GCThreshold           `protobuf:"bytes,5,opt,name=right_gc,json=rightGc,proto3" json:"right_gc,omitempty"` // the subsumed range's GC threshold: the merged range keeps the larger
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MergeCmd) Reset() {
 	*x = MergeCmd{}
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +1083,7 @@ func (x *MergeCmd) String() string {
 func (*MergeCmd) ProtoMessage() {}
 
 func (x *MergeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1096,7 @@ func (x *MergeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MergeCmd.ProtoReflect.Descriptor instead.
 func (*MergeCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{11}
+	return file_range_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MergeCmd) GetGeneration() uint64 {
@@ -975,6 +1127,13 @@ func (x *MergeCmd) GetRightPrepared() []*PreparedRecord {
 	return nil
 }
 
+func (x *MergeCmd) GetRightGc() *GCThreshold {
+	if x != nil {
+		return x.RightGc
+	}
+	return nil
+}
+
 type LeaseCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
@@ -985,7 +1144,7 @@ type LeaseCmd struct {
 
 func (x *LeaseCmd) Reset() {
 	*x = LeaseCmd{}
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1156,7 @@ func (x *LeaseCmd) String() string {
 func (*LeaseCmd) ProtoMessage() {}
 
 func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1169,7 @@ func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCmd.ProtoReflect.Descriptor instead.
 func (*LeaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{12}
+	return file_range_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaseCmd) GetLease() *Lease {
@@ -1038,7 +1197,7 @@ type PrepareCmd struct {
 
 func (x *PrepareCmd) Reset() {
 	*x = PrepareCmd{}
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1209,7 @@ func (x *PrepareCmd) String() string {
 func (*PrepareCmd) ProtoMessage() {}
 
 func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1222,7 @@ func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareCmd.ProtoReflect.Descriptor instead.
 func (*PrepareCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{13}
+	return file_range_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PrepareCmd) GetTxn() *TxnMeta {
@@ -1101,7 +1260,7 @@ type CommitCmd struct {
 
 func (x *CommitCmd) Reset() {
 	*x = CommitCmd{}
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1272,7 @@ func (x *CommitCmd) String() string {
 func (*CommitCmd) ProtoMessage() {}
 
 func (x *CommitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1285,7 @@ func (x *CommitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
 func (*CommitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{14}
+	return file_range_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CommitCmd) GetTxnId() []byte {
@@ -1159,7 +1318,7 @@ type AbortCmd struct {
 
 func (x *AbortCmd) Reset() {
 	*x = AbortCmd{}
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1330,7 @@ func (x *AbortCmd) String() string {
 func (*AbortCmd) ProtoMessage() {}
 
 func (x *AbortCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1343,7 @@ func (x *AbortCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortCmd.ProtoReflect.Descriptor instead.
 func (*AbortCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{15}
+	return file_range_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AbortCmd) GetTxnId() []byte {
@@ -1207,7 +1366,7 @@ type OnePhaseCmd struct {
 
 func (x *OnePhaseCmd) Reset() {
 	*x = OnePhaseCmd{}
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1378,7 @@ func (x *OnePhaseCmd) String() string {
 func (*OnePhaseCmd) ProtoMessage() {}
 
 func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1391,7 @@ func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseCmd.ProtoReflect.Descriptor instead.
 func (*OnePhaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{16}
+	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OnePhaseCmd) GetTxnId() []byte {
@@ -1281,7 +1440,7 @@ type PreparedRecord struct {
 
 func (x *PreparedRecord) Reset() {
 	*x = PreparedRecord{}
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1452,7 @@ func (x *PreparedRecord) String() string {
 func (*PreparedRecord) ProtoMessage() {}
 
 func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1465,7 @@ func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreparedRecord.ProtoReflect.Descriptor instead.
 func (*PreparedRecord) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{17}
+	return file_range_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PreparedRecord) GetTxn() *TxnMeta {
@@ -1334,7 +1493,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1505,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1518,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{18}
+	return file_range_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetRequest) GetRangeId() uint64 {
@@ -1394,7 +1553,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1565,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1578,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{19}
+	return file_range_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1457,7 +1616,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1628,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1641,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{20}
+	return file_range_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ScanRequest) GetRangeId() uint64 {
@@ -1530,7 +1689,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1701,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1714,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{21}
+	return file_range_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -1583,7 +1742,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1754,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1767,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{22}
+	return file_range_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LockRequest) GetRangeId() uint64 {
@@ -1644,7 +1803,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +1815,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +1828,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{23}
+	return file_range_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LockResponse) GetIncarnation() uint64 {
@@ -1696,7 +1855,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1867,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1880,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{24}
+	return file_range_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PrepareRequest) GetRangeId() uint64 {
@@ -1778,7 +1937,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1949,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +1962,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{25}
+	return file_range_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PrepareResponse) GetLease() *Lease {
@@ -1846,7 +2005,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +2017,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +2030,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{26}
+	return file_range_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CommitRequest) GetRangeId() uint64 {
@@ -1910,7 +2069,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +2081,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2094,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{27}
+	return file_range_proto_rawDescGZIP(), []int{29}
 }
 
 type AbortRequest struct {
@@ -1951,7 +2110,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +2122,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +2135,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{28}
+	return file_range_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AbortRequest) GetRangeId() uint64 {
@@ -2014,7 +2173,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2185,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2198,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{29}
+	return file_range_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AbortResponse) GetReshaped() bool {
@@ -2071,7 +2230,7 @@ type OnePhaseRequest struct {
 
 func (x *OnePhaseRequest) Reset() {
 	*x = OnePhaseRequest{}
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2242,7 @@ func (x *OnePhaseRequest) String() string {
 func (*OnePhaseRequest) ProtoMessage() {}
 
 func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2255,7 @@ func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseRequest.ProtoReflect.Descriptor instead.
 func (*OnePhaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{30}
+	return file_range_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *OnePhaseRequest) GetRangeId() uint64 {
@@ -2157,7 +2316,7 @@ type OnePhaseResponse struct {
 
 func (x *OnePhaseResponse) Reset() {
 	*x = OnePhaseResponse{}
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2328,7 @@ func (x *OnePhaseResponse) String() string {
 func (*OnePhaseResponse) ProtoMessage() {}
 
 func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2341,7 @@ func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseResponse.ProtoReflect.Descriptor instead.
 func (*OnePhaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{31}
+	return file_range_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *OnePhaseResponse) GetVersion() *VersionID {
@@ -2207,7 +2366,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2378,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2391,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{32}
+	return file_range_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HeartbeatRequest) GetRangeId() uint64 {
@@ -2275,7 +2434,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2446,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2459,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{33}
+	return file_range_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HeartbeatResponse) GetLost() bool {
@@ -2334,7 +2493,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2505,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2518,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{34}
+	return file_range_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -2436,7 +2595,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +2607,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +2620,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{35}
+	return file_range_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -2516,7 +2675,7 @@ type AdminSplitRequest struct {
 
 func (x *AdminSplitRequest) Reset() {
 	*x = AdminSplitRequest{}
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2687,7 @@ func (x *AdminSplitRequest) String() string {
 func (*AdminSplitRequest) ProtoMessage() {}
 
 func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2700,7 @@ func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
 func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{36}
+	return file_range_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AdminSplitRequest) GetRangeId() uint64 {
@@ -2568,7 +2727,7 @@ type AdminSplitResponse struct {
 
 func (x *AdminSplitResponse) Reset() {
 	*x = AdminSplitResponse{}
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +2739,7 @@ func (x *AdminSplitResponse) String() string {
 func (*AdminSplitResponse) ProtoMessage() {}
 
 func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +2752,7 @@ func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
 func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{37}
+	return file_range_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
@@ -2624,7 +2783,7 @@ type AdminMergeRequest struct {
 
 func (x *AdminMergeRequest) Reset() {
 	*x = AdminMergeRequest{}
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2636,7 +2795,7 @@ func (x *AdminMergeRequest) String() string {
 func (*AdminMergeRequest) ProtoMessage() {}
 
 func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2649,7 +2808,7 @@ func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
 func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{38}
+	return file_range_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AdminMergeRequest) GetRangeId() uint64 {
@@ -2675,7 +2834,7 @@ type AdminMergeResponse struct {
 
 func (x *AdminMergeResponse) Reset() {
 	*x = AdminMergeResponse{}
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +2846,7 @@ func (x *AdminMergeResponse) String() string {
 func (*AdminMergeResponse) ProtoMessage() {}
 
 func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +2859,7 @@ func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
 func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{39}
+	return file_range_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
@@ -2726,7 +2885,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2897,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2910,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{40}
+	return file_range_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -2811,7 +2970,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2823,7 +2982,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2836,7 +2995,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{41}
+	return file_range_proto_rawDescGZIP(), []int{43}
 }
 
 type RangesResponse struct {
@@ -2848,7 +3007,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +3019,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +3032,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{42}
+	return file_range_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -2925,7 +3084,7 @@ const file_range_proto_rawDesc = "" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_hint\x18\x01 \x01(\x04R\n" +
-	"leaderHint\"\xb1\x03\n" +
+	"leaderHint\"\xd9\x03\n" +
 	"\aCommand\x12/\n" +
 	"\x05lease\x18\x01 \x01(\v2\x17.terroir.range.LeaseCmdH\x00R\x05lease\x125\n" +
 	"\aprepare\x18\x02 \x01(\v2\x19.terroir.range.PrepareCmdH\x00R\aprepare\x122\n" +
@@ -2934,8 +3093,18 @@ const file_range_proto_rawDesc = "" +
 	"\tone_phase\x18\x05 \x01(\v2\x1a.terroir.range.OnePhaseCmdH\x00R\bonePhase\x12/\n" +
 	"\x05split\x18\x06 \x01(\v2\x17.terroir.range.SplitCmdH\x00R\x05split\x125\n" +
 	"\asubsume\x18\a \x01(\v2\x19.terroir.range.SubsumeCmdH\x00R\asubsume\x12/\n" +
-	"\x05merge\x18\b \x01(\v2\x17.terroir.range.MergeCmdH\x00R\x05mergeB\x05\n" +
-	"\x03cmd\"\x85\x01\n" +
+	"\x05merge\x18\b \x01(\v2\x17.terroir.range.MergeCmdH\x00R\x05merge\x12&\n" +
+	"\x02gc\x18\t \x01(\v2\x14.terroir.range.GCCmdH\x00R\x02gcB\x05\n" +
+	"\x03cmd\"\xa0\x01\n" +
+	"\x05GCCmd\x12\x18\n" +
+	"\ahorizon\x18\x01 \x01(\x04R\ahorizon\x12)\n" +
+	"\x10regional_horizon\x18\x02 \x01(\x04R\x0fregionalHorizon\x12\x1b\n" +
+	"\tstart_key\x18\x03 \x01(\fR\bstartKey\x12\x19\n" +
+	"\bmax_keys\x18\x04 \x01(\rR\amaxKeys\x12\x1a\n" +
+	"\bregional\x18\x05 \x01(\bR\bregional\"R\n" +
+	"\vGCThreshold\x12\x18\n" +
+	"\ahorizon\x18\x01 \x01(\x04R\ahorizon\x12)\n" +
+	"\x10regional_horizon\x18\x02 \x01(\x04R\x0fregionalHorizon\"\x85\x01\n" +
 	"\bSplitCmd\x12\x1b\n" +
 	"\tsplit_key\x18\x01 \x01(\fR\bsplitKey\x12$\n" +
 	"\x0eright_range_id\x18\x02 \x01(\x04R\frightRangeId\x12\x1e\n" +
@@ -2949,7 +3118,7 @@ const file_range_proto_rawDesc = "" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x12\x1f\n" +
 	"\vlease_start\x18\x02 \x01(\x04R\n" +
-	"leaseStart\"\xc7\x01\n" +
+	"leaseStart\"\xfe\x01\n" +
 	"\bMergeCmd\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -2957,7 +3126,8 @@ const file_range_proto_rawDesc = "" +
 	"\vlease_start\x18\x02 \x01(\x04R\n" +
 	"leaseStart\x124\n" +
 	"\x05right\x18\x03 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\x12D\n" +
-	"\x0eright_prepared\x18\x04 \x03(\v2\x1d.terroir.range.PreparedRecordR\rrightPrepared\"Q\n" +
+	"\x0eright_prepared\x18\x04 \x03(\v2\x1d.terroir.range.PreparedRecordR\rrightPrepared\x125\n" +
+	"\bright_gc\x18\x05 \x01(\v2\x1a.terroir.range.GCThresholdR\arightGc\"Q\n" +
 	"\bLeaseCmd\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x19\n" +
 	"\bprev_seq\x18\x02 \x01(\x04R\aprevSeq\"\x85\x01\n" +
@@ -3136,7 +3306,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),              // 0: terroir.range.CommitMode
 	(*VersionID)(nil),            // 1: terroir.range.VersionID
@@ -3148,115 +3318,119 @@ var file_range_proto_goTypes = []any{
 	(*RangeMismatch)(nil),        // 7: terroir.range.RangeMismatch
 	(*NotLeader)(nil),            // 8: terroir.range.NotLeader
 	(*Command)(nil),              // 9: terroir.range.Command
-	(*SplitCmd)(nil),             // 10: terroir.range.SplitCmd
-	(*SubsumeCmd)(nil),           // 11: terroir.range.SubsumeCmd
-	(*MergeCmd)(nil),             // 12: terroir.range.MergeCmd
-	(*LeaseCmd)(nil),             // 13: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),           // 14: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),            // 15: terroir.range.CommitCmd
-	(*AbortCmd)(nil),             // 16: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),          // 17: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),       // 18: terroir.range.PreparedRecord
-	(*GetRequest)(nil),           // 19: terroir.range.GetRequest
-	(*GetResponse)(nil),          // 20: terroir.range.GetResponse
-	(*ScanRequest)(nil),          // 21: terroir.range.ScanRequest
-	(*ScanResponse)(nil),         // 22: terroir.range.ScanResponse
-	(*LockRequest)(nil),          // 23: terroir.range.LockRequest
-	(*LockResponse)(nil),         // 24: terroir.range.LockResponse
-	(*PrepareRequest)(nil),       // 25: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),      // 26: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),        // 27: terroir.range.CommitRequest
-	(*CommitResponse)(nil),       // 28: terroir.range.CommitResponse
-	(*AbortRequest)(nil),         // 29: terroir.range.AbortRequest
-	(*AbortResponse)(nil),        // 30: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),      // 31: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),     // 32: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),     // 33: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),    // 34: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),  // 35: terroir.range.SnapshotReadRequest
-	(*SnapshotReadResponse)(nil), // 36: terroir.range.SnapshotReadResponse
-	(*AdminSplitRequest)(nil),    // 37: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),   // 38: terroir.range.AdminSplitResponse
-	(*AdminMergeRequest)(nil),    // 39: terroir.range.AdminMergeRequest
-	(*AdminMergeResponse)(nil),   // 40: terroir.range.AdminMergeResponse
-	(*RangeStatus)(nil),          // 41: terroir.range.RangeStatus
-	(*RangesRequest)(nil),        // 42: terroir.range.RangesRequest
-	(*RangesResponse)(nil),       // 43: terroir.range.RangesResponse
+	(*GCCmd)(nil),                // 10: terroir.range.GCCmd
+	(*GCThreshold)(nil),          // 11: terroir.range.GCThreshold
+	(*SplitCmd)(nil),             // 12: terroir.range.SplitCmd
+	(*SubsumeCmd)(nil),           // 13: terroir.range.SubsumeCmd
+	(*MergeCmd)(nil),             // 14: terroir.range.MergeCmd
+	(*LeaseCmd)(nil),             // 15: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),           // 16: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),            // 17: terroir.range.CommitCmd
+	(*AbortCmd)(nil),             // 18: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),          // 19: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),       // 20: terroir.range.PreparedRecord
+	(*GetRequest)(nil),           // 21: terroir.range.GetRequest
+	(*GetResponse)(nil),          // 22: terroir.range.GetResponse
+	(*ScanRequest)(nil),          // 23: terroir.range.ScanRequest
+	(*ScanResponse)(nil),         // 24: terroir.range.ScanResponse
+	(*LockRequest)(nil),          // 25: terroir.range.LockRequest
+	(*LockResponse)(nil),         // 26: terroir.range.LockResponse
+	(*PrepareRequest)(nil),       // 27: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),      // 28: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),        // 29: terroir.range.CommitRequest
+	(*CommitResponse)(nil),       // 30: terroir.range.CommitResponse
+	(*AbortRequest)(nil),         // 31: terroir.range.AbortRequest
+	(*AbortResponse)(nil),        // 32: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),      // 33: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),     // 34: terroir.range.OnePhaseResponse
+	(*HeartbeatRequest)(nil),     // 35: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),    // 36: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),  // 37: terroir.range.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil), // 38: terroir.range.SnapshotReadResponse
+	(*AdminSplitRequest)(nil),    // 39: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),   // 40: terroir.range.AdminSplitResponse
+	(*AdminMergeRequest)(nil),    // 41: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),   // 42: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),          // 43: terroir.range.RangeStatus
+	(*RangesRequest)(nil),        // 44: terroir.range.RangesRequest
+	(*RangesResponse)(nil),       // 45: terroir.range.RangesResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
 	6,  // 1: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
-	13, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
-	14, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
-	15, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
-	16, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
-	17, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
-	10, // 7: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
-	11, // 8: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
-	12, // 9: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
-	6,  // 10: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
-	18, // 11: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
-	3,  // 12: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
-	2,  // 13: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
-	4,  // 14: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
-	1,  // 15: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	1,  // 16: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
-	4,  // 17: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	1,  // 18: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	1,  // 19: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
-	2,  // 20: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	4,  // 21: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	2,  // 22: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 23: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	5,  // 24: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	2,  // 25: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 26: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 27: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	3,  // 28: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	1,  // 29: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	1,  // 30: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
-	1,  // 31: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	1,  // 32: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	6,  // 33: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	2,  // 34: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 35: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	1,  // 36: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	5,  // 37: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	6,  // 38: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 39: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	6,  // 40: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 41: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 42: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	41, // 43: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	19, // 44: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	21, // 45: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	23, // 46: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	25, // 47: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	27, // 48: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	29, // 49: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	31, // 50: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	35, // 51: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	33, // 52: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	37, // 53: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	39, // 54: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	42, // 55: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	20, // 56: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	22, // 57: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	24, // 58: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	26, // 59: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	28, // 60: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	30, // 61: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	32, // 62: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	36, // 63: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	34, // 64: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	38, // 65: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	40, // 66: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	43, // 67: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	56, // [56:68] is the sub-list for method output_type
-	44, // [44:56] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	15, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
+	16, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
+	17, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
+	18, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
+	19, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
+	12, // 7: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
+	13, // 8: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
+	14, // 9: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
+	10, // 10: terroir.range.Command.gc:type_name -> terroir.range.GCCmd
+	6,  // 11: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
+	20, // 12: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
+	11, // 13: terroir.range.MergeCmd.right_gc:type_name -> terroir.range.GCThreshold
+	3,  // 14: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
+	2,  // 15: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
+	4,  // 16: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
+	1,  // 17: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
+	1,  // 18: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	4,  // 19: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	1,  // 20: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	1,  // 21: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	2,  // 22: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	4,  // 23: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	2,  // 24: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 25: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	5,  // 26: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	2,  // 27: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 28: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 29: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	3,  // 30: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	1,  // 31: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	1,  // 32: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	1,  // 33: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	1,  // 34: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	6,  // 35: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	2,  // 36: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 37: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 38: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	5,  // 39: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	6,  // 40: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 41: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	6,  // 42: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 43: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 44: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	43, // 45: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	21, // 46: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	23, // 47: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	25, // 48: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	27, // 49: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	29, // 50: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	31, // 51: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	33, // 52: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	37, // 53: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	35, // 54: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	39, // 55: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	41, // 56: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	44, // 57: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	22, // 58: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	24, // 59: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	26, // 60: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	28, // 61: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	30, // 62: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	32, // 63: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	34, // 64: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	38, // 65: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	36, // 66: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	40, // 67: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	42, // 68: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	45, // 69: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	58, // [58:70] is the sub-list for method output_type
+	46, // [46:58] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -3273,6 +3447,7 @@ func file_range_proto_init() {
 		(*Command_Split)(nil),
 		(*Command_Subsume)(nil),
 		(*Command_Merge)(nil),
+		(*Command_Gc)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3280,7 +3455,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   43,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
