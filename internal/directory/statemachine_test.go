@@ -30,7 +30,7 @@ groups:
   - {id: 21, kind: range, region: east, start: "t", replicas: [1]}
 `
 
-func seed(t *testing.T, region string) Seed {
+func seed(t testing.TB, region string) Seed {
 	t.Helper()
 	top, err := topology.Parse([]byte(twoRegions))
 	if err != nil {
