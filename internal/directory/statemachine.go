@@ -270,13 +270,19 @@ func (sm *StateMachine) applyUpdate(b *pebble.Batch, descs []*pb.RangeDescriptor
 			continue
 		}
 		n++
-		sm.ranges = ranges
+		// One descriptor per range ID, as the store keys them: an older one
+		// of d's range that d does not overlap goes too, or a restarted
+		// replica (which reads the store) would differ from the others.
+		sm.ranges = slices.DeleteFunc(ranges, func(o *pb.RangeDescriptor) bool { return o.GetRangeId() == d.GetRangeId() && o != d })
 		for _, id := range displaced {
 			if err := b.Delete(sm.descriptorKey(id), nil); err != nil {
 				return err
 			}
 		}
 		if d.GetSubsumed() {
+			if err := b.Delete(sm.descriptorKey(d.GetRangeId()), nil); err != nil {
+				return err
+			}
 			continue
 		}
 		v, err := proto.Marshal(d)

@@ -171,6 +171,22 @@ func TestUpdateKeepsTheNewestShape(t *testing.T) {
 			t.Errorf("Changes(%v) = %v, %v; want %v", c.d, got, err, c.changes)
 		}
 	}
+	// A descriptor of range 10 elsewhere in the key space (no replica
+	// makes one; a bad writer could) leaves one descriptor of range 10, in
+	// memory as in the store.
+	if res := apply(t, e, sm, update(desc(10, "v", "w", 2))); res != uint32(1) {
+		t.Fatalf("moving range 10: %v", res)
+	}
+	if got, want := spans(sm), "11[g,m)@3 10[v,w)@2"; got != want {
+		t.Fatalf("after moving range 10: %s, want %s", got, want)
+	}
+	reloaded, err := NewStateMachine(e, 5, seed(t, "east"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spans(reloaded) != spans(sm) {
+		t.Fatalf("the store holds %s, memory %s", spans(reloaded), spans(sm))
+	}
 }
 
 // TestBadDescriptorsAreRefusedWhole: an update with one bad descriptor

@@ -397,8 +397,6 @@ func (cp *campaign) probe(dbs []*client.DB) error {
 	return nil
 }
 
-// splitKey picks a key to split at among the workloads' keys of a random data
-// region, so that their transactions span the new boundary.
 // split splits the range holding key through a client; false when the
 // split was refused or did not happen (an anomaly is recorded if it failed
 // in a way it never should).
@@ -418,6 +416,8 @@ func (cp *campaign) split(ctx context.Context, db *client.DB, key []byte) (left 
 	return left, true
 }
 
+// splitKey picks a key to split at among the workloads' keys of a random data
+// region, so that their transactions span the new boundary.
 func (cp *campaign) splitKey(r *rand.Rand) []byte {
 	names := []string{
 		fmt.Sprintf("nemesis-acct-%02d", r.IntN(16)),

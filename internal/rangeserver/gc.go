@@ -1,6 +1,7 @@
 package rangeserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,12 +31,9 @@ type GCResult struct {
 	Resume []byte
 }
 
-// GCThreshold returns the range's GC threshold (a copy).
-func (sm *StateMachine) GCThreshold() *pb.GCThreshold {
-	sm.mu.Lock()
-	defer sm.mu.Unlock()
-	return proto.CloneOf(sm.gc)
-}
+// GCThreshold returns the range's GC threshold. It is shared: callers must
+// not modify it.
+func (sm *StateMachine) GCThreshold() *pb.GCThreshold { return sm.gc.Load() }
 
 // checkSnapshotAge refuses a snapshot read at epoch `at` of keyspace ks
 // below the GC threshold.
@@ -54,12 +52,14 @@ func (sm *StateMachine) checkSnapshotAge(ks Keyspace, at uint64) error {
 // raiseGC raises the stored GC threshold to t's horizons, in b and in
 // memory. Called with sm.mu held.
 func (sm *StateMachine) raiseGC(b *pebble.Batch, t *pb.GCThreshold) {
-	if t.GetHorizon() <= sm.gc.GetHorizon() && t.GetRegionalHorizon() <= sm.gc.GetRegionalHorizon() {
+	cur := sm.gc.Load()
+	if t.GetHorizon() <= cur.GetHorizon() && t.GetRegionalHorizon() <= cur.GetRegionalHorizon() {
 		return
 	}
-	sm.gc = &pb.GCThreshold{Horizon: max(sm.gc.GetHorizon(), t.GetHorizon()), RegionalHorizon: max(sm.gc.GetRegionalHorizon(), t.GetRegionalHorizon())}
-	v, _ := proto.Marshal(sm.gc)
+	next := &pb.GCThreshold{Horizon: max(cur.GetHorizon(), t.GetHorizon()), RegionalHorizon: max(cur.GetRegionalHorizon(), t.GetRegionalHorizon())}
+	v, _ := proto.Marshal(next)
 	_ = b.Set(sm.sub(subGC, nil), v, nil)
+	sm.gc.Store(next)
 }
 
 // applyGC applies a GC chunk (DESIGN.md §14), with sm.mu held: the
@@ -72,13 +72,13 @@ func (sm *StateMachine) applyGC(b *pebble.Batch, cmd *pb.GCCmd) any {
 	}
 	sm.raiseGC(b, &pb.GCThreshold{Horizon: cmd.GetHorizon(), RegionalHorizon: cmd.GetRegionalHorizon()})
 	start := d.GetStartKey()
-	if k := cmd.GetStartKey(); string(k) > string(start) {
+	if k := cmd.GetStartKey(); bytes.Compare(k, start) > 0 {
 		start = k
 	}
 	var end []byte
 	if len(d.GetEndKey()) > 0 {
 		end = d.GetEndKey()
-		if string(start) >= string(end) {
+		if bytes.Compare(start, end) >= 0 {
 			return Applied{GC: &GCResult{}}
 		}
 	}
@@ -98,14 +98,15 @@ func (sm *StateMachine) applyGC(b *pebble.Batch, cmd *pb.GCCmd) any {
 
 // loadGC reads the stored GC threshold through get (the engine or a batch).
 func (sm *StateMachine) loadGC(get func([]byte) ([]byte, error)) error {
-	sm.gc = &pb.GCThreshold{}
+	t := &pb.GCThreshold{}
 	v, err := get(sm.sub(subGC, nil))
-	if err != nil || v == nil {
+	if err != nil {
 		return err
 	}
-	if err := proto.Unmarshal(v, sm.gc); err != nil {
+	if err := proto.Unmarshal(v, t); err != nil {
 		return fmt.Errorf("%w: GC threshold: %v", storage.ErrCorrupt, err)
 	}
+	sm.gc.Store(t)
 	return nil
 }
 

@@ -40,8 +40,8 @@ func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
 	_ = b.Set(storage.RangeIndexKey(right.GetRangeId()), nil, nil)
 	v, _ = proto.Marshal(sm.lease)
 	_ = b.Set(rsub(subLease, nil), v, nil)
-	if sm.gc.GetHorizon() != 0 || sm.gc.GetRegionalHorizon() != 0 { // the right half's versions were collected alike
-		v, _ = proto.Marshal(sm.gc)
+	if gc := sm.gc.Load(); gc.GetHorizon() != 0 || gc.GetRegionalHorizon() != 0 { // the right half's versions were collected alike
+		v, _ = proto.Marshal(gc)
 		_ = b.Set(rsub(subGC, nil), v, nil)
 	}
 	for id, rec := range sm.prepared {

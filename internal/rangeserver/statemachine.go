@@ -57,15 +57,15 @@ type StateMachine struct {
 	e      *storage.Engine
 	prefix []byte                             // storage.PrefixState | range ID: the range-local state
 	desc   atomic.Pointer[pb.RangeDescriptor] // immutable once stored: replaced, never modified
+	gc     atomic.Pointer[pb.GCThreshold]     // no snapshot reads below it (DESIGN.md §14); replaced, never modified
 
 	mu       sync.Mutex
 	lease    *pb.Lease
 	prepared map[string]*pb.PreparedRecord
-	gc       *pb.GCThreshold // no snapshot reads below it (DESIGN.md §14)
-	splits   []Split         // applied, not yet durable: told by PostApply
-	onSplit  []func(Split)   // split listeners
-	merges   []Merge         // applied, not yet durable: told by PostApply
-	onMerge  []func(Merge)   // merge listeners
+	splits   []Split       // applied, not yet durable: told by PostApply
+	onSplit  []func(Split) // split listeners
+	merges   []Merge       // applied, not yet durable: told by PostApply
+	onMerge  []func(Merge) // merge listeners
 }
 
 // Split is a split as applied: the range's new descriptor and the new
