@@ -496,16 +496,23 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 	if len(key) > MaxKeySize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
 	}
+	var first *pb.RangeDescriptor // the range holding key when first asked
 	for {
 		// The checks below read the routing cache: refresh it from the
 		// nodes first, so a stale descriptor (a range that split since)
 		// does not refuse a merge the leader would make.
 		if descs, err := c.nodes.Resolve(ctx, key); err == nil {
 			c.routes.Update(descs...)
+			if d := grewPast(descs, first); d != nil {
+				return d, nil // an attempt that reported a conflict merged after all
+			}
 		}
 		var merged, left *pb.RangeDescriptor
 		err := c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
 			left = d
+			if first == nil {
+				first = d
+			}
 			if err := c.mergeable(ctx, d); err != nil {
 				return err
 			}
@@ -524,11 +531,8 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 			// again only if the range did not grow.
 			if descs, rerr := c.nodes.Resolve(ctx, key); rerr == nil {
 				c.routes.Update(descs...)
-				for _, d := range descs {
-					if d.GetRangeId() == left.GetRangeId() && !d.GetSubsumed() &&
-						(len(d.GetEndKey()) == 0 || bytes.Compare(d.GetEndKey(), left.GetEndKey()) > 0) {
-						return d, nil // it reaches past its old end: merged
-					}
+				if d := grewPast(descs, left); d != nil {
+					return d, nil
 				}
 			}
 		case errors.Is(err, ErrConflict) && ctx.Err() == nil:
@@ -542,6 +546,21 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 			return nil, err
 		}
 	}
+}
+
+// grewPast returns the descriptor in descs of range was, grown past was's
+// end (it absorbed its neighbour: merged), or nil.
+func grewPast(descs []*pb.RangeDescriptor, was *pb.RangeDescriptor) *pb.RangeDescriptor {
+	if was == nil || len(was.GetEndKey()) == 0 {
+		return nil
+	}
+	for _, d := range descs {
+		if d.GetRangeId() == was.GetRangeId() && !d.GetSubsumed() &&
+			(len(d.GetEndKey()) == 0 || bytes.Compare(d.GetEndKey(), was.GetEndKey()) > 0) {
+			return d
+		}
+	}
+	return nil
 }
 
 // mergeable checks, by the routing cache, that range d may absorb its right
