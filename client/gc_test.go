@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/localcluster"
 )
 
@@ -71,15 +72,7 @@ func TestSnapshotBelowTheGCHorizonIsRefused(t *testing.T) {
 // themselves, and a snapshot held open past the TTL is refused once they
 // did, while a new one reads the newest values.
 func TestLeadersCollectBelowTheTTL(t *testing.T) {
-	data, err := os.ReadFile("../examples/one-region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "gc.yaml")
-	if err := os.WriteFile(path, append([]byte("gc_ttl: 1s\n"), data...), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := localcluster.StartT(t, path, localcluster.Options{})
+	c := localcluster.StartT(t, withGCTTL(t, "1s"), localcluster.Options{})
 	db, err := c.Client("us-east1")
 	if err != nil {
 		t.Fatal(err)
@@ -99,18 +92,8 @@ func TestLeadersCollectBelowTheTTL(t *testing.T) {
 	}
 	put("a", "v2")
 	put("n", "v2")
-	deadline := time.Now().Add(30 * time.Second)
 	for _, k := range []string{"a", "n"} { // both ranges
-		for {
-			_, _, err := old.Get(ctx, []byte(k))
-			if errors.Is(err, client.ErrSnapshotTooOld) {
-				break
-			}
-			if err != nil || time.Now().After(deadline) {
-				t.Fatalf("a snapshot at epoch %d reading %q %v after the TTL: %v, want ErrSnapshotTooOld", old.Stats().Epoch, k, time.Since(deadline.Add(-30*time.Second)), err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitTooOld(ctx, t, old, k)
 	}
 	if _, err := db.View(ctx, client.Linearizable, func(ctx context.Context, s *client.Snapshot) error {
 		for _, k := range []string{"a", "n"} {
@@ -122,6 +105,112 @@ func TestLeadersCollectBelowTheTTL(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("a new snapshot: %v", err)
 	}
+}
+
+// waitTooOld reads key through old until it gets ErrSnapshotTooOld, for up
+// to 30 s.
+func waitTooOld(ctx context.Context, t *testing.T, old *client.Snapshot, key string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, _, err := old.Get(ctx, []byte(key))
+		if errors.Is(err, client.ErrSnapshotTooOld) {
+			return
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("a snapshot at epoch %d reading %q: %v, want ErrSnapshotTooOld", old.Stats().Epoch, key, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestProtectionKeepsALongSnapshotReadable: with gc_ttl 1s, a snapshot
+// whose epoch a protection holds stays readable long past the TTL while
+// newer versions are written; once the protection is released, the
+// leaders collect below it and the snapshot is refused (DESIGN.md §14).
+func TestProtectionKeepsALongSnapshotReadable(t *testing.T) {
+	c := localcluster.StartT(t, withGCTTL(t, "1s"), localcluster.Options{})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	putKey(ctx, t, db, "a", "v1")
+	old, err := db.BeginSnapshot(ctx, client.Linearizable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := old.Get(ctx, []byte("a")); err != nil { // fixes what the snapshot sees
+		t.Fatal(err)
+	}
+	dirs := directory.NewDirectories(c.Topology, c.Dialer("us-east1"))
+	hold, err := dirs.Protect(ctx, "test-backup", "TestProtectionKeepsALongSnapshotReadable", old.Stats().Epoch, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Release(context.Background())
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		putKey(ctx, t, db, "a", "v2")
+		if v, ok, err := old.Get(ctx, []byte("a")); err != nil || !ok || string(v) != "v1" {
+			t.Fatalf("a protected snapshot read %q %v %v, want v1", v, ok, err)
+		}
+	}
+	if err := hold.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitTooOld(ctx, t, old, "a")
+}
+
+// TestGCTTLChangesAtRunTime: a cluster started with the default gc_ttl
+// (4h) collects within seconds once an operator sets 1s; a gc_ttl below
+// the minimum is refused with ErrBadGCTTL and changes nothing.
+func TestGCTTLChangesAtRunTime(t *testing.T) {
+	c := localcluster.StartT(t, "../examples/one-region.yaml", localcluster.Options{})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	putKey(ctx, t, db, "n", "v1")
+	old, err := db.BeginSnapshot(ctx, client.Linearizable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := old.Get(ctx, []byte("n")); err != nil {
+		t.Fatal(err)
+	}
+	putKey(ctx, t, db, "n", "v2")
+	dirs := directory.NewDirectories(c.Topology, c.Dialer("us-east1"))
+	if err := dirs.SetGCTTL(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitTooOld(ctx, t, old, "n")
+	if err := dirs.SetGCTTL(ctx, 10*time.Millisecond); !errors.Is(err, directory.ErrBadGCTTL) {
+		t.Fatalf("gc_ttl 10ms: %v, want ErrBadGCTTL", err)
+	}
+	pol, err := dirs.Of("us-east1").GCPolicy(ctx)
+	if err != nil || pol.GetGcTtlMs() != 1000 {
+		t.Fatalf("gc_ttl after a refusal: %v %v, want 1000 ms", pol, err)
+	}
+}
+
+// withGCTTL returns examples/one-region.yaml with gc_ttl set, in a
+// temporary file.
+func withGCTTL(t *testing.T, ttl string) string {
+	t.Helper()
+	data, err := os.ReadFile("../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "gc.yaml")
+	if err := os.WriteFile(path, append([]byte("gc_ttl: "+ttl+"\n"), data...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // putKey writes key = value in a transaction of its own.

@@ -18,7 +18,7 @@ func adminCmd() *cobra.Command {
 	var configPath string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "admin --config <topology.yaml> region exclude|include|list | range split <key>",
+		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|list | gc show|ttl",
 		Short: "Operate a running cluster",
 	}
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
@@ -167,16 +167,17 @@ func adminCmd() *cobra.Command {
 			})
 		},
 	})
-	cmd.AddCommand(region, rng)
+	cmd.AddCommand(region, rng, adminGCCmd(with))
 	return cmd
 }
 
-// coordinatorRegion is a region an operator's client can run from: the first
-// with a local epoch and a transaction state store.
 // printRange prints one range's descriptor on a line, after prefix.
 func printRange(c *cobra.Command, prefix string, r client.RangeInfo) {
 	fmt.Fprintf(c.OutOrStdout(), "%srange %d\t[%q, %q)\t%s\treplicas %v\tgeneration %d\n", prefix, r.ID, r.Start, r.End, r.Region, r.Replicas, r.Generation)
 }
+
+// coordinatorRegion is a region an operator's client can run from: the first
+// with a local epoch and a transaction state store.
 
 func coordinatorRegion(top *topology.Topology) string {
 	for _, r := range top.Regions {

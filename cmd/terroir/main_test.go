@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
 )
@@ -136,5 +137,30 @@ func TestKVAgainstACluster(t *testing.T) {
 	}
 	if out, err := kv("scan", "a"); err != nil || out != "zebra\tstripes\n" {
 		t.Fatalf("scan after the merge printed %q (%v)", out, err)
+	}
+
+	// admin gc: gc_ttl set at run time shows in every region; a bad one is
+	// refused and changes nothing.
+	gcCmd := func(args ...string) (string, error) {
+		cmd := rootCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(append([]string{"admin", "--config", cfg, "gc"}, args...))
+		err := cmd.Execute()
+		return out.String(), err
+	}
+	if out, err := gcCmd("ttl", "2h"); err != nil || !strings.Contains(out, "gc_ttl is 2h0m0s") {
+		t.Fatalf("admin gc ttl 2h printed %q (%v)", out, err)
+	}
+	for _, bad := range []string{"10ms", "forever", "0"} {
+		if _, err := gcCmd("ttl", bad); !errors.Is(err, directory.ErrBadGCTTL) {
+			t.Errorf("admin gc ttl %s = %v, want ErrBadGCTTL", bad, err)
+		}
+	}
+	if out, err := gcCmd("show"); err != nil || !strings.Contains(out, "us-east1") || !strings.Contains(out, "2h0m0s") {
+		t.Fatalf("admin gc show printed %q (%v), want us-east1 at 2h0m0s", out, err)
+	}
+	if out, err := gcCmd("ttl", "default"); err != nil || !strings.Contains(out, "topology file's (4h0m0s)") {
+		t.Fatalf("admin gc ttl default printed %q (%v)", out, err)
 	}
 }

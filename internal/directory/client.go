@@ -2,6 +2,7 @@ package directory
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -83,6 +84,46 @@ func (c *Client) List(ctx context.Context) ([]*pb.RangeDescriptor, error) {
 	return out, err
 }
 
+// GCPolicy returns the region's gc_ttl set at run time (0: the topology
+// file's) and its protections with their status as the serving replica
+// sees them.
+func (c *Client) GCPolicy(ctx context.Context) (*directorypb.GCPolicyResponse, error) {
+	var out *directorypb.GCPolicyResponse
+	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		resp, err := directorypb.NewDirectoryClient(conn).GCPolicy(ctx, &directorypb.GCPolicyRequest{GroupId: c.group})
+		out = resp
+		return err
+	})
+	return out, err
+}
+
+// SetGCTTL sets the region's gc_ttl (0: back to the topology file's).
+// Errors: InvalidArgument (ErrBadGCTTL) out of bounds.
+func (c *Client) SetGCTTL(ctx context.Context, ttl time.Duration) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := directorypb.NewDirectoryClient(conn).SetGCTTL(ctx, &directorypb.SetGCTTLRequest{GroupId: c.group, GcTtlMs: uint64(ttl.Milliseconds())})
+		return err
+	})
+}
+
+// Protect registers or renews p. Errors: InvalidArgument
+// (ErrBadProtection) for a protection without an id or with a ttl out of
+// bounds.
+func (c *Client) Protect(ctx context.Context, p *directorypb.Protection) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := directorypb.NewDirectoryClient(conn).Protect(ctx, &directorypb.ProtectRequest{GroupId: c.group, Protection: p})
+		return err
+	})
+}
+
+// Release drops the protection id (none: no error).
+func (c *Client) Release(ctx context.Context, id string) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := directorypb.NewDirectoryClient(conn).Release(ctx, &directorypb.ReleaseRequest{GroupId: c.group, Id: id})
+		return err
+	})
+}
+
 // Directories holds a client of every region's directory, as the topology
 // names the groups.
 type Directories struct {
@@ -104,3 +145,6 @@ func NewDirectories(top *topology.Topology, dialer *transport.Dialer) *Directori
 
 // Of returns the client of region's directory, or nil if it has none.
 func (d *Directories) Of(region string) *Client { return d.byRegion[region] }
+
+// Regions returns the regions with a directory, as the topology lists them.
+func (d *Directories) Regions() []string { return d.regions }

@@ -33,6 +33,7 @@ type Server struct {
 
 	mu       sync.RWMutex
 	replicas map[uint64]Replica
+	watch    renewalWatch
 }
 
 // NewServer returns a server with no replicas.
@@ -95,7 +96,7 @@ func (s *Server) propose(ctx context.Context, id uint64, cmd *directorypb.Comman
 		return nil, status.FromContextError(err).Err()
 	}
 	if err, ok := res.(error); ok {
-		if errors.Is(err, ErrBadDescriptor) || errors.Is(err, ErrBadCommand) {
+		if errors.Is(err, ErrBadDescriptor) || errors.Is(err, ErrBadCommand) || errors.Is(err, ErrBadGCTTL) || errors.Is(err, ErrBadProtection) {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		if errors.Is(err, ErrIDsExhausted) {

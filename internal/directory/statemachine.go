@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -88,10 +89,12 @@ type StateMachine struct {
 	prefix []byte
 	region string
 
-	mu         sync.RWMutex
-	ranges     []*pb.RangeDescriptor // by start key, disjoint
-	placements []*directorypb.Placement
-	next, last uint64 // the next range ID to hand out, the block's last
+	mu          sync.RWMutex
+	ranges      []*pb.RangeDescriptor // by start key, disjoint
+	placements  []*directorypb.Placement
+	next, last  uint64                    // the next range ID to hand out, the block's last
+	gcTTLms     uint64                    // the gc_ttl set at run time; 0: the topology's
+	protections []*directorypb.Protection // by id
 }
 
 // NewStateMachine returns the state machine of directory group `group` on
@@ -157,6 +160,14 @@ func (sm *StateMachine) write(b *pebble.Batch, st *directorypb.State) error {
 	if err := b.Set(sm.key(keyIDs), idsValue(st.GetNextRangeId(), st.GetLastRangeId()), nil); err != nil {
 		return err
 	}
+	if err := sm.writeGCTTL(b, st.GetGcTtlMs()); err != nil {
+		return err
+	}
+	for _, p := range st.GetProtections() {
+		if err := sm.writeProtection(b, p); err != nil {
+			return err
+		}
+	}
 	return b.Set(sm.key(keySeeded), []byte{1}, nil)
 }
 
@@ -164,7 +175,8 @@ func (sm *StateMachine) write(b *pebble.Batch, st *directorypb.State) error {
 func (sm *StateMachine) load() error {
 	var ranges []*pb.RangeDescriptor
 	var placements []*directorypb.Placement
-	var next, last uint64
+	var next, last, gcTTLms uint64
+	var protections []*directorypb.Protection
 	err := sm.e.Scan(sm.prefix, storage.PrefixEnd(sm.prefix), func(k, v []byte) (bool, error) {
 		var err error
 		switch k[len(sm.prefix)] {
@@ -182,6 +194,16 @@ func (sm *StateMachine) load() error {
 			} else {
 				next, last = binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:])
 			}
+		case keyGCTTL:
+			if len(v) != 8 {
+				err = fmt.Errorf("gc_ttl of %d bytes", len(v))
+			} else {
+				gcTTLms = binary.BigEndian.Uint64(v)
+			}
+		case keyProtection:
+			p := &directorypb.Protection{}
+			err = proto.Unmarshal(v, p)
+			protections = append(protections, p) // by id: the keys' order
 		}
 		if err != nil {
 			return false, fmt.Errorf("%w: directory state: %v", storage.ErrCorrupt, err)
@@ -194,6 +216,7 @@ func (sm *StateMachine) load() error {
 	sortByStart(ranges)
 	sm.mu.Lock()
 	sm.ranges, sm.placements, sm.next, sm.last = ranges, placements, next, last
+	sm.gcTTLms, sm.protections = gcTTLms, protections
 	sm.mu.Unlock()
 	return nil
 }
@@ -251,6 +274,12 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		return sm.applyUpdate(b, c.Update.GetDescriptors())
 	case *directorypb.Command_Allocate:
 		return sm.applyAllocate(b)
+	case *directorypb.Command_SetGcTtl:
+		return sm.applySetGCTTL(b, c.SetGcTtl)
+	case *directorypb.Command_Protect:
+		return sm.applyProtect(b, c.Protect)
+	case *directorypb.Command_Release:
+		return sm.applyRelease(b, c.Release)
 	}
 	return fmt.Errorf("%w: empty command", ErrBadCommand)
 }
@@ -353,7 +382,8 @@ func cloneAll(ds []*pb.RangeDescriptor) []*pb.RangeDescriptor {
 func (sm *StateMachine) Snapshot() ([]byte, error) {
 	sm.mu.RLock()
 	defer sm.mu.RUnlock()
-	return proto.Marshal(&directorypb.State{Descriptors: sm.ranges, Placements: sm.placements, NextRangeId: sm.next, LastRangeId: sm.last})
+	return proto.Marshal(&directorypb.State{Descriptors: sm.ranges, Placements: sm.placements, NextRangeId: sm.next, LastRangeId: sm.last,
+		GcTtlMs: sm.gcTTLms, Protections: sm.protections})
 }
 
 // Restore implements raftgroup.StateMachine. Errors wrap storage.ErrCorrupt
@@ -368,8 +398,11 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 	}
 	ranges := slices.Clone(st.GetDescriptors())
 	sortByStart(ranges)
+	protections := slices.Clone(st.GetProtections())
+	slices.SortFunc(protections, func(a, b *directorypb.Protection) int { return strings.Compare(a.GetId(), b.GetId()) })
 	sm.mu.Lock()
 	sm.ranges, sm.placements, sm.next, sm.last = ranges, st.GetPlacements(), st.GetNextRangeId(), st.GetLastRangeId()
+	sm.gcTTLms, sm.protections = st.GetGcTtlMs(), protections
 	sm.mu.Unlock()
 	return nil
 }

@@ -58,28 +58,29 @@ type Config struct {
 
 // Node is a running node. Close stops it.
 type Node struct {
-	cfg      Config
-	engine   *storage.Engine
-	host     *raftgroup.Host
-	dialer   *transport.Dialer
-	raft     *transport.Raft
-	server   *grpc.Server
-	listener net.Listener
-	epochs   map[uint64]*epoch.Replica
-	global   *epoch.Global // nil unless the node hosts a global epoch replica
-	rangeSrv *rangeserver.Server
-	dirs     *directory.Directories // every region's directory, for splits' IDs and descriptor changes
-	stop     context.CancelFunc     // ends publishing and reconciling
-	stopped  context.Context
-	bg       sync.WaitGroup // descriptor publishing and the reconciliation loop
-	mu       sync.Mutex
-	ranges   []*rangeserver.Replica   // grows when a split creates a range here
-	readers  map[string]*epoch.Reader // epoch and publisher readers, by kind/region
-	deciders map[uint64]*txnstate.Client
-	closing  bool           // no range is added once Close began
-	removing sync.WaitGroup // replicas of merged-away ranges being removed
-	registry *prometheus.Registry
-	served   chan struct{}
+	cfg        Config
+	engine     *storage.Engine
+	host       *raftgroup.Host
+	dialer     *transport.Dialer
+	raft       *transport.Raft
+	server     *grpc.Server
+	listener   net.Listener
+	epochs     map[uint64]*epoch.Replica
+	global     *epoch.Global // nil unless the node hosts a global epoch replica
+	rangeSrv   *rangeserver.Server
+	dirs       *directory.Directories // every region's directory, for splits' IDs and descriptor changes
+	stop       context.CancelFunc     // ends publishing and reconciling
+	stopped    context.Context
+	bg         sync.WaitGroup // descriptor publishing and the reconciliation loop
+	mu         sync.Mutex
+	ranges     []*rangeserver.Replica   // grows when a split creates a range here
+	readers    map[string]*epoch.Reader // epoch and publisher readers, by kind/region
+	deciders   map[uint64]*txnstate.Client
+	gcPolicies map[string]*gcPolicy // by region, for the range leaders' GC
+	closing    bool                 // no range is added once Close began
+	removing   sync.WaitGroup       // replicas of merged-away ranges being removed
+	registry   *prometheus.Registry
+	served     chan struct{}
 }
 
 // Start opens the store, recovers every hosted replica and starts serving.
@@ -98,7 +99,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	n := &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{}),
-		readers: map[string]*epoch.Reader{}, deciders: map[uint64]*txnstate.Client{}}
+		readers: map[string]*epoch.Reader{}, deciders: map[uint64]*txnstate.Client{}, gcPolicies: map[string]*gcPolicy{}}
 	n.stopped, n.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -267,7 +268,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 	}
 	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, srcs, n.decider,
 		rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
-			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL,
+			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, GCPolicy: n.gcPolicyOf(d.GetRegion()),
 			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: n.rangeIDAllocator(d.GetRegion())})
 	sm.OnSplit(n.onSplit)
 	sm.OnMerge(n.onMerge)

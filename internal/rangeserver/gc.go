@@ -169,6 +169,29 @@ func (r *Replica) CollectGarbage(ctx context.Context, horizon, regional uint64) 
 	return total, nil
 }
 
+// GCPolicy is a region's GC policy as a range leader applies it
+// (DESIGN.md §14).
+type GCPolicy struct {
+	// TTL is how long a replaced version stays readable (0: never collect).
+	TTL time.Duration
+	// Protected is the oldest epoch a live protection (a backup, a
+	// changefeed) needs, when Protects is set: the horizon stays at or
+	// below it.
+	Protected uint64
+	Protects  bool
+}
+
+// GCPolicySource is where a range leader learns its region's GC policy.
+type GCPolicySource interface {
+	// Cached returns the policy last read, without waiting (false: none
+	// read yet; the leader does not collect).
+	Cached() (GCPolicy, bool)
+	// Fetch reads the policy now, linearizably: a leader reads it right
+	// before it collects, so a protection registered before that read is
+	// honoured.
+	Fetch(ctx context.Context) (GCPolicy, error)
+}
+
 // gcCheck is how often a leader samples the epochs for its GC horizon.
 const gcCheck = time.Second
 
@@ -218,6 +241,13 @@ func (q *gcQueue) horizonAt(now time.Time, ttl time.Duration) (epochSample, bool
 // GCTTL; a snapshot older than GCTTL may then fail with ErrSnapshotTooOld.
 func (r *Replica) maybeGC(local uint64) {
 	ttl := r.cfg.GCTTL
+	if r.cfg.GCPolicy != nil {
+		p, ok := r.cfg.GCPolicy.Cached()
+		if !ok {
+			return
+		}
+		ttl = p.TTL
+	}
 	now := r.cfg.Clock.Now()
 	if ttl <= 0 || now.Sub(r.gcq.lastCheck) < gcCheck {
 		return
@@ -246,6 +276,9 @@ func (r *Replica) maybeGC(local uint64) {
 	go func() {
 		defer r.wg.Done()
 		defer r.gcq.running.Store(false)
+		if !r.applyPolicy(&h, ttl) {
+			return
+		}
 		began := time.Now()
 		stats, err := r.CollectGarbage(r.ctx, h.data, h.regional)
 		if err != nil {
@@ -255,4 +288,25 @@ func (r *Replica) maybeGC(local uint64) {
 		slog.Debug("garbage collection", "range", r.id, "horizon", h.data, "regional_horizon", h.regional,
 			"keys", stats.Keys, "versions", stats.Versions, "bytes", stats.Bytes, "took", time.Since(began))
 	}()
+}
+
+// applyPolicy reads the region's GC policy afresh and lowers the horizon
+// sample h to its protections. It reports false (do not collect) when the
+// read fails, when the gc_ttl grew past ttl (the one h was chosen by), or
+// when nothing is left to collect.
+func (r *Replica) applyPolicy(h *epochSample, ttl time.Duration) bool {
+	if r.cfg.GCPolicy == nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, proposeTimeout)
+	p, err := r.cfg.GCPolicy.Fetch(ctx)
+	cancel()
+	if err != nil || p.TTL <= 0 || p.TTL > ttl {
+		return false
+	}
+	if p.Protects {
+		h.data = min(h.data, p.Protected)
+	}
+	th := r.sm.GCThreshold()
+	return h.data > th.GetHorizon() || h.regional > th.GetRegionalHorizon()
 }

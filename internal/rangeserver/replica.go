@@ -74,8 +74,12 @@ type Config struct {
 	MergeDelay time.Duration
 	// GCTTL is how long a replaced version stays readable: the leader
 	// collects versions below the epochs that were current GCTTL ago
-	// (DESIGN.md §14). 0: never.
+	// (DESIGN.md §14). 0: never. Used when GCPolicy is nil.
 	GCTTL time.Duration
+	// GCPolicy is the region's GC policy, set at run time (its directory):
+	// the gc_ttl and the protections of long snapshots. nil: GCTTL, no
+	// protections.
+	GCPolicy GCPolicySource
 	// Sibling returns this node's replica of the range whose span starts at
 	// key (nil: none here). Merges find the right-hand neighbour with it.
 	Sibling func(key []byte) *Replica

@@ -97,6 +97,9 @@ type Command struct {
 	//
 	//	*Command_Update
 	//	*Command_Allocate
+	//	*Command_SetGcTtl
+	//	*Command_Protect
+	//	*Command_Release
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -157,6 +160,33 @@ func (x *Command) GetAllocate() *AllocateCmd {
 	return nil
 }
 
+func (x *Command) GetSetGcTtl() *SetGCTTLCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_SetGcTtl); ok {
+			return x.SetGcTtl
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetProtect() *ProtectCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Protect); ok {
+			return x.Protect
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRelease() *ReleaseCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -173,9 +203,247 @@ type Command_Allocate struct {
 	Allocate *AllocateCmd `protobuf:"bytes,2,opt,name=allocate,proto3,oneof"`
 }
 
+type Command_SetGcTtl struct {
+	// set_gc_ttl sets the region's gc_ttl (DESIGN.md §14).
+	SetGcTtl *SetGCTTLCmd `protobuf:"bytes,3,opt,name=set_gc_ttl,json=setGcTtl,proto3,oneof"`
+}
+
+type Command_Protect struct {
+	// protect registers a protection, or renews it (its renewals count
+	// rises, its epoch may move).
+	Protect *ProtectCmd `protobuf:"bytes,4,opt,name=protect,proto3,oneof"`
+}
+
+type Command_Release struct {
+	// release drops protections.
+	Release *ReleaseCmd `protobuf:"bytes,5,opt,name=release,proto3,oneof"`
+}
+
 func (*Command_Update) isCommand_Cmd() {}
 
 func (*Command_Allocate) isCommand_Cmd() {}
+
+func (*Command_SetGcTtl) isCommand_Cmd() {}
+
+func (*Command_Protect) isCommand_Cmd() {}
+
+func (*Command_Release) isCommand_Cmd() {}
+
+// Protection is a registered long snapshot (a backup, a changefeed's
+// catch-up): while it lives, the region's range leaders collect no version
+// that a read at epoch needs (DESIGN.md §14). It lives while its holder
+// renews it: an observer drops it once it saw no renewal for ttl_ms.
+type Protection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// epoch: the oldest epoch the holder reads at (global epochs; local ones
+	// in a regional-only deployment).
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	TtlMs uint64 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// renewals counts the holder's renewals (set by the state machine).
+	Renewals uint64 `protobuf:"varint,4,opt,name=renewals,proto3" json:"renewals,omitempty"`
+	// description says who holds it, for operators.
+	Description   string `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Protection) Reset() {
+	*x = Protection{}
+	mi := &file_directory_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Protection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Protection) ProtoMessage() {}
+
+func (x *Protection) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Protection.ProtoReflect.Descriptor instead.
+func (*Protection) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Protection) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Protection) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Protection) GetTtlMs() uint64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *Protection) GetRenewals() uint64 {
+	if x != nil {
+		return x.Renewals
+	}
+	return 0
+}
+
+func (x *Protection) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type SetGCTTLCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GcTtlMs       uint64                 `protobuf:"varint,1,opt,name=gc_ttl_ms,json=gcTtlMs,proto3" json:"gc_ttl_ms,omitempty"` // 0: the topology file's gc_ttl
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetGCTTLCmd) Reset() {
+	*x = SetGCTTLCmd{}
+	mi := &file_directory_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetGCTTLCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetGCTTLCmd) ProtoMessage() {}
+
+func (x *SetGCTTLCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetGCTTLCmd.ProtoReflect.Descriptor instead.
+func (*SetGCTTLCmd) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SetGCTTLCmd) GetGcTtlMs() uint64 {
+	if x != nil {
+		return x.GcTtlMs
+	}
+	return 0
+}
+
+type ProtectCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Protection    *Protection            `protobuf:"bytes,1,opt,name=protection,proto3" json:"protection,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProtectCmd) Reset() {
+	*x = ProtectCmd{}
+	mi := &file_directory_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProtectCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProtectCmd) ProtoMessage() {}
+
+func (x *ProtectCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProtectCmd.ProtoReflect.Descriptor instead.
+func (*ProtectCmd) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ProtectCmd) GetProtection() *Protection {
+	if x != nil {
+		return x.Protection
+	}
+	return nil
+}
+
+type ReleaseCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseCmd) Reset() {
+	*x = ReleaseCmd{}
+	mi := &file_directory_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseCmd) ProtoMessage() {}
+
+func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseCmd.ProtoReflect.Descriptor instead.
+func (*ReleaseCmd) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReleaseCmd) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
 
 type UpdateCmd struct {
 	state         protoimpl.MessageState     `protogen:"open.v1"`
@@ -186,7 +454,7 @@ type UpdateCmd struct {
 
 func (x *UpdateCmd) Reset() {
 	*x = UpdateCmd{}
-	mi := &file_directory_proto_msgTypes[2]
+	mi := &file_directory_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -198,7 +466,7 @@ func (x *UpdateCmd) String() string {
 func (*UpdateCmd) ProtoMessage() {}
 
 func (x *UpdateCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[2]
+	mi := &file_directory_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -211,7 +479,7 @@ func (x *UpdateCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateCmd.ProtoReflect.Descriptor instead.
 func (*UpdateCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{2}
+	return file_directory_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UpdateCmd) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -229,7 +497,7 @@ type AllocateCmd struct {
 
 func (x *AllocateCmd) Reset() {
 	*x = AllocateCmd{}
-	mi := &file_directory_proto_msgTypes[3]
+	mi := &file_directory_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -241,7 +509,7 @@ func (x *AllocateCmd) String() string {
 func (*AllocateCmd) ProtoMessage() {}
 
 func (x *AllocateCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[3]
+	mi := &file_directory_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -254,7 +522,7 @@ func (x *AllocateCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateCmd.ProtoReflect.Descriptor instead.
 func (*AllocateCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{3}
+	return file_directory_proto_rawDescGZIP(), []int{7}
 }
 
 type LookupRequest struct {
@@ -270,7 +538,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_directory_proto_msgTypes[4]
+	mi := &file_directory_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +550,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[4]
+	mi := &file_directory_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +563,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{4}
+	return file_directory_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LookupRequest) GetGroupId() uint64 {
@@ -330,7 +598,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_directory_proto_msgTypes[5]
+	mi := &file_directory_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +610,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[5]
+	mi := &file_directory_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +623,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{5}
+	return file_directory_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LookupResponse) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -375,7 +643,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_directory_proto_msgTypes[6]
+	mi := &file_directory_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +655,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[6]
+	mi := &file_directory_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +668,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{6}
+	return file_directory_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateRequest) GetGroupId() uint64 {
@@ -427,7 +695,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_directory_proto_msgTypes[7]
+	mi := &file_directory_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +707,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[7]
+	mi := &file_directory_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +720,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{7}
+	return file_directory_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdateResponse) GetInstalled() uint32 {
@@ -471,7 +739,7 @@ type AllocateRequest struct {
 
 func (x *AllocateRequest) Reset() {
 	*x = AllocateRequest{}
-	mi := &file_directory_proto_msgTypes[8]
+	mi := &file_directory_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +751,7 @@ func (x *AllocateRequest) String() string {
 func (*AllocateRequest) ProtoMessage() {}
 
 func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[8]
+	mi := &file_directory_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +764,7 @@ func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateRequest.ProtoReflect.Descriptor instead.
 func (*AllocateRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{8}
+	return file_directory_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AllocateRequest) GetGroupId() uint64 {
@@ -515,7 +783,7 @@ type AllocateResponse struct {
 
 func (x *AllocateResponse) Reset() {
 	*x = AllocateResponse{}
-	mi := &file_directory_proto_msgTypes[9]
+	mi := &file_directory_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +795,7 @@ func (x *AllocateResponse) String() string {
 func (*AllocateResponse) ProtoMessage() {}
 
 func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[9]
+	mi := &file_directory_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +808,7 @@ func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateResponse.ProtoReflect.Descriptor instead.
 func (*AllocateResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{9}
+	return file_directory_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AllocateResponse) GetRangeId() uint64 {
@@ -559,7 +827,7 @@ type PlacementRequest struct {
 
 func (x *PlacementRequest) Reset() {
 	*x = PlacementRequest{}
-	mi := &file_directory_proto_msgTypes[10]
+	mi := &file_directory_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -571,7 +839,7 @@ func (x *PlacementRequest) String() string {
 func (*PlacementRequest) ProtoMessage() {}
 
 func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[10]
+	mi := &file_directory_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -584,7 +852,7 @@ func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementRequest.ProtoReflect.Descriptor instead.
 func (*PlacementRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{10}
+	return file_directory_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PlacementRequest) GetGroupId() uint64 {
@@ -603,7 +871,7 @@ type PlacementResponse struct {
 
 func (x *PlacementResponse) Reset() {
 	*x = PlacementResponse{}
-	mi := &file_directory_proto_msgTypes[11]
+	mi := &file_directory_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +883,7 @@ func (x *PlacementResponse) String() string {
 func (*PlacementResponse) ProtoMessage() {}
 
 func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[11]
+	mi := &file_directory_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +896,7 @@ func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementResponse.ProtoReflect.Descriptor instead.
 func (*PlacementResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{11}
+	return file_directory_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PlacementResponse) GetPlacements() []*Placement {
@@ -647,7 +915,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_directory_proto_msgTypes[12]
+	mi := &file_directory_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +927,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[12]
+	mi := &file_directory_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +940,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{12}
+	return file_directory_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRequest) GetGroupId() uint64 {
@@ -691,7 +959,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_directory_proto_msgTypes[13]
+	mi := &file_directory_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +971,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[13]
+	mi := &file_directory_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +984,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{13}
+	return file_directory_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -726,6 +994,429 @@ func (x *ListResponse) GetDescriptors() []*rangepb.RangeDescriptor {
 	return nil
 }
 
+type GCPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GCPolicyRequest) Reset() {
+	*x = GCPolicyRequest{}
+	mi := &file_directory_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GCPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GCPolicyRequest) ProtoMessage() {}
+
+func (x *GCPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GCPolicyRequest.ProtoReflect.Descriptor instead.
+func (*GCPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GCPolicyRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+// ProtectionStatus is a protection as the serving replica sees it.
+type ProtectionStatus struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Protection *Protection            `protobuf:"bytes,1,opt,name=protection,proto3" json:"protection,omitempty"`
+	// idle_ms: since the replica saw the protection created or renewed.
+	IdleMs uint64 `protobuf:"varint,2,opt,name=idle_ms,json=idleMs,proto3" json:"idle_ms,omitempty"`
+	// expired: idle for its ttl; GC no longer honours it.
+	Expired       bool `protobuf:"varint,3,opt,name=expired,proto3" json:"expired,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProtectionStatus) Reset() {
+	*x = ProtectionStatus{}
+	mi := &file_directory_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProtectionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProtectionStatus) ProtoMessage() {}
+
+func (x *ProtectionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProtectionStatus.ProtoReflect.Descriptor instead.
+func (*ProtectionStatus) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ProtectionStatus) GetProtection() *Protection {
+	if x != nil {
+		return x.Protection
+	}
+	return nil
+}
+
+func (x *ProtectionStatus) GetIdleMs() uint64 {
+	if x != nil {
+		return x.IdleMs
+	}
+	return 0
+}
+
+func (x *ProtectionStatus) GetExpired() bool {
+	if x != nil {
+		return x.Expired
+	}
+	return false
+}
+
+type GCPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GcTtlMs       uint64                 `protobuf:"varint,1,opt,name=gc_ttl_ms,json=gcTtlMs,proto3" json:"gc_ttl_ms,omitempty"` // 0: the topology file's gc_ttl
+	Protections   []*ProtectionStatus    `protobuf:"bytes,2,rep,name=protections,proto3" json:"protections,omitempty"`           // by id
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GCPolicyResponse) Reset() {
+	*x = GCPolicyResponse{}
+	mi := &file_directory_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GCPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GCPolicyResponse) ProtoMessage() {}
+
+func (x *GCPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GCPolicyResponse.ProtoReflect.Descriptor instead.
+func (*GCPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GCPolicyResponse) GetGcTtlMs() uint64 {
+	if x != nil {
+		return x.GcTtlMs
+	}
+	return 0
+}
+
+func (x *GCPolicyResponse) GetProtections() []*ProtectionStatus {
+	if x != nil {
+		return x.Protections
+	}
+	return nil
+}
+
+type SetGCTTLRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	GcTtlMs       uint64                 `protobuf:"varint,2,opt,name=gc_ttl_ms,json=gcTtlMs,proto3" json:"gc_ttl_ms,omitempty"` // 0: back to the topology file's gc_ttl
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetGCTTLRequest) Reset() {
+	*x = SetGCTTLRequest{}
+	mi := &file_directory_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetGCTTLRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetGCTTLRequest) ProtoMessage() {}
+
+func (x *SetGCTTLRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetGCTTLRequest.ProtoReflect.Descriptor instead.
+func (*SetGCTTLRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SetGCTTLRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *SetGCTTLRequest) GetGcTtlMs() uint64 {
+	if x != nil {
+		return x.GcTtlMs
+	}
+	return 0
+}
+
+type SetGCTTLResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetGCTTLResponse) Reset() {
+	*x = SetGCTTLResponse{}
+	mi := &file_directory_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetGCTTLResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetGCTTLResponse) ProtoMessage() {}
+
+func (x *SetGCTTLResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetGCTTLResponse.ProtoReflect.Descriptor instead.
+func (*SetGCTTLResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{22}
+}
+
+type ProtectRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	Protection    *Protection            `protobuf:"bytes,2,opt,name=protection,proto3" json:"protection,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProtectRequest) Reset() {
+	*x = ProtectRequest{}
+	mi := &file_directory_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProtectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProtectRequest) ProtoMessage() {}
+
+func (x *ProtectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProtectRequest.ProtoReflect.Descriptor instead.
+func (*ProtectRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ProtectRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *ProtectRequest) GetProtection() *Protection {
+	if x != nil {
+		return x.Protection
+	}
+	return nil
+}
+
+type ProtectResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProtectResponse) Reset() {
+	*x = ProtectResponse{}
+	mi := &file_directory_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProtectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProtectResponse) ProtoMessage() {}
+
+func (x *ProtectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProtectResponse.ProtoReflect.Descriptor instead.
+func (*ProtectResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{24}
+}
+
+type ReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_directory_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReleaseRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *ReleaseRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_directory_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{26}
+}
+
 // State is a directory group's whole state: its Raft snapshot.
 type State struct {
 	state         protoimpl.MessageState     `protogen:"open.v1"`
@@ -733,13 +1424,15 @@ type State struct {
 	Placements    []*Placement               `protobuf:"bytes,2,rep,name=placements,proto3" json:"placements,omitempty"`                         // by start key
 	NextRangeId   uint64                     `protobuf:"varint,3,opt,name=next_range_id,json=nextRangeId,proto3" json:"next_range_id,omitempty"` // the next ID Allocate hands out
 	LastRangeId   uint64                     `protobuf:"varint,4,opt,name=last_range_id,json=lastRangeId,proto3" json:"last_range_id,omitempty"` // the last ID of the region's block
+	GcTtlMs       uint64                     `protobuf:"varint,5,opt,name=gc_ttl_ms,json=gcTtlMs,proto3" json:"gc_ttl_ms,omitempty"`             // 0: the topology file's
+	Protections   []*Protection              `protobuf:"bytes,6,rep,name=protections,proto3" json:"protections,omitempty"`                       // by id
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
 	*x = State{}
-	mi := &file_directory_proto_msgTypes[14]
+	mi := &file_directory_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +1444,7 @@ func (x *State) String() string {
 func (*State) ProtoMessage() {}
 
 func (x *State) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[14]
+	mi := &file_directory_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +1457,7 @@ func (x *State) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use State.ProtoReflect.Descriptor instead.
 func (*State) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{14}
+	return file_directory_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *State) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -795,6 +1488,20 @@ func (x *State) GetLastRangeId() uint64 {
 	return 0
 }
 
+func (x *State) GetGcTtlMs() uint64 {
+	if x != nil {
+		return x.GcTtlMs
+	}
+	return 0
+}
+
+func (x *State) GetProtections() []*Protection {
+	if x != nil {
+		return x.Protections
+	}
+	return nil
+}
+
 var File_directory_proto protoreflect.FileDescriptor
 
 const file_directory_proto_rawDesc = "" +
@@ -803,11 +1510,32 @@ const file_directory_proto_rawDesc = "" +
 	"\tPlacement\x12\x1b\n" +
 	"\tstart_key\x18\x01 \x01(\fR\bstartKey\x12\x17\n" +
 	"\aend_key\x18\x02 \x01(\fR\x06endKey\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\x86\x01\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\xbc\x02\n" +
 	"\aCommand\x126\n" +
 	"\x06update\x18\x01 \x01(\v2\x1c.terroir.directory.UpdateCmdH\x00R\x06update\x12<\n" +
-	"\ballocate\x18\x02 \x01(\v2\x1e.terroir.directory.AllocateCmdH\x00R\ballocateB\x05\n" +
-	"\x03cmd\"M\n" +
+	"\ballocate\x18\x02 \x01(\v2\x1e.terroir.directory.AllocateCmdH\x00R\ballocate\x12>\n" +
+	"\n" +
+	"set_gc_ttl\x18\x03 \x01(\v2\x1e.terroir.directory.SetGCTTLCmdH\x00R\bsetGcTtl\x129\n" +
+	"\aprotect\x18\x04 \x01(\v2\x1d.terroir.directory.ProtectCmdH\x00R\aprotect\x129\n" +
+	"\arelease\x18\x05 \x01(\v2\x1d.terroir.directory.ReleaseCmdH\x00R\areleaseB\x05\n" +
+	"\x03cmd\"\x87\x01\n" +
+	"\n" +
+	"Protection\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x15\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x04R\x05ttlMs\x12\x1a\n" +
+	"\brenewals\x18\x04 \x01(\x04R\brenewals\x12 \n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\")\n" +
+	"\vSetGCTTLCmd\x12\x1a\n" +
+	"\tgc_ttl_ms\x18\x01 \x01(\x04R\agcTtlMs\"K\n" +
+	"\n" +
+	"ProtectCmd\x12=\n" +
+	"\n" +
+	"protection\x18\x01 \x01(\v2\x1d.terroir.directory.ProtectionR\n" +
+	"protection\"\x1e\n" +
+	"\n" +
+	"ReleaseCmd\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"M\n" +
 	"\tUpdateCmd\x12@\n" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\"\r\n" +
 	"\vAllocateCmd\"R\n" +
@@ -835,20 +1563,51 @@ const file_directory_proto_rawDesc = "" +
 	"\vListRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"P\n" +
 	"\fListResponse\x12@\n" +
-	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\"\xcf\x01\n" +
+	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\",\n" +
+	"\x0fGCPolicyRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"\x84\x01\n" +
+	"\x10ProtectionStatus\x12=\n" +
+	"\n" +
+	"protection\x18\x01 \x01(\v2\x1d.terroir.directory.ProtectionR\n" +
+	"protection\x12\x17\n" +
+	"\aidle_ms\x18\x02 \x01(\x04R\x06idleMs\x12\x18\n" +
+	"\aexpired\x18\x03 \x01(\bR\aexpired\"u\n" +
+	"\x10GCPolicyResponse\x12\x1a\n" +
+	"\tgc_ttl_ms\x18\x01 \x01(\x04R\agcTtlMs\x12E\n" +
+	"\vprotections\x18\x02 \x03(\v2#.terroir.directory.ProtectionStatusR\vprotections\"H\n" +
+	"\x0fSetGCTTLRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1a\n" +
+	"\tgc_ttl_ms\x18\x02 \x01(\x04R\agcTtlMs\"\x12\n" +
+	"\x10SetGCTTLResponse\"j\n" +
+	"\x0eProtectRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12=\n" +
+	"\n" +
+	"protection\x18\x02 \x01(\v2\x1d.terroir.directory.ProtectionR\n" +
+	"protection\"\x11\n" +
+	"\x0fProtectResponse\";\n" +
+	"\x0eReleaseRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\x11\n" +
+	"\x0fReleaseResponse\"\xac\x02\n" +
 	"\x05State\x12@\n" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\x12<\n" +
 	"\n" +
 	"placements\x18\x02 \x03(\v2\x1c.terroir.directory.PlacementR\n" +
 	"placements\x12\"\n" +
 	"\rnext_range_id\x18\x03 \x01(\x04R\vnextRangeId\x12\"\n" +
-	"\rlast_range_id\x18\x04 \x01(\x04R\vlastRangeId2\x9f\x03\n" +
+	"\rlast_range_id\x18\x04 \x01(\x04R\vlastRangeId\x12\x1a\n" +
+	"\tgc_ttl_ms\x18\x05 \x01(\x04R\agcTtlMs\x12?\n" +
+	"\vprotections\x18\x06 \x03(\v2\x1d.terroir.directory.ProtectionR\vprotections2\xed\x05\n" +
 	"\tDirectory\x12M\n" +
 	"\x06Lookup\x12 .terroir.directory.LookupRequest\x1a!.terroir.directory.LookupResponse\x12M\n" +
 	"\x06Update\x12 .terroir.directory.UpdateRequest\x1a!.terroir.directory.UpdateResponse\x12S\n" +
 	"\bAllocate\x12\".terroir.directory.AllocateRequest\x1a#.terroir.directory.AllocateResponse\x12V\n" +
 	"\tPlacement\x12#.terroir.directory.PlacementRequest\x1a$.terroir.directory.PlacementResponse\x12G\n" +
-	"\x04List\x12\x1e.terroir.directory.ListRequest\x1a\x1f.terroir.directory.ListResponseB>Z<github.com/terroir-db/terroir/internal/directory/directorypbb\x06proto3"
+	"\x04List\x12\x1e.terroir.directory.ListRequest\x1a\x1f.terroir.directory.ListResponse\x12S\n" +
+	"\bGCPolicy\x12\".terroir.directory.GCPolicyRequest\x1a#.terroir.directory.GCPolicyResponse\x12S\n" +
+	"\bSetGCTTL\x12\".terroir.directory.SetGCTTLRequest\x1a#.terroir.directory.SetGCTTLResponse\x12P\n" +
+	"\aProtect\x12!.terroir.directory.ProtectRequest\x1a\".terroir.directory.ProtectResponse\x12P\n" +
+	"\aRelease\x12!.terroir.directory.ReleaseRequest\x1a\".terroir.directory.ReleaseResponseB>Z<github.com/terroir-db/terroir/internal/directory/directorypbb\x06proto3"
 
 var (
 	file_directory_proto_rawDescOnce sync.Once
@@ -862,50 +1621,79 @@ func file_directory_proto_rawDescGZIP() []byte {
 	return file_directory_proto_rawDescData
 }
 
-var file_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_directory_proto_goTypes = []any{
 	(*Placement)(nil),               // 0: terroir.directory.Placement
 	(*Command)(nil),                 // 1: terroir.directory.Command
-	(*UpdateCmd)(nil),               // 2: terroir.directory.UpdateCmd
-	(*AllocateCmd)(nil),             // 3: terroir.directory.AllocateCmd
-	(*LookupRequest)(nil),           // 4: terroir.directory.LookupRequest
-	(*LookupResponse)(nil),          // 5: terroir.directory.LookupResponse
-	(*UpdateRequest)(nil),           // 6: terroir.directory.UpdateRequest
-	(*UpdateResponse)(nil),          // 7: terroir.directory.UpdateResponse
-	(*AllocateRequest)(nil),         // 8: terroir.directory.AllocateRequest
-	(*AllocateResponse)(nil),        // 9: terroir.directory.AllocateResponse
-	(*PlacementRequest)(nil),        // 10: terroir.directory.PlacementRequest
-	(*PlacementResponse)(nil),       // 11: terroir.directory.PlacementResponse
-	(*ListRequest)(nil),             // 12: terroir.directory.ListRequest
-	(*ListResponse)(nil),            // 13: terroir.directory.ListResponse
-	(*State)(nil),                   // 14: terroir.directory.State
-	(*rangepb.RangeDescriptor)(nil), // 15: terroir.range.RangeDescriptor
+	(*Protection)(nil),              // 2: terroir.directory.Protection
+	(*SetGCTTLCmd)(nil),             // 3: terroir.directory.SetGCTTLCmd
+	(*ProtectCmd)(nil),              // 4: terroir.directory.ProtectCmd
+	(*ReleaseCmd)(nil),              // 5: terroir.directory.ReleaseCmd
+	(*UpdateCmd)(nil),               // 6: terroir.directory.UpdateCmd
+	(*AllocateCmd)(nil),             // 7: terroir.directory.AllocateCmd
+	(*LookupRequest)(nil),           // 8: terroir.directory.LookupRequest
+	(*LookupResponse)(nil),          // 9: terroir.directory.LookupResponse
+	(*UpdateRequest)(nil),           // 10: terroir.directory.UpdateRequest
+	(*UpdateResponse)(nil),          // 11: terroir.directory.UpdateResponse
+	(*AllocateRequest)(nil),         // 12: terroir.directory.AllocateRequest
+	(*AllocateResponse)(nil),        // 13: terroir.directory.AllocateResponse
+	(*PlacementRequest)(nil),        // 14: terroir.directory.PlacementRequest
+	(*PlacementResponse)(nil),       // 15: terroir.directory.PlacementResponse
+	(*ListRequest)(nil),             // 16: terroir.directory.ListRequest
+	(*ListResponse)(nil),            // 17: terroir.directory.ListResponse
+	(*GCPolicyRequest)(nil),         // 18: terroir.directory.GCPolicyRequest
+	(*ProtectionStatus)(nil),        // 19: terroir.directory.ProtectionStatus
+	(*GCPolicyResponse)(nil),        // 20: terroir.directory.GCPolicyResponse
+	(*SetGCTTLRequest)(nil),         // 21: terroir.directory.SetGCTTLRequest
+	(*SetGCTTLResponse)(nil),        // 22: terroir.directory.SetGCTTLResponse
+	(*ProtectRequest)(nil),          // 23: terroir.directory.ProtectRequest
+	(*ProtectResponse)(nil),         // 24: terroir.directory.ProtectResponse
+	(*ReleaseRequest)(nil),          // 25: terroir.directory.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 26: terroir.directory.ReleaseResponse
+	(*State)(nil),                   // 27: terroir.directory.State
+	(*rangepb.RangeDescriptor)(nil), // 28: terroir.range.RangeDescriptor
 }
 var file_directory_proto_depIdxs = []int32{
-	2,  // 0: terroir.directory.Command.update:type_name -> terroir.directory.UpdateCmd
-	3,  // 1: terroir.directory.Command.allocate:type_name -> terroir.directory.AllocateCmd
-	15, // 2: terroir.directory.UpdateCmd.descriptors:type_name -> terroir.range.RangeDescriptor
-	15, // 3: terroir.directory.LookupResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	15, // 4: terroir.directory.UpdateRequest.descriptors:type_name -> terroir.range.RangeDescriptor
-	0,  // 5: terroir.directory.PlacementResponse.placements:type_name -> terroir.directory.Placement
-	15, // 6: terroir.directory.ListResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	15, // 7: terroir.directory.State.descriptors:type_name -> terroir.range.RangeDescriptor
-	0,  // 8: terroir.directory.State.placements:type_name -> terroir.directory.Placement
-	4,  // 9: terroir.directory.Directory.Lookup:input_type -> terroir.directory.LookupRequest
-	6,  // 10: terroir.directory.Directory.Update:input_type -> terroir.directory.UpdateRequest
-	8,  // 11: terroir.directory.Directory.Allocate:input_type -> terroir.directory.AllocateRequest
-	10, // 12: terroir.directory.Directory.Placement:input_type -> terroir.directory.PlacementRequest
-	12, // 13: terroir.directory.Directory.List:input_type -> terroir.directory.ListRequest
-	5,  // 14: terroir.directory.Directory.Lookup:output_type -> terroir.directory.LookupResponse
-	7,  // 15: terroir.directory.Directory.Update:output_type -> terroir.directory.UpdateResponse
-	9,  // 16: terroir.directory.Directory.Allocate:output_type -> terroir.directory.AllocateResponse
-	11, // 17: terroir.directory.Directory.Placement:output_type -> terroir.directory.PlacementResponse
-	13, // 18: terroir.directory.Directory.List:output_type -> terroir.directory.ListResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	6,  // 0: terroir.directory.Command.update:type_name -> terroir.directory.UpdateCmd
+	7,  // 1: terroir.directory.Command.allocate:type_name -> terroir.directory.AllocateCmd
+	3,  // 2: terroir.directory.Command.set_gc_ttl:type_name -> terroir.directory.SetGCTTLCmd
+	4,  // 3: terroir.directory.Command.protect:type_name -> terroir.directory.ProtectCmd
+	5,  // 4: terroir.directory.Command.release:type_name -> terroir.directory.ReleaseCmd
+	2,  // 5: terroir.directory.ProtectCmd.protection:type_name -> terroir.directory.Protection
+	28, // 6: terroir.directory.UpdateCmd.descriptors:type_name -> terroir.range.RangeDescriptor
+	28, // 7: terroir.directory.LookupResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	28, // 8: terroir.directory.UpdateRequest.descriptors:type_name -> terroir.range.RangeDescriptor
+	0,  // 9: terroir.directory.PlacementResponse.placements:type_name -> terroir.directory.Placement
+	28, // 10: terroir.directory.ListResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	2,  // 11: terroir.directory.ProtectionStatus.protection:type_name -> terroir.directory.Protection
+	19, // 12: terroir.directory.GCPolicyResponse.protections:type_name -> terroir.directory.ProtectionStatus
+	2,  // 13: terroir.directory.ProtectRequest.protection:type_name -> terroir.directory.Protection
+	28, // 14: terroir.directory.State.descriptors:type_name -> terroir.range.RangeDescriptor
+	0,  // 15: terroir.directory.State.placements:type_name -> terroir.directory.Placement
+	2,  // 16: terroir.directory.State.protections:type_name -> terroir.directory.Protection
+	8,  // 17: terroir.directory.Directory.Lookup:input_type -> terroir.directory.LookupRequest
+	10, // 18: terroir.directory.Directory.Update:input_type -> terroir.directory.UpdateRequest
+	12, // 19: terroir.directory.Directory.Allocate:input_type -> terroir.directory.AllocateRequest
+	14, // 20: terroir.directory.Directory.Placement:input_type -> terroir.directory.PlacementRequest
+	16, // 21: terroir.directory.Directory.List:input_type -> terroir.directory.ListRequest
+	18, // 22: terroir.directory.Directory.GCPolicy:input_type -> terroir.directory.GCPolicyRequest
+	21, // 23: terroir.directory.Directory.SetGCTTL:input_type -> terroir.directory.SetGCTTLRequest
+	23, // 24: terroir.directory.Directory.Protect:input_type -> terroir.directory.ProtectRequest
+	25, // 25: terroir.directory.Directory.Release:input_type -> terroir.directory.ReleaseRequest
+	9,  // 26: terroir.directory.Directory.Lookup:output_type -> terroir.directory.LookupResponse
+	11, // 27: terroir.directory.Directory.Update:output_type -> terroir.directory.UpdateResponse
+	13, // 28: terroir.directory.Directory.Allocate:output_type -> terroir.directory.AllocateResponse
+	15, // 29: terroir.directory.Directory.Placement:output_type -> terroir.directory.PlacementResponse
+	17, // 30: terroir.directory.Directory.List:output_type -> terroir.directory.ListResponse
+	20, // 31: terroir.directory.Directory.GCPolicy:output_type -> terroir.directory.GCPolicyResponse
+	22, // 32: terroir.directory.Directory.SetGCTTL:output_type -> terroir.directory.SetGCTTLResponse
+	24, // 33: terroir.directory.Directory.Protect:output_type -> terroir.directory.ProtectResponse
+	26, // 34: terroir.directory.Directory.Release:output_type -> terroir.directory.ReleaseResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_directory_proto_init() }
@@ -916,6 +1704,9 @@ func file_directory_proto_init() {
 	file_directory_proto_msgTypes[1].OneofWrappers = []any{
 		(*Command_Update)(nil),
 		(*Command_Allocate)(nil),
+		(*Command_SetGcTtl)(nil),
+		(*Command_Protect)(nil),
+		(*Command_Release)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -923,7 +1714,7 @@ func file_directory_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_directory_proto_rawDesc), len(file_directory_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,10 @@ const (
 	Directory_Allocate_FullMethodName  = "/terroir.directory.Directory/Allocate"
 	Directory_Placement_FullMethodName = "/terroir.directory.Directory/Placement"
 	Directory_List_FullMethodName      = "/terroir.directory.Directory/List"
+	Directory_GCPolicy_FullMethodName  = "/terroir.directory.Directory/GCPolicy"
+	Directory_SetGCTTL_FullMethodName  = "/terroir.directory.Directory/SetGCTTL"
+	Directory_Protect_FullMethodName   = "/terroir.directory.Directory/Protect"
+	Directory_Release_FullMethodName   = "/terroir.directory.Directory/Release"
 )
 
 // DirectoryClient is the client API for Directory service.
@@ -47,6 +51,16 @@ type DirectoryClient interface {
 	Placement(ctx context.Context, in *PlacementRequest, opts ...grpc.CallOption) (*PlacementResponse, error)
 	// List returns every descriptor of the region.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
+	// GCPolicy returns the region's gc_ttl and protections, linearizably;
+	// expired protections are flagged (and released, by the leader).
+	GCPolicy(ctx context.Context, in *GCPolicyRequest, opts ...grpc.CallOption) (*GCPolicyResponse, error)
+	// SetGCTTL sets the region's gc_ttl. InvalidArgument below the minimum.
+	SetGCTTL(ctx context.Context, in *SetGCTTLRequest, opts ...grpc.CallOption) (*SetGCTTLResponse, error)
+	// Protect registers or renews a protection. InvalidArgument without an
+	// id or with a ttl out of bounds.
+	Protect(ctx context.Context, in *ProtectRequest, opts ...grpc.CallOption) (*ProtectResponse, error)
+	// Release drops a protection (none with that id: no error).
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type directoryClient struct {
@@ -107,6 +121,46 @@ func (c *directoryClient) List(ctx context.Context, in *ListRequest, opts ...grp
 	return out, nil
 }
 
+func (c *directoryClient) GCPolicy(ctx context.Context, in *GCPolicyRequest, opts ...grpc.CallOption) (*GCPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GCPolicyResponse)
+	err := c.cc.Invoke(ctx, Directory_GCPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *directoryClient) SetGCTTL(ctx context.Context, in *SetGCTTLRequest, opts ...grpc.CallOption) (*SetGCTTLResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetGCTTLResponse)
+	err := c.cc.Invoke(ctx, Directory_SetGCTTL_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *directoryClient) Protect(ctx context.Context, in *ProtectRequest, opts ...grpc.CallOption) (*ProtectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ProtectResponse)
+	err := c.cc.Invoke(ctx, Directory_Protect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *directoryClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, Directory_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DirectoryServer is the server API for Directory service.
 // All implementations must embed UnimplementedDirectoryServer
 // for forward compatibility.
@@ -122,6 +176,16 @@ type DirectoryServer interface {
 	Placement(context.Context, *PlacementRequest) (*PlacementResponse, error)
 	// List returns every descriptor of the region.
 	List(context.Context, *ListRequest) (*ListResponse, error)
+	// GCPolicy returns the region's gc_ttl and protections, linearizably;
+	// expired protections are flagged (and released, by the leader).
+	GCPolicy(context.Context, *GCPolicyRequest) (*GCPolicyResponse, error)
+	// SetGCTTL sets the region's gc_ttl. InvalidArgument below the minimum.
+	SetGCTTL(context.Context, *SetGCTTLRequest) (*SetGCTTLResponse, error)
+	// Protect registers or renews a protection. InvalidArgument without an
+	// id or with a ttl out of bounds.
+	Protect(context.Context, *ProtectRequest) (*ProtectResponse, error)
+	// Release drops a protection (none with that id: no error).
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedDirectoryServer()
 }
 
@@ -146,6 +210,18 @@ func (UnimplementedDirectoryServer) Placement(context.Context, *PlacementRequest
 }
 func (UnimplementedDirectoryServer) List(context.Context, *ListRequest) (*ListResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedDirectoryServer) GCPolicy(context.Context, *GCPolicyRequest) (*GCPolicyResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GCPolicy not implemented")
+}
+func (UnimplementedDirectoryServer) SetGCTTL(context.Context, *SetGCTTLRequest) (*SetGCTTLResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetGCTTL not implemented")
+}
+func (UnimplementedDirectoryServer) Protect(context.Context, *ProtectRequest) (*ProtectResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Protect not implemented")
+}
+func (UnimplementedDirectoryServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedDirectoryServer) mustEmbedUnimplementedDirectoryServer() {}
 func (UnimplementedDirectoryServer) testEmbeddedByValue()                   {}
@@ -258,6 +334,78 @@ func _Directory_List_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Directory_GCPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GCPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).GCPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_GCPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).GCPolicy(ctx, req.(*GCPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Directory_SetGCTTL_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetGCTTLRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).SetGCTTL(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_SetGCTTL_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).SetGCTTL(ctx, req.(*SetGCTTLRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Directory_Protect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ProtectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).Protect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_Protect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).Protect(ctx, req.(*ProtectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Directory_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Directory_ServiceDesc is the grpc.ServiceDesc for Directory service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -284,6 +432,22 @@ var Directory_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _Directory_List_Handler,
+		},
+		{
+			MethodName: "GCPolicy",
+			Handler:    _Directory_GCPolicy_Handler,
+		},
+		{
+			MethodName: "SetGCTTL",
+			Handler:    _Directory_SetGCTTL_Handler,
+		},
+		{
+			MethodName: "Protect",
+			Handler:    _Directory_Protect_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _Directory_Release_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
