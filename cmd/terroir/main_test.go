@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/backup"
 	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
@@ -162,5 +163,24 @@ func TestKVAgainstACluster(t *testing.T) {
 	}
 	if out, err := gcCmd("ttl", "default"); err != nil || !strings.Contains(out, "topology file's (4h0m0s)") {
 		t.Fatalf("admin gc ttl default printed %q (%v)", out, err)
+	}
+
+	// backup and restore: a backup of the cluster holds its one key; a
+	// restore into it (it holds data) is refused.
+	bk := filepath.Join(t.TempDir(), "bk")
+	cmd = rootCmd()
+	var bout bytes.Buffer
+	cmd.SetOut(&bout)
+	cmd.SetErr(&bout)
+	cmd.SetArgs([]string{"backup", "--cluster", cfg, "--to", bk})
+	if err := cmd.Execute(); err != nil || !strings.Contains(bout.String(), "backup at epoch") || !strings.Contains(bout.String(), "1 keys") {
+		t.Fatalf("backup printed %q (%v)", bout.String(), err)
+	}
+	cmd = rootCmd()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"restore", "--cluster", cfg, "--from", bk})
+	if err := cmd.Execute(); !errors.Is(err, backup.ErrNotEmpty) {
+		t.Fatalf("restore into a cluster with data = %v, want ErrNotEmpty", err)
 	}
 }

@@ -9,6 +9,8 @@
 //     and updates, aborted or phantom elements, and diverged, fractured and
 //     stale reads;
 //   - bank transfers, audited by snapshots in every mode;
+//   - long snapshots of the bank, some protected from GC, reread for
+//     several gc_ttls while leaders collect: each reread must match;
 //   - every epoch group, sampled throughout, checked for monotonicity and the
 //     global epoch invariant;
 //   - locks of transactions caught in the middle of two-phase commit,
@@ -200,7 +202,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if err := bank.fund(ctx, dbs[0]); err != nil {
 		return nil, err
 	}
-	workloads := []workload{newTxnGroups(cp), bank, newRegisters(cp), newLists(cp), epochs}
+	workloads := []workload{newTxnGroups(cp), bank, newLongSnapshots(cp, bank), newRegisters(cp), newLists(cp), epochs}
 
 	runCtx, stop := context.WithTimeout(ctx, cfg.Duration)
 	defer stop()
