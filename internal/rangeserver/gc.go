@@ -240,6 +240,10 @@ func (q *gcQueue) horizonAt(now time.Time, ttl time.Duration) (epochSample, bool
 // leader starts sampling afresh, so it collects only once it has led for
 // GCTTL; a snapshot older than GCTTL may then fail with ErrSnapshotTooOld.
 func (r *Replica) maybeGC(local uint64) {
+	now := r.cfg.Clock.Now()
+	if now.Sub(r.gcq.lastCheck) < gcCheck {
+		return
+	}
 	ttl := r.cfg.GCTTL
 	if r.cfg.GCPolicy != nil {
 		p, ok := r.cfg.GCPolicy.Cached()
@@ -248,8 +252,7 @@ func (r *Replica) maybeGC(local uint64) {
 		}
 		ttl = p.TTL
 	}
-	now := r.cfg.Clock.Now()
-	if ttl <= 0 || now.Sub(r.gcq.lastCheck) < gcCheck {
+	if ttl <= 0 {
 		return
 	}
 	r.gcq.lastCheck = now
