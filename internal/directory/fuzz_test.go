@@ -2,7 +2,9 @@ package directory
 
 import (
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -11,11 +13,12 @@ import (
 
 // FuzzDirectoryCommands applies any bytes as a directory command: no input
 // panics, a refused command is ErrBadCommand, ErrBadDescriptor or
-// ErrIDsExhausted and changes nothing, and the directory's descriptors stay
+// ErrIDsExhausted, ErrBadGCTTL or ErrBadProtection and changes nothing, and the directory's descriptors stay
 // sorted and disjoint.
 func FuzzDirectoryCommands(f *testing.F) {
 	for _, c := range []proto.Message{update(desc(10, "", "c", 2), desc(1_000_000_000, "c", "g", 2)), allocate,
-		update(desc(11, "g", "m", 3)), update(desc(0, "a", "b", 1))} {
+		update(desc(11, "g", "m", 3)), update(desc(0, "a", "b", 1)), setTTL(time.Hour), protect("a", 3, time.Minute),
+		protect("", 3, time.Minute), release("a")} {
 		b, _ := proto.Marshal(c)
 		f.Add(b)
 	}
@@ -31,16 +34,18 @@ func FuzzDirectoryCommands(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := spans(sm)
+		state := func() string { return fmt.Sprintf("%s | %s | %v", spans(sm), protections(sm), sm.GCTTL()) }
+		before := state()
 		b := e.NewIndexedBatch()
 		defer b.Close()
 		res := sm.Apply(b, 1, cmd)
 		if err, ok := res.(error); ok {
-			if !errors.Is(err, ErrBadCommand) && !errors.Is(err, ErrBadDescriptor) && !errors.Is(err, ErrIDsExhausted) {
+			if !errors.Is(err, ErrBadCommand) && !errors.Is(err, ErrBadDescriptor) && !errors.Is(err, ErrIDsExhausted) &&
+				!errors.Is(err, ErrBadGCTTL) && !errors.Is(err, ErrBadProtection) {
 				t.Fatalf("untyped refusal: %v", err)
 			}
-			if spans(sm) != before {
-				t.Fatalf("a refused command changed the directory: %s, was %s", spans(sm), before)
+			if state() != before {
+				t.Fatalf("a refused command changed the directory: %s, was %s", state(), before)
 			}
 			return
 		}
