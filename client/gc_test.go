@@ -129,22 +129,8 @@ func waitTooOld(ctx context.Context, t *testing.T, old *client.Snapshot, key str
 // newer versions are written; once the protection is released, the
 // leaders collect below it and the snapshot is refused (DESIGN.md §14).
 func TestProtectionKeepsALongSnapshotReadable(t *testing.T) {
-	c := localcluster.StartT(t, withGCTTL(t, "1s"), localcluster.Options{})
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	putKey(ctx, t, db, "a", "v1")
-	old, err := db.BeginSnapshot(ctx, client.Linearizable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := old.Get(ctx, []byte("a")); err != nil { // fixes what the snapshot sees
-		t.Fatal(err)
-	}
+	c, db, ctx := startWithClient(t, withGCTTL(t, "1s"))
+	old := snapshotAfter(ctx, t, db, "a", "v1")
 	dirs := directory.NewDirectories(c.Topology, c.Dialer("us-east1"))
 	hold, err := dirs.Protect(ctx, "test-backup", "TestProtectionKeepsALongSnapshotReadable", old.Stats().Epoch, 3*time.Second)
 	if err != nil {
@@ -167,22 +153,8 @@ func TestProtectionKeepsALongSnapshotReadable(t *testing.T) {
 // (4h) collects within seconds once an operator sets 1s; a gc_ttl below
 // the minimum is refused with ErrBadGCTTL and changes nothing.
 func TestGCTTLChangesAtRunTime(t *testing.T) {
-	c := localcluster.StartT(t, "../examples/one-region.yaml", localcluster.Options{})
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	putKey(ctx, t, db, "n", "v1")
-	old, err := db.BeginSnapshot(ctx, client.Linearizable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := old.Get(ctx, []byte("n")); err != nil {
-		t.Fatal(err)
-	}
+	c, db, ctx := startWithClient(t, "../examples/one-region.yaml")
+	old := snapshotAfter(ctx, t, db, "n", "v1")
 	putKey(ctx, t, db, "n", "v2")
 	dirs := directory.NewDirectories(c.Topology, c.Dialer("us-east1"))
 	if err := dirs.SetGCTTL(ctx, time.Second); err != nil {
@@ -196,6 +168,37 @@ func TestGCTTLChangesAtRunTime(t *testing.T) {
 	if err != nil || pol.GetGcTtlMs() != 1000 {
 		t.Fatalf("gc_ttl after a refusal: %v %v, want 1000 ms", pol, err)
 	}
+}
+
+// startWithClient starts the cluster of the topology at path and returns
+// it with a client in us-east1 and a context of 90 s, both ended when the
+// test ends.
+func startWithClient(t *testing.T, path string) (*localcluster.Cluster, *client.DB, context.Context) {
+	t.Helper()
+	c := localcluster.StartT(t, path, localcluster.Options{})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	return c, db, ctx
+}
+
+// snapshotAfter writes key = value, then opens a Linearizable snapshot
+// and reads key in it, which fixes what the snapshot sees.
+func snapshotAfter(ctx context.Context, t *testing.T, db *client.DB, key, value string) *client.Snapshot {
+	t.Helper()
+	putKey(ctx, t, db, key, value)
+	s, err := db.BeginSnapshot(ctx, client.Linearizable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, []byte(key)); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // withGCTTL returns examples/one-region.yaml with gc_ttl set, in a
