@@ -1,6 +1,7 @@
 package directory
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -79,7 +80,7 @@ func (sm *StateMachine) writeGCTTL(b *pebble.Batch, ms uint64) error {
 	if ms == 0 {
 		return b.Delete(sm.key(keyGCTTL), nil)
 	}
-	return b.Set(sm.key(keyGCTTL), idsValue(ms, 0)[:8], nil)
+	return b.Set(sm.key(keyGCTTL), binary.BigEndian.AppendUint64(nil, ms), nil)
 }
 
 func (sm *StateMachine) writeProtection(b *pebble.Batch, p *directorypb.Protection) error {
@@ -101,7 +102,7 @@ func (sm *StateMachine) applyProtect(b *pebble.Batch, c *directorypb.ProtectCmd)
 	defer sm.mu.Unlock()
 	next := proto.CloneOf(p)
 	next.Renewals = 0
-	i, found := slices.BinarySearchFunc(sm.protections, p.GetId(), func(q *directorypb.Protection, id string) int { return strings.Compare(q.GetId(), id) })
+	i, found := sm.findProtection(p.GetId())
 	if found {
 		next.Renewals = sm.protections[i].GetRenewals() + 1
 	}
@@ -116,13 +117,19 @@ func (sm *StateMachine) applyProtect(b *pebble.Batch, c *directorypb.ProtectCmd)
 	return uint32(0)
 }
 
+// findProtection returns where the protection id is, or would be, in
+// sm.protections (by id). Called with sm.mu held.
+func (sm *StateMachine) findProtection(id string) (int, bool) {
+	return slices.BinarySearchFunc(sm.protections, id, func(q *directorypb.Protection, id string) int { return strings.Compare(q.GetId(), id) })
+}
+
 // applyRelease drops the named protections (an unknown id is no error).
 func (sm *StateMachine) applyRelease(b *pebble.Batch, c *directorypb.ReleaseCmd) any {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	var n uint32
 	for _, id := range c.GetIds() {
-		i, found := slices.BinarySearchFunc(sm.protections, id, func(q *directorypb.Protection, id string) int { return strings.Compare(q.GetId(), id) })
+		i, found := sm.findProtection(id)
 		if !found {
 			continue
 		}

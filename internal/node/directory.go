@@ -26,20 +26,32 @@ const (
 // directory of their region, in the background; the reconciliation loop
 // covers a write that fails.
 func (n *Node) publish(descs ...*pb.RangeDescriptor) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closing || len(descs) == 0 {
+	if len(descs) == 0 {
 		return
 	}
-	n.bg.Add(1)
-	go func() {
-		defer n.bg.Done()
+	n.background(func() {
 		ctx, cancel := context.WithTimeout(n.stopped, publishTimeout)
 		defer cancel()
 		if err := n.writeDescriptors(ctx, descs); err != nil && n.stopped.Err() == nil {
 			slog.Warn("node: writing descriptors to the directory (the reconciliation retries)", "node", n.cfg.NodeID, "range", descs[0].GetRangeId(), "err", err)
 		}
+	})
+}
+
+// background runs fn in a goroutine that Close waits for, unless Close
+// began; it reports whether fn runs.
+func (n *Node) background(fn func()) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closing {
+		return false
+	}
+	n.bg.Add(1)
+	go func() {
+		defer n.bg.Done()
+		fn()
 	}()
+	return true
 }
 
 // writeDescriptors writes descs, grouped by home region, to the regions'

@@ -43,20 +43,14 @@ func (n *Node) gcPolicyOf(region string) *gcPolicy {
 // refresh in the background.
 func (p *gcPolicy) Cached() (rangeserver.GCPolicy, bool) {
 	if time.Since(time.Unix(0, p.readAt.Load())) > gcPolicyRefresh && p.refreshing.CompareAndSwap(false, true) {
-		p.n.mu.Lock()
-		if p.n.closing {
+		if !p.n.background(func() {
+			defer p.refreshing.Store(false)
+			ctx, cancel := context.WithTimeout(p.n.stopped, gcPolicyRefresh)
+			defer cancel()
+			_, _ = p.Fetch(ctx)
+		}) {
 			p.refreshing.Store(false)
-		} else {
-			p.n.bg.Add(1)
-			go func() {
-				defer p.n.bg.Done()
-				defer p.refreshing.Store(false)
-				ctx, cancel := context.WithTimeout(p.n.stopped, gcPolicyRefresh)
-				defer cancel()
-				_, _ = p.Fetch(ctx)
-			}()
 		}
-		p.n.mu.Unlock()
 	}
 	c := p.cached.Load()
 	if c == nil {
