@@ -110,6 +110,7 @@ type Options struct {
 type DB struct {
 	coord  *coordinator.Coordinator
 	dialer *transport.Dialer
+	top    *topology.Topology
 	owns   bool
 }
 
@@ -154,7 +155,7 @@ func OpenWithDialer(top *topology.Topology, region string, d *transport.Dialer) 
 	if err != nil {
 		return nil, err
 	}
-	return &DB{coord: c, dialer: d}, nil
+	return &DB{coord: c, dialer: d, top: top}, nil
 }
 
 // Close waits for commit notifications in flight and closes connections.
@@ -358,6 +359,20 @@ func (s *Snapshot) Get(ctx context.Context, key []byte) (value []byte, ok bool, 
 // ErrInvalidRange.
 func (s *Snapshot) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, error) {
 	return s.s.Scan(ctx, lo, hi, limit)
+}
+
+// Change is one committed write: a key's value or deletion at a version id,
+// in the home region of its range (DESIGN.md §14).
+type Change = coordinator.Change
+
+// Changes returns every committed version with lo ≤ key < hi whose epoch
+// lies in [since, Stats().Epoch), in key order and newest first within a
+// key: what takes the state at epoch `since` to this snapshot's. With limit
+// > 0 about limit versions, ending at a key boundary. Errors as Scan's, and
+// ErrSnapshotTooOld when GC collected versions at or above since. Most
+// callers want the changefeed package, which streams them in version order.
+func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, limit int) ([]Change, error) {
+	return s.s.Changes(ctx, lo, hi, since, limit)
 }
 
 // Put fails with ErrReadOnly: snapshots are read-only.

@@ -34,6 +34,6 @@ func rootCmd() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn or error")
-	root.AddCommand(startCmd(), demoCmd(), benchCmd(), kvCmd(), adminCmd(), backupCmd(), restoreCmd(), nemesisCmd())
+	root.AddCommand(startCmd(), demoCmd(), benchCmd(), kvCmd(), adminCmd(), backupCmd(), restoreCmd(), changefeedCmd(), nemesisCmd())
 	return root
 }

@@ -183,4 +183,20 @@ func TestKVAgainstACluster(t *testing.T) {
 	if err := cmd.Execute(); !errors.Is(err, backup.ErrNotEmpty) {
 		t.Fatalf("restore into a cluster with data = %v, want ErrNotEmpty", err)
 	}
+
+	// changefeed: from the start of history, the one key's write and a
+	// resolved epoch, as JSON lines.
+	cmd = rootCmd()
+	var feed bytes.Buffer
+	cmd.SetOut(&feed)
+	cmd.SetArgs([]string{"changefeed", "--cluster", cfg, "--prefix", "z", "--all", "--for", "2s"})
+	if err := cmd.Execute(); err != nil || !strings.Contains(feed.String(), `{"key":"zebra","value":"stripes","version":{"epoch":`) ||
+		!strings.Contains(feed.String(), `"region":"us-east1"}`) || !strings.Contains(feed.String(), `{"resolved":`) {
+		t.Fatalf("changefeed printed %q (%v)", feed.String(), err)
+	}
+	cmd = rootCmd()
+	cmd.SetArgs([]string{"changefeed", "--cluster", cfg, "--all", "--from-epoch", "5"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "choose one") {
+		t.Fatalf("changefeed --all --from-epoch = %v, want a refusal", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/routing"
+	"github.com/terroir-db/terroir/internal/storage"
 )
 
 // SnapshotMode chooses how a snapshot transaction picks the epoch it reads at,
@@ -234,6 +235,52 @@ func (s *Snapshot) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyVal
 	}
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
+	}
+	return out, nil
+}
+
+// Change is one committed write a changefeed or an incremental backup reads
+// (DESIGN.md §14): a key's new value, or its deletion, at a version id, in
+// the home region of the range that stores it.
+type Change struct {
+	Key, Value []byte
+	Tombstone  bool
+	Version    storage.VersionID
+	Region     string
+}
+
+// Changes returns, in key order and newest first within a key, every
+// committed version with lo ≤ key < hi (a nil hi: to the end of the key
+// space) whose epoch lies in [since, at), where at is the snapshot's epoch
+// (Stats().Epoch): the writes that take the state at `since` to the state
+// the snapshot reads. The snapshot's waits make the set complete: no
+// transaction can still commit below <at, 0> in the span. With limit > 0 it
+// returns about limit versions, ending at a key boundary; the caller goes on
+// from the last key's successor. Errors as Scan's, and ErrSnapshotTooOld
+// when a range collected versions at or above since.
+func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, limit int) ([]Change, error) {
+	if err := checkScan(lo, hi); err != nil {
+		return nil, err
+	}
+	var out []Change
+	err := s.c.routeSpan(ctx, lo, hi, nil, func(part routing.Part) (bool, error) {
+		want := 0
+		if limit > 0 {
+			want = limit - len(out)
+		}
+		resp, err := s.read(ctx, part.Desc, &pb.SnapshotReadRequest{RangeId: part.Desc.GetRangeId(), Start: part.Start, End: part.End,
+			Scan: true, Limit: uint32(want), Changes: true, Since: since})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range resp.GetChanges() {
+			out = append(out, Change{Key: c.GetKey(), Value: c.GetValue(), Tombstone: c.GetTombstone(),
+				Version: versionOf(c.GetVersion()), Region: part.Desc.GetRegion()})
+		}
+		return limit > 0 && len(out) >= limit, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -46,8 +46,12 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	}
 	// Checked before the read and again after it: a GC below the snapshot
 	// that applied meanwhile may have removed what the read saw missing.
+	oldest := req.GetAt()
+	if req.GetChanges() {
+		oldest = min(oldest, req.GetSince()) // every version from since on must be intact
+	}
 	check := func() error {
-		if err := r.sm.checkSnapshotAge(ks, req.GetAt()); err != nil {
+		if err := r.sm.checkSnapshotAge(ks, oldest); err != nil {
 			return err
 		}
 		if !req.GetScan() {
@@ -123,6 +127,9 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		resp.SnapshotEpoch = max(resp.SnapshotEpoch, v.ID.Epoch)
 		resp.LatestEpoch = max(resp.LatestEpoch, newest.Epoch)
 	}
+	if req.GetChanges() {
+		return r.changes(ks, req, resp, end, check)
+	}
 	if !req.GetScan() {
 		v, ok, newest, err := r.sm.Get(ks, start, below)
 		if err != nil {
@@ -151,6 +158,35 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	// A merge subsumes a range only once its replicas stopped serving; a
 	// read that ends after the subsume may have missed a write the merged
 	// range made since, so it is refused (the reader retries there).
+	if err := check(); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// changes fills resp with the versions of req's span in [since, at), newest
+// first per key, once SnapshotRead's waits made that set complete; a page
+// of req.Limit versions ends at a key boundary. check runs again after the
+// read, as for a snapshot scan.
+func (r *Replica) changes(ks Keyspace, req *pb.SnapshotReadRequest, resp *pb.SnapshotReadResponse, end []byte, check func() error) (*pb.SnapshotReadResponse, error) {
+	start := req.GetStart()
+	if !req.GetScan() {
+		end = append(append([]byte{}, start...), 0)
+	}
+	limit := int(req.GetLimit())
+	var last []byte
+	err := r.sm.Versions(ks, start, end, storage.EpochStart(req.GetSince()), storage.EpochStart(req.GetAt()), func(v storage.Version) bool {
+		if limit > 0 && len(resp.Changes) >= limit && !bytes.Equal(v.Key, last) {
+			return false
+		}
+		last = v.Key
+		resp.Changes = append(resp.Changes, &pb.Change{Key: v.Key, Value: v.Value, Tombstone: v.Tombstone,
+			Version: &pb.VersionID{Epoch: v.ID.Epoch, Counter: v.ID.Counter}})
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
 	if err := check(); err != nil {
 		return nil, err
 	}

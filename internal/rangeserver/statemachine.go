@@ -225,6 +225,12 @@ func (sm *StateMachine) Scan(ks Keyspace, start, end []byte, below storage.Versi
 	return sm.e.ScanMVCC(ks.prefix(), start, end, below, fn)
 }
 
+// Versions calls fn with every version of ks in [start, end) with id in
+// [from, below), newest first per key (storage.Engine.ScanVersions).
+func (sm *StateMachine) Versions(ks Keyspace, start, end []byte, from, below storage.VersionID, fn func(storage.Version) bool) error {
+	return sm.e.ScanVersions(ks.prefix(), start, end, from, below, fn)
+}
+
 // spans returns the engine spans a snapshot of the range holds: its
 // range-local state, then its data and regional copies within its span.
 func (sm *StateMachine) spans() [][2][]byte { return sm.spansOf(sm.desc.Load()) }

@@ -121,6 +121,22 @@ func TestGetAndScanAsOf(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("scan did not stop when asked (%d calls)", n)
 	}
+	// The versions in [<2,0>, <5,0>): a3, then b's tombstone and b2 (newest
+	// first); a1, a\x00's <1,1> and c5 lie outside the window.
+	got = nil
+	err = e.ScanVersions(prefix, nil, nil, EpochStart(2), EpochStart(5), func(v Version) bool {
+		got = append(got, fmt.Sprintf("%s=%s@%v tomb=%v", v.Key, v.Value, v.ID, v.Tombstone))
+		return true
+	})
+	want = []string{"a=a3@<3,1> tomb=false", "b=@<4,2> tomb=true", "b=b2@<2,1> tomb=false"}
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("versions in [<2,0>, <5,0>) = %q, %v; want %q", got, err, want)
+	}
+	n = 0
+	_ = e.ScanVersions(prefix, nil, nil, VersionID{}, EpochStart(9), func(Version) bool { n++; return false })
+	if n != 1 {
+		t.Fatalf("ScanVersions did not stop when asked (%d calls)", n)
+	}
 }
 
 func FuzzDecodeMVCCKey(f *testing.F) {

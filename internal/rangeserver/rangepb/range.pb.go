@@ -2486,7 +2486,16 @@ type SnapshotReadRequest struct {
 	Regional bool   `protobuf:"varint,7,opt,name=regional,proto3" json:"regional,omitempty"` // local-epoch versions (paper §5.4)
 	// local_epoch is l_R, this region's local epoch as already read for this
 	// snapshot; 0: the leader reads it.
-	LocalEpoch    uint64 `protobuf:"varint,8,opt,name=local_epoch,json=localEpoch,proto3" json:"local_epoch,omitempty"`
+	LocalEpoch uint64 `protobuf:"varint,8,opt,name=local_epoch,json=localEpoch,proto3" json:"local_epoch,omitempty"`
+	// changes: return every version of the span with epoch in [since, at),
+	// tombstones included, newest first per key, instead of the snapshot's
+	// values (a changefeed's or an incremental backup's read, DESIGN.md §14).
+	// The same waits make the set complete: no transaction can still commit a
+	// version below <at, 0> in the span. A scan's limit then counts versions,
+	// and a page ends only at a key boundary. since below the range's GC
+	// horizon is refused as a snapshot below it is.
+	Changes       bool   `protobuf:"varint,9,opt,name=changes,proto3" json:"changes,omitempty"`
+	Since         uint64 `protobuf:"varint,10,opt,name=since,proto3" json:"since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2577,6 +2586,89 @@ func (x *SnapshotReadRequest) GetLocalEpoch() uint64 {
 	return 0
 }
 
+func (x *SnapshotReadRequest) GetChanges() bool {
+	if x != nil {
+		return x.Changes
+	}
+	return false
+}
+
+func (x *SnapshotReadRequest) GetSince() uint64 {
+	if x != nil {
+		return x.Since
+	}
+	return 0
+}
+
+// Change is one stored version of a key: a value or a deletion.
+type Change struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Tombstone     bool                   `protobuf:"varint,3,opt,name=tombstone,proto3" json:"tombstone,omitempty"`
+	Version       *VersionID             `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Change) Reset() {
+	*x = Change{}
+	mi := &file_range_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Change) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Change) ProtoMessage() {}
+
+func (x *Change) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Change.ProtoReflect.Descriptor instead.
+func (*Change) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Change) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Change) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *Change) GetTombstone() bool {
+	if x != nil {
+		return x.Tombstone
+	}
+	return false
+}
+
+func (x *Change) GetVersion() *VersionID {
+	if x != nil {
+		return x.Version
+	}
+	return nil
+}
+
 type SnapshotReadResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Kvs        []*KeyValue            `protobuf:"bytes,1,rep,name=kvs,proto3" json:"kvs,omitempty"`
@@ -2585,17 +2677,18 @@ type SnapshotReadResponse struct {
 	// included; 0 if none). latest_epoch: the newest epoch of any version in the
 	// span at the time of the read. Together they drive the linearizable check
 	// (paper §5.3.1).
-	SnapshotEpoch uint64 `protobuf:"varint,3,opt,name=snapshot_epoch,json=snapshotEpoch,proto3" json:"snapshot_epoch,omitempty"`
-	LatestEpoch   uint64 `protobuf:"varint,4,opt,name=latest_epoch,json=latestEpoch,proto3" json:"latest_epoch,omitempty"`
-	EpochWaitUs   uint64 `protobuf:"varint,5,opt,name=epoch_wait_us,json=epochWaitUs,proto3" json:"epoch_wait_us,omitempty"` // time spent waiting for the epoch, µs
-	LockWaitUs    uint64 `protobuf:"varint,6,opt,name=lock_wait_us,json=lockWaitUs,proto3" json:"lock_wait_us,omitempty"`    // time spent waiting out exclusive locks, µs
+	SnapshotEpoch uint64    `protobuf:"varint,3,opt,name=snapshot_epoch,json=snapshotEpoch,proto3" json:"snapshot_epoch,omitempty"`
+	LatestEpoch   uint64    `protobuf:"varint,4,opt,name=latest_epoch,json=latestEpoch,proto3" json:"latest_epoch,omitempty"`
+	EpochWaitUs   uint64    `protobuf:"varint,5,opt,name=epoch_wait_us,json=epochWaitUs,proto3" json:"epoch_wait_us,omitempty"` // time spent waiting for the epoch, µs
+	LockWaitUs    uint64    `protobuf:"varint,6,opt,name=lock_wait_us,json=lockWaitUs,proto3" json:"lock_wait_us,omitempty"`    // time spent waiting out exclusive locks, µs
+	Changes       []*Change `protobuf:"bytes,7,rep,name=changes,proto3" json:"changes,omitempty"`                               // changes requests: the versions, by key, newest first
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2607,7 +2700,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2620,7 +2713,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{37}
+	return file_range_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -2665,6 +2758,13 @@ func (x *SnapshotReadResponse) GetLockWaitUs() uint64 {
 	return 0
 }
 
+func (x *SnapshotReadResponse) GetChanges() []*Change {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
 type AdminSplitRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
@@ -2675,7 +2775,7 @@ type AdminSplitRequest struct {
 
 func (x *AdminSplitRequest) Reset() {
 	*x = AdminSplitRequest{}
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +2787,7 @@ func (x *AdminSplitRequest) String() string {
 func (*AdminSplitRequest) ProtoMessage() {}
 
 func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +2800,7 @@ func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
 func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{38}
+	return file_range_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AdminSplitRequest) GetRangeId() uint64 {
@@ -2727,7 +2827,7 @@ type AdminSplitResponse struct {
 
 func (x *AdminSplitResponse) Reset() {
 	*x = AdminSplitResponse{}
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2839,7 @@ func (x *AdminSplitResponse) String() string {
 func (*AdminSplitResponse) ProtoMessage() {}
 
 func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2852,7 @@ func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
 func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{39}
+	return file_range_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
@@ -2783,7 +2883,7 @@ type AdminMergeRequest struct {
 
 func (x *AdminMergeRequest) Reset() {
 	*x = AdminMergeRequest{}
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2795,7 +2895,7 @@ func (x *AdminMergeRequest) String() string {
 func (*AdminMergeRequest) ProtoMessage() {}
 
 func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2808,7 +2908,7 @@ func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
 func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{40}
+	return file_range_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AdminMergeRequest) GetRangeId() uint64 {
@@ -2834,7 +2934,7 @@ type AdminMergeResponse struct {
 
 func (x *AdminMergeResponse) Reset() {
 	*x = AdminMergeResponse{}
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2846,7 +2946,7 @@ func (x *AdminMergeResponse) String() string {
 func (*AdminMergeResponse) ProtoMessage() {}
 
 func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2859,7 +2959,7 @@ func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
 func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{41}
+	return file_range_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
@@ -2885,7 +2985,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2897,7 +2997,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2910,7 +3010,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{42}
+	return file_range_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -2970,7 +3070,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2982,7 +3082,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2995,7 +3095,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{43}
+	return file_range_proto_rawDescGZIP(), []int{44}
 }
 
 type RangesResponse struct {
@@ -3007,7 +3107,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3019,7 +3119,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3032,7 +3132,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{44}
+	return file_range_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -3229,7 +3329,7 @@ const file_range_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\"'\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
-	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xcf\x01\n" +
+	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xff\x01\n" +
 	"\x13SnapshotReadRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
@@ -3239,7 +3339,15 @@ const file_range_proto_rawDesc = "" +
 	"\x02at\x18\x06 \x01(\x04R\x02at\x12\x1a\n" +
 	"\bregional\x18\a \x01(\bR\bregional\x12\x1f\n" +
 	"\vlocal_epoch\x18\b \x01(\x04R\n" +
-	"localEpoch\"\xf2\x01\n" +
+	"localEpoch\x12\x18\n" +
+	"\achanges\x18\t \x01(\bR\achanges\x12\x14\n" +
+	"\x05since\x18\n" +
+	" \x01(\x04R\x05since\"\x82\x01\n" +
+	"\x06Change\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1c\n" +
+	"\ttombstone\x18\x03 \x01(\bR\ttombstone\x122\n" +
+	"\aversion\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\xa3\x02\n" +
 	"\x14SnapshotReadResponse\x12)\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x17.terroir.range.KeyValueR\x03kvs\x12\x1f\n" +
 	"\vlocal_epoch\x18\x02 \x01(\x04R\n" +
@@ -3248,7 +3356,8 @@ const file_range_proto_rawDesc = "" +
 	"\flatest_epoch\x18\x04 \x01(\x04R\vlatestEpoch\x12\"\n" +
 	"\repoch_wait_us\x18\x05 \x01(\x04R\vepochWaitUs\x12 \n" +
 	"\flock_wait_us\x18\x06 \x01(\x04R\n" +
-	"lockWaitUs\"K\n" +
+	"lockWaitUs\x12/\n" +
+	"\achanges\x18\a \x03(\v2\x15.terroir.range.ChangeR\achanges\"K\n" +
 	"\x11AdminSplitRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
 	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
@@ -3306,7 +3415,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),              // 0: terroir.range.CommitMode
 	(*VersionID)(nil),            // 1: terroir.range.VersionID
@@ -3346,14 +3455,15 @@ var file_range_proto_goTypes = []any{
 	(*HeartbeatRequest)(nil),     // 35: terroir.range.HeartbeatRequest
 	(*HeartbeatResponse)(nil),    // 36: terroir.range.HeartbeatResponse
 	(*SnapshotReadRequest)(nil),  // 37: terroir.range.SnapshotReadRequest
-	(*SnapshotReadResponse)(nil), // 38: terroir.range.SnapshotReadResponse
-	(*AdminSplitRequest)(nil),    // 39: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),   // 40: terroir.range.AdminSplitResponse
-	(*AdminMergeRequest)(nil),    // 41: terroir.range.AdminMergeRequest
-	(*AdminMergeResponse)(nil),   // 42: terroir.range.AdminMergeResponse
-	(*RangeStatus)(nil),          // 43: terroir.range.RangeStatus
-	(*RangesRequest)(nil),        // 44: terroir.range.RangesRequest
-	(*RangesResponse)(nil),       // 45: terroir.range.RangesResponse
+	(*Change)(nil),               // 38: terroir.range.Change
+	(*SnapshotReadResponse)(nil), // 39: terroir.range.SnapshotReadResponse
+	(*AdminSplitRequest)(nil),    // 40: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),   // 41: terroir.range.AdminSplitResponse
+	(*AdminMergeRequest)(nil),    // 42: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),   // 43: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),          // 44: terroir.range.RangeStatus
+	(*RangesRequest)(nil),        // 45: terroir.range.RangesRequest
+	(*RangesResponse)(nil),       // 46: terroir.range.RangesResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
@@ -3395,42 +3505,44 @@ var file_range_proto_depIdxs = []int32{
 	2,  // 36: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
 	4,  // 37: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
 	1,  // 38: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	5,  // 39: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	6,  // 40: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 41: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	6,  // 42: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 43: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 44: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	43, // 45: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	21, // 46: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	23, // 47: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	25, // 48: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	27, // 49: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	29, // 50: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	31, // 51: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	33, // 52: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	37, // 53: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	35, // 54: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	39, // 55: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	41, // 56: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	44, // 57: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	22, // 58: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	24, // 59: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	26, // 60: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	28, // 61: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	30, // 62: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	32, // 63: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	34, // 64: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	38, // 65: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	36, // 66: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	40, // 67: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	42, // 68: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	45, // 69: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	58, // [58:70] is the sub-list for method output_type
-	46, // [46:58] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	1,  // 39: terroir.range.Change.version:type_name -> terroir.range.VersionID
+	5,  // 40: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	38, // 41: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
+	6,  // 42: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 43: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	6,  // 44: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 45: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 46: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	44, // 47: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	21, // 48: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	23, // 49: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	25, // 50: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	27, // 51: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	29, // 52: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	31, // 53: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	33, // 54: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	37, // 55: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	35, // 56: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	40, // 57: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	42, // 58: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	45, // 59: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	22, // 60: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	24, // 61: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	26, // 62: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	28, // 63: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	30, // 64: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	32, // 65: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	34, // 66: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	39, // 67: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	36, // 68: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	41, // 69: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	43, // 70: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	46, // 71: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	60, // [60:72] is the sub-list for method output_type
+	48, // [48:60] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -3455,7 +3567,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,167 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/directory"
+)
+
+// FeedEvent is one event of a changefeed: a committed write (Change set), or
+// a resolved epoch (Change nil): every change of the span with an epoch at or
+// below Resolved has been delivered, so a consumer that applied them holds
+// exactly the state a snapshot at Resolved+1 reads (DESIGN.md §14).
+type FeedEvent struct {
+	Change   *Change
+	Resolved uint64
+}
+
+// FeedOptions configure a changefeed over the keys in [Start, End) (a nil
+// End: to the end of the key space; Prefix builds the span of a prefix).
+type FeedOptions struct {
+	Start, End []byte
+	// From resumes after a resolved epoch: the feed delivers the changes with
+	// an epoch above From. FromNow (the default when From is 0 and All is
+	// unset) starts at the current epoch instead.
+	From uint64
+	// All delivers every change the cluster still holds (From 0 included);
+	// it fails with ErrSnapshotTooOld once GC has collected any.
+	All bool
+	// Interval is the time between two rounds (default 100 ms): each round
+	// is one Strong snapshot that resolves a new epoch.
+	Interval time.Duration
+	// PageSize bounds the versions one range read returns (default 1000).
+	PageSize int
+}
+
+// feedProtectionTTL is how long a changefeed's GC protection outlives its
+// last renewal (a feed that dies leaves it this long).
+const feedProtectionTTL = time.Minute
+
+// Prefix returns the span of the keys that start with p: [p, end) for a
+// FeedOptions (a nil end when no key sorts after every key with p).
+func Prefix(p []byte) (start, end []byte) {
+	end = append([]byte{}, p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] != 0xff {
+			end[i]++
+			return p, end[:i+1]
+		}
+	}
+	return p, nil
+}
+
+// Changefeed streams the committed writes of a span to fn, in version-id
+// order across every region, with a resolved event each time a new epoch
+// is resolved (DESIGN.md §14), until ctx ends or fn fails. Each round is
+// one Strong snapshot at epoch `at`: it reads the span's versions in
+// (resolved, at) — the snapshot's waits guarantee no transaction can still
+// commit below <at, 0> there — and delivers them, then Resolved = at-1.
+// A round that fails part-way delivers nothing and is run again, so a
+// consumer sees each change once. While it runs, the feed protects the
+// oldest epoch it still needs from GC in every region.
+//
+// It returns fn's error, ctx's error, ErrInvalidRange for a bad span, or
+// ErrSnapshotTooOld (nothing delivered) when a range has collected versions
+// the feed would need: From below the GC horizon.
+func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEvent) error) error {
+	if opts.End != nil && bytes.Compare(opts.Start, opts.End) >= 0 {
+		return fmt.Errorf("%w: changefeed span [%q, %q)", ErrInvalidRange, opts.Start, opts.End)
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = 100 * time.Millisecond
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = 1000
+	}
+	lo := opts.Start
+	if len(lo) == 0 {
+		lo = []byte{0}
+	}
+	resolved := opts.From
+	if !opts.All && resolved == 0 {
+		s, err := db.BeginSnapshot(ctx, Strong)
+		if err != nil {
+			return err
+		}
+		resolved = s.Stats().Epoch - 1
+		_, _ = s.Finish()
+	}
+	dirs := directory.NewDirectories(db.top, db.dialer)
+	hold, err := dirs.Protect(ctx, fmt.Sprintf("changefeed-%d-%d", resolved, time.Now().UnixNano()),
+		fmt.Sprintf("changefeed [%q, %q)", opts.Start, opts.End), resolved+1, feedProtectionTTL)
+	if err != nil {
+		return fmt.Errorf("changefeed: protecting epoch %d from GC: %w", resolved+1, err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = hold.Release(rctx)
+	}()
+	t := time.NewTicker(opts.Interval)
+	defer t.Stop()
+	for {
+		at, changes, err := db.feedRound(ctx, lo, opts.End, resolved+1, opts.PageSize)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, ErrSnapshotTooOld):
+			return err
+		case err == nil && at-1 > resolved:
+			for i := range changes {
+				if err := fn(FeedEvent{Change: &changes[i]}); err != nil {
+					return err
+				}
+			}
+			resolved = at - 1
+			if err := fn(FeedEvent{Resolved: resolved}); err != nil {
+				return err
+			}
+			hold.Advance(resolved + 1)
+		}
+		// Other errors (a region cut, a leader change) end the round
+		// undelivered: the next one reads the same changes and more.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// feedRound reads, in one Strong snapshot at epoch at, the span's changes
+// with epochs in [since, at), sorted by version id (then key).
+func (db *DB) feedRound(ctx context.Context, lo, hi []byte, since uint64, page int) (uint64, []Change, error) {
+	s, err := db.BeginSnapshot(ctx, Strong)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer s.Finish()
+	at := s.Stats().Epoch
+	if at <= since {
+		return at, nil, nil
+	}
+	var out []Change
+	for {
+		part, err := s.Changes(ctx, lo, hi, since, page)
+		if err != nil {
+			return 0, nil, err
+		}
+		out = append(out, part...)
+		if len(part) < page {
+			break
+		}
+		lo = append(append([]byte{}, part[len(part)-1].Key...), 0)
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Version != out[j].Version {
+			return out[i].Version.Less(out[j].Version)
+		}
+		return bytes.Compare(out[i].Key, out[j].Key) < 0
+	})
+	return at, out, nil
+}
