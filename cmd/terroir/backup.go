@@ -57,30 +57,46 @@ func progressBar(w io.Writer, verb string, began time.Time) backup.Progress {
 }
 
 func backupCmd() *cobra.Command {
-	var cluster, to string
+	var cluster, to, base string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "backup --cluster <topology.yaml> --to <dir>",
+		Use:   "backup --cluster <topology.yaml> --to <dir> [--incremental-from <dir>]",
 		Short: "Back up every range of every region at one Linearizable snapshot, without delaying writers",
 		Long: "backup reads the whole key space in one Linearizable snapshot at epoch e (DESIGN.md §14),\n" +
 			"protected from GC while it reads, and writes one SST file per range and a manifest (e, the\n" +
 			"ranges, each file's SHA-256) into --to, which must not exist or be empty. The manifest is\n" +
-			"written last: a backup that fails part way has none, and restore refuses it.",
+			"written last: a backup that fails part way has none, and restore refuses it.\n" +
+			"With --incremental-from it holds only what changed since that backup (full or incremental):\n" +
+			"each key written since its epoch, with its newest value or its deletion. GC must not have\n" +
+			"passed the base's epoch (keep gc_ttl above the time between backups); if it has, the backup\n" +
+			"fails with ErrSnapshotTooOld and a full one is needed.",
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			return withClusterClient(c, cluster, timeout, func(ctx context.Context, db *client.DB, d *transport.Dialer, top *topology.Topology) error {
 				began := time.Now()
-				m, err := backup.Take(ctx, db, directory.NewDirectories(top, d), to, progressBar(c.ErrOrStderr(), "backup", began))
+				dirs, bar := directory.NewDirectories(top, d), progressBar(c.ErrOrStderr(), "backup", began)
+				var m *backup.Manifest
+				var err error
+				if base != "" {
+					m, err = backup.TakeIncremental(ctx, db, dirs, to, base, bar)
+				} else {
+					m, err = backup.Take(ctx, db, dirs, to, bar)
+				}
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(c.OutOrStdout(), "backup at epoch %d: %d ranges, %d keys, %s in %v\n", m.Epoch, len(m.Ranges), m.Keys(), humanBytes(uint64(m.Bytes())), time.Since(began).Round(time.Millisecond))
+				kind := "backup"
+				if m.Incremental() {
+					kind = fmt.Sprintf("incremental backup since epoch %d", m.Since)
+				}
+				fmt.Fprintf(c.OutOrStdout(), "%s at epoch %d: %d ranges, %d keys, %s in %v\n", kind, m.Epoch, len(m.Ranges), m.Keys(), humanBytes(uint64(m.Bytes())), time.Since(began).Round(time.Millisecond))
 				return nil
 			})
 		},
 	}
 	cmd.Flags().StringVar(&cluster, "cluster", "", "topology file of the running cluster")
 	cmd.Flags().StringVar(&to, "to", "", "directory to write the backup into (created; must be empty)")
+	cmd.Flags().StringVar(&base, "incremental-from", "", "an earlier backup's directory: back up only what changed since it")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "give up after this long")
 	_ = cmd.MarkFlagRequired("cluster")
 	_ = cmd.MarkFlagRequired("to")
@@ -95,7 +111,9 @@ func restoreCmd() *cobra.Command {
 		Short: "Restore a backup into a fresh cluster: its state becomes the backup's snapshot",
 		Long: "restore checks the backup (its manifest, every file's size and SHA-256) and that the\n" +
 			"cluster holds no key, and only then writes the backup's pairs. A damaged or incomplete\n" +
-			"backup, or a cluster with data, is refused and nothing is written.",
+			"backup, or a cluster with data, is refused and nothing is written. An incremental backup is\n" +
+			"restored with its whole chain (its base, the base's base, down to a full backup), each\n" +
+			"checked, to the state at its epoch.",
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			return withClusterClient(c, cluster, timeout, func(ctx context.Context, db *client.DB, _ *transport.Dialer, _ *topology.Topology) error {

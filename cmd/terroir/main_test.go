@@ -177,9 +177,17 @@ func TestKVAgainstACluster(t *testing.T) {
 		t.Fatalf("backup printed %q (%v)", bout.String(), err)
 	}
 	cmd = rootCmd()
+	bout.Reset()
+	cmd.SetOut(&bout)
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"backup", "--cluster", cfg, "--to", bk + "-inc", "--incremental-from", bk})
+	if err := cmd.Execute(); err != nil || !strings.Contains(bout.String(), "incremental backup since epoch") || !strings.Contains(bout.String(), "0 keys") {
+		t.Fatalf("incremental backup printed %q (%v)", bout.String(), err)
+	}
+	cmd = rootCmd()
 	cmd.SetOut(&bytes.Buffer{})
 	cmd.SetErr(&bytes.Buffer{})
-	cmd.SetArgs([]string{"restore", "--cluster", cfg, "--from", bk})
+	cmd.SetArgs([]string{"restore", "--cluster", cfg, "--from", bk + "-inc"})
 	if err := cmd.Execute(); !errors.Is(err, backup.ErrNotEmpty) {
 		t.Fatalf("restore into a cluster with data = %v, want ErrNotEmpty", err)
 	}

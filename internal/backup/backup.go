@@ -40,6 +40,30 @@ type Progress func(done, total, keys int, bytes int64)
 // if GC passed e before the protection took hold), I/O errors; a backup
 // that fails leaves no manifest, so restore refuses it.
 func Take(ctx context.Context, db *client.DB, dirs *directory.Directories, dir string, progress Progress) (*Manifest, error) {
+	return take(ctx, db, dirs, dir, "", nil, progress)
+}
+
+// TakeIncremental backs up into dir what changed since the backup in
+// base (full or incremental; it must verify): for every key written in
+// [base's epoch, e), its newest value or its deletion, at one Linearizable
+// snapshot at epoch e (DESIGN.md §14). Restoring the chain gives the state
+// at e. The versions since base's epoch must still be there: GC is held
+// at base's epoch while it reads, and if GC already passed it the backup
+// fails with ErrSnapshotTooOld (take a full one, and keep gc_ttl above the
+// time between backups). Errors as Take's, and Verify's for base.
+func TakeIncremental(ctx context.Context, db *client.DB, dirs *directory.Directories, dir, base string, progress Progress) (*Manifest, error) {
+	bm, err := Verify(base)
+	if err != nil {
+		return nil, fmt.Errorf("the base backup %s: %w", base, err)
+	}
+	abs, err := filepath.Abs(base)
+	if err != nil {
+		return nil, err
+	}
+	return take(ctx, db, dirs, dir, abs, bm, progress)
+}
+
+func take(ctx context.Context, db *client.DB, dirs *directory.Directories, dir, baseDir string, base *Manifest, progress Progress) (*Manifest, error) {
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrBackupExists, dir)
 	}
@@ -61,9 +85,13 @@ func Take(ctx context.Context, db *client.DB, dirs *directory.Directories, dir s
 	_, err := db.View(ctx, client.Linearizable, func(ctx context.Context, s *client.Snapshot) error {
 		e := s.Stats().Epoch
 		if hold == nil {
+			protect := e
+			if base != nil {
+				protect = base.Epoch // an incremental reads every version since
+			}
 			var err error
-			if hold, err = dirs.Protect(ctx, fmt.Sprintf("backup-%d-%d", e, time.Now().UnixNano()), "backup into "+dir, e, protectionTTL); err != nil {
-				return fmt.Errorf("backup: protecting epoch %d from GC: %w", e, err)
+			if hold, err = dirs.Protect(ctx, fmt.Sprintf("backup-%d-%d", e, time.Now().UnixNano()), "backup into "+dir, protect, protectionTTL); err != nil {
+				return fmt.Errorf("backup: protecting epoch %d from GC: %w", protect, err)
 			}
 		}
 		ranges, err := tiling(ctx, dirs)
@@ -71,10 +99,13 @@ func Take(ctx context.Context, db *client.DB, dirs *directory.Directories, dir s
 			return err
 		}
 		m = &Manifest{Format: formatVersion, Epoch: e}
+		if base != nil {
+			m.Since, m.Base, m.BaseSHA256 = base.Epoch, baseDir, base.sum
+		}
 		var keys int
 		var size int64
 		for i, r := range ranges {
-			if err := writeRange(ctx, s, dir, &r); err != nil {
+			if err := writeRange(ctx, s, dir, &r, base); err != nil {
 				return fmt.Errorf("backup: range %d [%q, %q): %w", r.RangeID, r.Start, r.End, err)
 			}
 			m.Ranges = append(m.Ranges, r)
@@ -123,9 +154,11 @@ func tiling(ctx context.Context, dirs *directory.Directories) ([]Range, error) {
 	return out, nil
 }
 
-// writeRange scans r's span in s into r's SST file and fills in r's keys,
-// size and checksum.
-func writeRange(ctx context.Context, s *client.Snapshot, dir string, r *Range) error {
+// writeRange writes r's span in s into r's SST file and fills in r's
+// keys, size and checksum: the snapshot's pairs, or for an incremental
+// backup (base set) each key changed since base's epoch, as its newest
+// value or a deletion.
+func writeRange(ctx context.Context, s *client.Snapshot, dir string, r *Range, base *Manifest) error {
 	path := filepath.Join(dir, r.File)
 	f, err := vfs.Default.Create(path, vfs.WriteCategoryUnspecified)
 	if err != nil {
@@ -136,33 +169,65 @@ func writeRange(ctx context.Context, s *client.Snapshot, dir string, r *Range) e
 	if len(r.End) > 0 {
 		hi = r.End
 	}
+	write := func(k, v []byte, deleted bool) error {
+		r.Keys++
+		if deleted {
+			r.Deletes++
+			return w.Delete(k)
+		}
+		return w.Set(k, v)
+	}
 	for lo := r.Start; ; {
 		if len(lo) == 0 {
 			lo = []byte{0}
 		}
-		page, err := s.Scan(ctx, lo, hi, scanPage)
+		last, n, err := writePage(ctx, s, lo, hi, base, write)
 		if err != nil {
 			_ = w.Close()
 			return err
 		}
-		for _, kv := range page {
-			if err := w.Set(kv.Key, kv.Value); err != nil {
-				_ = w.Close()
-				return err
-			}
-			r.Keys++
-		}
-		if len(page) < scanPage {
+		if n < scanPage {
 			break
 		}
-		lo = append(append([]byte(nil), page[len(page)-1].Key...), 0)
+		lo = append(append([]byte(nil), last...), 0)
 	}
 	if err := w.Close(); err != nil { // syncs and closes the file
 		return err
 	}
-	sum, n, err := checksum(path)
-	r.SHA256, r.Bytes = sum, n
+	sum, size, err := checksum(path)
+	r.SHA256, r.Bytes = sum, size
 	return err
+}
+
+// writePage reads one page of [lo, hi) — pairs, or with base set the
+// changes since base's epoch — and writes each key once; it returns the
+// page's last key and its length.
+func writePage(ctx context.Context, s *client.Snapshot, lo, hi []byte, base *Manifest, write func(k, v []byte, deleted bool) error) ([]byte, int, error) {
+	if base == nil {
+		page, err := s.Scan(ctx, lo, hi, scanPage)
+		if err != nil || len(page) == 0 {
+			return nil, 0, err
+		}
+		for _, kv := range page {
+			if err := write(kv.Key, kv.Value, false); err != nil {
+				return nil, 0, err
+			}
+		}
+		return page[len(page)-1].Key, len(page), nil
+	}
+	page, err := s.Changes(ctx, lo, hi, base.Epoch, scanPage)
+	if err != nil || len(page) == 0 {
+		return nil, 0, err
+	}
+	for i, c := range page {
+		if i > 0 && bytes.Equal(c.Key, page[i-1].Key) {
+			continue // an older version of the key: its newest came first
+		}
+		if err := write(c.Key, c.Value, c.Tombstone); err != nil {
+			return nil, 0, err
+		}
+	}
+	return page[len(page)-1].Key, len(page), nil
 }
 
 // checksum returns the file's SHA-256 (hex) and size.

@@ -8,6 +8,8 @@
 package backup
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,7 +48,19 @@ type Manifest struct {
 	Created string `json:"created"`
 	// Ranges tile the key space, by start key.
 	Ranges []Range `json:"ranges"`
+	// An incremental backup holds, for each key written in [Since, Epoch),
+	// its newest value or its deletion; Since is the epoch of its base
+	// backup, in directory Base, whose manifest's SHA-256 is BaseSHA256.
+	// A full backup leaves the three unset.
+	Since      uint64 `json:"since,omitempty"`
+	Base       string `json:"base,omitempty"`
+	BaseSHA256 string `json:"base_sha256,omitempty"`
+
+	sum string // this manifest file's SHA-256 (hex), as read
 }
+
+// Incremental reports whether the backup holds changes on a base backup.
+func (m *Manifest) Incremental() bool { return m.Base != "" }
 
 // Range is one file of a backup: the pairs of [Start, End) (an empty End:
 // to the end of the key space) at the backup's epoch.
@@ -56,9 +70,10 @@ type Range struct {
 	Start   []byte `json:"start"`
 	End     []byte `json:"end"`
 	File    string `json:"file"`
-	Keys    int    `json:"keys"`
-	Bytes   int64  `json:"bytes"`  // the file's size
-	SHA256  string `json:"sha256"` // hex
+	Keys    int    `json:"keys"`              // entries: pairs, and deletions in an incremental
+	Deletes int    `json:"deletes,omitempty"` // deletions (incremental backups only)
+	Bytes   int64  `json:"bytes"`             // the file's size
+	SHA256  string `json:"sha256"`            // hex
 }
 
 // Keys returns the number of pairs the backup holds.
@@ -115,7 +130,8 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manifest{}
+	sum := sha256.Sum256(data)
+	m := &Manifest{sum: hex.EncodeToString(sum[:])}
 	if err := json.Unmarshal(data, m); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, manifestName, err)
 	}
@@ -136,6 +152,9 @@ func ReadManifest(dir string) (*Manifest, error) {
 	}
 	if len(m.Ranges) == 0 {
 		return nil, fmt.Errorf("%w: %s names no ranges", ErrCorrupt, manifestName)
+	}
+	if m.Incremental() && (m.Since == 0 || m.Since > m.Epoch || m.BaseSHA256 == "") {
+		return nil, fmt.Errorf("%w: %s: an incremental backup at epoch %d since epoch %d, base manifest SHA-256 %q", ErrCorrupt, manifestName, m.Epoch, m.Since, m.BaseSHA256)
 	}
 	return m, nil
 }

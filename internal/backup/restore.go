@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -42,15 +43,55 @@ func Verify(dir string) (*Manifest, error) {
 	return m, nil
 }
 
+// maxChain bounds a chain of incremental backups (a cycle of Base links
+// would otherwise never end).
+const maxChain = 1000
+
+// Chain returns the backups a restore of dir applies, oldest first: the
+// full backup, then each incremental on it up to dir's, each verified
+// (Verify), each link checked: an incremental's Since is its base's epoch
+// and its BaseSHA256 its base's manifest checksum. Errors: ErrIncomplete,
+// ErrCorrupt (naming the broken link).
+func Chain(dir string) ([]*Manifest, []string, error) {
+	var ms []*Manifest
+	var dirs []string
+	for cur := dir; ; {
+		m, err := Verify(cur)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(ms) > 0 {
+			next := ms[len(ms)-1]
+			if m.sum != next.BaseSHA256 || m.Epoch != next.Since {
+				return nil, nil, fmt.Errorf("%w: %s is based on a backup at epoch %d with manifest SHA-256 %s; %s holds epoch %d, SHA-256 %s",
+					ErrCorrupt, dirs[len(dirs)-1], next.Since, next.BaseSHA256, cur, m.Epoch, m.sum)
+			}
+		}
+		ms, dirs = append(ms, m), append(dirs, cur)
+		if !m.Incremental() {
+			break
+		}
+		if len(ms) >= maxChain {
+			return nil, nil, fmt.Errorf("%w: a chain of more than %d incremental backups", ErrCorrupt, maxChain)
+		}
+		cur = m.Base
+	}
+	slices.Reverse(ms)
+	slices.Reverse(dirs)
+	return ms, dirs, nil
+}
+
 // Restore writes the backup in dir into db's cluster, which must hold no
 // key, so that its state is the backup's: the snapshot at the manifest's
-// epoch. Nothing is written unless the backup verifies and the cluster is
-// empty. Errors: ErrIncomplete, ErrCorrupt (also for a file whose pairs
-// differ from the manifest's count or span), ErrNotEmpty, the client's
-// errors; a restore that fails part way leaves the pairs it wrote (restore
-// into a fresh cluster again).
+// epoch. For an incremental backup it restores the whole chain: the full
+// backup, then each incremental's changes in order. Nothing is written
+// unless every backup of the chain verifies and the cluster is empty.
+// Errors: ErrIncomplete, ErrCorrupt (also for a file whose entries differ
+// from the manifest's count or span), ErrNotEmpty, the client's errors; a
+// restore that fails part way leaves the pairs it wrote (restore into a
+// fresh cluster again). It returns dir's manifest.
 func Restore(ctx context.Context, db *client.DB, dir string, progress Progress) (*Manifest, error) {
-	m, err := Verify(dir)
+	chain, dirs, err := Chain(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -64,23 +105,36 @@ func Restore(ctx context.Context, db *client.DB, dir string, progress Progress) 
 	if len(some) > 0 {
 		return nil, fmt.Errorf("%w: it holds %q", ErrNotEmpty, some[0].Key)
 	}
-	keys := 0
+	total := 0
+	for _, m := range chain {
+		total += len(m.Ranges)
+	}
+	done, keys := 0, 0
 	var size int64
-	for i, r := range m.Ranges {
-		n, err := restoreRange(ctx, db, dir, r)
-		if err != nil {
-			return nil, fmt.Errorf("restore: %s: %w", r.File, err)
-		}
-		keys, size = keys+n, size+r.Bytes
-		if progress != nil {
-			progress(i+1, len(m.Ranges), keys, size)
+	for i, m := range chain {
+		for _, r := range m.Ranges {
+			n, err := restoreRange(ctx, db, dirs[i], r, m.Incremental())
+			if err != nil {
+				return nil, fmt.Errorf("restore: %s: %w", filepath.Join(dirs[i], r.File), err)
+			}
+			done, keys, size = done+1, keys+n, size+r.Bytes
+			if progress != nil {
+				progress(done, total, keys, size)
+			}
 		}
 	}
-	return m, nil
+	return chain[len(chain)-1], nil
 }
 
-// restoreRange writes one file's pairs and returns how many.
-func restoreRange(ctx context.Context, db *client.DB, dir string, r Range) (int, error) {
+// entry is one entry of a backup file: a pair, or a deletion.
+type entry struct {
+	key, value []byte
+	deleted    bool
+}
+
+// restoreRange writes one file's entries (deletions only in an
+// incremental backup) and returns how many.
+func restoreRange(ctx context.Context, db *client.DB, dir string, r Range, incremental bool) (int, error) {
 	f, err := vfs.Default.Open(filepath.Join(dir, r.File))
 	if err != nil {
 		return 0, err
@@ -101,15 +155,21 @@ func restoreRange(ctx context.Context, db *client.DB, dir string, r Range) (int,
 		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, r.File, err)
 	}
 	defer it.Close()
-	var batch []client.KeyValue
+	var batch []entry
 	var batchBytes, n int
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
 		err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-			for _, kv := range batch {
-				if err := tx.Put(ctx, kv.Key, kv.Value); err != nil {
+			for _, e := range batch {
+				var err error
+				if e.deleted {
+					err = tx.Delete(ctx, e.key)
+				} else {
+					err = tx.Put(ctx, e.key, e.value)
+				}
+				if err != nil {
 					return err
 				}
 			}
@@ -123,12 +183,21 @@ func restoreRange(ctx context.Context, db *client.DB, dir string, r Range) (int,
 		if string(k) < string(r.Start) || (len(r.End) > 0 && string(k) >= string(r.End)) {
 			return n, fmt.Errorf("%w: %s holds %q, outside [%q, %q)", ErrCorrupt, r.File, k, r.Start, r.End)
 		}
-		v, _, err := kv.Value(nil)
-		if err != nil {
-			return n, fmt.Errorf("%w: %s: %v", ErrCorrupt, r.File, err)
+		e := entry{key: append([]byte(nil), k...)}
+		switch kind := kv.Kind(); {
+		case kind == sstable.InternalKeyKindDelete && incremental:
+			e.deleted = true
+		case kind != sstable.InternalKeyKindSet:
+			return n, fmt.Errorf("%w: %s holds an entry of kind %v for %q", ErrCorrupt, r.File, kind, k)
+		default:
+			v, _, err := kv.Value(nil)
+			if err != nil {
+				return n, fmt.Errorf("%w: %s: %v", ErrCorrupt, r.File, err)
+			}
+			e.value = append([]byte(nil), v...)
 		}
-		batch = append(batch, client.KeyValue{Key: append([]byte(nil), k...), Value: append([]byte(nil), v...)})
-		batchBytes += len(k) + len(v)
+		batch = append(batch, e)
+		batchBytes += len(e.key) + len(e.value)
 		n++
 		if len(batch) >= restoreBatchKeys || batchBytes >= restoreBatchBytes {
 			if err := flush(); err != nil {
