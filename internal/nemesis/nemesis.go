@@ -202,7 +202,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if err := bank.fund(ctx, dbs[0]); err != nil {
 		return nil, err
 	}
-	workloads := []workload{newTxnGroups(cp), bank, newLongSnapshots(cp, bank), newRegisters(cp), newLists(cp), epochs}
+	workloads := []workload{newTxnGroups(cp), bank, newLongSnapshots(cp, bank), newChangefeeds(cp, bank), newRegisters(cp), newLists(cp), epochs}
 
 	runCtx, stop := context.WithTimeout(ctx, cfg.Duration)
 	defer stop()

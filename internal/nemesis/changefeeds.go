@@ -1,0 +1,214 @@
+package nemesis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+)
+
+// changefeeds runs a changefeed over the whole key space for the campaign
+// and applies its bank accounts to a copy, as a downstream consumer would
+// (DESIGN.md §14). The copy starts from a snapshot's accounts, and the feed
+// from that snapshot's epoch. Anomalies: a change out of version-id order
+// or at or below an epoch already resolved; at a resolved epoch, an account
+// missing or a bank total off; after the faults, the copy differing from a
+// snapshot at its resolved epoch + 1; and history the feed protected
+// collected under it (ErrSnapshotTooOld).
+type changefeeds struct {
+	cp   *campaign
+	bank *bank
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	accounts map[string]int // account key → index
+	state    map[string]string
+	resolved uint64
+	last     client.Change
+	pending  int // changes since the last resolved epoch
+}
+
+func newChangefeeds(cp *campaign, b *bank) *changefeeds {
+	f := &changefeeds{cp: cp, bank: b, accounts: map[string]int{}, done: make(chan struct{})}
+	for i := range accounts {
+		f.accounts[string(b.account(i))] = i
+	}
+	return f
+}
+
+// run starts the feed. It outlives ctx: final checks it after the faults
+// are healed, then stops it.
+func (f *changefeeds) run(ctx context.Context, dbs []*client.DB, _ *sync.WaitGroup) {
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f.cancel = cancel
+	go func() {
+		defer close(f.done)
+		db := dbs[0]
+		for fctx.Err() == nil {
+			if f.state == nil {
+				if err := f.start(fctx, db); err != nil {
+					f.cp.countOutcome("changefeed start", err)
+					sleep(fctx, 100*time.Millisecond)
+					continue
+				}
+			}
+			f.mu.Lock()
+			from := f.resolved
+			f.mu.Unlock()
+			err := db.Changefeed(fctx, client.FeedOptions{From: from, Interval: 50 * time.Millisecond}, f.apply)
+			switch {
+			case fctx.Err() != nil:
+			case errors.Is(err, client.ErrSnapshotTooOld):
+				f.cp.anomaly("a changefeed resuming after resolved epoch %d lost history it protected: %v", from, err)
+				return
+			default:
+				f.cp.countOutcome("changefeed restart", err) // resumes after its resolved epoch
+				sleep(fctx, 100*time.Millisecond)
+			}
+		}
+	}()
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// start reads the accounts in a Strong snapshot: the copy's first state,
+// resolved at the snapshot's epoch - 1.
+func (f *changefeeds) start(ctx context.Context, db *client.DB) error {
+	sctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	state := map[string]string{}
+	st, err := db.View(sctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+		clear(state)
+		for k := range f.accounts {
+			v, ok, err := s.Get(ctx, []byte(k))
+			if err != nil {
+				return err
+			}
+			if ok {
+				state[k] = string(v)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.state, f.resolved = state, st.Epoch-1
+	f.mu.Unlock()
+	return nil
+}
+
+// apply is the consumer: it checks each event and applies the accounts'.
+func (f *changefeeds) apply(ev client.FeedEvent) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := ev.Change; c != nil {
+		if c.Version.Epoch <= f.resolved {
+			f.cp.anomaly("changefeed: %q changed at %v, after resolved epoch %d", c.Key, c.Version, f.resolved)
+		}
+		if f.pending > 0 && c.Version.Less(f.last.Version) {
+			f.cp.anomaly("changefeed: %q at %v delivered after %q at %v", c.Key, c.Version, f.last.Key, f.last.Version)
+		}
+		f.last, f.pending = *c, f.pending+1
+		if _, ok := f.accounts[string(c.Key)]; ok {
+			if c.Tombstone {
+				delete(f.state, string(c.Key))
+			} else {
+				f.state[string(c.Key)] = string(c.Value)
+			}
+		}
+		f.cp.count("changefeed change")
+		return nil
+	}
+	if ev.Resolved <= f.resolved || (f.pending > 0 && f.last.Version.Epoch > ev.Resolved) {
+		f.cp.anomaly("changefeed: resolved epoch %d after %d, with a change at %v", ev.Resolved, f.resolved, f.last.Version)
+	}
+	f.resolved, f.pending = ev.Resolved, 0
+	if total, err := f.total(); err != nil || total != accounts*initialFunds {
+		f.cp.anomaly("changefeed: at resolved epoch %d the consumer's bank total is %d (%v), want %d", ev.Resolved, total, err, accounts*initialFunds)
+	}
+	f.cp.count("changefeed resolved")
+	return nil
+}
+
+// total sums the copy's accounts, with f.mu held.
+func (f *changefeeds) total() (int, error) {
+	sum := 0
+	for k, i := range f.accounts {
+		v, ok := f.state[k]
+		if !ok {
+			return 0, fmt.Errorf("account %d missing", i)
+		}
+		var n int
+		if _, err := fmt.Sscan(v, &n); err != nil {
+			return 0, fmt.Errorf("account %d holds %q", i, v)
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// final waits for the feed to resolve past a Strong snapshot taken now,
+// when nothing writes, and compares the copy with it; then stops the feed.
+func (f *changefeeds) final(ctx context.Context, db *client.DB) {
+	defer func() {
+		f.cancel()
+		<-f.done
+	}()
+	var want map[string]string
+	var at uint64
+	fctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for fctx.Err() == nil {
+		want = map[string]string{}
+		st, err := db.View(fctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+			clear(want)
+			for k := range f.accounts {
+				v, ok, err := s.Get(ctx, []byte(k))
+				if err != nil {
+					return err
+				}
+				if ok {
+					want[k] = string(v)
+				}
+			}
+			return nil
+		})
+		if err == nil {
+			at = st.Epoch
+			break
+		}
+	}
+	for fctx.Err() == nil {
+		f.mu.Lock()
+		r, state := f.resolved, f.state
+		if r+1 >= at && state != nil {
+			for k, i := range f.accounts {
+				if state[k] != want[k] {
+					f.cp.anomaly("changefeed: account %d is %q in the consumer at resolved epoch %d, %q in a snapshot at %d", i, state[k], r, want[k], at)
+				}
+			}
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+		sleep(fctx, 20*time.Millisecond)
+	}
+	f.cp.anomaly("changefeed: never resolved epoch %d after the faults were healed", at-1)
+}
+
+// check: events are checked as they arrive, and the copy in final.
+func (f *changefeeds) check() {}
+
+func (f *changefeeds) dump(string) error { return nil }
