@@ -36,6 +36,7 @@ type Coordinator struct {
 	quiet      uint64                   // quiet_epochs (paper §5.3.1)
 	txnState   *txnstate.Client
 	stateID    uint64
+	forget     *forgetter // records of finished two-phase commits
 
 	mode     atomic.Pointer[CommitMode] // nil: Chablis
 	routes   *routing.Cache             // range descriptors and leader hints
@@ -68,6 +69,7 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 		stateID:    tg[0].ID,
 		quiet:      top.QuietEpochs,
 	}
+	c.forget = &forgetter{client: c.txnState}
 	// Routing asks the directories (DESIGN.md §11), never the file's ranges.
 	c.nodes = routing.NodesResolver{Topology: top, Dialer: dialer}
 	c.routes = routing.NewCache(directory.NewResolver(top, region, directory.NewDirectories(top, dialer), c.nodes))
@@ -89,13 +91,15 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 }
 
 // Close stops the heartbeats of open transactions, waits for commit
-// notifications in flight and stops the epoch readers.
+// notifications in flight, sends the pending forgets of finished
+// transactions' records and stops the epoch readers.
 func (c *Coordinator) Close() {
 	c.beating.Range(func(h, _ any) bool {
 		h.(*heartbeater).stop()
 		return true
 	})
 	c.wg.Wait()
+	c.forget.close()
 	for _, r := range c.epochs {
 		r.Close()
 	}

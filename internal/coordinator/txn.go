@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/terroir-db/terroir/internal/commitrule"
@@ -642,9 +643,12 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	}
 	// The commit point: record the decision (DESIGN.md §4.4).
 	rec := &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_COMMITTED,
-		Version: &txnstatepb.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}}
+		Version: &txnstatepb.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}, LocalEpochs: map[string]uint64{}}
 	for _, p := range t.parts {
-		part := &txnstatepb.Participant{RangeId: p.desc.GetRangeId(), Writes: len(t.writesFor(p)) > 0}
+		region := p.desc.GetRegion()
+		rec.LocalEpochs[region] = locals[region] // validated against (see forgetting, DESIGN.md §14)
+		part := &txnstatepb.Participant{RangeId: p.desc.GetRangeId(), Writes: len(t.writesFor(p)) > 0,
+			StartKey: p.desc.GetStartKey(), Region: region}
 		if rv := regional[p.desc.GetRegion()]; rv != nil {
 			part.RegionalVersion = &txnstatepb.VersionID{Epoch: rv.GetEpoch(), Counter: rv.GetCounter()}
 		}
@@ -681,17 +685,24 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 		nctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
 		defer cancel()
 		var wg sync.WaitGroup
+		var failed atomic.Bool
 		for _, g := range parts {
 			wg.Add(1)
 			go func(g *pb.RangeDescriptor) {
 				defer wg.Done()
-				_ = t.tell(nctx, g, func(ctx context.Context, rc pb.RangeClient, id uint64) error {
+				err := t.tell(nctx, g, func(ctx context.Context, rc pb.RangeClient, id uint64) error {
 					_, err := rc.Commit(ctx, &pb.CommitRequest{RangeId: id, TxnId: t.meta.GetId(), Version: ver, RegionalVersion: regional[g.GetRegion()]})
 					return err
 				})
+				if err != nil {
+					failed.Store(true)
+				}
 			}(g)
 		}
 		wg.Wait()
+		if !failed.Load() { // every participant applied the commit
+			t.c.forget.add(t.meta.GetId())
+		}
 	}()
 	return storage.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}, nil
 }

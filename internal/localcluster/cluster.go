@@ -35,6 +35,10 @@ type Options struct {
 	// before resolving it (0: the topology's). Nodes and the cluster's
 	// clients, which heartbeat at a quarter of it, both use the override.
 	OrphanAfter time.Duration
+	// TxnRecordGrace overrides the topology's txn_record_grace: how long a
+	// transaction record no coordinator forgot stays before the txn-state
+	// leader settles and forgets it (0: the topology's).
+	TxnRecordGrace time.Duration
 	// Crashable opens every store so KillNode loses what a power loss would
 	// (node.Config.Crashable).
 	Crashable bool
@@ -84,6 +88,9 @@ func Start(top *topology.Topology, opts Options) (c *Cluster, err error) {
 	top = top.WithAddrs(addrs)
 	if opts.OrphanAfter > 0 {
 		top.OrphanAfter = opts.OrphanAfter
+	}
+	if opts.TxnRecordGrace > 0 {
+		top.TxnRecordGrace = opts.TxnRecordGrace
 	}
 	c = &Cluster{Topology: top, Net: transport.NewNetwork(top), opts: opts, dataDir: dir, tempDir: temp, nodes: map[uint64]*node.Node{}}
 	for _, n := range top.Nodes {

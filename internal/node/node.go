@@ -68,6 +68,7 @@ type Node struct {
 	epochs     map[uint64]*epoch.Replica
 	global     *epoch.Global // nil unless the node hosts a global epoch replica
 	rangeSrv   *rangeserver.Server
+	txnSrv     *txnstate.Server
 	dirs       *directory.Directories // every region's directory, for splits' IDs and descriptor changes
 	stop       context.CancelFunc     // ends publishing and reconciling
 	stopped    context.Context
@@ -124,6 +125,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	epochServer := epoch.NewServer()
 	txnServer := txnstate.NewServer()
+	n.txnSrv = txnServer
 	dirServer := directory.NewServer()
 	n.rangeSrv = rangeserver.NewServer()
 	for _, g := range top.GroupsOn(cfg.NodeID) {
@@ -157,7 +159,10 @@ func Start(cfg Config) (_ *Node, err error) {
 				epochServer.Add(rg, sm)
 			}
 		case topology.KindTxnState:
-			sm := txnstate.NewStateMachine(n.engine, g.ID)
+			sm, err := txnstate.NewStateMachine(n.engine, g.ID)
+			if err != nil {
+				return nil, err
+			}
 			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
 			if err != nil {
 				return nil, err
@@ -232,6 +237,12 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	n.bg.Add(1)
 	go n.reconcile()
+	for _, g := range top.GroupsOn(cfg.NodeID) {
+		if g.Kind == topology.KindTxnState {
+			n.background(func() { n.cleanTxnRecords(txnServer, self.Region) })
+			break
+		}
+	}
 	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(top.GroupsOn(cfg.NodeID)))
 	return n, nil
 }

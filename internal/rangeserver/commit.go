@@ -79,12 +79,20 @@ func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Wr
 }
 
 // Commit applies a committed transaction's prepared writes at version (and,
-// if set, at the local-epoch version regional) and releases its locks. The
-// decision is already durable in the transaction state store, so a replica
-// that is not the leader can ignore this: the next leader resolves the
-// prepared record.
+// if set, at the local-epoch version regional) and releases its locks. Its
+// success means the range holds no prepared record of the transaction any
+// more: the coordinator then lets the transaction state store forget the
+// record (DESIGN.md §14). So a replica that finds no record first makes
+// sure it has applied every committed entry (a ReadIndex round: a
+// replica cut off from its group fails instead of answering from stale
+// state).
 func (r *Replica) Commit(ctx context.Context, txnID []byte, version, regional *pb.VersionID) error {
 	cmd := &pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txnID, Version: version, RegionalVersion: regional}}}
+	if !r.sm.IsPrepared(txnID) {
+		if err := r.group.ReadIndex(ctx); err != nil {
+			return err
+		}
+	}
 	return r.finish(ctx, txnID, cmd, version.GetEpoch())
 }
 

@@ -35,7 +35,16 @@ func (r *Replica) resolve(l *leadership, t *leaderTxn) {
 		slog.Error("no transaction state store for orphan", "range", r.id, "group", t.meta.GetTxnStateGroup())
 		return
 	}
-	rec, err := d.Decide(ctx, &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_ABORTED})
+	// The abort's bound: every lease granted in this region so far ends at
+	// or below the local epoch now plus LeaseEpochs, so any l_R the
+	// coordinator validated this transaction at does too. Forgetting the
+	// record raises the store's watermark to it (DESIGN.md §14).
+	local, err := r.epochs.Read(ctx)
+	if err != nil {
+		return // retried at a later tick
+	}
+	rec, err := d.Decide(ctx, &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_ABORTED,
+		AbortRegion: r.sm.Descriptor().GetRegion(), AbortBound: max(local+r.cfg.LeaseEpochs, l.end.Load())})
 	if err != nil {
 		return // retried at a later tick
 	}

@@ -86,6 +86,9 @@ const (
 	// MinGCTTL is the least gc_ttl a file may set: a shorter one would fail
 	// snapshots while they run.
 	MinGCTTL = time.Second
+	// DefaultTxnRecordGrace is how long a transaction record nobody forgot
+	// stays before the txn-state leader settles and forgets it (DESIGN.md §14).
+	DefaultTxnRecordGrace = time.Minute
 	// DefaultMergeDelay is how long two neighbouring ranges must keep their
 	// shape before they merge automatically (DESIGN.md §11).
 	DefaultMergeDelay = 30 * time.Second
@@ -144,6 +147,11 @@ type Topology struct {
 	// current GCTTL ago (DESIGN.md §14). File: gc_ttl, default 4h, at
 	// least 1s.
 	GCTTL time.Duration
+	// TxnRecordGrace is how long a transaction record that its coordinator
+	// did not forget stays, on the txn-state leader's clock, before the
+	// leader settles it with its participants and forgets it (DESIGN.md
+	// §14). File: txn_record_grace, default 1m, at least orphan_after.
+	TxnRecordGrace time.Duration
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -198,6 +206,7 @@ type fileTopology struct {
 	MergeQPS           string      `yaml:"merge_qps,omitempty"`
 	MergeDelay         string      `yaml:"merge_delay,omitempty"`
 	GCTTL              string      `yaml:"gc_ttl,omitempty"`
+	TxnRecordGrace     string      `yaml:"txn_record_grace,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -378,6 +387,12 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if t.GCTTL < MinGCTTL {
 		return nil, invalid("gc_ttl: %v is below %v: snapshots would fail while they run", t.GCTTL, MinGCTTL)
+	}
+	if t.TxnRecordGrace, err = parseDuration("txn_record_grace", f.TxnRecordGrace, DefaultTxnRecordGrace); err != nil {
+		return nil, err
+	}
+	if t.TxnRecordGrace < t.OrphanAfter {
+		return nil, invalid("txn_record_grace: %v is below orphan_after (%v): records would go before participants resolve their orphans", t.TxnRecordGrace, t.OrphanAfter)
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -704,6 +719,7 @@ func (t *Topology) Marshal() ([]byte, error) {
 		QuietEpochs:        t.QuietEpochs,
 		Regions:            t.Regions,
 		GCTTL:              t.GCTTL.String(),
+		TxnRecordGrace:     t.TxnRecordGrace.String(),
 	}
 	if t.AutoExcludeAfter > 0 {
 		f.AutoExcludeAfter = t.AutoExcludeAfter.String()

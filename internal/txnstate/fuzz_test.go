@@ -19,11 +19,19 @@ func FuzzTxnStateCommands(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { e.Close() })
-	rec, _ := proto.Marshal(&txnstatepb.Record{TxnId: make([]byte, TxnIDLen), Outcome: txnstatepb.Outcome_OUTCOME_ABORTED})
-	f.Add(rec, storage.AppendRecord(nil, rec))
+	abort := &txnstatepb.Record{TxnId: make([]byte, TxnIDLen), Outcome: txnstatepb.Outcome_OUTCOME_ABORTED, AbortRegion: "r", AbortBound: 9}
+	rec, _ := proto.Marshal(abort)
+	decide, _ := EncodeDecide(abort)
+	forget, _ := EncodeForget([][]byte{make([]byte, TxnIDLen)})
+	marks, _ := proto.Marshal(&txnstatepb.Watermarks{LocalEpochs: map[string]uint64{"r": 9}})
+	f.Add(decide, storage.AppendRecord(storage.AppendRecord(nil, marks), rec))
+	f.Add(forget, storage.AppendRecord(nil, marks))
 	f.Add([]byte{0x0a, 0x03}, []byte{0, 0, 0, 4, 1})
 	f.Fuzz(func(t *testing.T, cmd, snap []byte) {
-		sm := NewStateMachine(e, 2)
+		sm, err := NewStateMachine(e, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
 		b := e.NewIndexedBatch()
 		defer b.Close()
 		sm.Apply(b, 1, cmd)

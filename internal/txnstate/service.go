@@ -8,7 +8,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -39,6 +38,19 @@ func (s *Server) Add(r Replica) {
 	s.mu.Unlock()
 }
 
+// Records returns how many records the hosted replicas hold.
+func (s *Server) Records() (int, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := 0
+	for _, r := range s.replicas {
+		if err := r.SM.Records(func(*txnstatepb.Record) bool { n++; return true }); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
 // Register installs the TxnState service on g.
 func (s *Server) Register(g *grpc.Server) { txnstatepb.RegisterTxnStateServer(g, s) }
 
@@ -66,18 +78,13 @@ func (s *Server) Decide(ctx context.Context, req *txnstatepb.DecideRequest) (*tx
 	if err := validDecision(req.GetRecord()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	cmd, err := proto.Marshal(req.GetRecord())
+	cmd, err := EncodeDecide(req.GetRecord())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	res, err := r.Group.Propose(ctx, cmd)
-	switch {
-	case errors.Is(err, raftgroup.ErrNotLeader):
-		return nil, notLeader(req.GetGroupId())
-	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrBusy), errors.Is(err, raftgroup.ErrStopped):
-		return nil, status.Error(codes.Unavailable, err.Error())
-	case err != nil:
-		return nil, status.FromContextError(err).Err()
+	res, err := propose(ctx, r, req.GetGroupId(), cmd)
+	if err != nil {
+		return nil, err
 	}
 	switch v := res.(type) {
 	case *txnstatepb.Record:
@@ -86,6 +93,44 @@ func (s *Server) Decide(ctx context.Context, req *txnstatepb.DecideRequest) (*tx
 		return nil, status.Error(codes.Internal, v.Error())
 	}
 	return nil, status.Errorf(codes.Internal, "txn-state: unexpected result %T", res)
+}
+
+// propose proposes cmd in r's group and maps its failures to statuses.
+func propose(ctx context.Context, r Replica, group uint64, cmd []byte) (any, error) {
+	res, err := r.Group.Propose(ctx, cmd)
+	switch {
+	case errors.Is(err, raftgroup.ErrNotLeader):
+		return nil, notLeader(group)
+	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrBusy), errors.Is(err, raftgroup.ErrStopped):
+		return nil, status.Error(codes.Unavailable, err.Error())
+	case err != nil:
+		return nil, status.FromContextError(err).Err()
+	}
+	if err, ok := res.(error); ok {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return res, nil
+}
+
+// Forget implements txnstatepb.TxnStateServer.
+func (s *Server) Forget(ctx context.Context, req *txnstatepb.ForgetRequest) (*txnstatepb.ForgetResponse, error) {
+	r, err := s.replica(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range req.GetTxnIds() {
+		if len(id) != TxnIDLen {
+			return nil, status.Errorf(codes.InvalidArgument, "transaction ID of %d bytes", len(id))
+		}
+	}
+	cmd, err := EncodeForget(req.GetTxnIds())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if _, err := propose(ctx, r, req.GetGroupId(), cmd); err != nil {
+		return nil, err
+	}
+	return &txnstatepb.ForgetResponse{}, nil
 }
 
 // Get implements txnstatepb.TxnStateServer: a ReadIndex barrier, then a local read.
@@ -140,4 +185,14 @@ func (c *Client) Get(ctx context.Context, txnID []byte) (*txnstatepb.Record, err
 		return err
 	})
 	return out, err
+}
+
+// Forget removes the records of txnIDs (each of TxnIDLen bytes), whose
+// outcome every participant has applied. It retries other replicas and
+// transient failures until ctx ends.
+func (c *Client) Forget(ctx context.Context, txnIDs [][]byte) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := txnstatepb.NewTxnStateClient(conn).Forget(ctx, &txnstatepb.ForgetRequest{GroupId: c.group, TxnIds: txnIDs})
+		return err
+	})
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/storage"
@@ -36,11 +35,20 @@ func decision(i int, o pb.Outcome) *pb.Record {
 }
 
 func cmd(t *testing.T, r *pb.Record) []byte {
-	b, err := proto.Marshal(r)
+	b, err := txnstate.EncodeDecide(r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func newSM(t *testing.T, e *storage.Engine, group uint64) *txnstate.StateMachine {
+	t.Helper()
+	sm, err := txnstate.NewStateMachine(e, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sm
 }
 
 func TestFirstDecisionWins(t *testing.T) {
@@ -49,7 +57,7 @@ func TestFirstDecisionWins(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	sm := txnstate.NewStateMachine(e, 5)
+	sm := newSM(t, e, 5)
 	b := e.NewIndexedBatch()
 	// Two decisions for one transaction in one batch: the first wins.
 	won := sm.Apply(b, 1, cmd(t, decision(1, pb.Outcome_OUTCOME_COMMITTED))).(*pb.Record)
@@ -76,7 +84,7 @@ func TestFirstDecisionWins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := txnstate.NewStateMachine(e, 6)
+	other := newSM(t, e, 6)
 	b = e.NewIndexedBatch()
 	if err := other.Restore(b, snap); err != nil {
 		t.Fatal(err)
@@ -89,6 +97,98 @@ func TestFirstDecisionWins(t *testing.T) {
 	}
 	if err := other.Restore(e.NewIndexedBatch(), snap[:len(snap)-1]); !errors.Is(err, storage.ErrCorrupt) {
 		t.Fatalf("Restore of a truncated snapshot = %v, want ErrCorrupt", err)
+	}
+}
+
+// TestForgottenAbortRefusesALateCommit (DESIGN.md §14): forgetting a
+// commit record leaves nothing; forgetting an abort record a participant
+// made raises its region's watermark to the record's bound, and from then
+// on a commit whose l_R in that region is at or below it is answered
+// ABORTED and not stored (its abort record may be the one forgotten),
+// while a commit validated at a later local epoch is recorded. The
+// watermark survives a restart and a snapshot.
+func TestForgottenAbortRefusesALateCommit(t *testing.T) {
+	dir := t.TempDir()
+	e, err := storage.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm := newSM(t, e, 5)
+	apply := func(c []byte) any {
+		t.Helper()
+		b := e.NewIndexedBatch()
+		res := sm.Apply(b, 1, c)
+		if err := e.Commit(b, true); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	forget := func(ids ...[]byte) int {
+		t.Helper()
+		c, err := txnstate.EncodeForget(ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return apply(c).(int)
+	}
+	committed := decision(1, pb.Outcome_OUTCOME_COMMITTED)
+	apply(cmd(t, committed))
+	aborted := &pb.Record{TxnId: txnID(2), Outcome: pb.Outcome_OUTCOME_ABORTED, AbortRegion: "us-east1", AbortBound: 150}
+	apply(cmd(t, aborted))
+	if n := forget(txnID(1), txnID(2), txnID(3)); n != 2 {
+		t.Fatalf("forgot %d records, want 2 (an unknown ID is ignored)", n)
+	}
+	for _, i := range []int{1, 2} {
+		if got, _ := sm.Get(txnID(i)); got.GetOutcome() != pb.Outcome_OUTCOME_UNKNOWN {
+			t.Fatalf("txn %d after Forget: %v", i, got.GetOutcome())
+		}
+	}
+	if w := sm.Watermarks()["us-east1"]; w != 150 {
+		t.Fatalf("watermark %d after forgetting an abort bounded at 150", w)
+	}
+	late := decision(2, pb.Outcome_OUTCOME_COMMITTED)
+	late.LocalEpochs = map[string]uint64{"us-east1": 150, "us-west1": 900}
+	if got := apply(cmd(t, late)).(*pb.Record); got.GetOutcome() != pb.Outcome_OUTCOME_ABORTED {
+		t.Fatalf("a commit validated at l_R 150 after the abort was forgotten: %v, want ABORTED", got.GetOutcome())
+	}
+	if got, _ := sm.Get(txnID(2)); got.GetOutcome() != pb.Outcome_OUTCOME_UNKNOWN {
+		t.Fatalf("a refused commit was stored: %v", got.GetOutcome())
+	}
+	fresh := decision(4, pb.Outcome_OUTCOME_COMMITTED)
+	fresh.LocalEpochs = map[string]uint64{"us-east1": 151}
+	if got := apply(cmd(t, fresh)).(*pb.Record); got.GetOutcome() != pb.Outcome_OUTCOME_COMMITTED {
+		t.Fatalf("a commit validated at l_R 151: %v, want COMMITTED", got.GetOutcome())
+	}
+	// A lower bound never lowers the watermark.
+	apply(cmd(t, &pb.Record{TxnId: txnID(5), Outcome: pb.Outcome_OUTCOME_ABORTED, AbortRegion: "us-east1", AbortBound: 20}))
+	forget(txnID(5))
+	snap, err := sm.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if e, err = storage.Open(dir, 1); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if w := newSM(t, e, 5).Watermarks()["us-east1"]; w != 150 {
+		t.Fatalf("watermark %d after a restart, want 150", w)
+	}
+	other := newSM(t, e, 6)
+	b := e.NewIndexedBatch()
+	if err := other.Restore(b, snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	if w := other.Watermarks()["us-east1"]; w != 150 {
+		t.Fatalf("watermark %d after a snapshot, want 150", w)
+	}
+	if got, _ := other.Get(txnID(4)); got.GetOutcome() != pb.Outcome_OUTCOME_COMMITTED {
+		t.Fatalf("the snapshot lost a record: %v", got.GetOutcome())
 	}
 }
 

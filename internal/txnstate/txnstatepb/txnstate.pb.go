@@ -130,8 +130,12 @@ type Participant struct {
 	RangeId         uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
 	Writes          bool                   `protobuf:"varint,2,opt,name=writes,proto3" json:"writes,omitempty"`
 	RegionalVersion *VersionID             `protobuf:"bytes,3,opt,name=regional_version,json=regionalVersion,proto3" json:"regional_version,omitempty"` // <local epoch, counter> in the range's region (unset: none)
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The participant's start key and region when it prepared: a range that
+	// merged it away since holds its prepared record at that key.
+	StartKey      []byte `protobuf:"bytes,4,opt,name=start_key,json=startKey,proto3" json:"start_key,omitempty"`
+	Region        string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Participant) Reset() {
@@ -185,13 +189,39 @@ func (x *Participant) GetRegionalVersion() *VersionID {
 	return nil
 }
 
+func (x *Participant) GetStartKey() []byte {
+	if x != nil {
+		return x.StartKey
+	}
+	return nil
+}
+
+func (x *Participant) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
 // Record is a transaction's durable state.
 type Record struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TxnId         []byte                 `protobuf:"bytes,1,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
-	Outcome       Outcome                `protobuf:"varint,2,opt,name=outcome,proto3,enum=terroir.txnstate.Outcome" json:"outcome,omitempty"`
-	Version       *VersionID             `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"` // set when committed
-	Participants  []*Participant         `protobuf:"bytes,4,rep,name=participants,proto3" json:"participants,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	TxnId        []byte                 `protobuf:"bytes,1,opt,name=txn_id,json=txnId,proto3" json:"txn_id,omitempty"`
+	Outcome      Outcome                `protobuf:"varint,2,opt,name=outcome,proto3,enum=terroir.txnstate.Outcome" json:"outcome,omitempty"`
+	Version      *VersionID             `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"` // set when committed
+	Participants []*Participant         `protobuf:"bytes,4,rep,name=participants,proto3" json:"participants,omitempty"`
+	// A commit: the local epoch l_R the coordinator validated each
+	// participant's lease against, by region (DESIGN.md §4.3). The store
+	// refuses the commit (answers ABORTED) if some l_R is at or below the
+	// region's forget watermark: an abort record it has forgotten may have
+	// been this transaction's.
+	LocalEpochs map[string]uint64 `protobuf:"bytes,5,rep,name=local_epochs,json=localEpochs,proto3" json:"local_epochs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// An abort a participant's leader recorded for an orphan: its region and
+	// a local epoch at or above every lease end granted there so far, hence
+	// above any l_R the coordinator could validate against. Forgetting the
+	// record raises the region's watermark to it.
+	AbortRegion   string `protobuf:"bytes,6,opt,name=abort_region,json=abortRegion,proto3" json:"abort_region,omitempty"`
+	AbortBound    uint64 `protobuf:"varint,7,opt,name=abort_bound,json=abortBound,proto3" json:"abort_bound,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -254,6 +284,202 @@ func (x *Record) GetParticipants() []*Participant {
 	return nil
 }
 
+func (x *Record) GetLocalEpochs() map[string]uint64 {
+	if x != nil {
+		return x.LocalEpochs
+	}
+	return nil
+}
+
+func (x *Record) GetAbortRegion() string {
+	if x != nil {
+		return x.AbortRegion
+	}
+	return ""
+}
+
+func (x *Record) GetAbortBound() uint64 {
+	if x != nil {
+		return x.AbortBound
+	}
+	return 0
+}
+
+// Command is one entry of a txn-state group's log.
+type Command struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Cmd:
+	//
+	//	*Command_Decide
+	//	*Command_Forget
+	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Command) Reset() {
+	*x = Command{}
+	mi := &file_txnstate_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Command) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Command) ProtoMessage() {}
+
+func (x *Command) ProtoReflect() protoreflect.Message {
+	mi := &file_txnstate_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Command.ProtoReflect.Descriptor instead.
+func (*Command) Descriptor() ([]byte, []int) {
+	return file_txnstate_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Command) GetCmd() isCommand_Cmd {
+	if x != nil {
+		return x.Cmd
+	}
+	return nil
+}
+
+func (x *Command) GetDecide() *Record {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Decide); ok {
+			return x.Decide
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetForget() *Forget {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Forget); ok {
+			return x.Forget
+		}
+	}
+	return nil
+}
+
+type isCommand_Cmd interface {
+	isCommand_Cmd()
+}
+
+type Command_Decide struct {
+	Decide *Record `protobuf:"bytes,1,opt,name=decide,proto3,oneof"` // record this outcome unless one is recorded
+}
+
+type Command_Forget struct {
+	Forget *Forget `protobuf:"bytes,2,opt,name=forget,proto3,oneof"`
+}
+
+func (*Command_Decide) isCommand_Cmd() {}
+
+func (*Command_Forget) isCommand_Cmd() {}
+
+// Forget removes the records of transactions every participant has
+// applied the outcome of (DESIGN.md §14); an unknown ID is ignored.
+type Forget struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TxnIds        [][]byte               `protobuf:"bytes,1,rep,name=txn_ids,json=txnIds,proto3" json:"txn_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Forget) Reset() {
+	*x = Forget{}
+	mi := &file_txnstate_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Forget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Forget) ProtoMessage() {}
+
+func (x *Forget) ProtoReflect() protoreflect.Message {
+	mi := &file_txnstate_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Forget.ProtoReflect.Descriptor instead.
+func (*Forget) Descriptor() ([]byte, []int) {
+	return file_txnstate_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Forget) GetTxnIds() [][]byte {
+	if x != nil {
+		return x.TxnIds
+	}
+	return nil
+}
+
+// Watermarks are a group's forget watermarks: the highest abort_bound of a
+// forgotten abort record, by region.
+type Watermarks struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LocalEpochs   map[string]uint64      `protobuf:"bytes,1,rep,name=local_epochs,json=localEpochs,proto3" json:"local_epochs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Watermarks) Reset() {
+	*x = Watermarks{}
+	mi := &file_txnstate_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Watermarks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Watermarks) ProtoMessage() {}
+
+func (x *Watermarks) ProtoReflect() protoreflect.Message {
+	mi := &file_txnstate_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Watermarks.ProtoReflect.Descriptor instead.
+func (*Watermarks) Descriptor() ([]byte, []int) {
+	return file_txnstate_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Watermarks) GetLocalEpochs() map[string]uint64 {
+	if x != nil {
+		return x.LocalEpochs
+	}
+	return nil
+}
+
 type DecideRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	GroupId uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
@@ -266,7 +492,7 @@ type DecideRequest struct {
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_txnstate_proto_msgTypes[3]
+	mi := &file_txnstate_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -278,7 +504,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txnstate_proto_msgTypes[3]
+	mi := &file_txnstate_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -291,7 +517,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_txnstate_proto_rawDescGZIP(), []int{3}
+	return file_txnstate_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DecideRequest) GetGroupId() uint64 {
@@ -317,7 +543,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_txnstate_proto_msgTypes[4]
+	mi := &file_txnstate_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +555,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txnstate_proto_msgTypes[4]
+	mi := &file_txnstate_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +568,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_txnstate_proto_rawDescGZIP(), []int{4}
+	return file_txnstate_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DecideResponse) GetRecord() *Record {
@@ -362,7 +588,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_txnstate_proto_msgTypes[5]
+	mi := &file_txnstate_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +600,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txnstate_proto_msgTypes[5]
+	mi := &file_txnstate_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +613,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_txnstate_proto_rawDescGZIP(), []int{5}
+	return file_txnstate_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetRequest) GetGroupId() uint64 {
@@ -413,7 +639,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_txnstate_proto_msgTypes[6]
+	mi := &file_txnstate_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +651,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txnstate_proto_msgTypes[6]
+	mi := &file_txnstate_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +664,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_txnstate_proto_rawDescGZIP(), []int{6}
+	return file_txnstate_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetResponse) GetRecord() *Record {
@@ -448,6 +674,94 @@ func (x *GetResponse) GetRecord() *Record {
 	return nil
 }
 
+type ForgetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	TxnIds        [][]byte               `protobuf:"bytes,2,rep,name=txn_ids,json=txnIds,proto3" json:"txn_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetRequest) Reset() {
+	*x = ForgetRequest{}
+	mi := &file_txnstate_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetRequest) ProtoMessage() {}
+
+func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txnstate_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
+func (*ForgetRequest) Descriptor() ([]byte, []int) {
+	return file_txnstate_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ForgetRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *ForgetRequest) GetTxnIds() [][]byte {
+	if x != nil {
+		return x.TxnIds
+	}
+	return nil
+}
+
+type ForgetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetResponse) Reset() {
+	*x = ForgetResponse{}
+	mi := &file_txnstate_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetResponse) ProtoMessage() {}
+
+func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txnstate_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
+func (*ForgetResponse) Descriptor() ([]byte, []int) {
+	return file_txnstate_proto_rawDescGZIP(), []int{11}
+}
+
 var File_txnstate_proto protoreflect.FileDescriptor
 
 const file_txnstate_proto_rawDesc = "" +
@@ -455,16 +769,37 @@ const file_txnstate_proto_rawDesc = "" +
 	"\x0etxnstate.proto\x12\x10terroir.txnstate\";\n" +
 	"\tVersionID\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\acounter\x18\x02 \x01(\rR\acounter\"\x88\x01\n" +
+	"\acounter\x18\x02 \x01(\rR\acounter\"\xbd\x01\n" +
 	"\vParticipant\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x16\n" +
 	"\x06writes\x18\x02 \x01(\bR\x06writes\x12F\n" +
-	"\x10regional_version\x18\x03 \x01(\v2\x1b.terroir.txnstate.VersionIDR\x0fregionalVersion\"\xce\x01\n" +
+	"\x10regional_version\x18\x03 \x01(\v2\x1b.terroir.txnstate.VersionIDR\x0fregionalVersion\x12\x1b\n" +
+	"\tstart_key\x18\x04 \x01(\fR\bstartKey\x12\x16\n" +
+	"\x06region\x18\x05 \x01(\tR\x06region\"\xa0\x03\n" +
 	"\x06Record\x12\x15\n" +
 	"\x06txn_id\x18\x01 \x01(\fR\x05txnId\x123\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x19.terroir.txnstate.OutcomeR\aoutcome\x125\n" +
 	"\aversion\x18\x03 \x01(\v2\x1b.terroir.txnstate.VersionIDR\aversion\x12A\n" +
-	"\fparticipants\x18\x04 \x03(\v2\x1d.terroir.txnstate.ParticipantR\fparticipants\"\\\n" +
+	"\fparticipants\x18\x04 \x03(\v2\x1d.terroir.txnstate.ParticipantR\fparticipants\x12L\n" +
+	"\flocal_epochs\x18\x05 \x03(\v2).terroir.txnstate.Record.LocalEpochsEntryR\vlocalEpochs\x12!\n" +
+	"\fabort_region\x18\x06 \x01(\tR\vabortRegion\x12\x1f\n" +
+	"\vabort_bound\x18\a \x01(\x04R\n" +
+	"abortBound\x1a>\n" +
+	"\x10LocalEpochsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"x\n" +
+	"\aCommand\x122\n" +
+	"\x06decide\x18\x01 \x01(\v2\x18.terroir.txnstate.RecordH\x00R\x06decide\x122\n" +
+	"\x06forget\x18\x02 \x01(\v2\x18.terroir.txnstate.ForgetH\x00R\x06forgetB\x05\n" +
+	"\x03cmd\"!\n" +
+	"\x06Forget\x12\x17\n" +
+	"\atxn_ids\x18\x01 \x03(\fR\x06txnIds\"\x9e\x01\n" +
+	"\n" +
+	"Watermarks\x12P\n" +
+	"\flocal_epochs\x18\x01 \x03(\v2-.terroir.txnstate.Watermarks.LocalEpochsEntryR\vlocalEpochs\x1a>\n" +
+	"\x10LocalEpochsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\\\n" +
 	"\rDecideRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x120\n" +
 	"\x06record\x18\x02 \x01(\v2\x18.terroir.txnstate.RecordR\x06record\"B\n" +
@@ -475,14 +810,19 @@ const file_txnstate_proto_rawDesc = "" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x15\n" +
 	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\"?\n" +
 	"\vGetResponse\x120\n" +
-	"\x06record\x18\x01 \x01(\v2\x18.terroir.txnstate.RecordR\x06record*J\n" +
+	"\x06record\x18\x01 \x01(\v2\x18.terroir.txnstate.RecordR\x06record\"C\n" +
+	"\rForgetRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x17\n" +
+	"\atxn_ids\x18\x02 \x03(\fR\x06txnIds\"\x10\n" +
+	"\x0eForgetResponse*J\n" +
 	"\aOutcome\x12\x13\n" +
 	"\x0fOUTCOME_UNKNOWN\x10\x00\x12\x15\n" +
 	"\x11OUTCOME_COMMITTED\x10\x01\x12\x13\n" +
-	"\x0fOUTCOME_ABORTED\x10\x022\x9b\x01\n" +
+	"\x0fOUTCOME_ABORTED\x10\x022\xe8\x01\n" +
 	"\bTxnState\x12K\n" +
 	"\x06Decide\x12\x1f.terroir.txnstate.DecideRequest\x1a .terroir.txnstate.DecideResponse\x12B\n" +
-	"\x03Get\x12\x1c.terroir.txnstate.GetRequest\x1a\x1d.terroir.txnstate.GetResponseB<Z:github.com/terroir-db/terroir/internal/txnstate/txnstatepbb\x06proto3"
+	"\x03Get\x12\x1c.terroir.txnstate.GetRequest\x1a\x1d.terroir.txnstate.GetResponse\x12K\n" +
+	"\x06Forget\x12\x1f.terroir.txnstate.ForgetRequest\x1a .terroir.txnstate.ForgetResponseB<Z:github.com/terroir-db/terroir/internal/txnstate/txnstatepbb\x06proto3"
 
 var (
 	file_txnstate_proto_rawDescOnce sync.Once
@@ -497,34 +837,47 @@ func file_txnstate_proto_rawDescGZIP() []byte {
 }
 
 var file_txnstate_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_txnstate_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_txnstate_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_txnstate_proto_goTypes = []any{
 	(Outcome)(0),           // 0: terroir.txnstate.Outcome
 	(*VersionID)(nil),      // 1: terroir.txnstate.VersionID
 	(*Participant)(nil),    // 2: terroir.txnstate.Participant
 	(*Record)(nil),         // 3: terroir.txnstate.Record
-	(*DecideRequest)(nil),  // 4: terroir.txnstate.DecideRequest
-	(*DecideResponse)(nil), // 5: terroir.txnstate.DecideResponse
-	(*GetRequest)(nil),     // 6: terroir.txnstate.GetRequest
-	(*GetResponse)(nil),    // 7: terroir.txnstate.GetResponse
+	(*Command)(nil),        // 4: terroir.txnstate.Command
+	(*Forget)(nil),         // 5: terroir.txnstate.Forget
+	(*Watermarks)(nil),     // 6: terroir.txnstate.Watermarks
+	(*DecideRequest)(nil),  // 7: terroir.txnstate.DecideRequest
+	(*DecideResponse)(nil), // 8: terroir.txnstate.DecideResponse
+	(*GetRequest)(nil),     // 9: terroir.txnstate.GetRequest
+	(*GetResponse)(nil),    // 10: terroir.txnstate.GetResponse
+	(*ForgetRequest)(nil),  // 11: terroir.txnstate.ForgetRequest
+	(*ForgetResponse)(nil), // 12: terroir.txnstate.ForgetResponse
+	nil,                    // 13: terroir.txnstate.Record.LocalEpochsEntry
+	nil,                    // 14: terroir.txnstate.Watermarks.LocalEpochsEntry
 }
 var file_txnstate_proto_depIdxs = []int32{
-	1, // 0: terroir.txnstate.Participant.regional_version:type_name -> terroir.txnstate.VersionID
-	0, // 1: terroir.txnstate.Record.outcome:type_name -> terroir.txnstate.Outcome
-	1, // 2: terroir.txnstate.Record.version:type_name -> terroir.txnstate.VersionID
-	2, // 3: terroir.txnstate.Record.participants:type_name -> terroir.txnstate.Participant
-	3, // 4: terroir.txnstate.DecideRequest.record:type_name -> terroir.txnstate.Record
-	3, // 5: terroir.txnstate.DecideResponse.record:type_name -> terroir.txnstate.Record
-	3, // 6: terroir.txnstate.GetResponse.record:type_name -> terroir.txnstate.Record
-	4, // 7: terroir.txnstate.TxnState.Decide:input_type -> terroir.txnstate.DecideRequest
-	6, // 8: terroir.txnstate.TxnState.Get:input_type -> terroir.txnstate.GetRequest
-	5, // 9: terroir.txnstate.TxnState.Decide:output_type -> terroir.txnstate.DecideResponse
-	7, // 10: terroir.txnstate.TxnState.Get:output_type -> terroir.txnstate.GetResponse
-	9, // [9:11] is the sub-list for method output_type
-	7, // [7:9] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	1,  // 0: terroir.txnstate.Participant.regional_version:type_name -> terroir.txnstate.VersionID
+	0,  // 1: terroir.txnstate.Record.outcome:type_name -> terroir.txnstate.Outcome
+	1,  // 2: terroir.txnstate.Record.version:type_name -> terroir.txnstate.VersionID
+	2,  // 3: terroir.txnstate.Record.participants:type_name -> terroir.txnstate.Participant
+	13, // 4: terroir.txnstate.Record.local_epochs:type_name -> terroir.txnstate.Record.LocalEpochsEntry
+	3,  // 5: terroir.txnstate.Command.decide:type_name -> terroir.txnstate.Record
+	5,  // 6: terroir.txnstate.Command.forget:type_name -> terroir.txnstate.Forget
+	14, // 7: terroir.txnstate.Watermarks.local_epochs:type_name -> terroir.txnstate.Watermarks.LocalEpochsEntry
+	3,  // 8: terroir.txnstate.DecideRequest.record:type_name -> terroir.txnstate.Record
+	3,  // 9: terroir.txnstate.DecideResponse.record:type_name -> terroir.txnstate.Record
+	3,  // 10: terroir.txnstate.GetResponse.record:type_name -> terroir.txnstate.Record
+	7,  // 11: terroir.txnstate.TxnState.Decide:input_type -> terroir.txnstate.DecideRequest
+	9,  // 12: terroir.txnstate.TxnState.Get:input_type -> terroir.txnstate.GetRequest
+	11, // 13: terroir.txnstate.TxnState.Forget:input_type -> terroir.txnstate.ForgetRequest
+	8,  // 14: terroir.txnstate.TxnState.Decide:output_type -> terroir.txnstate.DecideResponse
+	10, // 15: terroir.txnstate.TxnState.Get:output_type -> terroir.txnstate.GetResponse
+	12, // 16: terroir.txnstate.TxnState.Forget:output_type -> terroir.txnstate.ForgetResponse
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_txnstate_proto_init() }
@@ -532,13 +885,17 @@ func file_txnstate_proto_init() {
 	if File_txnstate_proto != nil {
 		return
 	}
+	file_txnstate_proto_msgTypes[3].OneofWrappers = []any{
+		(*Command_Decide)(nil),
+		(*Command_Forget)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txnstate_proto_rawDesc), len(file_txnstate_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	TxnState_Decide_FullMethodName = "/terroir.txnstate.TxnState/Decide"
 	TxnState_Get_FullMethodName    = "/terroir.txnstate.TxnState/Get"
+	TxnState_Forget_FullMethodName = "/terroir.txnstate.TxnState/Forget"
 )
 
 // TxnStateClient is the client API for TxnState service.
@@ -36,6 +37,9 @@ type TxnStateClient interface {
 	Decide(ctx context.Context, in *DecideRequest, opts ...grpc.CallOption) (*DecideResponse, error)
 	// Get returns the recorded outcome (UNKNOWN if none), linearizably.
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
+	// Forget removes records whose outcome every participant has applied;
+	// sent by a coordinator once it told them all (DESIGN.md §14).
+	Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error)
 }
 
 type txnStateClient struct {
@@ -66,6 +70,16 @@ func (c *txnStateClient) Get(ctx context.Context, in *GetRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *txnStateClient) Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetResponse)
+	err := c.cc.Invoke(ctx, TxnState_Forget_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TxnStateServer is the server API for TxnState service.
 // All implementations must embed UnimplementedTxnStateServer
 // for forward compatibility.
@@ -76,6 +90,9 @@ type TxnStateServer interface {
 	Decide(context.Context, *DecideRequest) (*DecideResponse, error)
 	// Get returns the recorded outcome (UNKNOWN if none), linearizably.
 	Get(context.Context, *GetRequest) (*GetResponse, error)
+	// Forget removes records whose outcome every participant has applied;
+	// sent by a coordinator once it told them all (DESIGN.md §14).
+	Forget(context.Context, *ForgetRequest) (*ForgetResponse, error)
 	mustEmbedUnimplementedTxnStateServer()
 }
 
@@ -91,6 +108,9 @@ func (UnimplementedTxnStateServer) Decide(context.Context, *DecideRequest) (*Dec
 }
 func (UnimplementedTxnStateServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Get not implemented")
+}
+func (UnimplementedTxnStateServer) Forget(context.Context, *ForgetRequest) (*ForgetResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Forget not implemented")
 }
 func (UnimplementedTxnStateServer) mustEmbedUnimplementedTxnStateServer() {}
 func (UnimplementedTxnStateServer) testEmbeddedByValue()                  {}
@@ -149,6 +169,24 @@ func _TxnState_Get_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TxnState_Forget_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TxnStateServer).Forget(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TxnState_Forget_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TxnStateServer).Forget(ctx, req.(*ForgetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TxnState_ServiceDesc is the grpc.ServiceDesc for TxnState service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -163,6 +201,10 @@ var TxnState_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Get",
 			Handler:    _TxnState_Get_Handler,
+		},
+		{
+			MethodName: "Forget",
+			Handler:    _TxnState_Forget_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
