@@ -289,6 +289,15 @@ type CrashHook = coordinator.CrashHook
 // commit leaves behind.
 func (db *DB) SetCrashHook(h CrashHook) { db.coord.SetCrashHook(h) }
 
+// StallHook is asked once every participant of a two-phase commit has
+// prepared; a positive duration stalls the coordinator there, heartbeats
+// stopped, as a paused process would.
+type StallHook = coordinator.StallHook
+
+// SetStallHook installs h for commits from now on (nil removes it). It
+// exists for fault campaigns (terroir nemesis).
+func (db *DB) SetStallHook(h StallHook) { db.coord.SetStallHook(h) }
+
 // SnapshotMode chooses a snapshot transaction's epoch and guarantee; see the
 // constants.
 type SnapshotMode = coordinator.SnapshotMode

@@ -44,6 +44,7 @@ type Coordinator struct {
 	session  atomic.Uint64              // the highest epoch this client has committed at
 	lastPrio atomic.Uint64
 	crash    atomic.Pointer[CrashHook] // nil: none
+	stall    atomic.Pointer[StallHook] // nil: none
 
 	wg      sync.WaitGroup // commit notifications and heartbeats in flight
 	beating sync.Map       // *heartbeater → struct{}: open transactions' heartbeats
@@ -181,17 +182,57 @@ func (c *Coordinator) SetCrashHook(h CrashHook) {
 	c.crash.Store(&h)
 }
 
+// StallHook is asked, once every participant of a two-phase commit has
+// prepared, with the transaction's ID and its participants' range IDs. A
+// positive duration stalls the coordinator there, as a paused process
+// would: its heartbeats stop and it waits that long before writing the
+// commit record — which the transaction state store may then refuse, if
+// the participants resolved the transaction as an orphan meanwhile.
+type StallHook func(txnID []byte, ranges []uint64) time.Duration
+
+// SetStallHook installs h for transactions committing from now on (nil
+// removes it). It exists for fault campaigns (terroir nemesis).
+func (c *Coordinator) SetStallHook(h StallHook) {
+	if h == nil {
+		c.stall.Store(nil)
+		return
+	}
+	c.stall.Store(&h)
+}
+
+// stalls runs the stall hook, if any: it stops the heartbeats and sleeps
+// for as long as the hook says (bounded by ctx).
+func (t *Txn) stalls(ctx context.Context) {
+	h := t.c.stall.Load()
+	if h == nil {
+		return
+	}
+	d := (*h)(t.meta.GetId(), t.rangeIDs())
+	if d <= 0 {
+		return
+	}
+	t.hb.stop()
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func (t *Txn) rangeIDs() []uint64 {
+	ranges := make([]uint64, 0, len(t.parts))
+	for _, part := range t.parts {
+		ranges = append(ranges, part.desc.GetRangeId())
+	}
+	return ranges
+}
+
 // crashes asks the crash hook whether the transaction's coordinator dies at p.
 func (t *Txn) crashes(p CrashPoint) bool {
 	h := t.c.crash.Load()
 	if h == nil {
 		return false
 	}
-	ranges := make([]uint64, 0, len(t.parts))
-	for _, part := range t.parts {
-		ranges = append(ranges, part.desc.GetRangeId())
-	}
-	return (*h)(p, t.meta.GetId(), ranges)
+	return (*h)(p, t.meta.GetId(), t.rangeIDs())
 }
 
 // Begin starts a read-write transaction. A retry of a transaction should pass

@@ -641,6 +641,7 @@ func (t *Txn) commitTwoPhase(ctx context.Context) (storage.VersionID, error) {
 	if t.crashes(CrashAfterPrepare) {
 		return storage.VersionID{}, fmt.Errorf("%w: the coordinator crashed %v", ErrCommitUnknown, CrashAfterPrepare)
 	}
+	t.stalls(ctx)
 	// The commit point: record the decision (DESIGN.md §4.4).
 	rec := &txnstatepb.Record{TxnId: t.meta.GetId(), Outcome: txnstatepb.Outcome_OUTCOME_COMMITTED,
 		Version: &txnstatepb.VersionID{Epoch: ver.GetEpoch(), Counter: ver.GetCounter()}, LocalEpochs: map[string]uint64{}}

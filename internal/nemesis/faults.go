@@ -32,12 +32,13 @@ const (
 	faultMerge         = "merge two ranges under load"
 	faultMergeKill     = "merge two ranges and kill the leader as the merge applies"
 	faultDirectory     = "kill a region's directory leader and split a range there"
+	faultStall         = "stall a coordinator between prepare and commit record past the record grace"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
-	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory}
+	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -58,6 +59,13 @@ var midCommit = map[string]struct {
 const (
 	// orphanAfter is the cluster's bound on a silent coordinator (OrphanAfter).
 	orphanAfter = time.Second
+	// txnRecordGrace is the cluster's txn_record_grace: short, so the
+	// txn-state leaders forget left-behind records while the faults strike.
+	txnRecordGrace = 2 * time.Second
+	// stallFor is how long faultStall pauses a coordinator: past the orphan
+	// bound, the participants' abort, and the grace after which its record
+	// is forgotten.
+	stallFor = orphanAfter + txnRecordGrace + 2*time.Second
 	// releaseBound is how long after a mid-commit kill every participant may
 	// still hold the transaction's locks: the fault's hold (≤ 2 s), leader
 	// failover, orphanAfter, and resolution through the state store.
@@ -242,6 +250,9 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				net.Heal()
 				return cp.setExcluded(region, false)
 			}
+		case faultStall:
+			cp.stallCommit(ctx)
+			heal = func() error { return nil }
 		default:
 			f, ok := cp.strikeMidCommit(ctx, kind, r.IntN(8))
 			if !ok {
@@ -427,4 +438,61 @@ func (cp *campaign) splitKey(r *rand.Rand) []byte {
 		fmt.Sprintf("nemesis-reg-%d", r.IntN(8)),
 	}
 	return cp.key(r.IntN(len(cp.keys)), names[r.IntN(len(names))])
+}
+
+// stallCommit runs one two-phase commit across two regions whose
+// coordinator stalls after every participant prepared, heartbeats stopped,
+// for stallFor: the participants abort it as an orphan and the txn-state
+// leader forgets their abort record before the coordinator asks to commit
+// (DESIGN.md §14). The store must refuse that commit (the forget watermark)
+// unless it is the first decision; either way its writes are all there or
+// all absent, as its outcome says.
+func (cp *campaign) stallCommit(ctx context.Context) {
+	if len(cp.regions) < 2 {
+		return
+	}
+	db, err := cp.c.Client(cp.regions[0])
+	if err != nil {
+		cp.anomaly("a client for the stalled commit: %v", err)
+		return
+	}
+	defer db.Close()
+	db.SetStallHook(func([]byte, []uint64) time.Duration { return stallFor })
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stallFor+4*opTimeout)
+	defer cancel()
+	n := cp.now()
+	keys := [][]byte{cp.key(0, fmt.Sprintf("nemesis-stall-%d", n)), cp.key(1, fmt.Sprintf("nemesis-stall-%d", n))}
+	tx := db.Begin()
+	for _, k := range keys {
+		if err := tx.Put(cctx, k, []byte("stalled")); err != nil {
+			_ = tx.Abort(cctx)
+			cp.countOutcome("stalled commit", err)
+			return
+		}
+	}
+	_, err = tx.Commit(cctx)
+	o := cp.countOutcome("stalled commit", err)
+	var present []bool
+	if _, rerr := db.View(cctx, client.Linearizable, func(ctx context.Context, s *client.Snapshot) error {
+		present = present[:0]
+		for _, k := range keys {
+			_, ok, err := s.Get(ctx, k)
+			if err != nil {
+				return err
+			}
+			present = append(present, ok)
+		}
+		return nil
+	}); rerr != nil {
+		cp.countOutcome("stalled commit read", rerr)
+		return
+	}
+	switch {
+	case present[0] != present[1]:
+		cp.anomaly("a stalled commit (%v) applied at one participant only: %v", err, present)
+	case err == nil && !present[0]:
+		cp.anomaly("a stalled commit was acknowledged but its writes are missing")
+	case o == failed && present[0]:
+		cp.anomaly("a stalled commit failed (%v) but its writes are there", err)
+	}
 }

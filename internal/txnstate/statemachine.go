@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"sync"
 
@@ -180,6 +181,8 @@ func (sm *StateMachine) decide(b *pebble.Batch, want *txnstatepb.Record) any {
 			if w, ok := sm.watermarks[region]; ok && l <= w {
 				sm.mu.Unlock()
 				// An abort record of this transaction may have been forgotten.
+				slog.Info("refused a commit validated below the forget watermark", "txn", fmt.Sprintf("%x", want.GetTxnId()),
+					"region", region, "local_epoch", l, "watermark", w)
 				return &txnstatepb.Record{TxnId: want.GetTxnId(), Outcome: txnstatepb.Outcome_OUTCOME_ABORTED}
 			}
 		}
