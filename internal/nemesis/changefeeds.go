@@ -86,8 +86,21 @@ func sleep(ctx context.Context, d time.Duration) {
 func (f *changefeeds) start(ctx context.Context, db *client.DB) error {
 	sctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	state, at, err := f.accountsAt(sctx, db)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.state, f.resolved = state, at-1
+	f.mu.Unlock()
+	return nil
+}
+
+// accountsAt reads the accounts in a Strong snapshot and returns them
+// with the snapshot's epoch.
+func (f *changefeeds) accountsAt(ctx context.Context, db *client.DB) (map[string]string, uint64, error) {
 	state := map[string]string{}
-	st, err := db.View(sctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+	st, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
 		clear(state)
 		for k := range f.accounts {
 			v, ok, err := s.Get(ctx, []byte(k))
@@ -100,13 +113,7 @@ func (f *changefeeds) start(ctx context.Context, db *client.DB) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	f.mu.Lock()
-	f.state, f.resolved = state, st.Epoch-1
-	f.mu.Unlock()
-	return nil
+	return state, st.Epoch, err
 }
 
 // apply is the consumer: it checks each event and applies the accounts'.
@@ -166,29 +173,19 @@ func (f *changefeeds) final(ctx context.Context, db *client.DB) {
 		f.cancel()
 		<-f.done
 	}()
-	var want map[string]string
-	var at uint64
 	fctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	var want map[string]string
+	var at uint64
 	for fctx.Err() == nil {
-		want = map[string]string{}
-		st, err := db.View(fctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
-			clear(want)
-			for k := range f.accounts {
-				v, ok, err := s.Get(ctx, []byte(k))
-				if err != nil {
-					return err
-				}
-				if ok {
-					want[k] = string(v)
-				}
-			}
-			return nil
-		})
-		if err == nil {
-			at = st.Epoch
+		var err error
+		if want, at, err = f.accountsAt(fctx, db); err == nil {
 			break
 		}
+	}
+	if at == 0 {
+		f.cp.anomaly("changefeed: no snapshot of the accounts after the faults were healed")
+		return
 	}
 	for fctx.Err() == nil {
 		f.mu.Lock()
