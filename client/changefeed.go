@@ -32,10 +32,15 @@ type FeedOptions struct {
 	// it fails with ErrSnapshotTooOld once GC has collected any.
 	All bool
 	// Interval is the time between two rounds (default 100 ms): each round
-	// is one Strong snapshot that resolves a new epoch.
+	// is one Linearizable snapshot that resolves a new epoch.
 	Interval time.Duration
-	// PageSize bounds the versions one range read returns (default 1000).
+	// PageSize bounds the versions one range read returns (default 1000;
+	// a page ends at a key boundary, so one key's versions in a round
+	// come in one page).
 	PageSize int
+	// OnError, if set, hears each round that failed and will run again (a
+	// region cut off, a leader change); the feed goes on.
+	OnError func(error)
 }
 
 // feedProtectionTTL is how long a changefeed's GC protection outlives its
@@ -58,16 +63,20 @@ func Prefix(p []byte) (start, end []byte) {
 // Changefeed streams the committed writes of a span to fn, in version-id
 // order across every region, with a resolved event each time a new epoch
 // is resolved (DESIGN.md §14), until ctx ends or fn fails. Each round is
-// one Strong snapshot at epoch `at`: it reads the span's versions in
-// (resolved, at) — the snapshot's waits guarantee no transaction can still
-// commit below <at, 0> there — and delivers them, then Resolved = at-1.
-// A round that fails part-way delivers nothing and is run again, so a
-// consumer sees each change once. While it runs, the feed protects the
-// oldest epoch it still needs from GC in every region.
+// one Linearizable snapshot at epoch `at`, which closes every epoch below
+// `at` in the span: it begins once the global epoch service shows at+1,
+// so every publisher shows at least `at` and a transaction that could
+// still commit below <at, 0> already holds its locks; each range read then
+// waits those out. The round reads the span's versions in (resolved, at),
+// delivers them, then Resolved = at-1. A round that fails part-way
+// delivers nothing and is run again, so a consumer sees each change once.
+// While it runs, the feed protects the oldest epoch it still needs from GC
+// in every region.
 //
-// It returns fn's error, ctx's error, ErrInvalidRange for a bad span, or
-// ErrSnapshotTooOld (nothing delivered) when a range has collected versions
-// the feed would need: From below the GC horizon.
+// It returns fn's error, ctx's error, ErrInvalidRange for a bad span,
+// ErrSnapshotTooOld (nothing delivered) when a range has collected
+// versions the feed would need (From below the GC horizon), and any error
+// that is not retryable (IsRetryable), such as ErrCrossRegion.
 func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEvent) error) error {
 	if opts.End != nil && bytes.Compare(opts.Start, opts.End) >= 0 {
 		return fmt.Errorf("%w: changefeed span [%q, %q)", ErrInvalidRange, opts.Start, opts.End)
@@ -84,7 +93,7 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 	}
 	resolved := opts.From
 	if !opts.All && resolved == 0 {
-		s, err := db.BeginSnapshot(ctx, Strong)
+		s, err := db.BeginSnapshot(ctx, Linearizable)
 		if err != nil {
 			return err
 		}
@@ -109,9 +118,13 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, ErrSnapshotTooOld):
+		case errors.Is(err, ErrSnapshotTooOld), err != nil && !IsRetryable(err):
 			return err
-		case err == nil && at-1 > resolved:
+		case err != nil:
+			if opts.OnError != nil {
+				opts.OnError(err)
+			}
+		case at-1 > resolved:
 			for i := range changes {
 				if err := fn(FeedEvent{Change: &changes[i]}); err != nil {
 					return err
@@ -123,8 +136,8 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 			}
 			hold.Advance(resolved + 1)
 		}
-		// Other errors (a region cut, a leader change) end the round
-		// undelivered: the next one reads the same changes and more.
+		// A retryable error (a region cut, a leader change) ended the
+		// round undelivered: the next one reads the same changes and more.
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -133,10 +146,10 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 	}
 }
 
-// feedRound reads, in one Strong snapshot at epoch at, the span's changes
-// with epochs in [since, at), sorted by version id (then key).
+// feedRound reads, in one Linearizable snapshot at epoch at, the span's
+// changes with epochs in [since, at), sorted by version id (then key).
 func (db *DB) feedRound(ctx context.Context, lo, hi []byte, since uint64, page int) (uint64, []Change, error) {
-	s, err := db.BeginSnapshot(ctx, Strong)
+	s, err := db.BeginSnapshot(ctx, Linearizable)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -147,7 +160,7 @@ func (db *DB) feedRound(ctx context.Context, lo, hi []byte, since uint64, page i
 	}
 	var out []Change
 	for {
-		part, err := s.Changes(ctx, lo, hi, since, page)
+		part, err := s.Changes(ctx, lo, hi, since, false, page)
 		if err != nil {
 			return 0, nil, err
 		}

@@ -79,7 +79,7 @@ func (f *feedConsumer) apply(ev client.FeedEvent) error {
 func TestChangefeedHoldsTheSnapshotState(t *testing.T) {
 	c, db := startCluster(t, localcluster.Options{Crashable: true})
 	ctx := ctxT(t, 120*time.Second)
-	s, err := db.BeginSnapshot(ctx, client.Strong)
+	s, err := db.BeginSnapshot(ctx, client.Linearizable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestChangefeedHoldsTheSnapshotState(t *testing.T) {
 		feedDone <- db.Changefeed(fctx, client.FeedOptions{From: from, Interval: 20 * time.Millisecond, PageSize: 7}, cons.apply)
 	}()
 	fund(t, ctx, db)
-	funded, err := db.BeginSnapshot(ctx, client.Strong)
+	funded, err := db.BeginSnapshot(ctx, client.Linearizable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestChangefeedHoldsTheSnapshotState(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	load.stop()
 
-	final, err := db.BeginSnapshot(ctx, client.Strong)
+	final, err := db.BeginSnapshot(ctx, client.Linearizable)
 	if err != nil {
 		t.Fatal(err)
 	}

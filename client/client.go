@@ -376,12 +376,15 @@ type Change = coordinator.Change
 
 // Changes returns every committed version with lo ≤ key < hi whose epoch
 // lies in [since, Stats().Epoch), in key order and newest first within a
-// key: what takes the state at epoch `since` to this snapshot's. With limit
-// > 0 about limit versions, ending at a key boundary. Errors as Scan's, and
+// key: what takes the state at epoch `since` to this snapshot's; with
+// newestOnly, only each key's newest version of them. With limit > 0 about
+// limit versions, ending at a key boundary. Errors as Scan's, and
 // ErrSnapshotTooOld when GC collected versions at or above since. Most
-// callers want the changefeed package, which streams them in version order.
-func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, limit int) ([]Change, error) {
-	return s.s.Changes(ctx, lo, hi, since, limit)
+// callers want Changefeed, which streams them in version order. The
+// snapshot must be Linearizable for the set to be complete across regions
+// (DESIGN.md §14).
+func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, newestOnly bool, limit int) ([]Change, error) {
+	return s.s.Changes(ctx, lo, hi, since, newestOnly, limit)
 }
 
 // Put fails with ErrReadOnly: snapshots are read-only.

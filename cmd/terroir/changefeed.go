@@ -94,8 +94,9 @@ func changefeedCmd() *cobra.Command {
 			enc := json.NewEncoder(c.OutOrStdout())
 			c.SetContext(ctx)
 			return withClusterClient(c, cluster, timeout, func(ctx context.Context, db *client.DB, _ *transport.Dialer, _ *topology.Topology) error {
-				err := db.Changefeed(ctx, client.FeedOptions{Start: start, End: end, From: from, All: all, Interval: interval},
-					func(ev client.FeedEvent) error { return enc.Encode(feedJSON(ev)) })
+				opts := client.FeedOptions{Start: start, End: end, From: from, All: all, Interval: interval,
+					OnError: func(err error) { fmt.Fprintln(c.ErrOrStderr(), "changefeed: a round failed, running it again:", err) }}
+				err := db.Changefeed(ctx, opts, func(ev client.FeedEvent) error { return enc.Encode(feedJSON(ev)) })
 				if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
 					return nil // --for ran out, or the reader went away: a normal end
 				}

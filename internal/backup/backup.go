@@ -215,14 +215,11 @@ func writePage(ctx context.Context, s *client.Snapshot, lo, hi []byte, base *Man
 		}
 		return page[len(page)-1].Key, len(page), nil
 	}
-	page, err := s.Changes(ctx, lo, hi, base.Epoch, scanPage)
+	page, err := s.Changes(ctx, lo, hi, base.Epoch, true, scanPage)
 	if err != nil || len(page) == 0 {
 		return nil, 0, err
 	}
-	for i, c := range page {
-		if i > 0 && bytes.Equal(c.Key, page[i-1].Key) {
-			continue // an older version of the key: its newest came first
-		}
+	for _, c := range page {
 		if err := write(c.Key, c.Value, c.Tombstone); err != nil {
 			return nil, 0, err
 		}

@@ -256,9 +256,10 @@ type Change struct {
 // the snapshot reads. The snapshot's waits make the set complete: no
 // transaction can still commit below <at, 0> in the span. With limit > 0 it
 // returns about limit versions, ending at a key boundary; the caller goes on
-// from the last key's successor. Errors as Scan's, and ErrSnapshotTooOld
-// when a range collected versions at or above since.
-func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, limit int) ([]Change, error) {
+// from the last key's successor. With newestOnly, only each key's newest
+// version in the window. Errors as Scan's, and ErrSnapshotTooOld when a
+// range collected versions at or above since.
+func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, newestOnly bool, limit int) ([]Change, error) {
 	if err := checkScan(lo, hi); err != nil {
 		return nil, err
 	}
@@ -269,7 +270,7 @@ func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, lim
 			want = limit - len(out)
 		}
 		resp, err := s.read(ctx, part.Desc, &pb.SnapshotReadRequest{RangeId: part.Desc.GetRangeId(), Start: part.Start, End: part.End,
-			Scan: true, Limit: uint32(want), Changes: true, Since: since})
+			Scan: true, Limit: uint32(want), Changes: true, Since: since, NewestOnly: newestOnly})
 		if err != nil {
 			return false, err
 		}

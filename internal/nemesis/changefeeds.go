@@ -81,7 +81,7 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// start reads the accounts in a Strong snapshot: the copy's first state,
+// start reads the accounts in a Linearizable snapshot: the copy's first state,
 // resolved at the snapshot's epoch - 1.
 func (f *changefeeds) start(ctx context.Context, db *client.DB) error {
 	sctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -96,11 +96,12 @@ func (f *changefeeds) start(ctx context.Context, db *client.DB) error {
 	return nil
 }
 
-// accountsAt reads the accounts in a Strong snapshot and returns them
-// with the snapshot's epoch.
+// accountsAt reads the accounts in a Linearizable snapshot — every epoch
+// below its own closed across regions, as the feed's rounds — and returns
+// them with the snapshot's epoch.
 func (f *changefeeds) accountsAt(ctx context.Context, db *client.DB) (map[string]string, uint64, error) {
 	state := map[string]string{}
-	st, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+	st, err := db.View(ctx, client.Linearizable, func(ctx context.Context, s *client.Snapshot) error {
 		clear(state)
 		for k := range f.accounts {
 			v, ok, err := s.Get(ctx, []byte(k))
@@ -166,7 +167,7 @@ func (f *changefeeds) total() (int, error) {
 	return sum, nil
 }
 
-// final waits for the feed to resolve past a Strong snapshot taken now,
+// final waits for the feed to resolve past a snapshot taken now,
 // when nothing writes, and compares the copy with it; then stops the feed.
 func (f *changefeeds) final(ctx context.Context, db *client.DB) {
 	defer func() {

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/terroir-db/terroir/internal/coordinator"
+	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/txnstate"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
 )
@@ -50,7 +51,14 @@ func (n *Node) cleanTxnRecords(srv *txnstate.Server, region string) {
 	s := &settler{n: n, region: region}
 	defer s.close()
 	top := n.cfg.Topology
-	txnstate.NewCleaner(srv, s, txnstate.CleanerConfig{Grace: top.TxnRecordGrace}).Run(n.stopped)
+	local := func(ctx context.Context, region string) (uint64, error) {
+		r, err := n.reader(topology.KindLocalEpoch, region)
+		if err != nil {
+			return 0, err
+		}
+		return r.Read(ctx)
+	}
+	txnstate.NewCleaner(srv, s, txnstate.CleanerConfig{Grace: top.TxnRecordGrace, LocalEpoch: local}).Run(n.stopped)
 }
 
 // TxnRecords returns how many transaction records this node's txn-state

@@ -175,7 +175,7 @@ func (r *Replica) changes(ks Keyspace, req *pb.SnapshotReadRequest, resp *pb.Sna
 	}
 	limit := int(req.GetLimit())
 	var last []byte
-	err := r.sm.Versions(ks, start, end, storage.EpochStart(req.GetSince()), storage.EpochStart(req.GetAt()), func(v storage.Version) bool {
+	err := r.sm.Versions(ks, start, end, storage.EpochStart(req.GetSince()), storage.EpochStart(req.GetAt()), req.GetNewestOnly(), func(v storage.Version) bool {
 		if limit > 0 && len(resp.Changes) >= limit && !bytes.Equal(v.Key, last) {
 			return false
 		}

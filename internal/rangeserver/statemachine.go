@@ -226,9 +226,10 @@ func (sm *StateMachine) Scan(ks Keyspace, start, end []byte, below storage.Versi
 }
 
 // Versions calls fn with every version of ks in [start, end) with id in
-// [from, below), newest first per key (storage.Engine.ScanVersions).
-func (sm *StateMachine) Versions(ks Keyspace, start, end []byte, from, below storage.VersionID, fn func(storage.Version) bool) error {
-	return sm.e.ScanVersions(ks.prefix(), start, end, from, below, fn)
+// [from, below) — each key's newest only, with newestOnly — newest first
+// per key (storage.Engine.ScanVersions).
+func (sm *StateMachine) Versions(ks Keyspace, start, end []byte, from, below storage.VersionID, newestOnly bool, fn func(storage.Version) bool) error {
+	return sm.e.ScanVersions(ks.prefix(), start, end, from, below, newestOnly, fn)
 }
 
 // spans returns the engine spans a snapshot of the range holds: its

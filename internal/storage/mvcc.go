@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // VersionID orders the versions of a key (paper §5.1, DESIGN.md §6): the global
@@ -273,27 +275,67 @@ func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok boo
 // ScanVersions calls fn, in key order and newest first within a key, with
 // every version of the user keys in [start, end) under prefix whose id lies in
 // [from, below), tombstones included (a changefeed's or an incremental
-// backup's read, DESIGN.md §14). fn returning false stops the scan. A nil end
-// scans to the end of the key space. Slices passed to fn are copies the
-// callee may keep. Errors wrap ErrCorrupt.
-func (e *Engine) ScanVersions(prefix, start, end []byte, from, below VersionID, fn func(Version) bool) error {
+// backup's read, DESIGN.md §14); with newestOnly, only each key's newest
+// version in the window. It seeks past the versions outside the window
+// rather than reading them, so a read of a recent window costs about a
+// seek per key, not the history kept. fn returning false stops the scan.
+// A nil end scans to the end of the key space. Slices passed to fn are
+// copies the callee may keep. Errors wrap ErrCorrupt.
+func (e *Engine) ScanVersions(prefix, start, end []byte, from, below VersionID, newestOnly bool, fn func(Version) bool) error {
+	if !from.Less(below) {
+		return nil
+	}
 	lo, hi := MVCCKeyBounds(prefix, start, end)
-	return e.Scan(lo, hi, func(k, v []byte) (bool, error) {
-		key, ver, err := DecodeMVCCKey(prefix, k)
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return wrapReadErr(err)
+	}
+	// last is the newest version below `below`: a seek to it lands on the
+	// key's first version inside the window, or past it.
+	last := VersionID{Epoch: below.Epoch, Counter: below.Counter - 1}
+	if below.Counter == 0 {
+		last = VersionID{Epoch: below.Epoch - 1, Counter: ^uint32(0)}
+	}
+	valid := it.First()
+	for valid {
+		key, ver, err := DecodeMVCCKey(prefix, it.Key())
 		if err != nil {
-			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
+			_ = it.Close()
+			return fmt.Errorf("%w: %v", ErrCorrupt, err)
 		}
-		if ver.Less(from) || !ver.Less(below) {
-			return true, nil
+		switch {
+		case !ver.Less(below): // newer than the window
+			valid = it.SeekGE(EncodeMVCCKey(prefix, key, last))
+			continue
+		case ver.Less(from): // older: on to the next key
+			valid = it.SeekGE(PrefixEnd(appendEscaped(append([]byte{}, prefix...), key)))
+			continue
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			_ = it.Close()
+			return wrapReadErr(err)
 		}
 		val, tomb, err := DecodeMVCCValue(v)
 		if err != nil {
-			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
+			_ = it.Close()
+			return fmt.Errorf("%w: %v", ErrCorrupt, err)
 		}
 		out := Version{Key: key, ID: ver, Tombstone: tomb}
 		if !tomb {
 			out.Value = append([]byte{}, val...)
 		}
-		return fn(out), nil
-	})
+		if !fn(out) {
+			break
+		}
+		if newestOnly {
+			valid = it.SeekGE(PrefixEnd(appendEscaped(append([]byte{}, prefix...), key)))
+		} else {
+			valid = it.Next()
+		}
+	}
+	if err := it.Close(); err != nil {
+		return wrapReadErr(err)
+	}
+	return nil
 }

@@ -124,7 +124,7 @@ func TestGetAndScanAsOf(t *testing.T) {
 	// The versions in [<2,0>, <5,0>): a3, then b's tombstone and b2 (newest
 	// first); a1, a\x00's <1,1> and c5 lie outside the window.
 	got = nil
-	err = e.ScanVersions(prefix, nil, nil, EpochStart(2), EpochStart(5), func(v Version) bool {
+	err = e.ScanVersions(prefix, nil, nil, EpochStart(2), EpochStart(5), false, func(v Version) bool {
 		got = append(got, fmt.Sprintf("%s=%s@%v tomb=%v", v.Key, v.Value, v.ID, v.Tombstone))
 		return true
 	})
@@ -133,9 +133,24 @@ func TestGetAndScanAsOf(t *testing.T) {
 		t.Fatalf("versions in [<2,0>, <5,0>) = %q, %v; want %q", got, err, want)
 	}
 	n = 0
-	_ = e.ScanVersions(prefix, nil, nil, VersionID{}, EpochStart(9), func(Version) bool { n++; return false })
+	_ = e.ScanVersions(prefix, nil, nil, VersionID{}, EpochStart(9), false, func(Version) bool { n++; return false })
 	if n != 1 {
 		t.Fatalf("ScanVersions did not stop when asked (%d calls)", n)
+	}
+	// Newest only, and windows that cut inside a key's versions: [<1,1>, <4,2>)
+	// holds a3 (a's newest there), a\x00's <1,1> and b2; b's tombstone is at
+	// the window's end, excluded.
+	got = nil
+	err = e.ScanVersions(prefix, nil, nil, VersionID{1, 1}, VersionID{4, 2}, true, func(v Version) bool {
+		got = append(got, fmt.Sprintf("%s=%s@%v", v.Key, v.Value, v.ID))
+		return true
+	})
+	want = []string{"a=a3@<3,1>", "a\x00=nul@<1,1>", "b=b2@<2,1>"}
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("newest versions in [<1,1>, <4,2>) = %q, %v; want %q", got, err, want)
+	}
+	if err := e.ScanVersions(prefix, nil, nil, EpochStart(5), EpochStart(5), false, func(Version) bool { t.Fatal("a version in an empty window"); return false }); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -24,6 +24,11 @@ type CleanerConfig struct {
 	Grace time.Duration
 	// Every is the time between two scans (default Grace/4).
 	Every time.Duration
+	// LocalEpoch reads a region's current local epoch. An abort record is
+	// forgotten only once its region's local epoch has passed the record's
+	// abort_bound, so the watermark it raises refuses no commit but those
+	// validated before the abort (nil: aborts are never forgotten).
+	LocalEpoch func(ctx context.Context, region string) (uint64, error)
 }
 
 // Cleaner forgets, on the leaders of the groups a node hosts, the
@@ -116,8 +121,10 @@ func (c *Cleaner) clean(ctx context.Context, r Replica) (int, error) {
 	var forget [][]byte
 	for _, rec := range due {
 		switch {
-		case rec.GetOutcome() == txnstatepb.Outcome_OUTCOME_ABORTED && rec.GetAbortRegion() != "":
-			forget = append(forget, rec.GetTxnId())
+		case rec.GetOutcome() == txnstatepb.Outcome_OUTCOME_ABORTED && rec.GetAbortRegion() != "" && c.cfg.LocalEpoch != nil:
+			if l, err := c.cfg.LocalEpoch(ctx, rec.GetAbortRegion()); err == nil && l > rec.GetAbortBound() {
+				forget = append(forget, rec.GetTxnId())
+			}
 		case rec.GetOutcome() == txnstatepb.Outcome_OUTCOME_COMMITTED:
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err := c.settler.Settle(sctx, rec)

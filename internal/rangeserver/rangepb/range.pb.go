@@ -2494,8 +2494,11 @@ type SnapshotReadRequest struct {
 	// version below <at, 0> in the span. A scan's limit then counts versions,
 	// and a page ends only at a key boundary. since below the range's GC
 	// horizon is refused as a snapshot below it is.
-	Changes       bool   `protobuf:"varint,9,opt,name=changes,proto3" json:"changes,omitempty"`
-	Since         uint64 `protobuf:"varint,10,opt,name=since,proto3" json:"since,omitempty"`
+	Changes bool   `protobuf:"varint,9,opt,name=changes,proto3" json:"changes,omitempty"`
+	Since   uint64 `protobuf:"varint,10,opt,name=since,proto3" json:"since,omitempty"`
+	// newest_only: of each key's versions in the window, only the newest
+	// (an incremental backup's read).
+	NewestOnly    bool `protobuf:"varint,11,opt,name=newest_only,json=newestOnly,proto3" json:"newest_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2598,6 +2601,13 @@ func (x *SnapshotReadRequest) GetSince() uint64 {
 		return x.Since
 	}
 	return 0
+}
+
+func (x *SnapshotReadRequest) GetNewestOnly() bool {
+	if x != nil {
+		return x.NewestOnly
+	}
+	return false
 }
 
 // Change is one stored version of a key: a value or a deletion.
@@ -3329,7 +3339,7 @@ const file_range_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\"'\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
-	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xff\x01\n" +
+	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xa0\x02\n" +
 	"\x13SnapshotReadRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
@@ -3342,7 +3352,9 @@ const file_range_proto_rawDesc = "" +
 	"localEpoch\x12\x18\n" +
 	"\achanges\x18\t \x01(\bR\achanges\x12\x14\n" +
 	"\x05since\x18\n" +
-	" \x01(\x04R\x05since\"\x82\x01\n" +
+	" \x01(\x04R\x05since\x12\x1f\n" +
+	"\vnewest_only\x18\v \x01(\bR\n" +
+	"newestOnly\"\x82\x01\n" +
 	"\x06Change\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1c\n" +
