@@ -29,6 +29,7 @@ type changefeeds struct {
 	accounts map[string]int // account key → index
 	state    map[string]string
 	resolved uint64
+	rounds   int // resolved epochs since the feed last started
 	last     client.Change
 	pending  int // changes since the last resolved epoch
 }
@@ -59,13 +60,25 @@ func (f *changefeeds) run(ctx context.Context, dbs []*client.DB, _ *sync.WaitGro
 			}
 			f.mu.Lock()
 			from := f.resolved
+			f.rounds = 0
 			f.mu.Unlock()
 			err := db.Changefeed(fctx, client.FeedOptions{From: from, Interval: 50 * time.Millisecond}, f.apply)
+			f.mu.Lock()
+			protected := f.rounds > 0 // a round passed after the protection was registered
+			f.mu.Unlock()
 			switch {
 			case fctx.Err() != nil:
-			case errors.Is(err, client.ErrSnapshotTooOld):
+			case errors.Is(err, client.ErrSnapshotTooOld) && protected:
 				f.cp.anomaly("a changefeed resuming after resolved epoch %d lost history it protected: %v", from, err)
 				return
+			case errors.Is(err, client.ErrSnapshotTooOld):
+				// GC passed the starting snapshot before the feed's
+				// protection took hold (gc_ttl is seconds here): start
+				// again from a new snapshot.
+				f.cp.count("changefeed start refused (too old)")
+				f.mu.Lock()
+				f.state = nil
+				f.mu.Unlock()
 			default:
 				f.cp.countOutcome("changefeed restart", err) // resumes after its resolved epoch
 				sleep(fctx, 100*time.Millisecond)
@@ -142,7 +155,7 @@ func (f *changefeeds) apply(ev client.FeedEvent) error {
 	if ev.Resolved <= f.resolved || (f.pending > 0 && f.last.Version.Epoch > ev.Resolved) {
 		f.cp.anomaly("changefeed: resolved epoch %d after %d, with a change at %v", ev.Resolved, f.resolved, f.last.Version)
 	}
-	f.resolved, f.pending = ev.Resolved, 0
+	f.resolved, f.pending, f.rounds = ev.Resolved, 0, f.rounds+1
 	if total, err := f.total(); err != nil || total != accounts*initialFunds {
 		f.cp.anomaly("changefeed: at resolved epoch %d the consumer's bank total is %d (%v), want %d", ev.Resolved, total, err, accounts*initialFunds)
 	}
