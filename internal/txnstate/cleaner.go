@@ -67,13 +67,7 @@ func (c *Cleaner) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		c.srv.mu.RLock()
-		replicas := make([]Replica, 0, len(c.srv.replicas))
-		for _, r := range c.srv.replicas {
-			replicas = append(replicas, r)
-		}
-		c.srv.mu.RUnlock()
-		for _, r := range replicas {
+		for _, r := range c.srv.hosted() {
 			if n, err := c.clean(ctx, r); err != nil && ctx.Err() == nil {
 				slog.Debug("cleaning transaction records", "group", r.Group.ID(), "err", err)
 			} else if n > 0 {

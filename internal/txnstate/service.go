@@ -38,12 +38,21 @@ func (s *Server) Add(r Replica) {
 	s.mu.Unlock()
 }
 
-// Records returns how many records the hosted replicas hold.
-func (s *Server) Records() (int, error) {
+// hosted returns the replicas the server hosts now.
+func (s *Server) hosted() []Replica {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	n := 0
+	out := make([]Replica, 0, len(s.replicas))
 	for _, r := range s.replicas {
+		out = append(out, r)
+	}
+	return out
+}
+
+// Records returns how many records the hosted replicas hold.
+func (s *Server) Records() (int, error) {
+	n := 0
+	for _, r := range s.hosted() {
 		if err := r.SM.Records(func(*txnstatepb.Record) bool { n++; return true }); err != nil {
 			return 0, err
 		}
