@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/terroir-db/terroir/internal/directory"
+	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // FeedEvent is one event of a changefeed: a committed write (Change set), or
@@ -32,7 +33,9 @@ type FeedOptions struct {
 	// it fails with ErrSnapshotTooOld once GC has collected any.
 	All bool
 	// Interval is the time between two rounds (default 100 ms): each round
-	// is one Linearizable snapshot that resolves a new epoch.
+	// reads the span's closed epoch and the changes up to it. The resolved
+	// epoch advances as the ranges close epochs (DESIGN.md §13, every
+	// closed_epoch_interval of the topology).
 	Interval time.Duration
 	// PageSize bounds the versions one range read returns (default 1000;
 	// a page ends at a key boundary, so one key's versions in a round
@@ -46,6 +49,10 @@ type FeedOptions struct {
 // feedProtectionTTL is how long a changefeed's GC protection outlives its
 // last renewal (a feed that dies leaves it this long).
 const feedProtectionTTL = time.Minute
+
+// feedRoundTimeout bounds one round of a changefeed; a round that takes
+// longer fails (retryable) and runs again.
+const feedRoundTimeout = 10 * time.Second
 
 // Prefix returns the span of the keys that start with p: [p, end) for a
 // FeedOptions (a nil end when no key sorts after every key with p).
@@ -62,14 +69,17 @@ func Prefix(p []byte) (start, end []byte) {
 
 // Changefeed streams the committed writes of a span to fn, in version-id
 // order across every region, with a resolved event each time a new epoch
-// is resolved (DESIGN.md §14), until ctx ends or fn fails. Each round is
-// one Linearizable snapshot at epoch `at`, which closes every epoch below
-// `at` in the span: it begins once the global epoch service shows at+1,
-// so every publisher shows at least `at` and a transaction that could
-// still commit below <at, 0> already holds its locks; each range read then
-// waits those out. The round reads the span's versions in (resolved, at),
-// delivers them, then Resolved = at-1. A round that fails part-way
-// delivers nothing and is run again, so a consumer sees each change once.
+// is resolved (DESIGN.md §14), until ctx ends or fn fails. The resolved
+// epochs are the ranges' closed epochs (DESIGN.md §13): each round reads
+// the least closed epoch c of the span's ranges, then the span's versions
+// in (resolved, c] — final, as every range closed c — from each range
+// without an epoch or lock wait, delivers them, then Resolved = c. A round
+// that fails part-way delivers nothing and is run again, so a consumer
+// sees each change once. Without From or All the feed starts after the
+// span's closed epoch: every change that commits after the call is
+// delivered (and those above it that committed just before). From must be
+// an epoch whose state is known: a resolved epoch of a feed, or e-1 after
+// a backup or snapshot at e that read the span.
 // While it runs, the feed protects the oldest epoch it still needs from GC
 // in every region.
 //
@@ -92,13 +102,16 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 		lo = []byte{0}
 	}
 	resolved := opts.From
-	if !opts.All && resolved == 0 {
-		s, err := db.BeginSnapshot(ctx, Linearizable)
+	for !opts.All && resolved == 0 {
+		// From now: the span's closed epoch, which a commit from now on
+		// cannot be at or below (a range not yet closing any answers 0).
+		c, err := db.coord.ClosedEpoch(ctx, lo, opts.End)
 		if err != nil {
 			return err
 		}
-		resolved = s.Stats().Epoch - 1
-		_, _ = s.Finish()
+		if resolved = c; c == 0 && !transport.SleepCtx(ctx, opts.Interval) {
+			return ctx.Err()
+		}
 	}
 	dirs := directory.NewDirectories(db.top, db.dialer)
 	hold, err := dirs.Protect(ctx, fmt.Sprintf("changefeed-%d-%d", resolved, time.Now().UnixNano()),
@@ -146,18 +159,36 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 	}
 }
 
-// feedRound reads, in one Linearizable snapshot at epoch at, the span's
-// changes with epochs in [since, at), sorted by version id (then key).
+// ClosedEpoch returns the least closed epoch of the ranges holding keys in
+// [start, end) (end nil: to the end of the key space; DESIGN.md §13):
+// every version of the span with an epoch at or below it is final, so it
+// is the span's resolved epoch, the one a changefeed's next round reaches.
+// Errors: ErrInvalidRange, ErrUnavailable.
+func (db *DB) ClosedEpoch(ctx context.Context, start, end []byte) (uint64, error) {
+	if len(start) == 0 {
+		start = []byte{0}
+	}
+	return db.coord.ClosedEpoch(ctx, start, end)
+}
+
+// feedRound reads the span's least closed epoch c and returns at = c+1
+// with the span's changes with epochs in [since, at), read from the
+// ranges' closed epochs and sorted by version id (then key).
 func (db *DB) feedRound(ctx context.Context, lo, hi []byte, since uint64, page int) (uint64, []Change, error) {
-	s, err := db.BeginSnapshot(ctx, Linearizable)
+	// A range whose closed epoch fell below c (a merge keeps the smaller
+	// of its halves') refuses until it closes c again: bounded here.
+	ctx, cancel := context.WithTimeout(ctx, feedRoundTimeout)
+	defer cancel()
+	c, err := db.coord.ClosedEpoch(ctx, lo, hi)
 	if err != nil {
 		return 0, nil, err
 	}
-	defer s.Finish()
-	at := s.Stats().Epoch
+	at := c + 1
 	if at <= since {
 		return at, nil, nil
 	}
+	s := db.coord.ClosedSnapshot(at)
+	defer s.Finish()
 	var out []Change
 	for {
 		part, err := s.Changes(ctx, lo, hi, since, false, page)

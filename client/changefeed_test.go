@@ -79,11 +79,7 @@ func (f *feedConsumer) apply(ev client.FeedEvent) error {
 func TestChangefeedHoldsTheSnapshotState(t *testing.T) {
 	c, db := startCluster(t, localcluster.Options{Crashable: true})
 	ctx := ctxT(t, 120*time.Second)
-	s, err := db.BeginSnapshot(ctx, client.Linearizable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	from := s.Stats().Epoch - 1
+	from := closedNow(ctx, t, db)
 	cons := &feedConsumer{t: t, state: map[string]string{}, resolved: from}
 	fctx, stopFeed := context.WithCancel(ctx)
 	feedDone := make(chan error, 1)

@@ -138,7 +138,7 @@ func adminCmd() *cobra.Command {
 	})
 	rng.AddCommand(&cobra.Command{
 		Use:   "list",
-		Short: "Print every range: id, span, home region, replicas, leaseholder, lease, generation, size, load",
+		Short: "Print every range: id, span, home region, replicas, leaseholder, lease, closed epoch, generation, size, load",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
@@ -147,15 +147,15 @@ func adminCmd() *cobra.Command {
 					return err
 				}
 				w := tabwriter.NewWriter(c.OutOrStdout(), 2, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "id\tspan\tregion\treplicas\tleaseholder\tlease\tgeneration\tsize\tload")
+				fmt.Fprintln(w, "id\tspan\tregion\treplicas\tleaseholder\tlease\tclosed\tgeneration\tsize\tload")
 				for _, r := range ranges {
 					d, l := r.GetRangeDescriptor(), r.GetLease()
 					load := "-"
 					if r.GetLeader() {
 						load = fmt.Sprintf("%.0f/s", r.GetQps())
 					}
-					fmt.Fprintf(w, "%d\t[%q, %q)\t%s\t%v\t%d\t[%d, %d]\t%d\t%s\t%s\n", d.GetRangeId(), d.GetStartKey(), d.GetEndKey(),
-						d.GetRegion(), d.GetReplicas(), l.GetHolder(), l.GetStart(), l.GetEnd(), d.GetGeneration(), humanBytes(r.GetSizeBytes()), load)
+					fmt.Fprintf(w, "%d\t[%q, %q)\t%s\t%v\t%d\t[%d, %d]\t%d\t%d\t%s\t%s\n", d.GetRangeId(), d.GetStartKey(), d.GetEndKey(),
+						d.GetRegion(), d.GetReplicas(), l.GetHolder(), l.GetStart(), l.GetEnd(), r.GetClosedEpoch(), d.GetGeneration(), humanBytes(r.GetSizeBytes()), load)
 				}
 				if err := w.Flush(); err != nil {
 					return err

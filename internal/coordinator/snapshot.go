@@ -93,9 +93,10 @@ const snapshotPoll = time.Millisecond
 // Snapshot is a read-only transaction reading one consistent snapshot without
 // taking locks. Its methods are safe for concurrent use.
 type Snapshot struct {
-	c    *Coordinator
-	mode SnapshotMode
-	at   uint64
+	c      *Coordinator
+	mode   SnapshotMode
+	at     uint64
+	closed bool // read from the ranges' closed epochs (ClosedSnapshot)
 
 	mu       sync.Mutex
 	finished bool
@@ -329,7 +330,7 @@ func (s *Snapshot) read(ctx context.Context, g *pb.RangeDescriptor, req *pb.Snap
 		}
 		return nil, fmt.Errorf("%w: range %d is in %s", ErrSnapshotRestart, g.GetRangeId(), g.GetRegion())
 	}
-	req.At, req.Regional, req.LocalEpoch = s.at, s.mode == Regional, s.lR[g.GetRegion()]
+	req.At, req.Regional, req.LocalEpoch, req.Closed = s.at, s.mode == Regional, s.lR[g.GetRegion()], s.closed
 	s.mu.Unlock()
 	// Reads of one snapshot may run in parallel: the lock is not held here.
 	var resp *pb.SnapshotReadResponse

@@ -19,6 +19,10 @@ type leadership struct {
 	txns   *txnTable
 	ctx    context.Context // canceled when the lease is given up
 	cancel context.CancelFunc
+
+	// The leader's tick alone reads and writes these (closed.go).
+	closing   *closing  // a close under way, or nil
+	lastClose time.Time // when the last close began
 }
 
 func (r *Replica) loop() {
@@ -91,6 +95,7 @@ func (r *Replica) tick() {
 	r.maybeSplit()
 	r.maybeMerge()
 	r.maybeGC(e)
+	r.maybeClose(ctx, l)
 }
 
 // nextLease returns the lease that replica self, leading the range's Raft

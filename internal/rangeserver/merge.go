@@ -190,7 +190,8 @@ func (r *Replica) absorb(ctx context.Context, right *Replica, highest uint64, kn
 		slog.Error("locking a subsumed range's prepared transaction failed", "range", r.id, "key", key)
 	}
 	d := r.sm.Descriptor()
-	cmd := &pb.Command{Cmd: &pb.Command_Merge{Merge: &pb.MergeCmd{Generation: d.GetGeneration(), LeaseStart: l.start, Right: rd, RightPrepared: prepared, RightGc: right.sm.GCThreshold()}}}
+	cmd := &pb.Command{Cmd: &pb.Command_Merge{Merge: &pb.MergeCmd{Generation: d.GetGeneration(), LeaseStart: l.start, Right: rd, RightPrepared: prepared, RightGc: right.sm.GCThreshold(),
+		RightClosedEpoch: right.sm.ClosedEpoch()}}}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
 	defer cancel()
 	res, err := r.group.Propose(pctx, EncodeCommand(cmd))

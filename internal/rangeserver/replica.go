@@ -91,6 +91,12 @@ type Config struct {
 	// ever had (the region's directory, DESIGN.md §11). nil: splits are
 	// refused.
 	NewRangeID func(ctx context.Context) (uint64, error)
+	// ClosedInterval is the least time between two epochs the leader
+	// closes (DESIGN.md §13; default topology.DefaultClosedEpochInterval,
+	// negative: never). Each close is
+	// one Raft entry; a changefeed's resolved epoch trails the publisher by
+	// about this much.
+	ClosedInterval time.Duration
 }
 
 // Clock tells the time. The leader reads the time only through it, so its
@@ -116,6 +122,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Clock == nil {
 		c.Clock = systemClock{}
+	}
+	if c.ClosedInterval == 0 {
+		c.ClosedInterval = topology.DefaultClosedEpochInterval
 	}
 	return c
 }
@@ -187,11 +196,12 @@ type Replica struct {
 	deciders func(txnStateGroup uint64) Decider
 	cfg      Config
 
-	lastEpoch atomic.Uint64 // the newest local epoch this replica has read
-	load      *loadTracker
-	splits    splitQueue
-	gcq       gcQueue
-	reshaped  atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
+	lastEpoch   atomic.Uint64 // the newest local epoch this replica has read
+	load        *loadTracker
+	splits      splitQueue
+	gcq         gcQueue
+	reshaped    atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
+	closePaused atomic.Bool  // PauseClosing
 
 	mu        sync.Mutex
 	lead      *leadership            // nil unless serving as leaseholder
@@ -239,7 +249,7 @@ func (r *Replica) Desc() *pb.RangeDescriptor { return r.sm.Descriptor() }
 // it serves as leader, size on disk, and, at the leader, its request rate and
 // locks.
 func (r *Replica) Status() *pb.RangeStatus {
-	st := &pb.RangeStatus{RangeDescriptor: r.sm.Descriptor(), Lease: r.sm.Lease(), Node: r.self}
+	st := &pb.RangeStatus{RangeDescriptor: r.sm.Descriptor(), Lease: r.sm.Lease(), Node: r.self, ClosedEpoch: r.sm.ClosedEpoch()}
 	st.SizeBytes, _ = r.sm.Size()
 	if l, err := r.leader(); err == nil {
 		st.Leader, st.Qps, st.Locks = true, r.load.QPS(), uint32(l.txns.locks.Len())

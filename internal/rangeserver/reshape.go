@@ -44,6 +44,9 @@ func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
 		v, _ = proto.Marshal(gc)
 		_ = b.Set(rsub(subGC, nil), v, nil)
 	}
+	if c := sm.closedStored; c > 0 { // the right half's versions are closed alike
+		_ = b.Set(rsub(subClosed, nil), binary.BigEndian.AppendUint64(nil, c), nil)
+	}
 	for id, rec := range sm.prepared {
 		var lw, rw []*pb.Write
 		for _, w := range rec.GetWrites() {
@@ -112,6 +115,7 @@ func (sm *StateMachine) applyMerge(b *pebble.Batch, cmd *pb.MergeCmd) any {
 		sm.prepared[id] = combined
 	}
 	sm.raiseGC(b, cmd.GetRightGc())
+	sm.lowerClosed(b, cmd.GetRightClosedEpoch())
 	sm.storeDescriptor(b, merged)
 	_ = b.Set(storage.RangeTombstoneKey(rd.GetRangeId()), nil, nil)
 	_ = b.Delete(storage.RangeIndexKey(rd.GetRangeId()), nil)

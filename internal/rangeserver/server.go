@@ -91,7 +91,7 @@ func (r *Replica) toStatus(err error) error {
 	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrStopped):
 		// The command may still apply: callers must not assume it failed.
 		return status.Error(codes.Unknown, err.Error())
-	case errors.Is(err, ErrSnapshotEpoch):
+	case errors.Is(err, ErrSnapshotEpoch), errors.Is(err, ErrNotClosed):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, ErrSnapshotTooOld): // the message names the horizon
 		return status.Error(codes.OutOfRange, err.Error())
@@ -262,6 +262,24 @@ func (s *Server) Ranges(context.Context, *pb.RangesRequest) (*pb.RangesResponse,
 		resp.Ranges = append(resp.Ranges, r.Status())
 	}
 	return resp, nil
+}
+
+// ClosedEpoch implements pb.RangeServer: any replica answers, with the
+// closed epoch it applied.
+func (s *Server) ClosedEpoch(_ context.Context, req *pb.ClosedEpochRequest) (*pb.ClosedEpochResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	var end []byte
+	if len(req.GetEnd()) > 0 {
+		end = req.GetEnd()
+	}
+	c, err := r.ClosedEpoch(req.GetStart(), end)
+	if err != nil {
+		return nil, s.status(r, err)
+	}
+	return &pb.ClosedEpochResponse{ClosedEpoch: c}, nil
 }
 
 // AdminSplit implements pb.RangeServer.

@@ -67,6 +67,18 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 			return &pb.SnapshotReadResponse{LocalEpoch: req.GetLocalEpoch()}, nil
 		}
 	}
+	if req.GetClosed() {
+		// Every version at or below the closed epoch is applied here and
+		// final (DESIGN.md §13): no leader, no epoch or lock wait.
+		if ks == RegionalVersions {
+			return nil, fmt.Errorf("%w: regional snapshots are not served from the closed epoch", ErrBadRequest)
+		}
+		c, err := r.closedRead(req.GetAt())
+		if err != nil {
+			return nil, err
+		}
+		return r.readVersions(ks, req, &pb.SnapshotReadResponse{ClosedEpoch: c}, end, check)
+	}
 	if _, err := r.leader(); err != nil {
 		return nil, err
 	}
@@ -122,6 +134,18 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	if cur, _ := r.leader(); cur != l {
 		return nil, fmt.Errorf("%w: the lease ended while waiting for locks", ErrNotLeaseholder)
 	}
+	return r.readVersions(ks, req, resp, end, check)
+}
+
+// readVersions reads what req asks of ks at epoch req.At into resp, once
+// the read is known complete (SnapshotRead's waits, or the closed epoch):
+// a point read, a scan, or the changes. check runs again after the read: a
+// GC that applied meanwhile may have removed what the read saw missing, and
+// a merge subsumes a range only once its replicas stopped serving, so a
+// read that ends after the subsume may have missed a write the merged
+// range made since; either way it is refused (the reader retries).
+func (r *Replica) readVersions(ks Keyspace, req *pb.SnapshotReadRequest, resp *pb.SnapshotReadResponse, end []byte, check func() error) (*pb.SnapshotReadResponse, error) {
+	start := req.GetStart()
 	below := storage.EpochStart(req.GetAt())
 	note := func(v storage.Version, newest storage.VersionID) {
 		resp.SnapshotEpoch = max(resp.SnapshotEpoch, v.ID.Epoch)
@@ -140,12 +164,12 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 			resp.Kvs = []*pb.KeyValue{{Key: v.Key, Value: v.Value}}
 		}
 		if err := check(); err != nil {
-			return nil, err // see below
+			return nil, err
 		}
 		return resp, nil
 	}
 	limit := int(req.GetLimit())
-	err = r.sm.Scan(ks, start, end, below, func(v storage.Version, newest storage.VersionID) bool {
+	err := r.sm.Scan(ks, start, end, below, func(v storage.Version, newest storage.VersionID) bool {
 		note(v, newest)
 		if v.Live() {
 			resp.Kvs = append(resp.Kvs, &pb.KeyValue{Key: v.Key, Value: v.Value})
@@ -155,9 +179,6 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	if err != nil {
 		return nil, err
 	}
-	// A merge subsumes a range only once its replicas stopped serving; a
-	// read that ends after the subsume may have missed a write the merged
-	// range made since, so it is refused (the reader retries there).
 	if err := check(); err != nil {
 		return nil, err
 	}

@@ -58,14 +58,16 @@ type StateMachine struct {
 	prefix []byte                             // storage.PrefixState | range ID: the range-local state
 	desc   atomic.Pointer[pb.RangeDescriptor] // immutable once stored: replaced, never modified
 	gc     atomic.Pointer[pb.GCThreshold]     // no snapshot reads below it (DESIGN.md §14); replaced, never modified
+	closed atomic.Uint64                      // the closed epoch reads trust (DESIGN.md §13; closed.go)
 
-	mu       sync.Mutex
-	lease    *pb.Lease
-	prepared map[string]*pb.PreparedRecord
-	splits   []Split       // applied, not yet durable: told by PostApply
-	onSplit  []func(Split) // split listeners
-	merges   []Merge       // applied, not yet durable: told by PostApply
-	onMerge  []func(Merge) // merge listeners
+	mu           sync.Mutex
+	lease        *pb.Lease
+	prepared     map[string]*pb.PreparedRecord
+	closedStored uint64        // the closed epoch in the engine or the batch being applied
+	splits       []Split       // applied, not yet durable: told by PostApply
+	onSplit      []func(Split) // split listeners
+	merges       []Merge       // applied, not yet durable: told by PostApply
+	onMerge      []func(Merge) // merge listeners
 }
 
 // Split is a split as applied: the range's new descriptor and the new
@@ -125,6 +127,7 @@ func (sm *StateMachine) OnMerge(f func(Merge)) {
 // they are in the engine.
 func (sm *StateMachine) PostApply() {
 	sm.mu.Lock()
+	sm.publishClosed()
 	splits, onSplit := sm.splits, sm.onSplit
 	merges, onMerge := sm.merges, sm.onMerge
 	sm.splits, sm.merges = nil, nil
@@ -197,6 +200,9 @@ func (sm *StateMachine) load() error {
 		sm.desc.Store(d)
 	}
 	if err := sm.loadGC(sm.e.Get); err != nil {
+		return err
+	}
+	if err := sm.loadClosed(sm.e.Get, true); err != nil {
 		return err
 	}
 	lo := sm.sub(subPrepared, nil)
@@ -336,6 +342,8 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		return sm.applyMerge(b, x.Merge)
 	case *pb.Command_Gc:
 		return sm.applyGC(b, x.Gc)
+	case *pb.Command_Closed:
+		return sm.applyClosed(b, x.Closed)
 	default:
 		return fmt.Errorf("%w: empty command", ErrBadCommand)
 	}
@@ -432,7 +440,11 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 		}
 		sm.desc.Store(d)
 	}
-	if err := sm.loadGC(func(k []byte) ([]byte, error) { return batchGet(b, k) }); err != nil {
+	get := func(k []byte) ([]byte, error) { return batchGet(b, k) }
+	if err := sm.loadGC(get); err != nil {
+		return err
+	}
+	if err := sm.loadClosed(get, false); err != nil {
 		return err
 	}
 	lo := sm.sub(subPrepared, nil)

@@ -224,6 +224,23 @@ func (tt *txnTable) raise(e uint64) {
 	tt.highest = max(tt.highest, e)
 }
 
+// raiseAndPending raises the highest epoch to e and returns, in the same
+// step, the transactions prepared or committing here: those that may have
+// read the highest epoch before it was raised (a close waits for them,
+// DESIGN.md §13).
+func (tt *txnTable) raiseAndPending(e uint64) [][]byte {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	tt.highest = max(tt.highest, e)
+	var out [][]byte
+	for _, t := range tt.txns {
+		if t.state != txnActive {
+			out = append(out, t.meta.GetId())
+		}
+	}
+	return out
+}
+
 // release drops txn's record and locks after its outcome is durable, raising
 // the highest epoch to the transaction's (invariant 5) when it committed.
 func (tt *txnTable) release(txnID []byte, committedEpoch uint64) {

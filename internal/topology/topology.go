@@ -89,6 +89,11 @@ const (
 	// DefaultTxnRecordGrace is how long a transaction record nobody forgot
 	// stays before the txn-state leader settles and forgets it (DESIGN.md §14).
 	DefaultTxnRecordGrace = time.Minute
+	// DefaultClosedEpochInterval is how often a range leader closes an
+	// epoch (DESIGN.md §13).
+	DefaultClosedEpochInterval = 200 * time.Millisecond
+	// MinClosedEpochInterval is the shortest closed_epoch_interval accepted.
+	MinClosedEpochInterval = 10 * time.Millisecond
 	// DefaultMergeDelay is how long two neighbouring ranges must keep their
 	// shape before they merge automatically (DESIGN.md §11).
 	DefaultMergeDelay = 30 * time.Second
@@ -152,6 +157,12 @@ type Topology struct {
 	// leader settles it with its participants and forgets it (DESIGN.md
 	// §14). File: txn_record_grace, default 1m, at least orphan_after.
 	TxnRecordGrace time.Duration
+	// ClosedEpochInterval is the least time between two epochs a range
+	// leader closes (DESIGN.md §13): each close is one Raft entry of the
+	// range, and a changefeed's resolved epoch trails the publisher by
+	// about this much. File: closed_epoch_interval, default 200ms, at
+	// least 10ms.
+	ClosedEpochInterval time.Duration
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -207,6 +218,7 @@ type fileTopology struct {
 	MergeDelay         string      `yaml:"merge_delay,omitempty"`
 	GCTTL              string      `yaml:"gc_ttl,omitempty"`
 	TxnRecordGrace     string      `yaml:"txn_record_grace,omitempty"`
+	ClosedInterval     string      `yaml:"closed_epoch_interval,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -393,6 +405,12 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if t.TxnRecordGrace < t.OrphanAfter {
 		return nil, invalid("txn_record_grace: %v is below orphan_after (%v): records would go before participants resolve their orphans", t.TxnRecordGrace, t.OrphanAfter)
+	}
+	if t.ClosedEpochInterval, err = parseDuration("closed_epoch_interval", f.ClosedInterval, DefaultClosedEpochInterval); err != nil {
+		return nil, err
+	}
+	if t.ClosedEpochInterval < MinClosedEpochInterval {
+		return nil, invalid("closed_epoch_interval: %v is below %v: every range would write a Raft entry that often", t.ClosedEpochInterval, MinClosedEpochInterval)
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -720,6 +738,7 @@ func (t *Topology) Marshal() ([]byte, error) {
 		Regions:            t.Regions,
 		GCTTL:              t.GCTTL.String(),
 		TxnRecordGrace:     t.TxnRecordGrace.String(),
+		ClosedInterval:     t.ClosedEpochInterval.String(),
 	}
 	if t.AutoExcludeAfter > 0 {
 		f.AutoExcludeAfter = t.AutoExcludeAfter.String()

@@ -276,6 +276,8 @@ func TestGCTTLSetting(t *testing.T) {
 		{"gc_ttl: 1m\n", time.Minute, ""},
 		{"gc_ttl: 1s\n", time.Second, ""},
 		{"gc_ttl: 500ms\n", 0, "below 1s"},
+		{"closed_epoch_interval: 5ms\n", 0, "below 10ms"},
+		{"closed_epoch_interval: soon\n", 0, "not a positive duration"},
 		{"gc_ttl: 0s\n", 0, "not a positive duration"},
 		{"gc_ttl: forever\n", 0, "not a positive duration"},
 	} {

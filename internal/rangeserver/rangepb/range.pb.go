@@ -608,6 +608,7 @@ type Command struct {
 	//	*Command_Subsume
 	//	*Command_Merge
 	//	*Command_Gc
+	//	*Command_Closed
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -731,6 +732,15 @@ func (x *Command) GetGc() *GCCmd {
 	return nil
 }
 
+func (x *Command) GetClosed() *ClosedEpochCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Closed); ok {
+			return x.Closed
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -771,6 +781,10 @@ type Command_Gc struct {
 	Gc *GCCmd `protobuf:"bytes,9,opt,name=gc,proto3,oneof"`
 }
 
+type Command_Closed struct {
+	Closed *ClosedEpochCmd `protobuf:"bytes,10,opt,name=closed,proto3,oneof"`
+}
+
 func (*Command_Lease) isCommand_Cmd() {}
 
 func (*Command_Prepare) isCommand_Cmd() {}
@@ -788,6 +802,66 @@ func (*Command_Subsume) isCommand_Cmd() {}
 func (*Command_Merge) isCommand_Cmd() {}
 
 func (*Command_Gc) isCommand_Cmd() {}
+
+func (*Command_Closed) isCommand_Cmd() {}
+
+// ClosedEpochCmd closes epoch `epoch` at the range (DESIGN.md §13): every
+// version with an epoch at or below it is applied before this entry, and no
+// transaction can commit one later, so a replica that applied it serves a
+// snapshot read at any epoch up to epoch+1 by itself. The leader proposes
+// it under the lease that began at lease_start; applied only under that
+// lease, and never lowers the range's closed epoch.
+type ClosedEpochCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	LeaseStart    uint64                 `protobuf:"varint,2,opt,name=lease_start,json=leaseStart,proto3" json:"lease_start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosedEpochCmd) Reset() {
+	*x = ClosedEpochCmd{}
+	mi := &file_range_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosedEpochCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosedEpochCmd) ProtoMessage() {}
+
+func (x *ClosedEpochCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosedEpochCmd.ProtoReflect.Descriptor instead.
+func (*ClosedEpochCmd) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ClosedEpochCmd) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ClosedEpochCmd) GetLeaseStart() uint64 {
+	if x != nil {
+		return x.LeaseStart
+	}
+	return 0
+}
 
 // GCCmd collects one chunk of the range's old versions (DESIGN.md §14): from
 // start_key on, at most max_keys user keys of the data (or, with regional,
@@ -808,7 +882,7 @@ type GCCmd struct {
 
 func (x *GCCmd) Reset() {
 	*x = GCCmd{}
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +894,7 @@ func (x *GCCmd) String() string {
 func (*GCCmd) ProtoMessage() {}
 
 func (x *GCCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +907,7 @@ func (x *GCCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCCmd.ProtoReflect.Descriptor instead.
 func (*GCCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{9}
+	return file_range_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GCCmd) GetHorizon() uint64 {
@@ -882,7 +956,7 @@ type GCThreshold struct {
 
 func (x *GCThreshold) Reset() {
 	*x = GCThreshold{}
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +968,7 @@ func (x *GCThreshold) String() string {
 func (*GCThreshold) ProtoMessage() {}
 
 func (x *GCThreshold) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +981,7 @@ func (x *GCThreshold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCThreshold.ProtoReflect.Descriptor instead.
 func (*GCThreshold) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{10}
+	return file_range_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GCThreshold) GetHorizon() uint64 {
@@ -941,7 +1015,7 @@ type SplitCmd struct {
 
 func (x *SplitCmd) Reset() {
 	*x = SplitCmd{}
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1027,7 @@ func (x *SplitCmd) String() string {
 func (*SplitCmd) ProtoMessage() {}
 
 func (x *SplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1040,7 @@ func (x *SplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitCmd.ProtoReflect.Descriptor instead.
 func (*SplitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{11}
+	return file_range_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SplitCmd) GetSplitKey() []byte {
@@ -1011,7 +1085,7 @@ type SubsumeCmd struct {
 
 func (x *SubsumeCmd) Reset() {
 	*x = SubsumeCmd{}
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1097,7 @@ func (x *SubsumeCmd) String() string {
 func (*SubsumeCmd) ProtoMessage() {}
 
 func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1110,7 @@ func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubsumeCmd.ProtoReflect.Descriptor instead.
 func (*SubsumeCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{12}
+	return file_range_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SubsumeCmd) GetGeneration() uint64 {
@@ -1065,13 +1139,16 @@ type MergeCmd struct {
 	Right         *RangeDescriptor       `protobuf:"bytes,3,opt,name=right,proto3" json:"right,omitempty"`
 	RightPrepared []*PreparedRecord      `protobuf:"bytes,4,rep,name=right_prepared,json=rightPrepared,proto3" json:"right_prepared,omitempty"`
 	RightGc       *GCThreshold           `protobuf:"bytes,5,opt,name=right_gc,json=rightGc,proto3" json:"right_gc,omitempty"` // the subsumed range's GC threshold: the merged range keeps the larger
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// right_closed_epoch: the subsumed range's closed epoch; the merged range
+	// keeps the smaller of the two (DESIGN.md §13).
+	RightClosedEpoch uint64 `protobuf:"varint,6,opt,name=right_closed_epoch,json=rightClosedEpoch,proto3" json:"right_closed_epoch,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *MergeCmd) Reset() {
 	*x = MergeCmd{}
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1160,7 @@ func (x *MergeCmd) String() string {
 func (*MergeCmd) ProtoMessage() {}
 
 func (x *MergeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1173,7 @@ func (x *MergeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MergeCmd.ProtoReflect.Descriptor instead.
 func (*MergeCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{13}
+	return file_range_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MergeCmd) GetGeneration() uint64 {
@@ -1134,6 +1211,13 @@ func (x *MergeCmd) GetRightGc() *GCThreshold {
 	return nil
 }
 
+func (x *MergeCmd) GetRightClosedEpoch() uint64 {
+	if x != nil {
+		return x.RightClosedEpoch
+	}
+	return 0
+}
+
 type LeaseCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
@@ -1144,7 +1228,7 @@ type LeaseCmd struct {
 
 func (x *LeaseCmd) Reset() {
 	*x = LeaseCmd{}
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1240,7 @@ func (x *LeaseCmd) String() string {
 func (*LeaseCmd) ProtoMessage() {}
 
 func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1253,7 @@ func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCmd.ProtoReflect.Descriptor instead.
 func (*LeaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{14}
+	return file_range_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LeaseCmd) GetLease() *Lease {
@@ -1197,7 +1281,7 @@ type PrepareCmd struct {
 
 func (x *PrepareCmd) Reset() {
 	*x = PrepareCmd{}
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1293,7 @@ func (x *PrepareCmd) String() string {
 func (*PrepareCmd) ProtoMessage() {}
 
 func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1306,7 @@ func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareCmd.ProtoReflect.Descriptor instead.
 func (*PrepareCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{15}
+	return file_range_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PrepareCmd) GetTxn() *TxnMeta {
@@ -1260,7 +1344,7 @@ type CommitCmd struct {
 
 func (x *CommitCmd) Reset() {
 	*x = CommitCmd{}
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1356,7 @@ func (x *CommitCmd) String() string {
 func (*CommitCmd) ProtoMessage() {}
 
 func (x *CommitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1369,7 @@ func (x *CommitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
 func (*CommitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{16}
+	return file_range_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CommitCmd) GetTxnId() []byte {
@@ -1318,7 +1402,7 @@ type AbortCmd struct {
 
 func (x *AbortCmd) Reset() {
 	*x = AbortCmd{}
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1414,7 @@ func (x *AbortCmd) String() string {
 func (*AbortCmd) ProtoMessage() {}
 
 func (x *AbortCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1427,7 @@ func (x *AbortCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortCmd.ProtoReflect.Descriptor instead.
 func (*AbortCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{17}
+	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AbortCmd) GetTxnId() []byte {
@@ -1366,7 +1450,7 @@ type OnePhaseCmd struct {
 
 func (x *OnePhaseCmd) Reset() {
 	*x = OnePhaseCmd{}
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1378,7 +1462,7 @@ func (x *OnePhaseCmd) String() string {
 func (*OnePhaseCmd) ProtoMessage() {}
 
 func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1391,7 +1475,7 @@ func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseCmd.ProtoReflect.Descriptor instead.
 func (*OnePhaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{18}
+	return file_range_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *OnePhaseCmd) GetTxnId() []byte {
@@ -1440,7 +1524,7 @@ type PreparedRecord struct {
 
 func (x *PreparedRecord) Reset() {
 	*x = PreparedRecord{}
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1536,7 @@ func (x *PreparedRecord) String() string {
 func (*PreparedRecord) ProtoMessage() {}
 
 func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1549,7 @@ func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreparedRecord.ProtoReflect.Descriptor instead.
 func (*PreparedRecord) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{19}
+	return file_range_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PreparedRecord) GetTxn() *TxnMeta {
@@ -1493,7 +1577,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1589,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1602,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{20}
+	return file_range_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetRequest) GetRangeId() uint64 {
@@ -1553,7 +1637,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1565,7 +1649,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1578,7 +1662,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{21}
+	return file_range_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1616,7 +1700,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1712,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1725,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{22}
+	return file_range_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ScanRequest) GetRangeId() uint64 {
@@ -1689,7 +1773,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +1785,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +1798,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{23}
+	return file_range_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -1742,7 +1826,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1838,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1851,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{24}
+	return file_range_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LockRequest) GetRangeId() uint64 {
@@ -1803,7 +1887,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1899,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +1912,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{25}
+	return file_range_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LockResponse) GetIncarnation() uint64 {
@@ -1855,7 +1939,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +1951,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +1964,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{26}
+	return file_range_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PrepareRequest) GetRangeId() uint64 {
@@ -1937,7 +2021,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +2033,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +2046,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{27}
+	return file_range_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PrepareResponse) GetLease() *Lease {
@@ -2005,7 +2089,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2101,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2114,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{28}
+	return file_range_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CommitRequest) GetRangeId() uint64 {
@@ -2069,7 +2153,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2165,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2178,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{29}
+	return file_range_proto_rawDescGZIP(), []int{30}
 }
 
 type AbortRequest struct {
@@ -2110,7 +2194,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2122,7 +2206,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2135,7 +2219,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{30}
+	return file_range_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AbortRequest) GetRangeId() uint64 {
@@ -2173,7 +2257,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2185,7 +2269,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2198,7 +2282,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{31}
+	return file_range_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AbortResponse) GetReshaped() bool {
@@ -2230,7 +2314,7 @@ type OnePhaseRequest struct {
 
 func (x *OnePhaseRequest) Reset() {
 	*x = OnePhaseRequest{}
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2242,7 +2326,7 @@ func (x *OnePhaseRequest) String() string {
 func (*OnePhaseRequest) ProtoMessage() {}
 
 func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2255,7 +2339,7 @@ func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseRequest.ProtoReflect.Descriptor instead.
 func (*OnePhaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{32}
+	return file_range_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *OnePhaseRequest) GetRangeId() uint64 {
@@ -2316,7 +2400,7 @@ type OnePhaseResponse struct {
 
 func (x *OnePhaseResponse) Reset() {
 	*x = OnePhaseResponse{}
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2412,7 @@ func (x *OnePhaseResponse) String() string {
 func (*OnePhaseResponse) ProtoMessage() {}
 
 func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2425,7 @@ func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseResponse.ProtoReflect.Descriptor instead.
 func (*OnePhaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{33}
+	return file_range_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OnePhaseResponse) GetVersion() *VersionID {
@@ -2366,7 +2450,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2462,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2475,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{34}
+	return file_range_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HeartbeatRequest) GetRangeId() uint64 {
@@ -2434,7 +2518,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2446,7 +2530,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2459,7 +2543,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{35}
+	return file_range_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HeartbeatResponse) GetLost() bool {
@@ -2498,14 +2582,18 @@ type SnapshotReadRequest struct {
 	Since   uint64 `protobuf:"varint,10,opt,name=since,proto3" json:"since,omitempty"`
 	// newest_only: of each key's versions in the window, only the newest
 	// (an incremental backup's read).
-	NewestOnly    bool `protobuf:"varint,11,opt,name=newest_only,json=newestOnly,proto3" json:"newest_only,omitempty"`
+	NewestOnly bool `protobuf:"varint,11,opt,name=newest_only,json=newestOnly,proto3" json:"newest_only,omitempty"`
+	// closed: serve from the range's closed epoch c (DESIGN.md §13): refused
+	// unless at <= c+1, and then read with no epoch or lock wait, by any
+	// replica that applied c (global-epoch versions only, not regional).
+	Closed        bool `protobuf:"varint,12,opt,name=closed,proto3" json:"closed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2517,7 +2605,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2530,7 +2618,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{36}
+	return file_range_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -2610,6 +2698,13 @@ func (x *SnapshotReadRequest) GetNewestOnly() bool {
 	return false
 }
 
+func (x *SnapshotReadRequest) GetClosed() bool {
+	if x != nil {
+		return x.Closed
+	}
+	return false
+}
+
 // Change is one stored version of a key: a value or a deletion.
 type Change struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2623,7 +2718,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2730,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2743,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{37}
+	return file_range_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Change) GetKey() []byte {
@@ -2692,13 +2787,14 @@ type SnapshotReadResponse struct {
 	EpochWaitUs   uint64    `protobuf:"varint,5,opt,name=epoch_wait_us,json=epochWaitUs,proto3" json:"epoch_wait_us,omitempty"` // time spent waiting for the epoch, µs
 	LockWaitUs    uint64    `protobuf:"varint,6,opt,name=lock_wait_us,json=lockWaitUs,proto3" json:"lock_wait_us,omitempty"`    // time spent waiting out exclusive locks, µs
 	Changes       []*Change `protobuf:"bytes,7,rep,name=changes,proto3" json:"changes,omitempty"`                               // changes requests: the versions, by key, newest first
+	ClosedEpoch   uint64    `protobuf:"varint,8,opt,name=closed_epoch,json=closedEpoch,proto3" json:"closed_epoch,omitempty"`   // the serving replica's closed epoch (DESIGN.md §13)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2806,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2819,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{38}
+	return file_range_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -2775,6 +2871,121 @@ func (x *SnapshotReadResponse) GetChanges() []*Change {
 	return nil
 }
 
+func (x *SnapshotReadResponse) GetClosedEpoch() uint64 {
+	if x != nil {
+		return x.ClosedEpoch
+	}
+	return 0
+}
+
+// ClosedEpochRequest asks for the closed epoch of the range holding the
+// span [start, end) (end empty: the range's end).
+type ClosedEpochRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Start         []byte                 `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	End           []byte                 `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosedEpochRequest) Reset() {
+	*x = ClosedEpochRequest{}
+	mi := &file_range_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosedEpochRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosedEpochRequest) ProtoMessage() {}
+
+func (x *ClosedEpochRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosedEpochRequest.ProtoReflect.Descriptor instead.
+func (*ClosedEpochRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ClosedEpochRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *ClosedEpochRequest) GetStart() []byte {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *ClosedEpochRequest) GetEnd() []byte {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+type ClosedEpochResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// closed_epoch: every version of the range with an epoch at or below it
+	// is applied here, and none can be added (DESIGN.md §13).
+	ClosedEpoch   uint64 `protobuf:"varint,1,opt,name=closed_epoch,json=closedEpoch,proto3" json:"closed_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosedEpochResponse) Reset() {
+	*x = ClosedEpochResponse{}
+	mi := &file_range_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosedEpochResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosedEpochResponse) ProtoMessage() {}
+
+func (x *ClosedEpochResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosedEpochResponse.ProtoReflect.Descriptor instead.
+func (*ClosedEpochResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ClosedEpochResponse) GetClosedEpoch() uint64 {
+	if x != nil {
+		return x.ClosedEpoch
+	}
+	return 0
+}
+
 type AdminSplitRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
@@ -2785,7 +2996,7 @@ type AdminSplitRequest struct {
 
 func (x *AdminSplitRequest) Reset() {
 	*x = AdminSplitRequest{}
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +3008,7 @@ func (x *AdminSplitRequest) String() string {
 func (*AdminSplitRequest) ProtoMessage() {}
 
 func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +3021,7 @@ func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
 func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{39}
+	return file_range_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AdminSplitRequest) GetRangeId() uint64 {
@@ -2837,7 +3048,7 @@ type AdminSplitResponse struct {
 
 func (x *AdminSplitResponse) Reset() {
 	*x = AdminSplitResponse{}
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2849,7 +3060,7 @@ func (x *AdminSplitResponse) String() string {
 func (*AdminSplitResponse) ProtoMessage() {}
 
 func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2862,7 +3073,7 @@ func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
 func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{40}
+	return file_range_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
@@ -2893,7 +3104,7 @@ type AdminMergeRequest struct {
 
 func (x *AdminMergeRequest) Reset() {
 	*x = AdminMergeRequest{}
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2905,7 +3116,7 @@ func (x *AdminMergeRequest) String() string {
 func (*AdminMergeRequest) ProtoMessage() {}
 
 func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2918,7 +3129,7 @@ func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
 func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{41}
+	return file_range_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AdminMergeRequest) GetRangeId() uint64 {
@@ -2944,7 +3155,7 @@ type AdminMergeResponse struct {
 
 func (x *AdminMergeResponse) Reset() {
 	*x = AdminMergeResponse{}
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3167,7 @@ func (x *AdminMergeResponse) String() string {
 func (*AdminMergeResponse) ProtoMessage() {}
 
 func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3180,7 @@ func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
 func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{42}
+	return file_range_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
@@ -2984,18 +3195,19 @@ type RangeStatus struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	RangeDescriptor *RangeDescriptor       `protobuf:"bytes,1,opt,name=range_descriptor,json=rangeDescriptor,proto3" json:"range_descriptor,omitempty"`
 	Lease           *Lease                 `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
-	Leader          bool                   `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`                        // this replica serves the range under the lease
-	SizeBytes       uint64                 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"` // estimated bytes on disk of the range's data
-	Qps             float64                `protobuf:"fixed64,5,opt,name=qps,proto3" json:"qps,omitempty"`                             // requests per second at the leader (0 elsewhere)
-	Locks           uint32                 `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`                          // locks held at the leader
-	Node            uint64                 `protobuf:"varint,7,opt,name=node,proto3" json:"node,omitempty"`                            // the node answering
+	Leader          bool                   `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`                              // this replica serves the range under the lease
+	SizeBytes       uint64                 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`       // estimated bytes on disk of the range's data
+	Qps             float64                `protobuf:"fixed64,5,opt,name=qps,proto3" json:"qps,omitempty"`                                   // requests per second at the leader (0 elsewhere)
+	Locks           uint32                 `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`                                // locks held at the leader
+	Node            uint64                 `protobuf:"varint,7,opt,name=node,proto3" json:"node,omitempty"`                                  // the node answering
+	ClosedEpoch     uint64                 `protobuf:"varint,8,opt,name=closed_epoch,json=closedEpoch,proto3" json:"closed_epoch,omitempty"` // the closed epoch this replica applied (DESIGN.md §13)
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3007,7 +3219,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3020,7 +3232,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{43}
+	return file_range_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -3072,6 +3284,13 @@ func (x *RangeStatus) GetNode() uint64 {
 	return 0
 }
 
+func (x *RangeStatus) GetClosedEpoch() uint64 {
+	if x != nil {
+		return x.ClosedEpoch
+	}
+	return 0
+}
+
 type RangesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3080,7 +3299,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3311,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3324,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{44}
+	return file_range_proto_rawDescGZIP(), []int{47}
 }
 
 type RangesResponse struct {
@@ -3117,7 +3336,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3129,7 +3348,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3142,7 +3361,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{45}
+	return file_range_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -3194,7 +3413,7 @@ const file_range_proto_rawDesc = "" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_hint\x18\x01 \x01(\x04R\n" +
-	"leaderHint\"\xd9\x03\n" +
+	"leaderHint\"\x92\x04\n" +
 	"\aCommand\x12/\n" +
 	"\x05lease\x18\x01 \x01(\v2\x17.terroir.range.LeaseCmdH\x00R\x05lease\x125\n" +
 	"\aprepare\x18\x02 \x01(\v2\x19.terroir.range.PrepareCmdH\x00R\aprepare\x122\n" +
@@ -3204,8 +3423,14 @@ const file_range_proto_rawDesc = "" +
 	"\x05split\x18\x06 \x01(\v2\x17.terroir.range.SplitCmdH\x00R\x05split\x125\n" +
 	"\asubsume\x18\a \x01(\v2\x19.terroir.range.SubsumeCmdH\x00R\asubsume\x12/\n" +
 	"\x05merge\x18\b \x01(\v2\x17.terroir.range.MergeCmdH\x00R\x05merge\x12&\n" +
-	"\x02gc\x18\t \x01(\v2\x14.terroir.range.GCCmdH\x00R\x02gcB\x05\n" +
-	"\x03cmd\"\xa0\x01\n" +
+	"\x02gc\x18\t \x01(\v2\x14.terroir.range.GCCmdH\x00R\x02gc\x127\n" +
+	"\x06closed\x18\n" +
+	" \x01(\v2\x1d.terroir.range.ClosedEpochCmdH\x00R\x06closedB\x05\n" +
+	"\x03cmd\"G\n" +
+	"\x0eClosedEpochCmd\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vlease_start\x18\x02 \x01(\x04R\n" +
+	"leaseStart\"\xa0\x01\n" +
 	"\x05GCCmd\x12\x18\n" +
 	"\ahorizon\x18\x01 \x01(\x04R\ahorizon\x12)\n" +
 	"\x10regional_horizon\x18\x02 \x01(\x04R\x0fregionalHorizon\x12\x1b\n" +
@@ -3228,7 +3453,7 @@ const file_range_proto_rawDesc = "" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x12\x1f\n" +
 	"\vlease_start\x18\x02 \x01(\x04R\n" +
-	"leaseStart\"\xfe\x01\n" +
+	"leaseStart\"\xac\x02\n" +
 	"\bMergeCmd\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -3237,7 +3462,8 @@ const file_range_proto_rawDesc = "" +
 	"leaseStart\x124\n" +
 	"\x05right\x18\x03 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\x12D\n" +
 	"\x0eright_prepared\x18\x04 \x03(\v2\x1d.terroir.range.PreparedRecordR\rrightPrepared\x125\n" +
-	"\bright_gc\x18\x05 \x01(\v2\x1a.terroir.range.GCThresholdR\arightGc\"Q\n" +
+	"\bright_gc\x18\x05 \x01(\v2\x1a.terroir.range.GCThresholdR\arightGc\x12,\n" +
+	"\x12right_closed_epoch\x18\x06 \x01(\x04R\x10rightClosedEpoch\"Q\n" +
 	"\bLeaseCmd\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x19\n" +
 	"\bprev_seq\x18\x02 \x01(\x04R\aprevSeq\"\x85\x01\n" +
@@ -3339,7 +3565,7 @@ const file_range_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\"'\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
-	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xa0\x02\n" +
+	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xb8\x02\n" +
 	"\x13SnapshotReadRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
@@ -3354,12 +3580,13 @@ const file_range_proto_rawDesc = "" +
 	"\x05since\x18\n" +
 	" \x01(\x04R\x05since\x12\x1f\n" +
 	"\vnewest_only\x18\v \x01(\bR\n" +
-	"newestOnly\"\x82\x01\n" +
+	"newestOnly\x12\x16\n" +
+	"\x06closed\x18\f \x01(\bR\x06closed\"\x82\x01\n" +
 	"\x06Change\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1c\n" +
 	"\ttombstone\x18\x03 \x01(\bR\ttombstone\x122\n" +
-	"\aversion\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\xa3\x02\n" +
+	"\aversion\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\xc6\x02\n" +
 	"\x14SnapshotReadResponse\x12)\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x17.terroir.range.KeyValueR\x03kvs\x12\x1f\n" +
 	"\vlocal_epoch\x18\x02 \x01(\x04R\n" +
@@ -3369,7 +3596,14 @@ const file_range_proto_rawDesc = "" +
 	"\repoch_wait_us\x18\x05 \x01(\x04R\vepochWaitUs\x12 \n" +
 	"\flock_wait_us\x18\x06 \x01(\x04R\n" +
 	"lockWaitUs\x12/\n" +
-	"\achanges\x18\a \x03(\v2\x15.terroir.range.ChangeR\achanges\"K\n" +
+	"\achanges\x18\a \x03(\v2\x15.terroir.range.ChangeR\achanges\x12!\n" +
+	"\fclosed_epoch\x18\b \x01(\x04R\vclosedEpoch\"W\n" +
+	"\x12ClosedEpochRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\fR\x03end\"8\n" +
+	"\x13ClosedEpochResponse\x12!\n" +
+	"\fclosed_epoch\x18\x01 \x01(\x04R\vclosedEpoch\"K\n" +
 	"\x11AdminSplitRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
 	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
@@ -3380,7 +3614,7 @@ const file_range_proto_rawDesc = "" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x17\n" +
 	"\aend_key\x18\x02 \x01(\fR\x06endKey\"L\n" +
 	"\x12AdminMergeResponse\x126\n" +
-	"\x06merged\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x06merged\"\xf7\x01\n" +
+	"\x06merged\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x06merged\"\x9a\x02\n" +
 	"\vRangeStatus\x12I\n" +
 	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\x12*\n" +
 	"\x05lease\x18\x02 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x16\n" +
@@ -3389,7 +3623,8 @@ const file_range_proto_rawDesc = "" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12\x10\n" +
 	"\x03qps\x18\x05 \x01(\x01R\x03qps\x12\x14\n" +
 	"\x05locks\x18\x06 \x01(\rR\x05locks\x12\x12\n" +
-	"\x04node\x18\a \x01(\x04R\x04node\"\x0f\n" +
+	"\x04node\x18\a \x01(\x04R\x04node\x12!\n" +
+	"\fclosed_epoch\x18\b \x01(\x04R\vclosedEpoch\"\x0f\n" +
 	"\rRangesRequest\"D\n" +
 	"\x0eRangesResponse\x122\n" +
 	"\x06ranges\x18\x01 \x03(\v2\x1a.terroir.range.RangeStatusR\x06ranges*Y\n" +
@@ -3397,7 +3632,7 @@ const file_range_proto_rawDesc = "" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\x85\a\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xdb\a\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -3412,7 +3647,8 @@ const file_range_proto_rawDesc = "" +
 	"AdminSplit\x12 .terroir.range.AdminSplitRequest\x1a!.terroir.range.AdminSplitResponse\x12Q\n" +
 	"\n" +
 	"AdminMerge\x12 .terroir.range.AdminMergeRequest\x1a!.terroir.range.AdminMergeResponse\x12E\n" +
-	"\x06Ranges\x12\x1c.terroir.range.RangesRequest\x1a\x1d.terroir.range.RangesResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
+	"\x06Ranges\x12\x1c.terroir.range.RangesRequest\x1a\x1d.terroir.range.RangesResponse\x12T\n" +
+	"\vClosedEpoch\x12!.terroir.range.ClosedEpochRequest\x1a\".terroir.range.ClosedEpochResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -3427,7 +3663,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),              // 0: terroir.range.CommitMode
 	(*VersionID)(nil),            // 1: terroir.range.VersionID
@@ -3439,122 +3675,128 @@ var file_range_proto_goTypes = []any{
 	(*RangeMismatch)(nil),        // 7: terroir.range.RangeMismatch
 	(*NotLeader)(nil),            // 8: terroir.range.NotLeader
 	(*Command)(nil),              // 9: terroir.range.Command
-	(*GCCmd)(nil),                // 10: terroir.range.GCCmd
-	(*GCThreshold)(nil),          // 11: terroir.range.GCThreshold
-	(*SplitCmd)(nil),             // 12: terroir.range.SplitCmd
-	(*SubsumeCmd)(nil),           // 13: terroir.range.SubsumeCmd
-	(*MergeCmd)(nil),             // 14: terroir.range.MergeCmd
-	(*LeaseCmd)(nil),             // 15: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),           // 16: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),            // 17: terroir.range.CommitCmd
-	(*AbortCmd)(nil),             // 18: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),          // 19: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),       // 20: terroir.range.PreparedRecord
-	(*GetRequest)(nil),           // 21: terroir.range.GetRequest
-	(*GetResponse)(nil),          // 22: terroir.range.GetResponse
-	(*ScanRequest)(nil),          // 23: terroir.range.ScanRequest
-	(*ScanResponse)(nil),         // 24: terroir.range.ScanResponse
-	(*LockRequest)(nil),          // 25: terroir.range.LockRequest
-	(*LockResponse)(nil),         // 26: terroir.range.LockResponse
-	(*PrepareRequest)(nil),       // 27: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),      // 28: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),        // 29: terroir.range.CommitRequest
-	(*CommitResponse)(nil),       // 30: terroir.range.CommitResponse
-	(*AbortRequest)(nil),         // 31: terroir.range.AbortRequest
-	(*AbortResponse)(nil),        // 32: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),      // 33: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),     // 34: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),     // 35: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),    // 36: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),  // 37: terroir.range.SnapshotReadRequest
-	(*Change)(nil),               // 38: terroir.range.Change
-	(*SnapshotReadResponse)(nil), // 39: terroir.range.SnapshotReadResponse
-	(*AdminSplitRequest)(nil),    // 40: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),   // 41: terroir.range.AdminSplitResponse
-	(*AdminMergeRequest)(nil),    // 42: terroir.range.AdminMergeRequest
-	(*AdminMergeResponse)(nil),   // 43: terroir.range.AdminMergeResponse
-	(*RangeStatus)(nil),          // 44: terroir.range.RangeStatus
-	(*RangesRequest)(nil),        // 45: terroir.range.RangesRequest
-	(*RangesResponse)(nil),       // 46: terroir.range.RangesResponse
+	(*ClosedEpochCmd)(nil),       // 10: terroir.range.ClosedEpochCmd
+	(*GCCmd)(nil),                // 11: terroir.range.GCCmd
+	(*GCThreshold)(nil),          // 12: terroir.range.GCThreshold
+	(*SplitCmd)(nil),             // 13: terroir.range.SplitCmd
+	(*SubsumeCmd)(nil),           // 14: terroir.range.SubsumeCmd
+	(*MergeCmd)(nil),             // 15: terroir.range.MergeCmd
+	(*LeaseCmd)(nil),             // 16: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),           // 17: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),            // 18: terroir.range.CommitCmd
+	(*AbortCmd)(nil),             // 19: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),          // 20: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),       // 21: terroir.range.PreparedRecord
+	(*GetRequest)(nil),           // 22: terroir.range.GetRequest
+	(*GetResponse)(nil),          // 23: terroir.range.GetResponse
+	(*ScanRequest)(nil),          // 24: terroir.range.ScanRequest
+	(*ScanResponse)(nil),         // 25: terroir.range.ScanResponse
+	(*LockRequest)(nil),          // 26: terroir.range.LockRequest
+	(*LockResponse)(nil),         // 27: terroir.range.LockResponse
+	(*PrepareRequest)(nil),       // 28: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),      // 29: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),        // 30: terroir.range.CommitRequest
+	(*CommitResponse)(nil),       // 31: terroir.range.CommitResponse
+	(*AbortRequest)(nil),         // 32: terroir.range.AbortRequest
+	(*AbortResponse)(nil),        // 33: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),      // 34: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),     // 35: terroir.range.OnePhaseResponse
+	(*HeartbeatRequest)(nil),     // 36: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),    // 37: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),  // 38: terroir.range.SnapshotReadRequest
+	(*Change)(nil),               // 39: terroir.range.Change
+	(*SnapshotReadResponse)(nil), // 40: terroir.range.SnapshotReadResponse
+	(*ClosedEpochRequest)(nil),   // 41: terroir.range.ClosedEpochRequest
+	(*ClosedEpochResponse)(nil),  // 42: terroir.range.ClosedEpochResponse
+	(*AdminSplitRequest)(nil),    // 43: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),   // 44: terroir.range.AdminSplitResponse
+	(*AdminMergeRequest)(nil),    // 45: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),   // 46: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),          // 47: terroir.range.RangeStatus
+	(*RangesRequest)(nil),        // 48: terroir.range.RangesRequest
+	(*RangesResponse)(nil),       // 49: terroir.range.RangesResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
 	6,  // 1: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
-	15, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
-	16, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
-	17, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
-	18, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
-	19, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
-	12, // 7: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
-	13, // 8: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
-	14, // 9: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
-	10, // 10: terroir.range.Command.gc:type_name -> terroir.range.GCCmd
-	6,  // 11: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
-	20, // 12: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
-	11, // 13: terroir.range.MergeCmd.right_gc:type_name -> terroir.range.GCThreshold
-	3,  // 14: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
-	2,  // 15: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
-	4,  // 16: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
-	1,  // 17: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	1,  // 18: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
-	4,  // 19: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	1,  // 20: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	1,  // 21: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
-	2,  // 22: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	4,  // 23: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	2,  // 24: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 25: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	5,  // 26: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	2,  // 27: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 28: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 29: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	3,  // 30: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	1,  // 31: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	1,  // 32: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
-	1,  // 33: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	1,  // 34: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	6,  // 35: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	2,  // 36: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 37: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	1,  // 38: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	1,  // 39: terroir.range.Change.version:type_name -> terroir.range.VersionID
-	5,  // 40: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	38, // 41: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
-	6,  // 42: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 43: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	6,  // 44: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 45: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 46: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	44, // 47: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	21, // 48: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	23, // 49: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	25, // 50: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	27, // 51: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	29, // 52: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	31, // 53: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	33, // 54: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	37, // 55: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	35, // 56: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	40, // 57: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	42, // 58: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	45, // 59: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	22, // 60: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	24, // 61: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	26, // 62: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	28, // 63: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	30, // 64: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	32, // 65: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	34, // 66: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	39, // 67: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	36, // 68: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	41, // 69: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	43, // 70: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	46, // 71: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	60, // [60:72] is the sub-list for method output_type
-	48, // [48:60] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	16, // 2: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
+	17, // 3: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
+	18, // 4: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
+	19, // 5: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
+	20, // 6: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
+	13, // 7: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
+	14, // 8: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
+	15, // 9: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
+	11, // 10: terroir.range.Command.gc:type_name -> terroir.range.GCCmd
+	10, // 11: terroir.range.Command.closed:type_name -> terroir.range.ClosedEpochCmd
+	6,  // 12: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
+	21, // 13: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
+	12, // 14: terroir.range.MergeCmd.right_gc:type_name -> terroir.range.GCThreshold
+	3,  // 15: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
+	2,  // 16: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
+	4,  // 17: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
+	1,  // 18: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
+	1,  // 19: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	4,  // 20: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	1,  // 21: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	1,  // 22: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	2,  // 23: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	4,  // 24: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	2,  // 25: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 26: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	5,  // 27: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	2,  // 28: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 29: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 30: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	3,  // 31: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	1,  // 32: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	1,  // 33: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	1,  // 34: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	1,  // 35: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	6,  // 36: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	2,  // 37: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 38: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 39: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	1,  // 40: terroir.range.Change.version:type_name -> terroir.range.VersionID
+	5,  // 41: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	39, // 42: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
+	6,  // 43: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 44: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	6,  // 45: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 46: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 47: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	47, // 48: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	22, // 49: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	24, // 50: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	26, // 51: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	28, // 52: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	30, // 53: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	32, // 54: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	34, // 55: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	38, // 56: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	36, // 57: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	43, // 58: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	45, // 59: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	48, // 60: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	41, // 61: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
+	23, // 62: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	25, // 63: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	27, // 64: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	29, // 65: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	31, // 66: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	33, // 67: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	35, // 68: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	40, // 69: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	37, // 70: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	44, // 71: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	46, // 72: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	49, // 73: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	42, // 74: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
+	62, // [62:75] is the sub-list for method output_type
+	49, // [49:62] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -3572,6 +3814,7 @@ func file_range_proto_init() {
 		(*Command_Subsume)(nil),
 		(*Command_Merge)(nil),
 		(*Command_Gc)(nil),
+		(*Command_Closed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3579,7 +3822,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   46,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,7 @@ const (
 	Range_AdminSplit_FullMethodName     = "/terroir.range.Range/AdminSplit"
 	Range_AdminMerge_FullMethodName     = "/terroir.range.Range/AdminMerge"
 	Range_Ranges_FullMethodName         = "/terroir.range.Range/Ranges"
+	Range_ClosedEpoch_FullMethodName    = "/terroir.range.Range/ClosedEpoch"
 )
 
 // RangeClient is the client API for Range service.
@@ -57,6 +58,9 @@ type RangeClient interface {
 	AdminMerge(ctx context.Context, in *AdminMergeRequest, opts ...grpc.CallOption) (*AdminMergeResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error)
+	// ClosedEpoch reports the range's closed epoch as this replica applied it
+	// (a changefeed's resolved epoch is the least over its span's ranges).
+	ClosedEpoch(ctx context.Context, in *ClosedEpochRequest, opts ...grpc.CallOption) (*ClosedEpochResponse, error)
 }
 
 type rangeClient struct {
@@ -187,6 +191,16 @@ func (c *rangeClient) Ranges(ctx context.Context, in *RangesRequest, opts ...grp
 	return out, nil
 }
 
+func (c *rangeClient) ClosedEpoch(ctx context.Context, in *ClosedEpochRequest, opts ...grpc.CallOption) (*ClosedEpochResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClosedEpochResponse)
+	err := c.cc.Invoke(ctx, Range_ClosedEpoch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServer is the server API for Range service.
 // All implementations must embed UnimplementedRangeServer
 // for forward compatibility.
@@ -208,6 +222,9 @@ type RangeServer interface {
 	AdminMerge(context.Context, *AdminMergeRequest) (*AdminMergeResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(context.Context, *RangesRequest) (*RangesResponse, error)
+	// ClosedEpoch reports the range's closed epoch as this replica applied it
+	// (a changefeed's resolved epoch is the least over its span's ranges).
+	ClosedEpoch(context.Context, *ClosedEpochRequest) (*ClosedEpochResponse, error)
 	mustEmbedUnimplementedRangeServer()
 }
 
@@ -253,6 +270,9 @@ func (UnimplementedRangeServer) AdminMerge(context.Context, *AdminMergeRequest) 
 }
 func (UnimplementedRangeServer) Ranges(context.Context, *RangesRequest) (*RangesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ranges not implemented")
+}
+func (UnimplementedRangeServer) ClosedEpoch(context.Context, *ClosedEpochRequest) (*ClosedEpochResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ClosedEpoch not implemented")
 }
 func (UnimplementedRangeServer) mustEmbedUnimplementedRangeServer() {}
 func (UnimplementedRangeServer) testEmbeddedByValue()               {}
@@ -491,6 +511,24 @@ func _Range_Ranges_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_ClosedEpoch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClosedEpochRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).ClosedEpoch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_ClosedEpoch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).ClosedEpoch(ctx, req.(*ClosedEpochRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Range_ServiceDesc is the grpc.ServiceDesc for Range service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -545,6 +583,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Ranges",
 			Handler:    _Range_Ranges_Handler,
+		},
+		{
+			MethodName: "ClosedEpoch",
+			Handler:    _Range_ClosedEpoch_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,173 @@
+package rangeserver
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+// Closed epochs (DESIGN.md §13). A range leader closes epoch c when
+//  1. its publisher shows at least c+1,
+//  2. it has raised its highest epoch to that value, so every later Prepare
+//     reply and one-phase commit here lands above c, and
+//  3. every transaction that was prepared or committing here at (2) has
+//     applied its outcome;
+//
+// it then proposes ClosedEpochCmd{c} through Raft. A replica that applied
+// it holds every version of the range with an epoch at or below c, and no
+// transaction can add one, so it serves a read at any epoch up to c+1 by
+// itself, with no epoch or lock wait: a changefeed's resolved epoch, and
+// (issue 15) follower reads. Only global-epoch versions are closed (local
+// epochs in a regional-only deployment); regional copies are not.
+
+// subClosed holds the range's closed epoch (8 bytes, big-endian).
+const subClosed byte = 'c'
+
+// ErrNotClosed: a read from the closed epoch asked for an epoch above the
+// replica's closed epoch + 1; retry later, or at the leader.
+var ErrNotClosed = errors.New("rangeserver: epoch not closed at this replica")
+
+// ClosedEpoch returns the range's closed epoch as this replica applied it
+// (0: none yet).
+func (sm *StateMachine) ClosedEpoch() uint64 { return sm.closed.Load() }
+
+// The closed epoch lives in two places: closedStored (under sm.mu) is the
+// value in the engine or in the batch being applied; closed, the one reads
+// trust, is raised to it only by PostApply, once the batch — with every
+// version the close covers, which may have applied in the same batch on a
+// follower — is in the engine. Lowering it (a merge) takes effect at once.
+
+// applyClosed applies a ClosedEpochCmd, with sm.mu held: under the lease it
+// was proposed in, it raises the stored closed epoch (never lowers it).
+func (sm *StateMachine) applyClosed(b *pebble.Batch, cmd *pb.ClosedEpochCmd) any {
+	if cmd.GetLeaseStart() != sm.lease.GetStart() || sm.desc.Load().GetSubsumed() {
+		return Applied{Rejected: true}
+	}
+	if c := cmd.GetEpoch(); c > sm.closedStored {
+		_ = b.Set(sm.sub(subClosed, nil), binary.BigEndian.AppendUint64(nil, c), nil)
+		sm.closedStored = c
+	}
+	return Applied{}
+}
+
+// lowerClosed sets the closed epoch to min(current, c), with sm.mu held: a
+// merged range's is the smaller of its two halves'.
+func (sm *StateMachine) lowerClosed(b *pebble.Batch, c uint64) {
+	if c < sm.closedStored {
+		_ = b.Set(sm.sub(subClosed, nil), binary.BigEndian.AppendUint64(nil, c), nil)
+		sm.closedStored = c
+	}
+	if c < sm.closed.Load() {
+		sm.closed.Store(c)
+	}
+}
+
+// publishClosed makes the stored closed epoch the one reads trust, with
+// sm.mu held, once the batch that stored it is in the engine (PostApply).
+func (sm *StateMachine) publishClosed() { sm.closed.Store(sm.closedStored) }
+
+// loadClosed reads the stored closed epoch through get (the engine or a
+// batch being restored) with sm.mu held. Read from the engine, it is
+// trusted at once; from a batch, the value trusted until it is in the
+// engine is the smaller of the old and the new. A damaged value wraps
+// storage.ErrCorrupt.
+func (sm *StateMachine) loadClosed(get func([]byte) ([]byte, error), fromEngine bool) error {
+	v, err := get(sm.sub(subClosed, nil))
+	if err != nil {
+		return err
+	}
+	var c uint64
+	switch len(v) {
+	case 0:
+	case 8:
+		c = binary.BigEndian.Uint64(v)
+	default:
+		return fmt.Errorf("%w: closed epoch of %d bytes", storage.ErrCorrupt, len(v))
+	}
+	sm.closedStored = c
+	if fromEngine || c < sm.closed.Load() {
+		sm.closed.Store(c)
+	}
+	return nil
+}
+
+// closing is a close under way at the leader: the epoch it will close and
+// the transactions that must apply their outcome first (condition 3).
+type closing struct {
+	epoch   uint64
+	pending [][]byte
+}
+
+// maybeClose runs on the leader's tick, under leadership l: it starts a
+// close once ClosedInterval has passed since the last (conditions 1 and 2),
+// and proposes it once the transactions it waits for are done (3). A
+// proposal that fails is started again on a later tick.
+func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
+	if r.cfg.ClosedInterval <= 0 || r.closePaused.Load() {
+		return
+	}
+	now := r.cfg.Clock.Now()
+	if l.closing == nil {
+		if now.Sub(l.lastClose) < r.cfg.ClosedInterval {
+			return
+		}
+		src := r.global
+		if src == nil {
+			src = r.epochs // regional-only: versions carry local epochs
+		}
+		p, err := src.Read(ctx)
+		if err != nil || p < 2 || p-1 <= r.sm.ClosedEpoch() {
+			return
+		}
+		// Raised to the publisher's value, never above it: a commit in a
+		// future epoch would escape strong snapshots that start after it.
+		l.closing = &closing{epoch: p - 1, pending: l.txns.raiseAndPending(p)}
+		for _, rec := range r.sm.Prepared() {
+			l.closing.pending = append(l.closing.pending, rec.GetTxn().GetId())
+		}
+		l.lastClose = now
+	}
+	for _, id := range l.closing.pending {
+		if l.txns.holds(id) || r.sm.IsPrepared(id) {
+			return // not yet applied: the close waits (a later tick looks again)
+		}
+	}
+	cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Closed{Closed: &pb.ClosedEpochCmd{Epoch: l.closing.epoch, LeaseStart: l.start}}})
+	if _, err := r.group.Propose(ctx, cmd); err != nil {
+		slog.Debug("closed epoch proposal failed", "range", r.id, "epoch", l.closing.epoch, "err", err)
+	}
+	l.closing = nil
+}
+
+// PauseClosing stops (true) or resumes (false) this replica's closing of
+// epochs while it leads: a test holds a range's closed epoch back with it.
+func (r *Replica) PauseClosing(paused bool) { r.closePaused.Store(paused) }
+
+// ClosedEpoch returns the range's closed epoch as this replica applied it,
+// once key span [start, end) is checked to lie in the range (a
+// *MismatchError otherwise).
+func (r *Replica) ClosedEpoch(start, end []byte) (uint64, error) {
+	if len(start) > 0 {
+		if err := r.checkSpan(start, end); err != nil {
+			return 0, err
+		}
+	}
+	return r.sm.ClosedEpoch(), nil
+}
+
+// closedRead checks that this replica may serve a read at epoch at from its
+// closed epoch: ErrNotClosed if at passes the closed epoch + 1.
+func (r *Replica) closedRead(at uint64) (uint64, error) {
+	c := r.sm.ClosedEpoch()
+	if at > c+1 {
+		return c, fmt.Errorf("%w: epoch %d, closed epoch %d", ErrNotClosed, at, c)
+	}
+	return c, nil
+}
