@@ -171,6 +171,20 @@ func (db *DB) ClosedEpoch(ctx context.Context, start, end []byte) (uint64, error
 	return db.coord.ClosedEpoch(ctx, start, end)
 }
 
+// ViewAt runs fn in a snapshot of the state as of the start of epoch at —
+// after a changefeed's resolved epoch r, at = r+1 — read from the ranges'
+// closed epochs (DESIGN.md §13): every version at or below at-1 is final
+// there, so each read is served with no epoch or lock wait. A range that has
+// not yet closed at-1 refuses and the read is tried again until ctx ends
+// (ErrUnavailable). Errors: ErrSnapshotTooOld when at is below a range's
+// GC horizon, and fn's. Unlike View, fn runs once.
+func (db *DB) ViewAt(ctx context.Context, at uint64, fn func(ctx context.Context, s *Snapshot) error) (SnapshotStats, error) {
+	s := db.coord.ClosedSnapshot(at)
+	err := fn(ctx, &Snapshot{s: s})
+	st, _ := s.Finish()
+	return st, err
+}
+
 // feedRound reads the span's least closed epoch c and returns at = c+1
 // with the span's changes with epochs in [since, at), read from the
 // ranges' closed epochs and sorted by version id (then key).

@@ -160,10 +160,13 @@ func TestPausedClosingHoldsTheFeedBack(t *testing.T) {
 	}
 }
 
-// closedReadAbove reads key "a" of range 10 from its closed epoch at epoch
-// at, giving up after 300 ms.
-func closedReadAbove(ctx context.Context, db *client.DB, at uint64) ([]client.Change, error) {
+// closedReadAbove reads key "a" of range 10 as of epoch at from the closed
+// epochs, giving up after 300 ms.
+func closedReadAbove(ctx context.Context, db *client.DB, at uint64) (client.SnapshotStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	return db.ClosedChanges(ctx, []byte("a"), []byte("b"), 1, at)
+	return db.ViewAt(ctx, at, func(ctx context.Context, s *client.Snapshot) error {
+		_, _, err := s.Get(ctx, []byte("a"))
+		return err
+	})
 }

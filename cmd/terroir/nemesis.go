@@ -25,12 +25,17 @@ in every data region while a fault schedule strikes every 3 s. Workloads:
 multi-key read-write transactions and linearizable snapshots over small key
 groups; single-key registers (write, compare-and-set, reads locking or in every
 per-key linearizable snapshot mode); appends to lists read in every snapshot
-mode; bank transfers across regions audited by snapshots of every mode; and a
-monitor reading every epoch group. Faults: kill and restart a node or a range
-leader; kill a participant's leader between prepare and commit record or between
-commit record and notification, with or without the coordinator dying too;
-restart the whole cluster from disk; cut a region off, or cut it, exclude it
-and readmit it; drop 10%, duplicate 20% or delay by 20 ms every message. After
+mode; bank transfers across regions audited by snapshots of every mode; a
+changefeed applied to a copy of the accounts, checked at every resolved epoch
+and, 2 s later, against the accounts read as of that epoch; long snapshots
+reread while ranges collect; and a monitor reading every epoch group. Faults:
+kill and restart a node or a range leader; kill a participant's leader between
+prepare and commit record or between commit record and notification, with or
+without the coordinator dying too; stall a coordinator there briefly, or past
+the transaction-record grace; split and merge ranges, killing the leader as
+they apply; pause a range's closing of epochs; restart the whole cluster from
+disk; cut a region off, or cut it, exclude it and readmit it; drop 10%,
+duplicate 20% or delay by 20 ms every message. After
 each fault it measures how long until every data region commits again, and
 how long until a transaction struck mid-commit holds no lock. At the end it
 reads every key, and checks: porcupine for the key groups (strict

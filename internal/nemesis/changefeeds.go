@@ -17,13 +17,21 @@ import (
 // or at or below an epoch already resolved; at a resolved epoch, an account
 // missing or a bank total off; after the faults, the copy differing from a
 // snapshot at its resolved epoch + 1; and history the feed protected
-// collected under it (ErrSnapshotTooOld).
+// collected under it (ErrSnapshotTooOld). About once a second the copy at a
+// resolved epoch r is also compared, sampleDelay later, with the accounts
+// read as of r+1 (client.DB.ViewAt): a commit that landed at or below r
+// after the feed resolved r — a range closed an epoch a prepared
+// transaction could still commit in — shows there, even when a later
+// write to the same accounts would have hidden it from the final check.
 type changefeeds struct {
 	cp   *campaign
 	bank *bank
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	cancel   context.CancelFunc
+	done     chan struct{}
+	samples  chan feedSample
+	verified chan struct{}
+	sampled  time.Time // the last sample's time; the consumer's alone
 
 	mu       sync.Mutex
 	accounts map[string]int // account key → index
@@ -34,8 +42,21 @@ type changefeeds struct {
 	pending  int // changes since the last resolved epoch
 }
 
+// feedSample is the consumer's accounts at a resolved epoch.
+type feedSample struct {
+	resolved uint64
+	state    map[string]string
+	at       time.Time
+}
+
+// sampleDelay is how long after a resolved epoch its sample is checked:
+// past the orphan bound and a brief stall, so every transaction that was
+// prepared then has applied its outcome.
+const sampleDelay = 2 * orphanAfter
+
 func newChangefeeds(cp *campaign, b *bank) *changefeeds {
-	f := &changefeeds{cp: cp, bank: b, accounts: map[string]int{}, done: make(chan struct{})}
+	f := &changefeeds{cp: cp, bank: b, accounts: map[string]int{}, done: make(chan struct{}),
+		samples: make(chan feedSample, 16), verified: make(chan struct{})}
 	for i := range accounts {
 		f.accounts[string(b.account(i))] = i
 	}
@@ -47,6 +68,7 @@ func newChangefeeds(cp *campaign, b *bank) *changefeeds {
 func (f *changefeeds) run(ctx context.Context, dbs []*client.DB, _ *sync.WaitGroup) {
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	f.cancel = cancel
+	go f.verify(fctx, dbs[0])
 	go func() {
 		defer close(f.done)
 		db := dbs[0]
@@ -87,10 +109,15 @@ func (f *changefeeds) run(ctx context.Context, dbs []*client.DB, _ *sync.WaitGro
 	}()
 }
 
-func sleep(ctx context.Context, d time.Duration) {
+// sleep waits d or until ctx ends; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-time.After(d):
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -159,8 +186,67 @@ func (f *changefeeds) apply(ev client.FeedEvent) error {
 	if total, err := f.total(); err != nil || total != accounts*initialFunds {
 		f.cp.anomaly("changefeed: at resolved epoch %d the consumer's bank total is %d (%v), want %d", ev.Resolved, total, err, accounts*initialFunds)
 	}
+	if now := time.Now(); now.Sub(f.sampled) >= time.Second {
+		f.sampled = now
+		s := feedSample{resolved: ev.Resolved, state: make(map[string]string, len(f.accounts)), at: now}
+		for k := range f.accounts {
+			s.state[k] = f.state[k]
+		}
+		select {
+		case f.samples <- s:
+		default: // the verifier is behind: skip this one
+		}
+	}
 	f.cp.count("changefeed resolved")
 	return nil
+}
+
+// verify checks the samples, each sampleDelay after it was taken, until
+// ctx ends: the accounts read as of resolved+1 must equal the copy's.
+func (f *changefeeds) verify(ctx context.Context, db *client.DB) {
+	defer close(f.verified)
+	for {
+		var s feedSample
+		select {
+		case <-ctx.Done():
+			return
+		case s = <-f.samples:
+		}
+		if !sleep(ctx, time.Until(s.at.Add(sampleDelay))) {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		got := map[string]string{}
+		_, err := db.ViewAt(rctx, s.resolved+1, func(ctx context.Context, snap *client.Snapshot) error {
+			for k := range f.accounts {
+				v, ok, err := snap.Get(ctx, []byte(k))
+				if err != nil {
+					return err
+				}
+				if ok {
+					got[k] = string(v)
+				}
+			}
+			return nil
+		})
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, client.ErrSnapshotTooOld):
+			f.cp.count("changefeed sample collected before its check")
+		case err != nil:
+			f.cp.countOutcome("changefeed sample read", err)
+		default:
+			f.cp.count("changefeed sample checked")
+			for k, i := range f.accounts {
+				if got[k] != s.state[k] {
+					f.cp.anomaly("changefeed: account %d is %q in the consumer at resolved epoch %d, %q read as of epoch %d %v later",
+						i, s.state[k], s.resolved, got[k], s.resolved+1, sampleDelay)
+				}
+			}
+		}
+	}
 }
 
 // total sums the copy's accounts, with f.mu held.
@@ -186,6 +272,7 @@ func (f *changefeeds) final(ctx context.Context, db *client.DB) {
 	defer func() {
 		f.cancel()
 		<-f.done
+		<-f.verified
 	}()
 	fctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/terroir-db/terroir/client"
@@ -33,12 +34,14 @@ const (
 	faultMergeKill     = "merge two ranges and kill the leader as the merge applies"
 	faultDirectory     = "kill a region's directory leader and split a range there"
 	faultStall         = "stall a coordinator between prepare and commit record past the record grace"
+	faultStallBrief    = "stall a transfer's coordinator between prepare and commit record for 0.5 s"
+	faultPauseClose    = "pause a range's closing of epochs"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
-	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall}
+	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -66,6 +69,10 @@ const (
 	// bound, the participants' abort, and the grace after which its record
 	// is forgotten.
 	stallFor = orphanAfter + txnRecordGrace + 2*time.Second
+	// briefStall is how long faultStallBrief pauses a coordinator: under
+	// the orphan bound, so it commits, at the epoch its participants'
+	// prepares allowed; their closed epochs must wait for it.
+	briefStall = orphanAfter / 2
 	// releaseBound is how long after a mid-commit kill every participant may
 	// still hold the transaction's locks: the fault's hold (≤ 2 s), leader
 	// failover, orphanAfter, and resolution through the state store.
@@ -253,6 +260,21 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		case faultStall:
 			cp.stallCommit(ctx)
 			heal = func() error { return nil }
+		case faultStallBrief:
+			// The next two-phase transfer of one client stalls once.
+			db := dbs[r.IntN(len(dbs))]
+			var once atomic.Bool
+			db.SetStallHook(func([]byte, []uint64) time.Duration {
+				if once.CompareAndSwap(false, true) {
+					return briefStall
+				}
+				return 0
+			})
+			heal = func() error { db.SetStallHook(nil); return nil }
+		case faultPauseClose:
+			id := ranges[r.IntN(len(ranges))].ID
+			cp.pauseClosing(nodes, id, true)
+			heal = func() error { cp.pauseClosing(nodes, id, false); return nil }
 		default:
 			f, ok := cp.strikeMidCommit(ctx, kind, r.IntN(8))
 			if !ok {
@@ -292,6 +314,19 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		}
 		if struck != nil {
 			cp.awaitRelease(*struck)
+		}
+	}
+}
+
+// pauseClosing stops (or resumes) the closing of epochs at every live
+// replica of range id: its changefeed resolves nothing past its closed
+// epoch meanwhile. A replica restarted meanwhile closes as usual.
+func (cp *campaign) pauseClosing(nodes []uint64, id uint64, paused bool) {
+	for _, n := range nodes {
+		if nd := cp.c.Node(n); nd != nil {
+			if rep := nd.Range(id); rep != nil {
+				rep.PauseClosing(paused)
+			}
 		}
 	}
 }
