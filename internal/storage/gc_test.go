@@ -117,17 +117,21 @@ func TestCollectResumesWhereItStopped(t *testing.T) {
 
 // TestCollectNeverChangesAReadAtOrAboveTheHorizon: over random histories,
 // every read at every epoch from the horizon on returns the same before and
-// after collection, and every key keeps at most one version below it.
+// after collection, and every key keeps at most one version below it —
+// with point deletions and with range deletions (keys with many versions),
+// among keys that are prefixes of each other (k1, k10, k11).
 func TestCollectNeverChangesAReadAtOrAboveTheHorizon(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
+	const keys, epochs = 12, 60
+	ranged := 0
 	for round := range 40 {
 		e, err := Open(t.TempDir(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var entries []string
-		for k := range 8 {
-			for ep := uint64(1); ep <= 20; ep++ {
+		for k := range keys {
+			for ep := uint64(1); ep <= epochs; ep++ {
 				switch r.IntN(4) {
 				case 0:
 					entries = append(entries, fmt.Sprintf("k%d@%d=v%d", k, ep, ep))
@@ -139,11 +143,11 @@ func TestCollectNeverChangesAReadAtOrAboveTheHorizon(t *testing.T) {
 			}
 		}
 		writeVersions(t, e, entries...)
-		horizon := uint64(1 + r.IntN(22))
+		horizon := uint64(1 + r.IntN(epochs+2))
 		reads := func() string {
 			var out []string
-			for ep := horizon; ep <= 22; ep++ {
-				for k := range 8 {
+			for ep := horizon; ep <= epochs+2; ep++ {
+				for k := range keys {
 					v, ok, _, err := e.GetMVCC(gcPrefix, []byte(fmt.Sprintf("k%d", k)), EpochStart(ep))
 					if err != nil {
 						t.Fatal(err)
@@ -154,8 +158,9 @@ func TestCollectNeverChangesAReadAtOrAboveTheHorizon(t *testing.T) {
 			return strings.Join(out, " ")
 		}
 		before := reads()
-		collect(t, e, horizon, 1+r.IntN(3)) // one bounded pass, then the rest
-		collect(t, e, horizon, 0)
+		s1, _ := collect(t, e, horizon, 1+r.IntN(3)) // one bounded pass, then the rest
+		s2, _ := collect(t, e, horizon, 0)
+		ranged += s1.RangeDeletes + s2.RangeDeletes
 		if after := reads(); after != before {
 			t.Fatalf("round %d, horizon %d: reads changed\nbefore %s\nafter  %s", round, horizon, before, after)
 		}
@@ -172,4 +177,8 @@ func TestCollectNeverChangesAReadAtOrAboveTheHorizon(t *testing.T) {
 		}
 		e.Close()
 	}
+	if ranged == 0 {
+		t.Fatal("no key was collected by a range deletion: the test shows nothing of them")
+	}
+	t.Logf("%d keys collected by a range deletion", ranged)
 }
