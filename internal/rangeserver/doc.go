@@ -21,7 +21,11 @@
 //   - commit.go: participant commit — Prepare, Commit, Abort, one-phase
 //     commit — by the rules of package commitrule.
 //   - orphans.go: resolving orphans through the transaction state store.
-//   - snapshotread.go: lock-free snapshot reads (paper §5.2, Algorithm 1).
+//   - snapshotread.go: lock-free snapshot reads (paper §5.2, Algorithm 1),
+//     at the leader or, at epochs up to the closed epoch + 1, at any replica.
+//   - closed.go: closed epochs (DESIGN.md §13): the leader's closing, the
+//     replicated ClosedEpoch command, reads served from it.
+//   - gc.go: MVCC garbage collection on the leader's schedule (DESIGN.md §14).
 //   - split.go: splits, by an operator (AdminSplit) or automatically by size
 //     or load, and what the leader does when one applies.
 //   - merge.go: merges, by an operator (AdminMerge) or automatically of
