@@ -461,6 +461,12 @@ func (n *Node) Range(id uint64) *rangeserver.Replica {
 // Addr returns the address the node serves on.
 func (n *Node) Addr() string { return n.listener.Addr().String() }
 
+// DataStats measures the MVCC data (every range's versions, not the
+// regional copies) this node stores (storage.Engine.MVCCStats: a full scan).
+func (n *Node) DataStats() (storage.MVCCStats, error) {
+	return n.engine.MVCCStats([]byte{storage.PrefixData})
+}
+
 // Registry returns the node's metrics registry.
 func (n *Node) Registry() *prometheus.Registry { return n.registry }
 
