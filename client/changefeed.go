@@ -38,9 +38,15 @@ type FeedOptions struct {
 	// closed_epoch_interval of the topology).
 	Interval time.Duration
 	// PageSize bounds the versions one range read returns (default 1000;
-	// a page ends at a key boundary, so one key's versions in a round
-	// come in one page).
+	// a page ends at a key boundary: one key's versions in a round come in
+	// one page, so a round whose window holds more than twice PageSize
+	// versions of one key is narrowed).
 	PageSize int
+	// RoundChanges bounds the changes one round holds in memory (default
+	// 100 000): a round whose window of epochs holds more — a feed
+	// catching up from far back — is narrowed to fewer epochs, and the
+	// next round goes on at once. A single epoch is always delivered whole.
+	RoundChanges int
 	// OnError, if set, hears each round that failed and will run again (a
 	// region cut off, a leader change); the feed goes on.
 	OnError func(error)
@@ -97,6 +103,9 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 	if opts.PageSize <= 0 {
 		opts.PageSize = 1000
 	}
+	if opts.RoundChanges <= 0 {
+		opts.RoundChanges = 100_000
+	}
 	lo := opts.Start
 	if len(lo) == 0 {
 		lo = []byte{0}
@@ -127,7 +136,7 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 	t := time.NewTicker(opts.Interval)
 	defer t.Stop()
 	for {
-		at, changes, err := db.feedRound(ctx, lo, opts.End, resolved+1, opts.PageSize)
+		at, changes, behind, err := db.feedRound(ctx, lo, opts.End, resolved+1, opts)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -148,6 +157,9 @@ func (db *DB) Changefeed(ctx context.Context, opts FeedOptions, fn func(FeedEven
 				return err
 			}
 			hold.Advance(resolved + 1)
+			if behind {
+				continue // a narrowed round: catch up without waiting
+			}
 		}
 		// A retryable error (a region cut, a leader change) ended the
 		// round undelivered: the next one reads the same changes and more.
@@ -185,32 +197,60 @@ func (db *DB) ViewAt(ctx context.Context, at uint64, fn func(ctx context.Context
 	return st, err
 }
 
+// errRoundTooLarge: a round's window holds more than RoundChanges changes.
+var errRoundTooLarge = errors.New("changefeed: too many changes in the round's window")
+
 // feedRound reads the span's least closed epoch c and returns at = c+1
 // with the span's changes with epochs in [since, at), read from the
-// ranges' closed epochs and sorted by version id (then key).
-func (db *DB) feedRound(ctx context.Context, lo, hi []byte, since uint64, page int) (uint64, []Change, error) {
+// ranges' closed epochs and sorted by version id (then key). A window too
+// large for one round (RoundChanges, or one key's versions past twice
+// PageSize) is halved, down to one epoch, and behind reports it.
+func (db *DB) feedRound(ctx context.Context, lo, hi []byte, since uint64, opts FeedOptions) (at uint64, out []Change, behind bool, err error) {
 	// A range whose closed epoch fell below c (a merge keeps the smaller
 	// of its halves') refuses until it closes c again: bounded here.
 	ctx, cancel := context.WithTimeout(ctx, feedRoundTimeout)
 	defer cancel()
 	c, err := db.coord.ClosedEpoch(ctx, lo, hi)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, false, err
 	}
-	at := c + 1
+	at = c + 1
 	if at <= since {
-		return at, nil, nil
+		return at, nil, false, nil
 	}
+	page, most := opts.PageSize, opts.RoundChanges
+	for {
+		out, err = db.readWindow(ctx, lo, hi, since, at, page, most)
+		switch {
+		case (errors.Is(err, errRoundTooLarge) || errors.Is(err, ErrTooManyVersions)) && at-since > 1:
+			at, behind = since+(at-since)/2, true
+		case errors.Is(err, errRoundTooLarge): // one epoch: delivered whole
+			most = 0
+		case errors.Is(err, ErrTooManyVersions): // one epoch: one key's versions in one page
+			page = 0
+		default:
+			return at, out, behind, err
+		}
+	}
+}
+
+// readWindow reads the span's changes in [since, at) from the closed
+// epochs, sorted by version id (then key); errRoundTooLarge past most
+// changes (0: no bound).
+func (db *DB) readWindow(ctx context.Context, lo, hi []byte, since, at uint64, page, most int) ([]Change, error) {
 	s := db.coord.ClosedSnapshot(at)
 	defer s.Finish()
 	var out []Change
 	for {
 		part, err := s.Changes(ctx, lo, hi, since, false, page)
 		if err != nil {
-			return 0, nil, err
+			return nil, err
 		}
 		out = append(out, part...)
-		if len(part) < page {
+		if most > 0 && len(out) > most {
+			return nil, fmt.Errorf("%w: more than %d in epochs [%d, %d)", errRoundTooLarge, most, since, at)
+		}
+		if page == 0 || len(part) < page {
 			break
 		}
 		lo = append(append([]byte{}, part[len(part)-1].Key...), 0)
@@ -221,5 +261,5 @@ func (db *DB) feedRound(ctx context.Context, lo, hi []byte, since uint64, page i
 		}
 		return bytes.Compare(out[i].Key, out[j].Key) < 0
 	})
-	return at, out, nil
+	return out, nil
 }

@@ -94,6 +94,9 @@ var (
 	// ErrSnapshotTooOld: the snapshot reads below a range's GC horizon
 	// (named in the message); start a new snapshot.
 	ErrSnapshotTooOld = coordinator.ErrSnapshotTooOld
+	// ErrTooManyVersions: Snapshot.Changes met a key with more than twice
+	// its limit of versions in the window; narrow the window of epochs.
+	ErrTooManyVersions = coordinator.ErrTooManyVersions
 )
 
 // IsRetryable reports whether retrying the whole transaction may succeed.

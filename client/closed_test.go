@@ -170,3 +170,72 @@ func closedReadAbove(ctx context.Context, db *client.DB, at uint64) (client.Snap
 		return err
 	})
 }
+
+// TestChangefeedNarrowsLargeRounds: a feed resuming from far back, whose
+// first window holds more changes than a round may (RoundChanges), or more
+// versions of one key than a page may (twice PageSize), narrows its rounds
+// to fewer epochs and catches up: every change exactly once, in version
+// order, and no round above its bound unless it spans a single epoch.
+func TestChangefeedNarrowsLargeRounds(t *testing.T) {
+	_, db := startCluster(t, localcluster.Options{})
+	ctx := ctxT(t, 60*time.Second)
+	from := closedNow(ctx, t, db)
+	const hot, cold, bound = 60, 20, 10
+	for i := range hot {
+		putKey(ctx, t, db, "hot", fmt.Sprint(i))
+	}
+	for i := range cold {
+		putKey(ctx, t, db, fmt.Sprintf("cold-%02d", i), "v")
+	}
+	// Every write acknowledged before a Linearizable snapshot is below its epoch.
+	s, err := db.BeginSnapshot(ctx, client.Linearizable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := s.Stats().Epoch - 1
+	var (
+		delivered, rounds, narrowed int
+		round                       []client.Change
+		last                        client.Change
+		hotValue                    string
+	)
+	fctx, stop := context.WithCancel(ctx)
+	defer stop()
+	err = db.Changefeed(fctx, client.FeedOptions{From: from, PageSize: 4, RoundChanges: bound, Interval: 20 * time.Millisecond}, func(ev client.FeedEvent) error {
+		if c := ev.Change; c != nil {
+			if delivered > 0 && c.Version.Less(last.Version) {
+				t.Errorf("%q at %v after %q at %v", c.Key, c.Version, last.Key, last.Version)
+			}
+			last, delivered = *c, delivered+1
+			round = append(round, *c)
+			if string(c.Key) == "hot" {
+				hotValue = string(c.Value)
+			}
+			return nil
+		}
+		if len(round) > 0 {
+			rounds++
+			if len(round) > bound && round[0].Version.Epoch != round[len(round)-1].Version.Epoch {
+				t.Errorf("a round of %d changes over epochs %d..%d, bound %d", len(round), round[0].Version.Epoch, round[len(round)-1].Version.Epoch, bound)
+			}
+			if len(round) <= bound {
+				narrowed++
+			}
+		}
+		round = round[:0]
+		if ev.Resolved >= end {
+			stop()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("changefeed ended with %v", err)
+	}
+	if delivered != hot+cold || hotValue != fmt.Sprint(hot-1) {
+		t.Fatalf("delivered %d changes (want %d), hot ends at %q (want %d)", delivered, hot+cold, hotValue, hot-1)
+	}
+	if rounds < (hot+cold)/bound {
+		t.Fatalf("%d changes in %d rounds: the rounds were not narrowed to %d", delivered, rounds, bound)
+	}
+	t.Logf("%d changes in %d rounds (%d within the bound)", delivered, rounds, narrowed)
+}

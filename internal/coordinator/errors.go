@@ -60,6 +60,10 @@ var (
 	// horizon, whose older versions may be collected (DESIGN.md §14). The
 	// message names the horizon. Not retryable at the same epoch.
 	ErrSnapshotTooOld = errors.New("terroir: snapshot older than the GC horizon")
+	// ErrTooManyVersions: a Changes page met one key with more than twice
+	// the page's limit of versions in its window; read a narrower window of
+	// epochs, or with no limit. Not retryable as it is.
+	ErrTooManyVersions = errors.New("terroir: a key has more versions in the window than a page holds")
 )
 
 // tooOld is how a range's refusal of a snapshot below its GC horizon reads

@@ -258,8 +258,9 @@ type Change struct {
 // transaction can still commit below <at, 0> in the span. With limit > 0 it
 // returns about limit versions, ending at a key boundary; the caller goes on
 // from the last key's successor. With newestOnly, only each key's newest
-// version in the window. Errors as Scan's, and ErrSnapshotTooOld when a
-// range collected versions at or above since.
+// version in the window. Errors as Scan's, ErrSnapshotTooOld when a range
+// collected versions at or above since, and ErrTooManyVersions when one key
+// has more than twice limit versions in the window.
 func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, newestOnly bool, limit int) ([]Change, error) {
 	if err := checkScan(lo, hi); err != nil {
 		return nil, err
@@ -274,6 +275,10 @@ func (s *Snapshot) Changes(ctx context.Context, lo, hi []byte, since uint64, new
 			Scan: true, Limit: uint32(want), Changes: true, Since: since, NewestOnly: newestOnly})
 		if err != nil {
 			return false, err
+		}
+		if resp.GetKeyTruncated() {
+			return false, fmt.Errorf("%w: range %d, key %q, more than %d versions in epochs [%d, %d)", ErrTooManyVersions,
+				part.Desc.GetRangeId(), resp.GetChanges()[len(resp.GetChanges())-1].GetKey(), 2*want, since, s.at)
 		}
 		for _, c := range resp.GetChanges() {
 			out = append(out, Change{Key: c.GetKey(), Value: c.GetValue(), Tombstone: c.GetTombstone(),

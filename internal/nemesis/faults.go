@@ -34,7 +34,7 @@ const (
 	faultMergeKill     = "merge two ranges and kill the leader as the merge applies"
 	faultDirectory     = "kill a region's directory leader and split a range there"
 	faultStall         = "stall a coordinator between prepare and commit record past the record grace"
-	faultStallBrief    = "stall a transfer's coordinator between prepare and commit record for 0.5 s"
+	faultStallBrief    = "stall a coordinator between prepare and commit record for 0.5 s"
 	faultPauseClose    = "pause a range's closing of epochs"
 )
 
@@ -261,7 +261,7 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			cp.stallCommit(ctx)
 			heal = func() error { return nil }
 		case faultStallBrief:
-			// The next two-phase transfer of one client stalls once.
+			// The next two-phase commit of one workload client stalls once.
 			db := dbs[r.IntN(len(dbs))]
 			var once atomic.Bool
 			db.SetStallHook(func([]byte, []uint64) time.Duration {

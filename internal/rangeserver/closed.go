@@ -24,7 +24,7 @@ import (
 // it holds every version of the range with an epoch at or below c, and no
 // transaction can add one, so it serves a read at any epoch up to c+1 by
 // itself, with no epoch or lock wait: a changefeed's resolved epoch, and
-// (issue 15) follower reads. Only global-epoch versions are closed (local
+// follower reads. Only global-epoch versions are closed (local
 // epochs in a regional-only deployment); regional copies are not.
 
 // subClosed holds the range's closed epoch (8 bytes, big-endian).
@@ -98,17 +98,21 @@ func (sm *StateMachine) loadClosed(get func([]byte) ([]byte, error), fromEngine 
 	return nil
 }
 
-// closing is a close under way at the leader: the epoch it will close and
-// the transactions that must apply their outcome first (condition 3).
+// closing is a close under way at the leader: the epoch it will close, the
+// transactions that must apply their outcome first (condition 3), and the
+// range's generation when it began (a split or merge since ends it).
 type closing struct {
-	epoch   uint64
-	pending [][]byte
+	epoch      uint64
+	pending    [][]byte
+	generation uint64
 }
 
 // maybeClose runs on the leader's tick, under leadership l: it starts a
-// close once ClosedInterval has passed since the last (conditions 1 and 2),
-// and proposes it once the transactions it waits for are done (3). A
-// proposal that fails is started again on a later tick.
+// close once ClosedInterval has passed since the last began (conditions 1
+// and 2), and proposes it once the transactions it waits for are done (3).
+// A close the range's shape changed under (a merge brings prepared
+// transactions it did not wait for) is dropped; a proposal that fails is
+// not retried: the next close begins ClosedInterval after it.
 func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 	if r.cfg.ClosedInterval <= 0 || r.closePaused.Load() {
 		return
@@ -128,11 +132,15 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		}
 		// Raised to the publisher's value, never above it: a commit in a
 		// future epoch would escape strong snapshots that start after it.
-		l.closing = &closing{epoch: p - 1, pending: l.txns.raiseAndPending(p)}
+		l.closing = &closing{epoch: p - 1, pending: l.txns.raiseAndPending(p), generation: r.sm.Descriptor().GetGeneration()}
 		for _, rec := range r.sm.Prepared() {
 			l.closing.pending = append(l.closing.pending, rec.GetTxn().GetId())
 		}
 		l.lastClose = now
+	}
+	if r.sm.Descriptor().GetGeneration() != l.closing.generation {
+		l.closing = nil
+		return
 	}
 	for _, id := range l.closing.pending {
 		if l.txns.holds(id) || r.sm.IsPrepared(id) {
@@ -152,7 +160,7 @@ func (r *Replica) PauseClosing(paused bool) { r.closePaused.Store(paused) }
 
 // ClosedEpoch returns the range's closed epoch as this replica applied it,
 // once key span [start, end) is checked to lie in the range (a
-// *MismatchError otherwise).
+// *MismatchError otherwise; an empty start skips the check).
 func (r *Replica) ClosedEpoch(start, end []byte) (uint64, error) {
 	if len(start) > 0 {
 		if err := r.checkSpan(start, end); err != nil {

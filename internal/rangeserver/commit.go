@@ -10,6 +10,7 @@ import (
 	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
+	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // maxVersionOf returns the newest stored version among the keys of writes, in
@@ -193,8 +194,9 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 			if errors.Is(err, ErrLocksLost) { // rejected at apply: nothing written
 				abort()
 			}
-			// Otherwise the entry may still apply; the locks stay with this
-			// leadership until it ends.
+			// Otherwise the entry may still apply: the locks stay until it
+			// has applied or never will (settleOnePhase).
+			r.settleOnePhase(l, meta.GetId(), ver.GetEpoch())
 			return nil, err
 		}
 	}
@@ -204,6 +206,33 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	}
 	l.txns.release(meta.GetId(), ver.GetEpoch())
 	return ver, nil
+}
+
+// settleOnePhase releases, in the background, the locks of a one-phase
+// commit whose entry's outcome is unknown (its proposal timed out), once a
+// barrier entry proposed after it has applied: the entry then applied
+// before it, or never will. Until then the transaction holds its locks
+// (invariant 4) and the range's closes wait for it. It gives up when
+// leadership l ends, whose table goes with it; the barrier is a close of
+// epoch 0, which changes nothing.
+func (r *Replica) settleOnePhase(l *leadership, txnID []byte, committedEpoch uint64) {
+	barrier := EncodeCommand(&pb.Command{Cmd: &pb.Command_Closed{Closed: &pb.ClosedEpochCmd{LeaseStart: l.start}}})
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for {
+			ctx, cancel := context.WithTimeout(l.ctx, proposeTimeout)
+			_, err := r.group.Propose(ctx, barrier)
+			cancel()
+			if err == nil { // applied (or rejected at apply: the lease changed)
+				l.txns.release(txnID, committedEpoch)
+				return
+			}
+			if !transport.SleepCtx(l.ctx, r.cfg.Tick) {
+				return
+			}
+		}
+	}()
 }
 
 // checkWrites refuses a write outside the range.

@@ -90,6 +90,9 @@ func (r *Replica) tick() {
 			}
 		}
 	}
+	// Every later commit lands above the closed epoch (DESIGN.md §13), a
+	// value the publisher has already shown.
+	highest = max(highest, r.sm.ClosedEpoch()+1)
 	l := r.activate(lease, highest, handed)
 	r.resolveOrphans(l)
 	r.maybeSplit()

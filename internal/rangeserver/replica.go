@@ -93,9 +93,8 @@ type Config struct {
 	NewRangeID func(ctx context.Context) (uint64, error)
 	// ClosedInterval is the least time between two epochs the leader
 	// closes (DESIGN.md §13; default topology.DefaultClosedEpochInterval,
-	// negative: never). Each close is
-	// one Raft entry; a changefeed's resolved epoch trails the publisher by
-	// about this much.
+	// negative: never, for tests). Each close is one Raft entry; a
+	// changefeed's resolved epoch trails the publisher by about this much.
 	ClosedInterval time.Duration
 }
 

@@ -91,8 +91,10 @@ func (r *Replica) toStatus(err error) error {
 	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrStopped):
 		// The command may still apply: callers must not assume it failed.
 		return status.Error(codes.Unknown, err.Error())
-	case errors.Is(err, ErrSnapshotEpoch), errors.Is(err, ErrNotClosed):
+	case errors.Is(err, ErrSnapshotEpoch):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, ErrNotClosed):
+		return notExecuted(err, r.LeaderHint()) // the leader's closed epoch is the newest
 	case errors.Is(err, ErrSnapshotTooOld): // the message names the horizon
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, ErrRangeMismatch):

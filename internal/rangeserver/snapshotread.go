@@ -33,8 +33,14 @@ const (
 // exclusive lock on the span have finished; and reads the newest versions
 // below <At, 0>. It takes no lock, so it never delays a writer.
 //
+// With req.Closed it is served instead, by any replica, from the closed
+// epoch (DESIGN.md §13): no epoch or lock wait, at epochs up to the closed
+// epoch + 1.
+//
 // Errors: a *MismatchError (keys outside the range), ErrNotLeaseholder (retry at another replica),
-// ErrSnapshotEpoch, ErrSnapshotTooOld (below the range's GC threshold), or ctx's error.
+// ErrSnapshotEpoch, ErrSnapshotTooOld (below the range's GC threshold),
+// ErrNotClosed (a closed read above the closed epoch + 1), ErrBadRequest (a
+// closed read of regional versions), or ctx's error.
 func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest) (*pb.SnapshotReadResponse, error) {
 	start, end := req.GetStart(), req.GetEnd()
 	if len(end) == 0 {
@@ -187,8 +193,9 @@ func (r *Replica) readVersions(ks Keyspace, req *pb.SnapshotReadRequest, resp *p
 
 // changes fills resp with the versions of req's span in [since, at), newest
 // first per key, once SnapshotRead's waits made that set complete; a page
-// of req.Limit versions ends at a key boundary. check runs again after the
-// read, as for a snapshot scan.
+// of req.Limit versions ends at a key boundary, or, if one key alone has
+// more than twice the limit, inside it with resp.KeyTruncated set. check
+// runs again after the read, as for a snapshot scan.
 func (r *Replica) changes(ks Keyspace, req *pb.SnapshotReadRequest, resp *pb.SnapshotReadResponse, end []byte, check func() error) (*pb.SnapshotReadResponse, error) {
 	start := req.GetStart()
 	if !req.GetScan() {
@@ -197,8 +204,14 @@ func (r *Replica) changes(ks Keyspace, req *pb.SnapshotReadRequest, resp *pb.Sna
 	limit := int(req.GetLimit())
 	var last []byte
 	err := r.sm.Versions(ks, start, end, storage.EpochStart(req.GetSince()), storage.EpochStart(req.GetAt()), req.GetNewestOnly(), func(v storage.Version) bool {
-		if limit > 0 && len(resp.Changes) >= limit && !bytes.Equal(v.Key, last) {
-			return false
+		if limit > 0 && len(resp.Changes) >= limit {
+			if !bytes.Equal(v.Key, last) {
+				return false
+			}
+			if len(resp.Changes) >= 2*limit {
+				resp.KeyTruncated = true
+				return false
+			}
 		}
 		last = v.Key
 		resp.Changes = append(resp.Changes, &pb.Change{Key: v.Key, Value: v.Value, Tombstone: v.Tombstone,

@@ -2788,6 +2788,10 @@ type SnapshotReadResponse struct {
 	LockWaitUs    uint64    `protobuf:"varint,6,opt,name=lock_wait_us,json=lockWaitUs,proto3" json:"lock_wait_us,omitempty"`    // time spent waiting out exclusive locks, µs
 	Changes       []*Change `protobuf:"bytes,7,rep,name=changes,proto3" json:"changes,omitempty"`                               // changes requests: the versions, by key, newest first
 	ClosedEpoch   uint64    `protobuf:"varint,8,opt,name=closed_epoch,json=closedEpoch,proto3" json:"closed_epoch,omitempty"`   // the serving replica's closed epoch (DESIGN.md §13)
+	// key_truncated: a changes page stopped inside one key's versions, at
+	// twice the limit: the window holds more versions of that key than a
+	// page may; read a narrower window (or with no limit).
+	KeyTruncated  bool `protobuf:"varint,9,opt,name=key_truncated,json=keyTruncated,proto3" json:"key_truncated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2876,6 +2880,13 @@ func (x *SnapshotReadResponse) GetClosedEpoch() uint64 {
 		return x.ClosedEpoch
 	}
 	return 0
+}
+
+func (x *SnapshotReadResponse) GetKeyTruncated() bool {
+	if x != nil {
+		return x.KeyTruncated
+	}
+	return false
 }
 
 // ClosedEpochRequest asks for the closed epoch of the range holding the
@@ -3586,7 +3597,7 @@ const file_range_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1c\n" +
 	"\ttombstone\x18\x03 \x01(\bR\ttombstone\x122\n" +
-	"\aversion\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\xc6\x02\n" +
+	"\aversion\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\xeb\x02\n" +
 	"\x14SnapshotReadResponse\x12)\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x17.terroir.range.KeyValueR\x03kvs\x12\x1f\n" +
 	"\vlocal_epoch\x18\x02 \x01(\x04R\n" +
@@ -3597,7 +3608,8 @@ const file_range_proto_rawDesc = "" +
 	"\flock_wait_us\x18\x06 \x01(\x04R\n" +
 	"lockWaitUs\x12/\n" +
 	"\achanges\x18\a \x03(\v2\x15.terroir.range.ChangeR\achanges\x12!\n" +
-	"\fclosed_epoch\x18\b \x01(\x04R\vclosedEpoch\"W\n" +
+	"\fclosed_epoch\x18\b \x01(\x04R\vclosedEpoch\x12#\n" +
+	"\rkey_truncated\x18\t \x01(\bR\fkeyTruncated\"W\n" +
 	"\x12ClosedEpochRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
