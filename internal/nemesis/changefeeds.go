@@ -142,19 +142,24 @@ func (f *changefeeds) start(ctx context.Context, db *client.DB) error {
 func (f *changefeeds) accountsAt(ctx context.Context, db *client.DB) (map[string]string, uint64, error) {
 	state := map[string]string{}
 	st, err := db.View(ctx, client.Linearizable, func(ctx context.Context, s *client.Snapshot) error {
-		clear(state)
-		for k := range f.accounts {
-			v, ok, err := s.Get(ctx, []byte(k))
-			if err != nil {
-				return err
-			}
-			if ok {
-				state[k] = string(v)
-			}
-		}
-		return nil
+		return f.readAccounts(ctx, s, state)
 	})
 	return state, st.Epoch, err
+}
+
+// readAccounts reads every account in s into state (cleared first).
+func (f *changefeeds) readAccounts(ctx context.Context, s *client.Snapshot, state map[string]string) error {
+	clear(state)
+	for k := range f.accounts {
+		v, ok, err := s.Get(ctx, []byte(k))
+		if err != nil {
+			return err
+		}
+		if ok {
+			state[k] = string(v)
+		}
+	}
+	return nil
 }
 
 // apply is the consumer: it checks each event and applies the accounts'.
@@ -218,16 +223,7 @@ func (f *changefeeds) verify(ctx context.Context, db *client.DB) {
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
 		got := map[string]string{}
 		_, err := db.ViewAt(rctx, s.resolved+1, func(ctx context.Context, snap *client.Snapshot) error {
-			for k := range f.accounts {
-				v, ok, err := snap.Get(ctx, []byte(k))
-				if err != nil {
-					return err
-				}
-				if ok {
-					got[k] = string(v)
-				}
-			}
-			return nil
+			return f.readAccounts(ctx, snap, got)
 		})
 		cancel()
 		switch {
