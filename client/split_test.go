@@ -192,23 +192,38 @@ func TestAutomaticSplitByLoadAndMergeBack(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Four readers, so the rate passes split_qps even on a loaded machine
+	// (a race-enabled CI run of every package at once).
 	deadline := time.Now().Add(30 * time.Second)
-	ranges := 0
-	for r := 0; time.Now().Before(deadline); r++ {
-		k := keys[r%len(keys)]
-		var v []byte
-		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
-			v, _, err = tx.Get(ctx, k)
-			return err
-		}); err != nil || string(v) != string(k) {
-			t.Fatalf("read %s = %q, %v", k, v, err)
-		}
-		if r%100 == 0 {
-			if ranges = len(c.Node(c.NodeIDs()[0]).RangeIDs()); ranges >= 4 {
-				break
+	lctx, stopLoad := context.WithDeadline(ctx, deadline)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := w; lctx.Err() == nil; r += 4 {
+				k := keys[r%len(keys)]
+				var v []byte
+				err := db.Update(lctx, func(ctx context.Context, tx *client.Txn) (err error) {
+					v, _, err = tx.Get(ctx, k)
+					return err
+				})
+				if lctx.Err() == nil && (err != nil || string(v) != string(k)) {
+					t.Errorf("read %s = %q, %v", k, v, err)
+					return
+				}
 			}
-		}
+		}()
 	}
+	ranges := 0
+	for time.Now().Before(deadline) {
+		if ranges = len(c.Node(c.NodeIDs()[0]).RangeIDs()); ranges >= 4 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stopLoad()
+	wg.Wait()
 	if ranges < 4 {
 		t.Fatalf("%d ranges after 30 s at over 40 requests/s: no automatic split by load", ranges)
 	}
