@@ -51,18 +51,26 @@ func (sm *StateMachine) applyClosed(b *pebble.Batch, cmd *pb.ClosedEpochCmd) any
 		return Applied{Rejected: true}
 	}
 	if c := cmd.GetEpoch(); c > sm.closedStored {
-		_ = b.Set(sm.sub(subClosed, nil), binary.BigEndian.AppendUint64(nil, c), nil)
-		sm.closedStored = c
+		sm.storeClosed(b, c)
 	}
 	return Applied{}
 }
+
+// storeClosed writes closed epoch c to b, with sm.mu held; reads trust it
+// once PostApply publishes it.
+func (sm *StateMachine) storeClosed(b *pebble.Batch, c uint64) {
+	_ = b.Set(sm.sub(subClosed, nil), encodeClosed(c), nil)
+	sm.closedStored = c
+}
+
+// encodeClosed is a closed epoch as stored: 8 bytes, big-endian.
+func encodeClosed(c uint64) []byte { return binary.BigEndian.AppendUint64(nil, c) }
 
 // lowerClosed sets the closed epoch to min(current, c), with sm.mu held: a
 // merged range's is the smaller of its two halves'.
 func (sm *StateMachine) lowerClosed(b *pebble.Batch, c uint64) {
 	if c < sm.closedStored {
-		_ = b.Set(sm.sub(subClosed, nil), binary.BigEndian.AppendUint64(nil, c), nil)
-		sm.closedStored = c
+		sm.storeClosed(b, c)
 	}
 	if c < sm.closed.Load() {
 		sm.closed.Store(c)

@@ -45,7 +45,7 @@ func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
 		_ = b.Set(rsub(subGC, nil), v, nil)
 	}
 	if c := sm.closedStored; c > 0 { // the right half's versions are closed alike
-		_ = b.Set(rsub(subClosed, nil), binary.BigEndian.AppendUint64(nil, c), nil)
+		_ = b.Set(rsub(subClosed, nil), encodeClosed(c), nil)
 	}
 	for id, rec := range sm.prepared {
 		var lw, rw []*pb.Write
