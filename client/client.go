@@ -2,7 +2,7 @@
 // read-write transactions, and lock-free snapshot transactions, over a cluster
 // described by its topology file.
 //
-//	db, err := client.Open("examples/one-region.yaml", client.Options{})
+//	db, err := client.Open("examples/one-region.yaml", client.Options{CertsDir: "certs"})
 //	defer db.Close()
 //	err = db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
 //		v, ok, err := tx.Get(ctx, []byte("k"))
@@ -32,10 +32,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/terroir-db/terroir/internal/coordinator"
 	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 )
@@ -56,6 +58,13 @@ var (
 	ErrAborted = coordinator.ErrAborted
 	// ErrUnavailable: no leader answered in time. Retryable.
 	ErrUnavailable = coordinator.ErrUnavailable
+	// ErrPermissionDenied: the certificate's user may not run the
+	// operation (operator actions need the admin user's certificate).
+	ErrPermissionDenied = coordinator.ErrPermissionDenied
+	// ErrRegionExcluded: the operation needs a range homed in a region that
+	// is excluded from the global epoch; the message says since which epoch.
+	// It is an ErrUnavailable (retryable: readmission heals it).
+	ErrRegionExcluded = coordinator.ErrRegionExcluded
 	// ErrCommitUnknown: the commit may or may not have happened. Not retried.
 	ErrCommitUnknown = coordinator.ErrCommitUnknown
 	// ErrKeyTooLarge: a key over MaxKeySize.
@@ -70,6 +79,8 @@ var (
 	ErrTxnFinished = coordinator.ErrTxnFinished
 	// ErrUnknownRegion: a region the topology does not declare.
 	ErrUnknownRegion = coordinator.ErrUnknownRegion
+	// ErrNoRegion: Open without a region on a cluster of several regions.
+	ErrNoRegion = errors.New("client: no region given")
 	// ErrCrossRegion: a key homed in another region when the two regions do not
 	// both run a publisher of the global epoch.
 	ErrCrossRegion = coordinator.ErrCrossRegion
@@ -97,6 +108,14 @@ var (
 	// ErrTooManyVersions: Snapshot.Changes met a key with more than twice
 	// its limit of versions in the window; narrow the window of epochs.
 	ErrTooManyVersions = coordinator.ErrTooManyVersions
+	// ErrNoCerts: Open found neither certificates in Options.CertsDir nor
+	// Options.Insecure (DESIGN.md §15).
+	ErrNoCerts = security.ErrNoCerts
+	// ErrBadCert: a certificate or key that cannot be read, or one the
+	// cluster CA did not sign.
+	ErrBadCert = security.ErrBadCert
+	// ErrCertExpired: a certificate past its expiry (named in the message).
+	ErrCertExpired = security.ErrExpired
 )
 
 // IsRetryable reports whether retrying the whole transaction may succeed.
@@ -107,6 +126,31 @@ type Options struct {
 	// Region is where the client runs; it may be left empty when the topology
 	// has one region.
 	Region string
+	// CertsDir holds the cluster CA's certificate (ca.crt) and the user's
+	// certificate and key (client.<User>.crt, .key), made by `terroir cert`;
+	// every connection is mutual TLS with them (DESIGN.md §15).
+	CertsDir string
+	// User names the certificate to present; empty means the admin user.
+	User string
+	// Insecure connects without TLS, to a cluster started with --insecure.
+	// Open fails with ErrNoCerts when neither CertsDir nor Insecure is set.
+	Insecure bool
+}
+
+// LoadCerts returns the certificates opts name, nil for an insecure client.
+// Errors: ErrNoCerts, ErrBadCert, ErrCertExpired, each naming the file.
+func (opts Options) LoadCerts() (*security.Certs, error) {
+	if opts.Insecure {
+		return nil, nil
+	}
+	if opts.CertsDir == "" {
+		return nil, fmt.Errorf("%w: no certificates directory given, and not insecure", ErrNoCerts)
+	}
+	user := opts.User
+	if user == "" {
+		user = security.AdminUser
+	}
+	return security.LoadClient(opts.CertsDir, user)
 }
 
 // DB is a handle on a cluster. It is safe for concurrent use.
@@ -118,7 +162,8 @@ type DB struct {
 }
 
 // Open connects to the cluster of the topology file at path. It fails with a
-// topology error, or ErrUnknownRegion.
+// topology error, ErrUnknownRegion, or a certificate error (ErrNoCerts,
+// ErrBadCert, ErrCertExpired).
 func Open(path string, opts Options) (*DB, error) {
 	top, err := topology.Load(path)
 	if err != nil {
@@ -128,7 +173,11 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: region})
+	certs, err := opts.LoadCerts()
+	if err != nil {
+		return nil, err
+	}
+	d := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: region}, certs)
 	db, err := OpenWithDialer(top, region, d)
 	if err != nil {
 		d.Close()
@@ -146,7 +195,7 @@ func pickRegion(top *topology.Topology, region string) (string, error) {
 		return region, nil
 	}
 	if len(top.Regions) != 1 {
-		return "", fmt.Errorf("client: the topology has %d regions: set Options.Region", len(top.Regions))
+		return "", fmt.Errorf("%w: the cluster has %d regions (%s): say which one this client runs in (Options.Region)", ErrNoRegion, len(top.Regions), strings.Join(top.Regions, ", "))
 	}
 	return top.Regions[0], nil
 }

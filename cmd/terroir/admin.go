@@ -25,28 +25,14 @@ func adminCmd() *cobra.Command {
 	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
 	_ = cmd.MarkPersistentFlagRequired("config")
 
+	conn := addConnFlags(cmd)
 	// with runs fn with the cluster's topology and a dialer into it.
 	with := func(c *cobra.Command, fn func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error) error {
-		top, err := topology.Load(configPath)
-		if err != nil {
-			return err
-		}
-		d := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: top.Regions[0]})
-		defer d.Close()
-		ctx, cancel := context.WithTimeout(c.Context(), timeout)
-		defer cancel()
-		return fn(ctx, d, top)
+		return conn.withConn(c, configPath, "", timeout, func(ctx context.Context, cn *clusterConn) error { return fn(ctx, cn.d, cn.top) })
 	}
 	// withClient runs fn with a client of the cluster, as with does.
 	withClient := func(c *cobra.Command, fn func(ctx context.Context, db *client.DB) error) error {
-		return with(c, func(ctx context.Context, d *transport.Dialer, top *topology.Topology) error {
-			db, err := client.OpenWithDialer(top, coordinatorRegion(top), d)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			return fn(ctx, db)
-		})
+		return conn.withClient(c, configPath, "", timeout, func(ctx context.Context, db *client.DB, _ *clusterConn) error { return fn(ctx, db) })
 	}
 	setExcluded := func(excluded bool) func(c *cobra.Command, args []string) error {
 		return func(c *cobra.Command, args []string) error {
@@ -87,7 +73,7 @@ func adminCmd() *cobra.Command {
 					for _, r := range regions {
 						state := "included"
 						if r.Excluded {
-							state = "excluded"
+							state = fmt.Sprintf("excluded since epoch %d", r.Since)
 						}
 						fmt.Fprintf(c.OutOrStdout(), "%s\tpublisher %d\t%s\n", r.Region, r.Publisher, state)
 					}

@@ -11,30 +11,7 @@ import (
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/backup"
 	"github.com/terroir-db/terroir/internal/directory"
-	"github.com/terroir-db/terroir/internal/topology"
-	"github.com/terroir-db/terroir/internal/transport"
 )
-
-// withClusterClient runs fn with a client of the cluster of the topology
-// at path, the dialer under it, and a context bounded by timeout.
-func withClusterClient(c *cobra.Command, path string, timeout time.Duration,
-	fn func(ctx context.Context, db *client.DB, d *transport.Dialer, top *topology.Topology) error) error {
-	top, err := topology.Load(path)
-	if err != nil {
-		return err
-	}
-	region := coordinatorRegion(top)
-	d := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: region})
-	defer d.Close()
-	db, err := client.OpenWithDialer(top, region, d)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(c.Context(), timeout)
-	defer cancel()
-	return fn(ctx, db, d, top)
-}
 
 // progressBar draws a backup's or restore's progress on one line of w.
 func progressBar(w io.Writer, verb string, began time.Time) backup.Progress {
@@ -59,6 +36,7 @@ func progressBar(w io.Writer, verb string, began time.Time) backup.Progress {
 func backupCmd() *cobra.Command {
 	var cluster, to, base string
 	var timeout time.Duration
+	var conn *connFlags
 	cmd := &cobra.Command{
 		Use:   "backup --cluster <topology.yaml> --to <dir> [--incremental-from <dir>]",
 		Short: "Back up every range of every region at one Linearizable snapshot, without delaying writers",
@@ -72,9 +50,9 @@ func backupCmd() *cobra.Command {
 			"fails with ErrSnapshotTooOld and a full one is needed.",
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return withClusterClient(c, cluster, timeout, func(ctx context.Context, db *client.DB, d *transport.Dialer, top *topology.Topology) error {
+			return conn.withClient(c, cluster, "", timeout, func(ctx context.Context, db *client.DB, cn *clusterConn) error {
 				began := time.Now()
-				dirs, bar := directory.NewDirectories(top, d), progressBar(c.ErrOrStderr(), "backup", began)
+				dirs, bar := directory.NewDirectories(cn.top, cn.d), progressBar(c.ErrOrStderr(), "backup", began)
 				var m *backup.Manifest
 				var err error
 				if base != "" {
@@ -98,6 +76,7 @@ func backupCmd() *cobra.Command {
 	cmd.Flags().StringVar(&to, "to", "", "directory to write the backup into (created; must be empty)")
 	cmd.Flags().StringVar(&base, "incremental-from", "", "an earlier backup's directory: back up only what changed since it")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "give up after this long")
+	conn = addConnFlags(cmd)
 	_ = cmd.MarkFlagRequired("cluster")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd
@@ -106,6 +85,7 @@ func backupCmd() *cobra.Command {
 func restoreCmd() *cobra.Command {
 	var cluster, from string
 	var timeout time.Duration
+	var conn *connFlags
 	cmd := &cobra.Command{
 		Use:   "restore --from <dir> --cluster <topology.yaml>",
 		Short: "Restore a backup into a fresh cluster: its state becomes the backup's snapshot",
@@ -116,7 +96,7 @@ func restoreCmd() *cobra.Command {
 			"checked, to the state at its epoch.",
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return withClusterClient(c, cluster, timeout, func(ctx context.Context, db *client.DB, _ *transport.Dialer, _ *topology.Topology) error {
+			return conn.withClient(c, cluster, "", timeout, func(ctx context.Context, db *client.DB, _ *clusterConn) error {
 				began := time.Now()
 				m, err := backup.Restore(ctx, db, from, progressBar(c.ErrOrStderr(), "restore", began))
 				if err != nil {
@@ -130,6 +110,7 @@ func restoreCmd() *cobra.Command {
 	cmd.Flags().StringVar(&cluster, "cluster", "", "topology file of the fresh cluster to restore into")
 	cmd.Flags().StringVar(&from, "from", "", "directory of the backup")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "give up after this long")
+	conn = addConnFlags(cmd)
 	_ = cmd.MarkFlagRequired("cluster")
 	_ = cmd.MarkFlagRequired("from")
 	return cmd

@@ -58,11 +58,13 @@ func benchCmd() *cobra.Command {
 type benchFlags struct {
 	config   string
 	duration time.Duration
+	insecure bool
 }
 
 func (f *benchFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.config, "config", "", "topology file (default: the embedded examples/one-region.yaml)")
 	cmd.Flags().DurationVar(&f.duration, "duration", 3*time.Second, "how long each measurement runs")
+	cmd.Flags().BoolVar(&f.insecure, "insecure", false, "run the embedded cluster without TLS (default: mutual TLS, as a deployment runs)")
 }
 
 // startBench starts the embedded cluster and waits for the first epoch group's leader.
@@ -75,7 +77,7 @@ func (f *benchFlags) startBench() (*localcluster.Cluster, topology.Group, error)
 	if len(groups) == 0 {
 		return nil, topology.Group{}, errors.New("the topology has no local epoch group")
 	}
-	c, err := localcluster.Start(top, localcluster.Options{})
+	c, err := localcluster.Start(top, localcluster.Options{Insecure: f.insecure})
 	if err != nil {
 		return nil, topology.Group{}, err
 	}

@@ -14,8 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/terroir-db/terroir/client"
-	"github.com/terroir-db/terroir/internal/topology"
-	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // feedLine is one JSON line of `terroir changefeed`: a change (key, value
@@ -65,6 +63,7 @@ func changefeedCmd() *cobra.Command {
 	var from uint64
 	var all bool
 	var interval, runFor time.Duration
+	var conn *connFlags
 	cmd := &cobra.Command{
 		Use:   "changefeed --cluster <topology.yaml> [--prefix P] [--from-epoch E | --all]",
 		Short: "Stream the committed writes of a key span as JSON lines, with resolved epochs",
@@ -93,7 +92,7 @@ func changefeedCmd() *cobra.Command {
 			}
 			enc := json.NewEncoder(c.OutOrStdout())
 			c.SetContext(ctx)
-			return withClusterClient(c, cluster, timeout, func(ctx context.Context, db *client.DB, _ *transport.Dialer, _ *topology.Topology) error {
+			return conn.withClient(c, cluster, "", timeout, func(ctx context.Context, db *client.DB, _ *clusterConn) error {
 				opts := client.FeedOptions{Start: start, End: end, From: from, All: all, Interval: interval,
 					OnError: func(err error) { fmt.Fprintln(c.ErrOrStderr(), "changefeed: a round failed, running it again:", err) }}
 				err := db.Changefeed(ctx, opts, func(ev client.FeedEvent) error { return enc.Encode(feedJSON(ev)) })
@@ -110,6 +109,7 @@ func changefeedCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&all, "all", false, "start at the oldest history the cluster keeps")
 	cmd.Flags().DurationVar(&interval, "interval", 100*time.Millisecond, "time between two resolved epochs")
 	cmd.Flags().DurationVar(&runFor, "for", 0, "stop after this long (default: run until interrupted)")
+	conn = addConnFlags(cmd)
 	_ = cmd.MarkFlagRequired("cluster")
 	return cmd
 }

@@ -24,17 +24,12 @@ func kvCmd() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&snapshot, "snapshot", "", "get and scan: read in a lock-free snapshot of this mode "+
 		"(strong, strong-local, linearizable, serializable, serializable-stale, regional) instead of a read-write transaction")
 	_ = cmd.MarkPersistentFlagRequired("config")
+	conn := addConnFlags(cmd)
+	conn.askRegion = true
 
 	// with runs fn with a client of the cluster and a context bounded by --timeout.
 	with := func(c *cobra.Command, fn func(ctx context.Context, db *client.DB) error) error {
-		db, err := client.Open(configPath, client.Options{Region: region})
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		ctx, cancel := context.WithTimeout(c.Context(), timeout)
-		defer cancel()
-		return fn(ctx, db)
+		return conn.withClient(c, configPath, region, timeout, func(ctx context.Context, db *client.DB, _ *clusterConn) error { return fn(ctx, db) })
 	}
 	// do runs fn in a retried transaction against the cluster.
 	do := func(c *cobra.Command, fn func(ctx context.Context, tx *client.Txn) error) error {
@@ -53,8 +48,12 @@ func kvCmd() *cobra.Command {
 		return with(c, func(ctx context.Context, db *client.DB) error {
 			stats, err := db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error { return fn(ctx, s) })
 			if err == nil {
-				fmt.Fprintf(c.ErrOrStderr(), "snapshot %v at epoch %d: waited %v for the epoch, %v for locks, %d retries\n",
-					stats.Mode, stats.Epoch, stats.EpochWait.Round(time.Microsecond), stats.LockWait.Round(time.Microsecond), stats.Retries)
+				ran := stats.Mode.String()
+				if stats.Requested != stats.Mode {
+					ran += fmt.Sprintf(" (asked %v)", stats.Requested)
+				}
+				fmt.Fprintf(c.ErrOrStderr(), "snapshot %s at epoch %d: waited %v for the epoch, %v for locks, %d retries\n",
+					ran, stats.Epoch, stats.EpochWait.Round(time.Microsecond), stats.LockWait.Round(time.Microsecond), stats.Retries)
 			}
 			return err
 		})

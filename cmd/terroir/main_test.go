@@ -44,6 +44,7 @@ func TestStartRejectsBadInput(t *testing.T) {
 
 func TestKVAgainstACluster(t *testing.T) {
 	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
+	certs := c.CertsDir()
 	data, err := c.Topology.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +57,7 @@ func TestKVAgainstACluster(t *testing.T) {
 		cmd := rootCmd()
 		var out bytes.Buffer
 		cmd.SetOut(&out)
-		cmd.SetArgs(append([]string{"kv", "--config", cfg}, args...))
+		cmd.SetArgs(append([]string{"kv", "--config", cfg, "--certs-dir", certs}, args...))
 		err := cmd.Execute()
 		return out.String(), err
 	}
@@ -92,7 +93,7 @@ func TestKVAgainstACluster(t *testing.T) {
 		cmd := rootCmd()
 		var out bytes.Buffer
 		cmd.SetOut(&out)
-		cmd.SetArgs(append([]string{"admin", "--config", cfg, "range", verb}, args...))
+		cmd.SetArgs(append([]string{"admin", "--config", cfg, "--certs-dir", certs, "range", verb}, args...))
 		err := cmd.Execute()
 		return out.String(), err
 	}
@@ -112,7 +113,7 @@ func TestKVAgainstACluster(t *testing.T) {
 	cmd := rootCmd()
 	var list bytes.Buffer
 	cmd.SetOut(&list)
-	cmd.SetArgs([]string{"admin", "--config", cfg, "range", "list"})
+	cmd.SetArgs([]string{"admin", "--config", cfg, "--certs-dir", certs, "range", "list"})
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func TestKVAgainstACluster(t *testing.T) {
 		cmd := rootCmd()
 		var out bytes.Buffer
 		cmd.SetOut(&out)
-		cmd.SetArgs(append([]string{"admin", "--config", cfg, "gc"}, args...))
+		cmd.SetArgs(append([]string{"admin", "--config", cfg, "--certs-dir", certs, "gc"}, args...))
 		err := cmd.Execute()
 		return out.String(), err
 	}
@@ -172,7 +173,7 @@ func TestKVAgainstACluster(t *testing.T) {
 	var bout bytes.Buffer
 	cmd.SetOut(&bout)
 	cmd.SetErr(&bout)
-	cmd.SetArgs([]string{"backup", "--cluster", cfg, "--to", bk})
+	cmd.SetArgs([]string{"backup", "--cluster", cfg, "--certs-dir", certs, "--to", bk})
 	if err := cmd.Execute(); err != nil || !strings.Contains(bout.String(), "backup at epoch") || !strings.Contains(bout.String(), "1 keys") {
 		t.Fatalf("backup printed %q (%v)", bout.String(), err)
 	}
@@ -180,14 +181,14 @@ func TestKVAgainstACluster(t *testing.T) {
 	bout.Reset()
 	cmd.SetOut(&bout)
 	cmd.SetErr(&bytes.Buffer{})
-	cmd.SetArgs([]string{"backup", "--cluster", cfg, "--to", bk + "-inc", "--incremental-from", bk})
+	cmd.SetArgs([]string{"backup", "--cluster", cfg, "--certs-dir", certs, "--to", bk + "-inc", "--incremental-from", bk})
 	if err := cmd.Execute(); err != nil || !strings.Contains(bout.String(), "incremental backup since epoch") || !strings.Contains(bout.String(), "0 keys") {
 		t.Fatalf("incremental backup printed %q (%v)", bout.String(), err)
 	}
 	cmd = rootCmd()
 	cmd.SetOut(&bytes.Buffer{})
 	cmd.SetErr(&bytes.Buffer{})
-	cmd.SetArgs([]string{"restore", "--cluster", cfg, "--from", bk + "-inc"})
+	cmd.SetArgs([]string{"restore", "--cluster", cfg, "--certs-dir", certs, "--from", bk + "-inc"})
 	if err := cmd.Execute(); !errors.Is(err, backup.ErrNotEmpty) {
 		t.Fatalf("restore into a cluster with data = %v, want ErrNotEmpty", err)
 	}
@@ -197,13 +198,13 @@ func TestKVAgainstACluster(t *testing.T) {
 	cmd = rootCmd()
 	var feed bytes.Buffer
 	cmd.SetOut(&feed)
-	cmd.SetArgs([]string{"changefeed", "--cluster", cfg, "--prefix", "z", "--all", "--for", "2s"})
+	cmd.SetArgs([]string{"changefeed", "--cluster", cfg, "--certs-dir", certs, "--prefix", "z", "--all", "--for", "2s"})
 	if err := cmd.Execute(); err != nil || !strings.Contains(feed.String(), `{"key":"zebra","value":"stripes","version":{"epoch":`) ||
 		!strings.Contains(feed.String(), `"region":"us-east1"}`) || !strings.Contains(feed.String(), `{"resolved":`) {
 		t.Fatalf("changefeed printed %q (%v)", feed.String(), err)
 	}
 	cmd = rootCmd()
-	cmd.SetArgs([]string{"changefeed", "--cluster", cfg, "--all", "--from-epoch", "5"})
+	cmd.SetArgs([]string{"changefeed", "--cluster", cfg, "--certs-dir", certs, "--all", "--from-epoch", "5"})
 	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "choose one") {
 		t.Fatalf("changefeed --all --from-epoch = %v, want a refusal", err)
 	}

@@ -14,11 +14,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/terroir-db/terroir/internal/node"
+	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/topology"
 )
 
 func startCmd() *cobra.Command {
-	var configPath, dataDir, metricsAddr string
+	var configPath, dataDir, metricsAddr, certsDir string
+	var insecure bool
 	var nodeID uint64
 	var orphanAfter time.Duration
 	cmd := &cobra.Command{
@@ -40,7 +42,13 @@ func startCmd() *cobra.Command {
 				// Coordinators heartbeat every orphan_after/4 of the topology.
 				return fmt.Errorf("--orphan-after %v: must be at least half the topology's orphan_after (%v), or 0 for it", orphanAfter, top.OrphanAfter)
 			}
-			n, err := node.Start(node.Config{Topology: top, NodeID: nodeID, DataDir: dataDir, OrphanAfter: orphanAfter})
+			var certs *security.Certs
+			if !insecure {
+				if certs, err = security.LoadNode(certsDir); err != nil {
+					return fmt.Errorf("%w\n  create them with `terroir cert create-ca` and `terroir cert create-node %d <region>`, point --certs-dir at them, or pass --insecure for a plaintext cluster", err, nodeID)
+				}
+			}
+			n, err := node.Start(node.Config{Topology: top, NodeID: nodeID, DataDir: dataDir, OrphanAfter: orphanAfter, Certs: certs, Insecure: insecure})
 			if err != nil {
 				return err
 			}
@@ -70,6 +78,8 @@ func startCmd() *cobra.Command {
 	cmd.Flags().StringVar(&configPath, "config", "", "topology file (YAML)")
 	cmd.Flags().Uint64Var(&nodeID, "node", 0, "this node's ID in the topology")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the node's Pebble store")
+	cmd.Flags().StringVar(&certsDir, "certs-dir", "certs", "directory of ca.crt, node.crt and node.key (reloaded when they change)")
+	cmd.Flags().BoolVar(&insecure, "insecure", false, "serve plaintext with no authentication: any process that reaches the port may do anything")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this host:port (off if empty)")
 	cmd.Flags().DurationVar(&orphanAfter, "orphan-after", 0,
 		"how long this node's range leaders let a transaction hold locks without a heartbeat from its coordinator (0: the topology's orphan_after, default 2s)")

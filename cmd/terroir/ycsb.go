@@ -16,12 +16,14 @@ import (
 	"github.com/terroir-db/terroir/internal/experiment"
 	"github.com/terroir-db/terroir/internal/latency"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/ycsb"
 )
 
 func benchYCSBCmd() *cobra.Command {
 	var f benchFlags
+	var conn connFlags
 	var workload, distribution, clusterPath, region, out, target string
 	var versus bool
 	var records, operations, clients, fieldCount, fieldLength int
@@ -87,7 +89,7 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 				results, names = append(results, res), append(names, "etcd")
 			}
 			if target == "" || versus {
-				res, err := runTerroirYCSB(ctx, &f, clusterPath, region, cfg)
+				res, err := runTerroirYCSB(ctx, &f, &conn, clusterPath, region, cfg)
 				if err != nil {
 					return err
 				}
@@ -128,6 +130,8 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 	cmd.Flags().IntVar(&fieldLength, "field-length", 100, "fieldlength: bytes per field")
 	cmd.Flags().IntVar(&clients, "clients", 16, "concurrent client threads")
 	cmd.Flags().Uint64Var(&seed, "seed", 1, "random seed for the records and the operation sequence")
+	cmd.Flags().StringVar(&conn.certsDir, "certs-dir", "certs", "with --cluster: directory of ca.crt and the user's client certificate")
+	cmd.Flags().StringVar(&conn.user, "user", security.AdminUser, "with --cluster: whose client certificate to present")
 	cmd.Flags().StringVar(&clusterPath, "cluster", "", "topology file of a running cluster to benchmark instead of the embedded one")
 	cmd.Flags().StringVar(&region, "region", "", "the clients' region (default: the first)")
 	cmd.Flags().StringVar(&out, "out", "", "directory to write <target>-ycsb-<workload>.json and .md to")
@@ -157,22 +161,23 @@ func runLength(w ycsb.Workload, d time.Duration) string {
 // runTerroirYCSB runs cfg on a running cluster (clusterPath) or the embedded
 // one of f, with keys homed in the clients' region, and prints the machine's
 // floor for the embedded one.
-func runTerroirYCSB(ctx context.Context, f *benchFlags, clusterPath, region string, cfg ycsb.Config) (*ycsb.Result, error) {
+func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config) (*ycsb.Result, error) {
 	var db *client.DB
 	var top *topology.Topology
 	var c *localcluster.Cluster
 	var err error
 	if clusterPath != "" {
-		if top, err = topology.Load(clusterPath); err != nil {
+		conn.insecure = f.insecure
+		cn, err := conn.connect(ctx, clusterPath, region)
+		if err != nil {
 			return nil, err
 		}
-		if db, err = client.Open(clusterPath, client.Options{Region: region}); err != nil {
+		defer cn.Close()
+		if db, err = cn.client(); err != nil {
 			return nil, err
 		}
 		defer db.Close()
-		if region == "" {
-			region = top.Regions[0]
-		}
+		top, region = cn.top, cn.region
 	} else {
 		var group topology.Group
 		if c, group, err = f.startBench(); err != nil {

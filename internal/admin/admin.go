@@ -31,6 +31,7 @@ type RegionStatus struct {
 	Region    string
 	Publisher uint64 // its publisher group
 	Excluded  bool
+	Since     uint64 // the global epoch at which it was excluded (0: not recorded)
 }
 
 func globalGroup(top *topology.Topology) (topology.Group, error) {
@@ -89,7 +90,14 @@ func Regions(ctx context.Context, d *transport.Dialer, top *topology.Topology) (
 	var out []RegionStatus
 	for _, r := range top.Regions {
 		if p := top.GroupsOfKind(topology.KindPublisher, r); len(p) > 0 {
-			out = append(out, RegionStatus{Region: r, Publisher: p[0].ID, Excluded: slices.Contains(resp.GetExcludedGroups(), p[0].ID)})
+			st := RegionStatus{Region: r, Publisher: p[0].ID}
+			if i := slices.Index(resp.GetExcludedGroups(), p[0].ID); i >= 0 {
+				st.Excluded = true
+				if i < len(resp.GetExcludedSince()) {
+					st.Since = resp.GetExcludedSince()[i]
+				}
+			}
+			out = append(out, st)
 		}
 	}
 	return out, resp.GetEpoch(), nil

@@ -33,10 +33,12 @@ type Coordinator struct {
 	publishers map[string]*epoch.Reader // each region's publisher, by region (regions that have one)
 	global     epoch.Source             // this region's publisher; nil in a regional-only deployment
 	service    *epoch.Reader            // the global epoch service; nil if there is none
-	quiet      uint64                   // quiet_epochs (paper §5.3.1)
-	txnState   *txnstate.Client
-	stateID    uint64
-	forget     *forgetter // records of finished two-phase commits
+	// regionalOnly says once that snapshots run as Regional (no publishers).
+	regionalOnly sync.Once
+	quiet        uint64 // quiet_epochs (paper §5.3.1)
+	txnState     *txnstate.Client
+	stateID      uint64
+	forget       *forgetter // records of finished two-phase commits
 
 	mode     atomic.Pointer[CommitMode] // nil: Chablis
 	routes   *routing.Cache             // range descriptors and leader hints
@@ -312,6 +314,8 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 			return err
 		case codes.InvalidArgument, codes.Internal, codes.DataLoss:
 			return err
+		case codes.PermissionDenied, codes.Unauthenticated: // did not execute: refused before the handler
+			return fmt.Errorf("%w: %v", ErrPermissionDenied, err)
 		case codes.NotFound: // did not execute: the node does not host the range (yet: a split applies there later)
 			c.routes.ForgetLeader(id)
 			next++
@@ -341,14 +345,14 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 			next++
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, id, lastErr)
+			return c.unavailable(g, lastErr)
 		}
 		t := time.NewTimer(time.Duration(min(attempt+1, 20)) * time.Millisecond)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w: range %d: %v", ErrUnavailable, id, lastErr)
+			return c.unavailable(g, lastErr)
 		}
 	}
 }
@@ -420,7 +424,7 @@ func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.R
 			if lookupRetryable(err) {
 				continue
 			}
-			return fmt.Errorf("%w: routing %q: %v", ErrUnavailable, key, err)
+			return c.routeUnavailable(key, err)
 		}
 		if check != nil {
 			if err = check(d); err != nil {
@@ -431,7 +435,7 @@ func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.R
 			return err
 		}
 	}
-	return fmt.Errorf("%w: routing %q: %v", ErrUnavailable, key, err)
+	return c.routeUnavailable(key, err)
 }
 
 // routeSpan runs f on each part of [lo, hi) (a nil hi: to the end of the key

@@ -29,6 +29,14 @@ var (
 	ErrAborted = errors.New("terroir: transaction aborted")
 	// ErrUnavailable: no leader could be reached in time. Retryable.
 	ErrUnavailable = errors.New("terroir: unavailable")
+	// ErrPermissionDenied: the caller's certificate does not allow the
+	// operation (an operator action needs the admin user; DESIGN.md §15).
+	ErrPermissionDenied = errors.New("terroir: permission denied")
+	// ErrRegionExcluded: the operation needs a range homed in a region an
+	// operator (or the automatic policy) excluded from the global epoch
+	// service; the message says since which global epoch (DESIGN.md §7).
+	// It wraps ErrUnavailable too, so it is retryable: readmission heals it.
+	ErrRegionExcluded = fmt.Errorf("%w: region excluded", ErrUnavailable)
 	// ErrCommitUnknown: the commit's outcome is unknown (a failure after the
 	// commit was submitted). Not retried automatically.
 	ErrCommitUnknown = errors.New("terroir: commit outcome unknown")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -72,8 +73,11 @@ func ParseSnapshotMode(s string) (SnapshotMode, error) {
 
 // SnapshotStats reports how a snapshot transaction ran.
 type SnapshotStats struct {
-	// Mode is the mode it finished in (Regional becomes Linearizable on restart).
+	// Mode is the mode it finished in (Regional becomes Linearizable on
+	// restart; every mode runs as Regional on a topology without publishers).
 	Mode SnapshotMode
+	// Requested is the mode the caller asked for.
+	Requested SnapshotMode
 	// Epoch is the epoch it read at: versions below <Epoch, 0> (global epochs,
 	// or local ones for Regional).
 	Epoch uint64
@@ -118,8 +122,13 @@ type readCheck struct {
 // at least minAt (0: none; View passes the epoch a retry must reach). It fails
 // with ErrUnavailable when the epoch cannot be read or reached before ctx ends.
 func (c *Coordinator) BeginSnapshot(ctx context.Context, mode SnapshotMode, minAt uint64) (*Snapshot, error) {
-	if c.global == nil {
-		mode = Regional // no global epoch: local-epoch versions are all there is
+	if c.global == nil && mode != Regional {
+		// No global epoch: local-epoch versions are all there is. Said once
+		// per client, so a user who asked for strong learns what ran.
+		c.regionalOnly.Do(func() {
+			slog.Warn("this cluster has no publishers of a global epoch: every snapshot runs as regional (reads the local epoch of the client's region)", "asked", mode)
+		})
+		mode = Regional
 	}
 	s := &Snapshot{c: c, mode: mode, lR: map[string]uint64{}}
 	began := time.Now()
@@ -396,7 +405,7 @@ func (e *retryError) Unwrap() error { return ErrSnapshotRetry }
 // Linearizable after a Regional one touches another region. Other errors from
 // fn or the reads end it. It returns the stats summed over attempts.
 func (c *Coordinator) View(ctx context.Context, mode SnapshotMode, fn func(ctx context.Context, s *Snapshot) error) (SnapshotStats, error) {
-	var total SnapshotStats
+	total := SnapshotStats{Requested: mode}
 	var minAt uint64
 	for attempt := 0; ; attempt++ {
 		s, err := c.BeginSnapshot(ctx, mode, minAt)

@@ -133,7 +133,11 @@ func TestDirectoryFollowsSplitsMergesAndRestarts(t *testing.T) {
 func TestReconciliationRepairsALostWrite(t *testing.T) {
 	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
 	g := c.Topology.GroupsOfKind(topology.KindDirectory, "us-east1")[0]
-	dir := directory.NewClient(c.Dialer("us-east1"), g.ID, g.Replicas)
+	d, err := c.NodeDialer(1) // writing a descriptor is a node's action
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := directory.NewClient(d, g.ID, g.Replicas)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ds := waitFor(t, dir, "[,m) [m,)")

@@ -58,7 +58,7 @@ func (r *Resolver) Resolve(ctx context.Context, key []byte) ([]*pb.RangeDescript
 			return descs, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: %q: no directory answered: %v", routing.ErrNoRange, key, err)
+	return nil, fmt.Errorf("%w: %q: no directory answered: %w", routing.ErrNoRange, key, err)
 }
 
 // lookup asks key's home directory.
@@ -73,7 +73,7 @@ func (r *Resolver) lookup(ctx context.Context, key []byte) ([]*pb.RangeDescripto
 	}
 	descs, err := c.Lookup(ctx, key, lookupLimit)
 	if err != nil {
-		return nil, err
+		return nil, &routing.RegionUnreachableError{Region: region, Err: err}
 	}
 	if len(descs) == 0 || !routing.Contains(descs[0], key) {
 		r.mu.Lock()

@@ -199,5 +199,6 @@ func (s *Server) Membership(_ context.Context, req *epochpb.MembershipRequest) (
 	if !r.group.Status().CaughtUp {
 		return nil, status.Errorf(codes.Unavailable, "global epoch group %d is replaying its log", req.GetGroupId())
 	}
-	return &epochpb.MembershipResponse{Epoch: r.sm.Epoch(), ExcludedGroups: r.sm.ExcludedGroups()}, nil
+	groups, since := r.sm.ExcludedGroups()
+	return &epochpb.MembershipResponse{Epoch: r.sm.Epoch(), ExcludedGroups: groups, ExcludedSince: since}, nil
 }

@@ -88,10 +88,12 @@ type StateMachine struct {
 	key   []byte
 	epoch atomic.Uint64
 
-	// The global epoch service's excluded publisher groups, stored under
-	// key+'x' as big-endian group IDs.
+	// The global epoch service's excluded publisher groups, each with the
+	// global epoch at which its exclusion applied; stored under key+'s' as
+	// big-endian (group, since) pairs (key+'x', group IDs alone, in stores
+	// written before the epochs were kept).
 	mu       sync.Mutex
-	excluded map[uint64]bool
+	excluded map[uint64]uint64
 
 	// published is called (on the group's goroutine) after each publish applies.
 	published func()
@@ -101,7 +103,10 @@ func stateKey(group uint64) []byte {
 	return append(binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, group), 'e')
 }
 
-func (sm *StateMachine) excludedKey() []byte { return append(append([]byte{}, sm.key...), 'x') }
+func (sm *StateMachine) excludedKey() []byte { return append(append([]byte{}, sm.key...), 's') }
+
+// legacyExcludedKey held the excluded groups without their epochs.
+func (sm *StateMachine) legacyExcludedKey() []byte { return append(append([]byte{}, sm.key...), 'x') }
 
 // NewStateMachine loads group's epoch from e (InitialEpoch if none is stored)
 // and, for the global epoch service, its excluded publishers. A damaged record
@@ -121,24 +126,44 @@ func NewStateMachine(e *storage.Engine, group uint64) (*StateMachine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sm.excluded, err = decodeGroups(x); err != nil {
+	decode := decodeExclusions
+	if x == nil {
+		if x, err = e.Get(sm.legacyExcludedKey()); err != nil {
+			return nil, err
+		}
+		decode = decodeLegacyGroups
+	}
+	if sm.excluded, err = decode(x); err != nil {
 		return nil, fmt.Errorf("epoch group %d: %w", group, err)
 	}
 	return sm, nil
 }
 
-func decodeGroups(v []byte) (map[uint64]bool, error) {
-	if len(v)%8 != 0 {
+// decodeExclusions reads (group, since) pairs, 16 bytes each.
+func decodeExclusions(v []byte) (map[uint64]uint64, error) {
+	if len(v)%16 != 0 {
 		return nil, fmt.Errorf("%w: excluded-publisher record of %d bytes", storage.ErrCorrupt, len(v))
 	}
-	out := map[uint64]bool{}
-	for ; len(v) > 0; v = v[8:] {
-		out[binary.BigEndian.Uint64(v)] = true
+	out := map[uint64]uint64{}
+	for ; len(v) > 0; v = v[16:] {
+		out[binary.BigEndian.Uint64(v)] = binary.BigEndian.Uint64(v[8:])
 	}
 	return out, nil
 }
 
-func encodeGroups(groups map[uint64]bool) []byte {
+// decodeLegacyGroups reads group IDs alone, 8 bytes each (since unknown: 0).
+func decodeLegacyGroups(v []byte) (map[uint64]uint64, error) {
+	if len(v)%8 != 0 {
+		return nil, fmt.Errorf("%w: excluded-publisher record of %d bytes", storage.ErrCorrupt, len(v))
+	}
+	out := map[uint64]uint64{}
+	for ; len(v) > 0; v = v[8:] {
+		out[binary.BigEndian.Uint64(v)] = 0
+	}
+	return out, nil
+}
+
+func encodeExclusions(groups map[uint64]uint64) []byte {
 	ids := make([]uint64, 0, len(groups))
 	for g := range groups {
 		ids = append(ids, g)
@@ -146,29 +171,41 @@ func encodeGroups(groups map[uint64]bool) []byte {
 	slices.Sort(ids)
 	var out []byte
 	for _, g := range ids {
-		out = binary.BigEndian.AppendUint64(out, g)
+		out = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(out, g), groups[g])
 	}
 	return out
 }
 
-// ExcludedGroups returns the excluded publisher groups, ascending.
-func (sm *StateMachine) ExcludedGroups() []uint64 {
+// ExcludedGroups returns the excluded publisher groups, ascending, and the
+// global epoch since which each is excluded.
+func (sm *StateMachine) ExcludedGroups() (groups, since []uint64) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
-	out := make([]uint64, 0, len(sm.excluded))
 	for g := range sm.excluded {
-		out = append(out, g)
+		groups = append(groups, g)
 	}
-	slices.Sort(out)
-	return out
+	slices.Sort(groups)
+	for _, g := range groups {
+		since = append(since, sm.excluded[g])
+	}
+	return groups, since
 }
 
 // Excluded reports whether publisher group `group` is excluded from the
 // global epoch service's set. Safe from any goroutine.
 func (sm *StateMachine) Excluded(group uint64) bool {
+	_, ok := sm.ExcludedSince(group)
+	return ok
+}
+
+// ExcludedSince returns the global epoch at which publisher group `group`
+// was excluded (0 if excluded before the epochs were recorded), and whether
+// it is excluded. Safe from any goroutine.
+func (sm *StateMachine) ExcludedSince(group uint64) (uint64, bool) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
-	return sm.excluded[group]
+	since, ok := sm.excluded[group]
+	return since, ok
 }
 
 func decodeEpoch(v []byte) (uint64, error) {
@@ -208,23 +245,30 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 	}
 	if op == opExclude || op == opInclude {
 		sm.mu.Lock()
-		if op == opExclude {
-			sm.excluded[from] = true
-		} else {
+		if _, already := sm.excluded[from]; op == opExclude && !already {
+			sm.excluded[from] = cur
+		} else if op == opInclude {
 			delete(sm.excluded, from)
 		}
-		_ = b.Set(sm.excludedKey(), encodeGroups(sm.excluded), nil)
+		_ = b.Set(sm.excludedKey(), encodeExclusions(sm.excluded), nil)
+		_ = b.Delete(sm.legacyExcludedKey(), nil)
 		sm.mu.Unlock()
 	}
 	return cur
 }
 
-// Snapshot implements raftgroup.StateMachine: the epoch, then the excluded
-// publisher groups, 8 bytes each.
+// snapshotExclusionsMark follows the epoch in a snapshot whose exclusions
+// are (group, since) pairs; without it (no group ID is 2^64-1) the rest is
+// group IDs alone, as snapshots sent before the epochs were kept.
+const snapshotExclusionsMark = ^uint64(0)
+
+// Snapshot implements raftgroup.StateMachine: the epoch, the mark, then the
+// excluded publisher groups as (group, since) pairs, 8 bytes each number.
 func (sm *StateMachine) Snapshot() ([]byte, error) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
-	return append(binary.BigEndian.AppendUint64(nil, sm.epoch.Load()), encodeGroups(sm.excluded)...), nil
+	out := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, sm.epoch.Load()), snapshotExclusionsMark)
+	return append(out, encodeExclusions(sm.excluded)...), nil
 }
 
 // Restore implements raftgroup.StateMachine.
@@ -232,7 +276,13 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 	if len(data) < 8 {
 		return fmt.Errorf("%w: epoch snapshot of %d bytes", storage.ErrCorrupt, len(data))
 	}
-	excluded, err := decodeGroups(data[8:])
+	var excluded map[uint64]uint64
+	var err error
+	if len(data) >= 16 && binary.BigEndian.Uint64(data[8:]) == snapshotExclusionsMark {
+		excluded, err = decodeExclusions(data[16:])
+	} else {
+		excluded, err = decodeLegacyGroups(data[8:])
+	}
 	if err != nil {
 		return err
 	}
@@ -240,7 +290,10 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 	sm.excluded = excluded
 	sm.mu.Unlock()
 	sm.epoch.Store(binary.BigEndian.Uint64(data))
-	if err := b.Set(sm.excludedKey(), data[8:], nil); err != nil {
+	if err := b.Set(sm.excludedKey(), encodeExclusions(excluded), nil); err != nil {
+		return err
+	}
+	if err := b.Delete(sm.legacyExcludedKey(), nil); err != nil {
 		return err
 	}
 	return b.Set(sm.key, data[:8], nil)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/node"
+	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 	"github.com/terroir-db/terroir/internal/txnstate"
@@ -39,6 +41,11 @@ type Options struct {
 	// transaction record no coordinator forgot stays before the txn-state
 	// leader settles and forgets it (0: the topology's).
 	TxnRecordGrace time.Duration
+	// Insecure runs the cluster without TLS. By default every node and
+	// client speaks mutual TLS with certificates made under
+	// <DataDir>/certs (DESIGN.md §15): a CA, one directory per node, and
+	// the admin user's client certificate.
+	Insecure bool
 	// Crashable opens every store so KillNode loses what a power loss would
 	// (node.Config.Crashable).
 	Crashable bool
@@ -53,6 +60,7 @@ type Cluster struct {
 
 	opts    Options
 	dataDir string
+	certs   *security.Certs // the admin user's; nil when Insecure
 	tempDir bool
 
 	mu      sync.Mutex
@@ -93,6 +101,15 @@ func Start(top *topology.Topology, opts Options) (c *Cluster, err error) {
 		top.TxnRecordGrace = opts.TxnRecordGrace
 	}
 	c = &Cluster{Topology: top, Net: transport.NewNetwork(top), opts: opts, dataDir: dir, tempDir: temp, nodes: map[uint64]*node.Node{}}
+	if !opts.Insecure {
+		if c.certs, err = c.makeCerts(); err != nil {
+			for _, l := range listeners {
+				_ = l.Close()
+			}
+			_ = c.Close()
+			return nil, err
+		}
+	}
 	for _, n := range top.Nodes {
 		if err := c.startNode(n.ID, listeners[n.ID]); err != nil {
 			for id, l := range listeners {
@@ -109,14 +126,75 @@ func Start(top *topology.Topology, opts Options) (c *Cluster, err error) {
 
 func (c *Cluster) nodeDir(id uint64) string { return fmt.Sprintf("%s/node-%d", c.dataDir, id) }
 
+// CertsDir returns the directory of the cluster's CA (ca.crt, ca.key) and
+// the admin user's client certificate; "" for an insecure cluster.
+func (c *Cluster) CertsDir() string {
+	if c.opts.Insecure {
+		return ""
+	}
+	return filepath.Join(c.dataDir, "certs")
+}
+
+// NodeCertsDir returns node id's certificates directory (ca.crt, node.crt,
+// node.key); "" for an insecure cluster.
+func (c *Cluster) NodeCertsDir(id uint64) string {
+	if c.opts.Insecure {
+		return ""
+	}
+	return filepath.Join(c.CertsDir(), fmt.Sprintf("node-%d", id))
+}
+
+// makeCerts creates the cluster's CA, every node's certificate and the
+// admin user's, unless a previous run of this data directory left them, and
+// returns the admin user's.
+func (c *Cluster) makeCerts() (*security.Certs, error) {
+	dir := c.CertsDir()
+	if _, err := os.Stat(filepath.Join(dir, security.CACertFile)); err != nil {
+		if err := security.CreateCA(dir, "", security.CreateOptions{}); err != nil {
+			return nil, err
+		}
+		if err := security.CreateClient(dir, "", security.AdminUser, security.CreateOptions{}); err != nil {
+			return nil, err
+		}
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, security.CACertFile))
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range c.Topology.Nodes {
+		nd := c.NodeCertsDir(n.ID)
+		if _, err := os.Stat(filepath.Join(nd, security.NodeCertFile)); err == nil {
+			continue
+		}
+		if err := os.MkdirAll(nd, 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(nd, security.CACertFile), ca, 0o644); err != nil {
+			return nil, err
+		}
+		if err := security.CreateNode(nd, filepath.Join(dir, security.CAKeyFile), n.ID, n.Region, nil, security.CreateOptions{}); err != nil {
+			return nil, err
+		}
+	}
+	return security.LoadClient(dir, security.AdminUser)
+}
+
 // DataDir returns the parent of the nodes' data directories.
 func (c *Cluster) DataDir() string { return c.dataDir }
 
 func (c *Cluster) startNode(id uint64, l net.Listener) error {
+	var certs *security.Certs
+	if !c.opts.Insecure {
+		var err error
+		if certs, err = security.LoadNode(c.NodeCertsDir(id)); err != nil {
+			_ = l.Close()
+			return err
+		}
+	}
 	n, err := node.Start(node.Config{
 		Topology: c.Topology, NodeID: id, DataDir: c.nodeDir(id),
 		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter,
-		Crashable: c.opts.Crashable,
+		Crashable: c.opts.Crashable, Certs: certs, Insecure: c.opts.Insecure,
 	})
 	if err != nil {
 		return err
@@ -210,11 +288,30 @@ func (c *Cluster) Leader(group uint64) uint64 {
 
 // Dialer returns a client-side dialer located in region; Close closes it.
 func (c *Cluster) Dialer(region string) *transport.Dialer {
-	d := transport.NewDialer(c.Net, transport.Endpoint{Region: region})
+	d := transport.NewDialer(c.Net, transport.Endpoint{Region: region}, c.certs)
 	c.mu.Lock()
 	c.dialers = append(c.dialers, d)
 	c.mu.Unlock()
 	return d
+}
+
+// NodeDialer returns a dialer that presents node id's certificate, for
+// tests that play a node (node-only RPCs: Raft, Publish, directory
+// updates); Close closes it.
+func (c *Cluster) NodeDialer(id uint64) (*transport.Dialer, error) {
+	var certs *security.Certs
+	if !c.opts.Insecure {
+		var err error
+		if certs, err = security.LoadNode(c.NodeCertsDir(id)); err != nil {
+			return nil, err
+		}
+	}
+	n, _ := c.Topology.Node(id)
+	d := transport.NewDialer(c.Net, transport.Endpoint{Node: id, Region: n.Region}, certs)
+	c.mu.Lock()
+	c.dialers = append(c.dialers, d)
+	c.mu.Unlock()
+	return d, nil
 }
 
 // EpochReader returns a client in region reading the local epoch group of that

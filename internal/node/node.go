@@ -23,6 +23,7 @@ import (
 	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/routing"
+	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -51,6 +52,13 @@ type Config struct {
 	// leaders (0: the topology's). Coordinators heartbeat at the topology's
 	// value / 4, so an override below a quarter of it drops live transactions.
 	OrphanAfter time.Duration
+	// Certs are the node's certificates (security.LoadNode): every connection
+	// in and out is mutual TLS with them (DESIGN.md §15). Nil with Insecure set
+	// means plaintext; nil without Insecure is an error.
+	Certs *security.Certs
+	// Insecure runs the node without TLS or authorization, an explicit choice
+	// (`terroir start --insecure`).
+	Insecure bool
 	// Crashable opens the store so that Kill can lose what a power loss
 	// would (storage.OpenCrashable); for fault campaigns.
 	Crashable bool
@@ -93,6 +101,14 @@ func Start(cfg Config) (_ *Node, err error) {
 	if !ok {
 		return nil, fmt.Errorf("node: node %d is not in the topology", cfg.NodeID)
 	}
+	if cfg.Certs == nil && !cfg.Insecure {
+		return nil, fmt.Errorf("node: %w: node %d has no certificates (start it with --certs-dir, or --insecure for a plaintext cluster)", security.ErrNoCerts, cfg.NodeID)
+	}
+	if cfg.Certs != nil {
+		if id := cfg.Certs.Identity(); !id.IsNode() || id.Node != cfg.NodeID || id.Region != self.Region {
+			return nil, fmt.Errorf("node: %w: %s names %s, but this is node %d (%s)", security.ErrBadCert, cfg.Certs.CertPath(), id, cfg.NodeID, self.Region)
+		}
+	}
 	if cfg.Network == nil {
 		cfg.Network = transport.NewNetwork(top)
 	}
@@ -117,7 +133,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.host = raftgroup.NewHost(cfg.NodeID, n.engine,
 		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter},
 		raftgroup.NewMetrics(cfg.Registry))
-	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region})
+	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region}, cfg.Certs)
 	n.dirs = directory.NewDirectories(top, n.dialer)
 	removed, err := n.removedRanges()
 	if err != nil {
@@ -205,7 +221,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 
 	n.raft = transport.NewRaft(n.dialer, n.host)
-	n.server = transport.NewServer()
+	n.server = transport.NewServer(cfg.Certs)
 	n.raft.Register(n.server)
 	epochServer.Register(n.server)
 	txnServer.Register(n.server)

@@ -38,7 +38,7 @@ func runNodeProcess(idStr string) {
 	id, _ := strconv.ParseUint(idStr, 10, 64)
 	top, err := topology.Load(os.Getenv("TERROIR_TEST_TOPOLOGY"))
 	if err == nil {
-		_, err = node.Start(node.Config{Topology: top, NodeID: id, DataDir: os.Getenv("TERROIR_TEST_DIR")})
+		_, err = node.Start(node.Config{Topology: top, NodeID: id, DataDir: os.Getenv("TERROIR_TEST_DIR"), Insecure: true})
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -121,7 +121,7 @@ func TestCrashRestartKeepsEpoch(t *testing.T) {
 		}
 	})
 
-	dialer := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: "r1"})
+	dialer := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: "r1"}, nil)
 	defer dialer.Close()
 	reader := epoch.NewReader(dialer, 1, []uint64{1, 2, 3})
 	defer reader.Close()
@@ -207,7 +207,7 @@ func TestWrongNodeDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Close()
-	_, err = node.Start(node.Config{Topology: top, NodeID: 2, DataDir: dir})
+	_, err = node.Start(node.Config{Topology: top, NodeID: 2, DataDir: dir, Insecure: true})
 	if !errors.Is(err, storage.ErrWrongNode) {
 		t.Fatalf("starting node 2 on node 1's directory = %v, want storage.ErrWrongNode", err)
 	}

@@ -252,7 +252,11 @@ func TestStrayRaftMessagesAreDropped(t *testing.T) {
 	}
 	g := c.Node(follower).Group(group)
 	term := g.Status().Term
-	conn, err := c.Dialer("us-east1").Conn(follower)
+	d, err := c.NodeDialer(leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := d.Conn(follower)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -211,3 +211,17 @@ func (c *Cache) ForgetLeader(id uint64) {
 	defer c.mu.Unlock()
 	delete(c.leaders, id)
 }
+
+// RegionUnreachableError is a lookup that failed because the directory of
+// Region did not answer: the error names the region so a caller can say
+// which one is cut off, down or excluded.
+type RegionUnreachableError struct {
+	Region string
+	Err    error
+}
+
+func (e *RegionUnreachableError) Error() string {
+	return fmt.Sprintf("the %s directory did not answer: %v", e.Region, e.Err)
+}
+
+func (e *RegionUnreachableError) Unwrap() error { return e.Err }

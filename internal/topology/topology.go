@@ -268,7 +268,7 @@ func Parse(data []byte) (*Topology, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, describeDecode(err)
 	}
 	return build(&f)
 }

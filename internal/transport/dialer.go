@@ -4,16 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/security"
 )
 
 // MaxMessageBytes bounds one gRPC message (a Raft batch or snapshot): 64 MiB.
@@ -27,8 +32,10 @@ var ErrClosed = errors.New("transport: closed")
 // one-way delay before the request and again before the reply, and fail with
 // codes.Unavailable when the network drops them.
 type Dialer struct {
-	net  *Network
-	self Endpoint
+	net   *Network
+	self  Endpoint
+	creds credentials.TransportCredentials
+	tls   bool
 
 	mu     sync.Mutex
 	conns  map[uint64]*grpc.ClientConn
@@ -39,11 +46,20 @@ type Dialer struct {
 	dups sync.WaitGroup // duplicated requests in flight
 }
 
-// NewDialer returns a Dialer whose calls originate at self.
-func NewDialer(net *Network, self Endpoint) *Dialer {
+// NewDialer returns a Dialer whose calls originate at self and present
+// certs over mutual TLS (DESIGN.md §15); nil certs means plaintext, for a
+// cluster started with --insecure.
+func NewDialer(net *Network, self Endpoint, certs *security.Certs) *Dialer {
 	life, stop := context.WithCancel(context.Background())
-	return &Dialer{net: net, self: self, conns: map[uint64]*grpc.ClientConn{}, life: life, stop: stop}
+	creds := insecure.NewCredentials()
+	if certs != nil {
+		creds = credentials.NewTLS(certs.ClientTLS())
+	}
+	return &Dialer{net: net, self: self, creds: creds, tls: certs != nil, conns: map[uint64]*grpc.ClientConn{}, life: life, stop: stop}
 }
+
+// Secure reports whether the dialer speaks mutual TLS.
+func (d *Dialer) Secure() bool { return d.tls }
 
 // Self returns the endpoint calls originate from.
 func (d *Dialer) Self() Endpoint { return d.self }
@@ -69,7 +85,7 @@ func (d *Dialer) Conn(id uint64) (*grpc.ClientConn, error) {
 	}
 	to := Endpoint{Node: id, Region: node.Region}
 	c, err := grpc.NewClient(node.Addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(d.creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 		grpc.WithUnaryInterceptor(d.wanInterceptor(to)),
 		// Reconnect within a second of a peer's restart; gRPC's default backoff
@@ -157,7 +173,35 @@ func (d *Dialer) Close() {
 	}
 }
 
-// NewServer returns a gRPC server sized for Raft batches and snapshots.
-func NewServer() *grpc.Server {
-	return grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
+// NewServer returns a gRPC server sized for Raft batches and snapshots. With
+// certs (a node's), it speaks mutual TLS only, refuses a peer without a
+// certificate of the cluster CA, and lets each identity call only the RPCs
+// its role allows (security.RequiredRole); nil certs means plaintext with no
+// checks, for a cluster started with --insecure.
+func NewServer(certs *security.Certs) *grpc.Server {
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)}
+	if certs != nil {
+		unary, stream := security.ServerInterceptors()
+		opts = append(opts, grpc.Creds(loggedHandshakes{credentials.NewTLS(certs.ServerTLS())}),
+			grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+	}
+	return grpc.NewServer(opts...)
+}
+
+// loggedHandshakes logs every refused TLS handshake, so an operator sees
+// which peer was refused and why (an expired or foreign certificate).
+type loggedHandshakes struct {
+	credentials.TransportCredentials
+}
+
+func (l loggedHandshakes) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := l.TransportCredentials.ServerHandshake(c)
+	if err != nil {
+		slog.Warn("TLS handshake refused", "peer", c.RemoteAddr(), "err", err)
+	}
+	return conn, info, err
+}
+
+func (l loggedHandshakes) Clone() credentials.TransportCredentials {
+	return loggedHandshakes{l.TransportCredentials.Clone()}
 }

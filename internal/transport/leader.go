@@ -34,7 +34,9 @@ func NewLeaderClient(dialer *Dialer, replicas []uint64) *LeaderClient {
 
 // Call runs f against the remembered leader first, then each replica in turn,
 // pausing between rounds, until f succeeds, fails with a final code
-// (InvalidArgument, DataLoss, Internal), or ctx ends (ErrNoLeader).
+// (InvalidArgument, DataLoss, Internal, and PermissionDenied or
+// Unauthenticated: no replica will let this caller in), or ctx ends
+// (ErrNoLeader).
 func (c *LeaderClient) Call(ctx context.Context, f func(ctx context.Context, conn *grpc.ClientConn) error) error {
 	var lastErr error
 	for round := 0; ; round++ {
@@ -56,7 +58,7 @@ func (c *LeaderClient) Call(ctx context.Context, f func(ctx context.Context, con
 			}
 			lastErr = err
 			switch status.Code(err) {
-			case codes.InvalidArgument, codes.DataLoss, codes.Internal:
+			case codes.InvalidArgument, codes.DataLoss, codes.Internal, codes.PermissionDenied, codes.Unauthenticated:
 				return err
 			}
 			if ctx.Err() != nil {

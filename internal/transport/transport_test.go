@@ -78,9 +78,9 @@ nodes:
 	nodes := map[uint64]*testNode{}
 	for id, l := range ls {
 		rec := &recorder{}
-		d := NewDialer(net, net.NodeEndpoint(id))
+		d := NewDialer(net, net.NodeEndpoint(id), nil)
 		r := NewRaft(d, rec)
-		s := NewServer()
+		s := NewServer(nil)
 		r.Register(s)
 		done := make(chan struct{})
 		go func() { _ = s.Serve(l); close(done) }()
@@ -120,7 +120,7 @@ func pingRTT(t *testing.T, d *Dialer, to uint64, n int) time.Duration {
 
 func TestLatencyInjection(t *testing.T) {
 	net, _ := startNodes(t, 60)
-	client := NewDialer(net, Endpoint{Region: "east"})
+	client := NewDialer(net, Endpoint{Region: "east"}, nil)
 	defer client.Close()
 	pingRTT(t, client, 1, 3) // warm the connections
 	pingRTT(t, client, 3, 1)
@@ -183,7 +183,7 @@ func TestRaftStreamDelayKeepsOrder(t *testing.T) {
 
 func TestCutAndHeal(t *testing.T) {
 	net, nodes := startNodes(t, 0)
-	client := NewDialer(net, Endpoint{Region: "east"})
+	client := NewDialer(net, Endpoint{Region: "east"}, nil)
 	defer client.Close()
 	pingRTT(t, client, 3, 1)
 
@@ -249,7 +249,7 @@ func TestDuplication(t *testing.T) {
 		t.Fatalf("raft message delivered %d times at duplicate rate 1, want 2", got)
 	}
 
-	client := NewDialer(net, Endpoint{Region: "east"})
+	client := NewDialer(net, Endpoint{Region: "east"}, nil)
 	var mu sync.Mutex
 	var replies []*transportpb.PingResponse // one per call the server saw
 	invoke := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {

@@ -357,8 +357,11 @@ type MembershipResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Epoch          uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`                                                // the global epoch at the answering replica
 	ExcludedGroups []uint64               `protobuf:"varint,2,rep,packed,name=excluded_groups,json=excludedGroups,proto3" json:"excluded_groups,omitempty"` // excluded publisher groups, ascending
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// excluded_since[i] is the global epoch at which excluded_groups[i] was
+	// excluded (0: excluded before these epochs were recorded).
+	ExcludedSince []uint64 `protobuf:"varint,3,rep,packed,name=excluded_since,json=excludedSince,proto3" json:"excluded_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MembershipResponse) Reset() {
@@ -405,6 +408,13 @@ func (x *MembershipResponse) GetExcludedGroups() []uint64 {
 	return nil
 }
 
+func (x *MembershipResponse) GetExcludedSince() []uint64 {
+	if x != nil {
+		return x.ExcludedSince
+	}
+	return nil
+}
+
 var File_epoch_proto protoreflect.FileDescriptor
 
 const file_epoch_proto_rawDesc = "" +
@@ -426,10 +436,11 @@ const file_epoch_proto_rawDesc = "" +
 	"\bexcluded\x18\x03 \x01(\bR\bexcluded\"\x15\n" +
 	"\x13SetExcludedResponse\".\n" +
 	"\x11MembershipRequest\x12\x19\n" +
-	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"S\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"z\n" +
 	"\x12MembershipResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12'\n" +
-	"\x0fexcluded_groups\x18\x02 \x03(\x04R\x0eexcludedGroups2\xca\x02\n" +
+	"\x0fexcluded_groups\x18\x02 \x03(\x04R\x0eexcludedGroups\x12%\n" +
+	"\x0eexcluded_since\x18\x03 \x03(\x04R\rexcludedSince2\xca\x02\n" +
 	"\x05Epoch\x12N\n" +
 	"\tReadEpoch\x12\x1f.terroir.epoch.ReadEpochRequest\x1a .terroir.epoch.ReadEpochResponse\x12H\n" +
 	"\aPublish\x12\x1d.terroir.epoch.PublishRequest\x1a\x1e.terroir.epoch.PublishResponse\x12T\n" +
