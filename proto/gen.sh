@@ -13,3 +13,4 @@ gen epoch.proto
 gen txnstate.proto
 gen range.proto
 gen directory.proto
+gen node.proto

@@ -81,6 +81,9 @@ plots (PNG) into --out.`,
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "Starting %d nodes in %s; data in %s; loading %d records per region...\n",
 				len(top.Nodes), strings.Join(top.Regions, ", "), strings.Join(experiment.DataRegions(top), " and "), f.cfg.Records)
+			cfg.Started = func(url string) {
+				fmt.Fprintf(w, "Web console (mutual TLS between the nodes; any node serves one): %s\n", url)
+			}
 			live := newLiveView(w)
 			res, err := experiment.Run(ctx, cfg, live.show)
 			live.done()

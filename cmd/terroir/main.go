@@ -63,7 +63,7 @@ func rootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn or error")
 	root.PersistentFlags().Bool("verbose", false, "print errors in full, with the RPC layer's text")
 	root.AddCommand(startCmd(), demoCmd(), benchCmd(), kvCmd(), adminCmd(), backupCmd(), restoreCmd(), changefeedCmd(),
-		nemesisCmd(), certCmd(), versionCmd())
+		nemesisCmd(), certCmd(), statusCmd(), versionCmd())
 	return root
 }
 

@@ -1,16 +1,15 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
+	"net"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/terroir-db/terroir/internal/node"
@@ -19,7 +18,7 @@ import (
 )
 
 func startCmd() *cobra.Command {
-	var configPath, dataDir, metricsAddr, certsDir string
+	var configPath, dataDir, httpAddr, certsDir string
 	var insecure bool
 	var nodeID uint64
 	var orphanAfter time.Duration
@@ -48,30 +47,21 @@ func startCmd() *cobra.Command {
 					return fmt.Errorf("%w\n  create them with `terroir cert create-ca` and `terroir cert create-node %d <region>`, point --certs-dir at them, or pass --insecure for a plaintext cluster", err, nodeID)
 				}
 			}
-			n, err := node.Start(node.Config{Topology: top, NodeID: nodeID, DataDir: dataDir, OrphanAfter: orphanAfter, Certs: certs, Insecure: insecure})
+			if httpAddr == "" {
+				self, _ := top.Node(nodeID)
+				if httpAddr, err = defaultHTTPAddr(self.Addr); err != nil {
+					return err
+				}
+			}
+			n, err := node.Start(node.Config{Topology: top, NodeID: nodeID, DataDir: dataDir, OrphanAfter: orphanAfter,
+				Certs: certs, Insecure: insecure, HTTPAddr: httpAddr})
 			if err != nil {
 				return err
 			}
-			slog.Warn("node serving", "node", nodeID, "addr", n.Addr(), "data-dir", dataDir)
-			var srv *http.Server
-			if metricsAddr != "" {
-				mux := http.NewServeMux()
-				mux.Handle("/metrics", promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
-				srv = &http.Server{Addr: metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-				go func() {
-					if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-						slog.Error("metrics server", "err", err)
-					}
-				}()
-			}
+			slog.Warn("node serving", "node", nodeID, "addr", n.Addr(), "console and metrics", "http://"+n.HTTPAddr()+"/", "data-dir", dataDir)
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			<-ctx.Done()
-			if srv != nil {
-				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				_ = srv.Shutdown(sctx)
-				cancel()
-			}
 			return n.Close()
 		},
 	}
@@ -80,10 +70,24 @@ func startCmd() *cobra.Command {
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the node's Pebble store")
 	cmd.Flags().StringVar(&certsDir, "certs-dir", "certs", "directory of ca.crt, node.crt and node.key (reloaded when they change)")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "serve plaintext with no authentication: any process that reaches the port may do anything")
-	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this host:port (off if empty)")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and the web console on this host:port (default: the node's host, its port + 1000)")
 	cmd.Flags().DurationVar(&orphanAfter, "orphan-after", 0,
 		"how long this node's range leaders let a transaction hold locks without a heartbeat from its coordinator (0: the topology's orphan_after, default 2s)")
 	_ = cmd.MarkFlagRequired("config")
 	_ = cmd.MarkFlagRequired("node")
 	return cmd
+}
+
+// defaultHTTPAddr is a node's HTTP address when --http-addr is not given:
+// its RPC address's host with the port 1000 higher (7101 → 8101).
+func defaultHTTPAddr(rpcAddr string) (string, error) {
+	host, port, err := net.SplitHostPort(rpcAddr)
+	if err != nil {
+		return "", fmt.Errorf("the node's address %q: %w", rpcAddr, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p+1000 > 65535 {
+		return "", fmt.Errorf("the node's address %q has no port 1000 below 65536: give --http-addr", rpcAddr)
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+1000)), nil
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -97,6 +98,25 @@ type StateMachine struct {
 
 	// published is called (on the group's goroutine) after each publish applies.
 	published func()
+	// changed is when the epoch last changed here (unix ns; 0: not since start).
+	changed atomic.Int64
+	// onChange, if set, gets the time since the previous change at each change
+	// (the epoch advance interval metric); set before the group starts.
+	onChange func(interval time.Duration)
+}
+
+// OnChange sets a function called, on the group's goroutine, with the time
+// since the previous change each time the applied epoch changes (not for
+// the first change after a start). Call before the group starts.
+func (sm *StateMachine) OnChange(f func(interval time.Duration)) { sm.onChange = f }
+
+// Changed returns when the applied epoch last changed here; the zero time
+// when it has not since this replica started.
+func (sm *StateMachine) Changed() time.Time {
+	if ns := sm.changed.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 func stateKey(group uint64) []byte {
@@ -239,6 +259,10 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 	if cur != sm.epoch.Load() {
 		sm.epoch.Store(cur)
 		_ = b.Set(sm.key, binary.BigEndian.AppendUint64(nil, cur), nil)
+		now := time.Now().UnixNano()
+		if prev := sm.changed.Swap(now); prev != 0 && sm.onChange != nil {
+			sm.onChange(time.Duration(now - prev))
+		}
 	}
 	if op == opPublish && sm.published != nil {
 		sm.published()

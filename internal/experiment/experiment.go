@@ -46,6 +46,9 @@ type Config struct {
 	// it after the run.
 	DataDir string
 	Keep    bool
+	// Started, if set, is called once the cluster runs, with the web console
+	// URL of its first node.
+	Started func(consoleURL string)
 }
 
 // Progress is the state of a run, reported about once a second.
@@ -140,6 +143,9 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 		return nil, err
 	}
 	defer c.Close()
+	if cfg.Started != nil {
+		cfg.Started("http://" + c.Node(top.Nodes[0].ID).HTTPAddr() + "/")
+	}
 	res := &Result{Config: cfg, Regions: regions, SnapshotRegion: regions[len(regions)-1],
 		GlobalInterval: latency.New(), EpochWait: latency.New(), SnapshotTotal: latency.New()}
 	ld, err := load(ctx, c, cfg, regions)

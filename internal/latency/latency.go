@@ -30,6 +30,16 @@ func (h *Histogram) Record(d time.Duration) {
 	h.mu.Unlock()
 }
 
+// Merge adds every value of o to h.
+func (h *Histogram) Merge(o *Histogram) {
+	o.mu.Lock()
+	snap := hdrhistogram.Import(o.h.Export())
+	o.mu.Unlock()
+	h.mu.Lock()
+	h.h.Merge(snap)
+	h.mu.Unlock()
+}
+
 // Since records the time elapsed since start.
 func (h *Histogram) Since(start time.Time) { h.Record(time.Since(start)) }
 

@@ -194,7 +194,7 @@ func (c *Cluster) startNode(id uint64, l net.Listener) error {
 	n, err := node.Start(node.Config{
 		Topology: c.Topology, NodeID: id, DataDir: c.nodeDir(id),
 		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter,
-		Crashable: c.opts.Crashable, Certs: certs, Insecure: c.opts.Insecure,
+		Crashable: c.opts.Crashable, Certs: certs, Insecure: c.opts.Insecure, HTTPAddr: "127.0.0.1:0",
 	})
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/terroir-db/terroir/internal/console"
 	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/raftgroup"
@@ -59,6 +61,10 @@ type Config struct {
 	// Insecure runs the node without TLS or authorization, an explicit choice
 	// (`terroir start --insecure`).
 	Insecure bool
+	// HTTPAddr is where the node serves /metrics, /healthz, /readyz and the
+	// web console ("": not at all; port 0: any free port). Start fails when
+	// it cannot be bound.
+	HTTPAddr string
 	// Crashable opens the store so that Kill can lose what a power loss
 	// would (storage.OpenCrashable); for fault campaigns.
 	Crashable bool
@@ -66,31 +72,48 @@ type Config struct {
 
 // Node is a running node. Close stops it.
 type Node struct {
-	cfg        Config
-	engine     *storage.Engine
-	host       *raftgroup.Host
-	dialer     *transport.Dialer
-	raft       *transport.Raft
-	server     *grpc.Server
-	listener   net.Listener
-	epochs     map[uint64]*epoch.Replica
-	global     *epoch.Global // nil unless the node hosts a global epoch replica
-	rangeSrv   *rangeserver.Server
-	txnSrv     *txnstate.Server
-	dirs       *directory.Directories // every region's directory, for splits' IDs and descriptor changes
-	stop       context.CancelFunc     // ends publishing and reconciling
-	stopped    context.Context
-	bg         sync.WaitGroup // descriptor publishing and the reconciliation loop
-	mu         sync.Mutex
-	ranges     []*rangeserver.Replica   // grows when a split creates a range here
-	readers    map[string]*epoch.Reader // epoch and publisher readers, by kind/region
-	deciders   map[uint64]*txnstate.Client
-	gcPolicies map[string]*gcPolicy // by region, for the range leaders' GC
-	closing    bool                 // no range is added once Close began
-	removing   sync.WaitGroup       // replicas of merged-away ranges being removed
-	registry   *prometheus.Registry
-	served     chan struct{}
+	cfg          Config
+	engine       *storage.Engine
+	host         *raftgroup.Host
+	dialer       *transport.Dialer
+	raft         *transport.Raft
+	server       *grpc.Server
+	listener     net.Listener
+	epochs       map[uint64]*epoch.Replica
+	global       *epoch.Global // nil unless the node hosts a global epoch replica
+	rangeSrv     *rangeserver.Server
+	txnSrv       *txnstate.Server
+	dirs         *directory.Directories // every region's directory, for splits' IDs and descriptor changes
+	stop         context.CancelFunc     // ends publishing and reconciling
+	stopped      context.Context
+	bg           sync.WaitGroup // descriptor publishing and the reconciliation loop
+	mu           sync.Mutex
+	ranges       []*rangeserver.Replica   // grows when a split creates a range here
+	readers      map[string]*epoch.Reader // epoch and publisher readers, by kind/region
+	deciders     map[uint64]*txnstate.Client
+	gcPolicies   map[string]*gcPolicy // by region, for the range leaders' GC
+	closing      bool                 // no range is added once Close began
+	removing     sync.WaitGroup       // replicas of merged-away ranges being removed
+	registry     *prometheus.Registry
+	metrics      *metrics
+	started      time.Time
+	http         *http.Server // nil unless Config.HTTPAddr is set
+	httpListener net.Listener
+	httpDone     chan struct{}
+	console      *console.Console
+	epochSMs     []hostedEpoch // every epoch group hosted here, for status and metrics
+	served       chan struct{}
 }
+
+// hostedEpoch is one epoch group (local epoch, publisher, global epoch)
+// hosted on the node.
+type hostedEpoch struct {
+	group topology.Group
+	sm    *epoch.StateMachine
+}
+
+// epochGroups returns the epoch groups hosted here.
+func (n *Node) epochGroups() []hostedEpoch { return n.epochSMs }
 
 // Start opens the store, recovers every hosted replica and starts serving.
 // Errors wrap storage.ErrCorrupt for a damaged data directory and
@@ -118,6 +141,8 @@ func Start(cfg Config) (_ *Node, err error) {
 	n := &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{}),
 		readers: map[string]*epoch.Reader{}, deciders: map[uint64]*txnstate.Client{}, gcPolicies: map[string]*gcPolicy{}}
 	n.stopped, n.stop = context.WithCancel(context.Background())
+	n.started = time.Now()
+	n.metrics = newMetrics(cfg.Registry, n)
 	defer func() {
 		if err != nil {
 			n.closeParts()
@@ -151,6 +176,9 @@ func Start(cfg Config) (_ *Node, err error) {
 			if err != nil {
 				return nil, err
 			}
+			changes := n.metrics.epochChange.WithLabelValues(string(g.Kind))
+			sm.OnChange(func(d time.Duration) { changes.Observe(d.Seconds()) })
+			n.epochSMs = append(n.epochSMs, hostedEpoch{g, sm})
 			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
 			if err != nil {
 				return nil, err
@@ -221,12 +249,13 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 
 	n.raft = transport.NewRaft(n.dialer, n.host)
-	n.server = transport.NewServer(cfg.Certs)
+	n.server = transport.NewServer(cfg.Certs, n.metrics.unary)
 	n.raft.Register(n.server)
 	epochServer.Register(n.server)
 	txnServer.Register(n.server)
 	dirServer.Register(n.server)
 	n.rangeSrv.Register(n.server)
+	(&statusServer{n: n}).register(n.server)
 
 	n.listener = cfg.Listener
 	if n.listener == nil {
@@ -250,6 +279,11 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	if n.global != nil {
 		n.global.Start()
+	}
+	if cfg.HTTPAddr != "" {
+		if err := n.serveHTTP(cfg.HTTPAddr); err != nil {
+			return nil, err
+		}
 	}
 	n.bg.Add(1)
 	go n.reconcile()
@@ -296,7 +330,8 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, srcs, n.decider,
 		rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval, GCPolicy: n.gcPolicyOf(d.GetRegion()),
-			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: n.rangeIDAllocator(d.GetRegion())})
+			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: n.rangeIDAllocator(d.GetRegion()),
+			LockWait: n.metrics.lockWait})
 	sm.OnSplit(n.onSplit)
 	sm.OnMerge(n.onMerge)
 	n.mu.Lock()
@@ -515,6 +550,7 @@ func (n *Node) closeParts() error {
 	n.closing = true
 	n.mu.Unlock()
 	n.stop()
+	n.closeHTTP() // first: its status requests use the dialer
 	n.bg.Wait()
 	if n.global != nil {
 		n.global.Close()

@@ -209,6 +209,43 @@ func (g *Group) Status() Status {
 	return g.status
 }
 
+// Progress returns, at the leader, its commit index and each replica's
+// matched log index (ok false elsewhere). It asks the group's goroutine, so
+// it waits at most for one Ready cycle, bounded by ctx.
+func (g *Group) Progress(ctx context.Context) (commit uint64, match map[uint64]uint64, ok bool, err error) {
+	type answer struct {
+		commit uint64
+		match  map[uint64]uint64
+		ok     bool
+	}
+	ch := make(chan answer, 1)
+	select {
+	case g.reports <- func(rn *raft.RawNode) {
+		st := rn.Status()
+		a := answer{commit: st.GetCommit(), ok: st.RaftState == raft.StateLeader}
+		if a.ok {
+			a.match = make(map[uint64]uint64, len(st.Progress))
+			for id, pr := range st.Progress {
+				a.match[id] = pr.Match
+			}
+		}
+		ch <- a
+	}:
+	case <-ctx.Done():
+		return 0, nil, false, ctx.Err()
+	case <-g.done:
+		return 0, nil, false, ErrStopped
+	}
+	select {
+	case a := <-ch:
+		return a.commit, a.match, a.ok, nil
+	case <-ctx.Done():
+		return 0, nil, false, ctx.Err()
+	case <-g.done:
+		return 0, nil, false, ErrStopped
+	}
+}
+
 // IsLeader reports whether this replica currently believes it leads the group.
 func (g *Group) IsLeader() bool {
 	st := g.Status()
@@ -568,8 +605,13 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	if !early {
 		g.sendAll(rd.Messages)
 	}
-	if err := g.apply(rd.CommittedEntries); err != nil {
-		return err
+	if len(rd.CommittedEntries) > 0 {
+		start := time.Now()
+		if err := g.apply(rd.CommittedEntries); err != nil {
+			return err
+		}
+		g.metrics.apply.Observe(time.Since(start).Seconds())
+		g.metrics.applied.Add(float64(len(rd.CommittedEntries)))
 	}
 	g.rn.Advance(rd)
 	return g.maybeCompact()
@@ -588,6 +630,7 @@ func (g *Group) onSoftState(ss *raft.SoftState) {
 	g.status.Leader = ss.Lead
 	g.mu.Unlock()
 	if was != ss.Lead {
+		g.metrics.leaderChanges.Inc()
 		if ss.Lead == g.self {
 			slog.Info("became leader", "group", g.id, "replica", g.self)
 		}

@@ -27,7 +27,10 @@ type Sender interface {
 // Metrics are the host's Prometheus collectors.
 type Metrics struct {
 	appendSync      prometheus.Histogram
+	apply           prometheus.Histogram
+	applied         prometheus.Counter
 	proposals       prometheus.Counter
+	leaderChanges   prometheus.Counter
 	droppedMessages prometheus.Counter
 	strayMessages   prometheus.Counter
 }
@@ -40,8 +43,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time to durably write one Ready's entries and hard state (includes the fsync).",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
 		}),
+		apply: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "terroir_raft_apply_seconds",
+			Help:    "Time to apply one Ready's committed entries to the state machine and store them (not synced).",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 16),
+		}),
+		applied: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_raft_entries_applied_total", Help: "Committed log entries applied, over every replica of the node.",
+		}),
 		proposals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "terroir_raft_proposals_total", Help: "Proposals accepted into a leader's log.",
+		}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_raft_leadership_changes_total", Help: "Changes of leader seen by the node's replicas (a new leader, or none).",
 		}),
 		droppedMessages: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "terroir_raft_inbox_dropped_total", Help: "Incoming Raft messages dropped because a group's inbox was full.",
@@ -52,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.appendSync, m.proposals, m.droppedMessages, m.strayMessages)
+		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages)
 	}
 	return m
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/terroir-db/terroir/internal/locktable"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
@@ -18,7 +19,11 @@ func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, spa
 	defer cancel()
 	stop := context.AfterFunc(l.ctx, cancel)
 	defer stop()
+	began := time.Now()
 	inc, err := l.txns.acquire(ctx, meta, span, mode)
+	if r.cfg.LockWait != nil {
+		r.cfg.LockWait.Observe(time.Since(began).Seconds())
+	}
 	switch {
 	case errors.Is(err, ErrConflict):
 		return 0, err

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
@@ -96,6 +98,9 @@ type Config struct {
 	// negative: never, for tests). Each close is one Raft entry; a
 	// changefeed's resolved epoch trails the publisher by about this much.
 	ClosedInterval time.Duration
+	// LockWait, if set, observes the seconds each lock acquisition spent in
+	// the lock table (waiting behind other transactions' locks).
+	LockWait prometheus.Observer
 }
 
 // Clock tells the time. The leader reads the time only through it, so its

@@ -62,6 +62,7 @@ var methodRoles = map[string]Role{
 	"/terroir.directory.Directory/Protect":   RoleUser, // a changefeed or backup holds back GC
 	"/terroir.directory.Directory/Release":   RoleUser,
 	"/terroir.transport.Transport/Ping":      RoleUser,
+	"/terroir.node.Node/Status":              RoleUser, // `terroir status`: metadata, no keys or values
 	// Operator actions: the admin user.
 	"/terroir.epoch.Epoch/SetExcluded":      RoleAdmin,
 	"/terroir.range.Range/AdminSplit":       RoleAdmin,

@@ -20,6 +20,7 @@ import (
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/epoch/epochpb"
+	"github.com/terroir-db/terroir/internal/node/nodepb"
 	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -313,7 +314,7 @@ func TestEveryMethodHasARole(t *testing.T) {
 		"/terroir.directory.Directory/Update": true, "/terroir.directory.Directory/Allocate": true,
 	}
 	for _, sd := range []grpc.ServiceDesc{rangepb.Range_ServiceDesc, epochpb.Epoch_ServiceDesc, txnstatepb.TxnState_ServiceDesc,
-		directorypb.Directory_ServiceDesc, transportpb.Transport_ServiceDesc} {
+		directorypb.Directory_ServiceDesc, transportpb.Transport_ServiceDesc, nodepb.Node_ServiceDesc} {
 		var names []string
 		for _, m := range sd.Methods {
 			names = append(names, m.MethodName)

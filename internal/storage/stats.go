@@ -3,6 +3,8 @@ package storage
 import (
 	"bytes"
 	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // MVCCStats measures the versions stored under one MVCC prefix.
@@ -42,3 +44,7 @@ func (e *Engine) MVCCStats(prefix []byte) (MVCCStats, error) {
 	})
 	return s, err
 }
+
+// Metrics returns Pebble's own metrics of the engine (LSM levels,
+// compactions, flushes, caches, WAL), for the node's /metrics.
+func (e *Engine) Metrics() *pebble.Metrics { return e.db.Metrics() }

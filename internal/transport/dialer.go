@@ -177,13 +177,17 @@ func (d *Dialer) Close() {
 // certs (a node's), it speaks mutual TLS only, refuses a peer without a
 // certificate of the cluster CA, and lets each identity call only the RPCs
 // its role allows (security.RequiredRole); nil certs means plaintext with no
-// checks, for a cluster started with --insecure.
-func NewServer(certs *security.Certs) *grpc.Server {
+// checks, for a cluster started with --insecure. The interceptors run on
+// every unary call, after authorization.
+func NewServer(certs *security.Certs, interceptors ...grpc.UnaryServerInterceptor) *grpc.Server {
 	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)}
 	if certs != nil {
 		unary, stream := security.ServerInterceptors()
-		opts = append(opts, grpc.Creds(loggedHandshakes{credentials.NewTLS(certs.ServerTLS())}),
-			grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+		interceptors = append([]grpc.UnaryServerInterceptor{unary}, interceptors...)
+		opts = append(opts, grpc.Creds(loggedHandshakes{credentials.NewTLS(certs.ServerTLS())}), grpc.ChainStreamInterceptor(stream))
+	}
+	if len(interceptors) > 0 {
+		opts = append(opts, grpc.ChainUnaryInterceptor(interceptors...))
 	}
 	return grpc.NewServer(opts...)
 }

@@ -1,0 +1,101 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/terroir-db/terroir/internal/admin"
+	"github.com/terroir-db/terroir/internal/console"
+	"github.com/terroir-db/terroir/internal/version"
+)
+
+// httpShutdownTimeout bounds the HTTP server's graceful stop in Close.
+const httpShutdownTimeout = 2 * time.Second
+
+// serveHTTP binds addr and serves the node's metrics, health, readiness and
+// web console on it (plain HTTP: read-only, no keys or values, no actions;
+// bind it to an address only operators reach). A bind failure is returned,
+// so a node never runs without the metrics it was told to serve.
+func (n *Node) serveHTTP(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("node %d: serve metrics and the console on %s: %w (choose another with --http-addr)", n.cfg.NodeID, addr, err)
+	}
+	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
+	n.console = console.New(console.Self{ID: n.cfg.NodeID, Region: self.Region, Version: version.String()},
+		func(ctx context.Context) (*admin.ClusterStatus, error) {
+			return admin.Status(ctx, n.dialer, n.cfg.Topology)
+		},
+		n.registry)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if why := n.notReady(); len(why) > 0 {
+			http.Error(w, "not ready: "+strings.Join(why, "; "), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("/", n.console.Handler())
+	n.httpListener = l
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.httpDone = make(chan struct{})
+	go func() {
+		defer close(n.httpDone)
+		if err := n.http.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			slog.Error("http server stopped", "node", n.cfg.NodeID, "err", err)
+		}
+	}()
+	return nil
+}
+
+// HTTPAddr returns where the node serves metrics and the console ("" if it
+// does not).
+func (n *Node) HTTPAddr() string {
+	if n.httpListener == nil {
+		return ""
+	}
+	return n.httpListener.Addr().String()
+}
+
+// notReady says why the node should not get traffic yet: a hosted replica
+// that has no leader or has not caught up with its group since it started.
+func (n *Node) notReady() []string {
+	var why []string
+	for _, g := range n.cfg.Topology.GroupsOn(n.cfg.NodeID) {
+		rg := n.Group(g.ID)
+		if rg == nil {
+			continue
+		}
+		switch st := rg.Status(); {
+		case st.Leader == 0:
+			why = append(why, fmt.Sprintf("group %d (%s) has no leader", g.ID, g.Kind))
+		case !st.CaughtUp:
+			why = append(why, fmt.Sprintf("group %d (%s) is catching up", g.ID, g.Kind))
+		}
+	}
+	return why
+}
+
+// closeHTTP stops the HTTP server and the console's sampler.
+func (n *Node) closeHTTP() {
+	if n.http == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), httpShutdownTimeout)
+	defer cancel()
+	if err := n.http.Shutdown(ctx); err != nil {
+		_ = n.http.Close()
+	}
+	<-n.httpDone
+	n.console.Close()
+}

@@ -1,0 +1,271 @@
+package node
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
+)
+
+// Latency buckets: 50 µs to about 1.6 s, doubling.
+var latencyBuckets = prometheus.ExponentialBuckets(50e-6, 2, 16)
+
+// metrics are the node's Prometheus series beyond Raft's (raftgroup.Metrics):
+// RPCs served, transactions by kind and outcome, snapshot reads by mode with
+// their waits, lock-table waits, epoch advance intervals, and, read at each
+// scrape, epochs and their freshness, lock tables, Pebble and the Go runtime.
+type metrics struct {
+	rpcs        *prometheus.HistogramVec // method, code
+	txns        *prometheus.CounterVec   // kind, outcome
+	commit      *prometheus.HistogramVec // kind
+	snapEpoch   *prometheus.HistogramVec // mode
+	snapLock    *prometheus.HistogramVec // mode
+	lockWait    prometheus.Histogram
+	epochChange *prometheus.HistogramVec // kind
+
+	// observers caches each method's histograms by code (a *[17]prometheus.Observer
+	// per method), so the hot path neither locks nor hashes labels.
+	observers sync.Map
+}
+
+func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
+	m := &metrics{
+		rpcs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "terroir_rpc_server_seconds", Help: "RPCs served by this node, by method and gRPC code, and how long each took.",
+			Buckets: latencyBuckets,
+		}, []string{"method", "code"}),
+		txns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "terroir_transactions_total",
+			Help: "Transaction outcomes decided at this node: kind one_phase (a single-range commit at its leader) or two_phase (the commit record at the txn-state leader); outcome committed, aborted, not_executed (not the leader: the client retries elsewhere) or error.",
+		}, []string{"kind", "outcome"}),
+		commit: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "terroir_transaction_commit_seconds", Help: "Time to serve a commit that succeeded: a one-phase commit, or a two-phase commit record.",
+			Buckets: latencyBuckets,
+		}, []string{"kind"}),
+		snapEpoch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "terroir_snapshot_read_epoch_wait_seconds", Help: "Time a snapshot read waited at this range leader for its epoch, by mode (global, regional, closed).",
+			Buckets: latencyBuckets,
+		}, []string{"mode"}),
+		snapLock: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "terroir_snapshot_read_lock_wait_seconds", Help: "Time a snapshot read waited at this range leader for exclusive locks to clear, by mode.",
+			Buckets: latencyBuckets,
+		}, []string{"mode"}),
+		lockWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "terroir_lock_wait_seconds", Help: "Time each lock acquisition spent in a range leader's lock table.",
+			Buckets: latencyBuckets,
+		}),
+		epochChange: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "terroir_epoch_advance_interval_seconds", Help: "Time between two changes of an epoch applied at this node, by group kind (local-epoch, publisher, global-epoch).",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 1.5, 20),
+		}, []string{"kind"}),
+	}
+	// Every series a dashboard plots exists from the start, at zero.
+	for _, kind := range []string{"one_phase", "two_phase"} {
+		m.commit.WithLabelValues(kind)
+		for _, o := range []string{"committed", "aborted", "not_executed", "error"} {
+			m.txns.WithLabelValues(kind, o)
+		}
+	}
+	for _, mode := range []string{"global", "regional", "closed"} {
+		m.snapEpoch.WithLabelValues(mode)
+		m.snapLock.WithLabelValues(mode)
+	}
+	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.epochChange,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{n: n})
+	return m
+}
+
+// rpcObserver returns the histogram of method and code.
+func (m *metrics) rpcObserver(method string, code codes.Code) prometheus.Observer {
+	v, ok := m.observers.Load(method)
+	if !ok {
+		v, _ = m.observers.LoadOrStore(method, new([codes.Unauthenticated + 1]atomic.Pointer[prometheus.Observer]))
+	}
+	byCode := v.(*[codes.Unauthenticated + 1]atomic.Pointer[prometheus.Observer])
+	if code > codes.Unauthenticated {
+		return m.rpcs.WithLabelValues(method, code.String())
+	}
+	if o := byCode[code].Load(); o != nil {
+		return *o
+	}
+	o := m.rpcs.WithLabelValues(method, code.String())
+	byCode[code].Store(&o)
+	return o
+}
+
+// unary is the server interceptor that records every RPC, and what the
+// transactions and snapshot reads among them did.
+func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	began := time.Now()
+	resp, err := handler(ctx, req)
+	took := time.Since(began)
+	code := status.Code(err)
+	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+	m.rpcObserver(method, code).Observe(took.Seconds())
+	switch method {
+	case "CommitOnePhase":
+		m.txn("one_phase", outcome(code, err == nil), took)
+	case "Decide":
+		if err == nil {
+			committed := resp.(*txnstatepb.DecideResponse).GetRecord().GetOutcome() == txnstatepb.Outcome_OUTCOME_COMMITTED
+			m.txn("two_phase", outcome(code, committed), took)
+		} else {
+			m.txn("two_phase", outcome(code, false), took)
+		}
+	case "SnapshotRead":
+		if err == nil {
+			q, r := req.(*pb.SnapshotReadRequest), resp.(*pb.SnapshotReadResponse)
+			mode := "global"
+			switch {
+			case q.GetRegional():
+				mode = "regional"
+			case q.GetClosed():
+				mode = "closed"
+			}
+			m.snapEpoch.WithLabelValues(mode).Observe(float64(r.GetEpochWaitUs()) / 1e6)
+			m.snapLock.WithLabelValues(mode).Observe(float64(r.GetLockWaitUs()) / 1e6)
+		}
+	}
+	return resp, err
+}
+
+// outcome names what a commit RPC did.
+func outcome(code codes.Code, committed bool) string {
+	switch {
+	case code == codes.OK && committed:
+		return "committed"
+	case code == codes.OK, code == codes.Aborted:
+		return "aborted"
+	case code == codes.FailedPrecondition, code == codes.NotFound, code == codes.OutOfRange:
+		return "not_executed"
+	default:
+		return "error"
+	}
+}
+
+func (m *metrics) txn(kind, outcome string, took time.Duration) {
+	m.txns.WithLabelValues(kind, outcome).Inc()
+	if outcome == "committed" {
+		m.commit.WithLabelValues(kind).Observe(took.Seconds())
+	}
+}
+
+// stateCollector reads the node's state at each scrape: epochs and their
+// freshness, leaders, lock tables, and Pebble's metrics.
+type stateCollector struct{ n *Node }
+
+var (
+	descEpoch      = prometheus.NewDesc("terroir_epoch", "The epoch applied by this node's replica of an epoch group.", []string{"group", "kind", "region"}, nil)
+	descEpochAge   = prometheus.NewDesc("terroir_epoch_age_seconds", "Time since the epoch of this node's replica last changed: a publisher's freshness (NaN until it changes once).", []string{"group", "kind", "region"}, nil)
+	descLeaders    = prometheus.NewDesc("terroir_raft_leaders", "Groups this node's replicas lead.", nil, nil)
+	descReplicas   = prometheus.NewDesc("terroir_replicas", "Replicas hosted by this node, by group kind.", []string{"kind"}, nil)
+	descLocks      = prometheus.NewDesc("terroir_locks_held", "Locks held in the lock tables of the ranges this node leads.", nil, nil)
+	descRangeBytes = prometheus.NewDesc("terroir_range_bytes", "Estimated bytes on disk of the ranges hosted here.", nil, nil)
+	pebbleGauges   = []struct {
+		d *prometheus.Desc
+		f func(s pebbleStats) float64
+	}{
+		{prometheus.NewDesc("terroir_pebble_read_amplification", "Pebble read amplification: L0 sublevels plus non-empty lower levels.", nil, nil), func(s pebbleStats) float64 { return s.readAmp }},
+		{prometheus.NewDesc("terroir_pebble_l0_files", "Tables in L0.", nil, nil), func(s pebbleStats) float64 { return s.l0Files }},
+		{prometheus.NewDesc("terroir_pebble_disk_usage_bytes", "Disk space used by the store, live and obsolete files.", nil, nil), func(s pebbleStats) float64 { return s.disk }},
+		{prometheus.NewDesc("terroir_pebble_memtable_bytes", "Bytes in memtables.", nil, nil), func(s pebbleStats) float64 { return s.memtable }},
+		{prometheus.NewDesc("terroir_pebble_wal_bytes", "Live bytes in WAL files.", nil, nil), func(s pebbleStats) float64 { return s.wal }},
+		{prometheus.NewDesc("terroir_pebble_compaction_debt_bytes", "Estimated bytes compactions still owe.", nil, nil), func(s pebbleStats) float64 { return s.debt }},
+		{prometheus.NewDesc("terroir_pebble_block_cache_bytes", "Bytes in the block cache.", nil, nil), func(s pebbleStats) float64 { return s.cacheSize }},
+	}
+	pebbleCounters = []struct {
+		d *prometheus.Desc
+		f func(s pebbleStats) float64
+	}{
+		{prometheus.NewDesc("terroir_pebble_compactions_total", "Compactions run.", nil, nil), func(s pebbleStats) float64 { return s.compactions }},
+		{prometheus.NewDesc("terroir_pebble_flushes_total", "Memtable flushes.", nil, nil), func(s pebbleStats) float64 { return s.flushes }},
+		{prometheus.NewDesc("terroir_pebble_wal_written_bytes_total", "Bytes written to the WAL.", nil, nil), func(s pebbleStats) float64 { return s.walWritten }},
+		{prometheus.NewDesc("terroir_pebble_block_cache_hits_total", "Block cache hits.", nil, nil), func(s pebbleStats) float64 { return s.hits }},
+		{prometheus.NewDesc("terroir_pebble_block_cache_misses_total", "Block cache misses.", nil, nil), func(s pebbleStats) float64 { return s.misses }},
+	}
+)
+
+type pebbleStats struct {
+	readAmp, l0Files, disk, memtable, wal, debt, cacheSize float64
+	compactions, flushes, walWritten, hits, misses         float64
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descEpoch, descEpochAge, descLeaders, descReplicas, descLocks, descRangeBytes} {
+		ch <- d
+	}
+	for _, g := range pebbleGauges {
+		ch <- g.d
+	}
+	for _, g := range pebbleCounters {
+		ch <- g.d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.n
+	now := time.Now()
+	leaders := 0
+	kinds := map[string]int{}
+	for _, e := range n.epochGroups() {
+		labels := []string{strconv.FormatUint(e.group.ID, 10), string(e.group.Kind), e.group.Region}
+		ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(e.sm.Epoch()), labels...)
+		age := math.NaN()
+		if t := e.sm.Changed(); !t.IsZero() {
+			age = now.Sub(t).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(descEpochAge, prometheus.GaugeValue, age, labels...)
+	}
+	for _, g := range n.cfg.Topology.GroupsOn(n.cfg.NodeID) {
+		if g.Kind == topology.KindRange {
+			continue
+		}
+		kinds[string(g.Kind)]++
+		if rg := n.Group(g.ID); rg != nil && rg.IsLeader() {
+			leaders++
+		}
+	}
+	var locks, bytes float64
+	for _, r := range n.rangeReplicas() {
+		kinds["range"]++
+		st := r.Status()
+		if st.GetLeader() {
+			leaders++
+			locks += float64(st.GetLocks())
+		}
+		bytes += float64(st.GetSizeBytes())
+	}
+	ch <- prometheus.MustNewConstMetric(descLeaders, prometheus.GaugeValue, float64(leaders))
+	for k, v := range kinds {
+		ch <- prometheus.MustNewConstMetric(descReplicas, prometheus.GaugeValue, float64(v), k)
+	}
+	ch <- prometheus.MustNewConstMetric(descLocks, prometheus.GaugeValue, locks)
+	ch <- prometheus.MustNewConstMetric(descRangeBytes, prometheus.GaugeValue, bytes)
+	pm := n.engine.Metrics()
+	s := pebbleStats{
+		readAmp: float64(pm.ReadAmp()), l0Files: float64(pm.Levels[0].TablesCount), disk: float64(pm.DiskSpaceUsage()),
+		memtable: float64(pm.MemTable.Size), wal: float64(pm.WAL.Size), debt: float64(pm.Compact.EstimatedDebt),
+		cacheSize: float64(pm.BlockCache.Size), compactions: float64(pm.Compact.Count), flushes: float64(pm.Flush.Count),
+		walWritten: float64(pm.WAL.BytesWritten), hits: float64(pm.BlockCache.Hits), misses: float64(pm.BlockCache.Misses),
+	}
+	for _, g := range pebbleGauges {
+		ch <- prometheus.MustNewConstMetric(g.d, prometheus.GaugeValue, g.f(s))
+	}
+	for _, g := range pebbleCounters {
+		ch <- prometheus.MustNewConstMetric(g.d, prometheus.CounterValue, g.f(s))
+	}
+}

@@ -1,0 +1,185 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/node"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// sample returns the sum of the series of text whose lines start with
+// prefix (a name with its labels), or -1 when there is none.
+func sample(text, prefix string) float64 {
+	sum, found := 0.0, false
+	for _, line := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(line, prefix+" "); ok {
+			if v, err := strconv.ParseFloat(rest, 64); err == nil {
+				sum, found = sum+v, true
+			}
+		}
+	}
+	if !found {
+		return -1
+	}
+	return sum
+}
+
+// TestMetricsHealthAndReadiness: every node serves /metrics, /healthz and
+// /readyz; after transactions the series of each area named by issue 13
+// carry values.
+func TestMetricsHealthAndReadiness(t *testing.T) {
+	c := startServing(t, "../../examples/one-region.yaml", localcluster.Options{})
+	db, err := c.Client(c.Topology.Regions[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 20 {
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+			if err := tx.Put(ctx, []byte("a"+strconv.Itoa(i)), []byte("v")); err != nil {
+				return err
+			}
+			return tx.Put(ctx, []byte("z"+strconv.Itoa(i)), []byte("v")) // a second range: two-phase
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+			_, _, err := s.Get(ctx, []byte("a1"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var all string
+	for _, id := range c.NodeIDs() {
+		base := "http://" + c.Node(id).HTTPAddr()
+		if code, body := get(t, base+"/healthz"); code != 200 || body != "ok\n" {
+			t.Errorf("node %d /healthz: %d %q", id, code, body)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			code, body := get(t, base+"/readyz")
+			if code == 200 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d not ready after 10 s: %d %s", id, code, body)
+			}
+		}
+		code, body := get(t, base+"/metrics")
+		if code != 200 {
+			t.Fatalf("node %d /metrics: %d", id, code)
+		}
+		all += body
+	}
+	for _, want := range []string{
+		`terroir_transactions_total{kind="two_phase",outcome="committed"}`,
+		`terroir_transaction_commit_seconds_count{kind="two_phase"}`,
+		`terroir_rpc_server_seconds_count{code="OK",method="Prepare"}`,
+		`terroir_snapshot_read_epoch_wait_seconds_count{mode="regional"}`,
+		`terroir_lock_wait_seconds_count`,
+		`terroir_epoch_advance_interval_seconds_count{kind="local-epoch"}`,
+		`terroir_raft_proposals_total`, `terroir_raft_entries_applied_total`, `terroir_raft_apply_seconds_count`,
+		`terroir_raft_append_sync_seconds_count`, `terroir_raft_leadership_changes_total`, `terroir_raft_leaders`,
+		`terroir_pebble_wal_written_bytes_total`, `terroir_pebble_disk_usage_bytes`,
+		`go_goroutines`, `process_cpu_seconds_total`,
+	} {
+		if v := sample(all, want); v <= 0 {
+			t.Errorf("%s = %v across the nodes, want > 0", want, v)
+		}
+	}
+	if !regexp.MustCompile(`terroir_epoch\{group="\d+",kind="local-epoch",region="us-east1"\} [1-9]`).MatchString(all) {
+		t.Error("no terroir_epoch series for the local epoch group")
+	}
+}
+
+// TestHTTPAddressInUseStopsTheNode: a node told to serve metrics on an
+// address it cannot bind refuses to start, naming it.
+func TestHTTPAddressInUseStopsTheNode(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	top, err := topology.Load("../../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	top = top.WithAddrs(map[uint64]string{1: l.Addr().String()})
+	n, err := node.Start(node.Config{Topology: top, NodeID: 1, DataDir: t.TempDir(), Insecure: true, Listener: l, HTTPAddr: busy.Addr().String()})
+	if err == nil {
+		n.Close()
+		t.Fatal("the node started although its HTTP address is taken")
+	}
+	if !strings.Contains(err.Error(), "serve metrics and the console on "+busy.Addr().String()) || !errors.Is(err, err) {
+		t.Fatalf("error = %v, want it to name the address", err)
+	}
+}
+
+// TestGrafanaDashboardUsesServedSeries: every series the dashboard in
+// deploy/grafana queries is one a node serves.
+func TestGrafanaDashboardUsesServedSeries(t *testing.T) {
+	c := startServing(t, "../../examples/one-region.yaml", localcluster.Options{})
+	_, served := get(t, "http://"+c.Node(1).HTTPAddr()+"/metrics")
+	data, err := os.ReadFile("../../deploy/grafana/terroir.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatal(err)
+	}
+	names := regexp.MustCompile(`\b((?:terroir|go|process)_[a-z0-9_]+)`)
+	n := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range names.FindAllString(tg.Expr, -1) {
+				n++
+				if !strings.Contains(served, "\n"+m+" ") && !strings.Contains(served, "\n"+m+"{") {
+					t.Errorf("panel %q queries %s, which no node serves", p.Title, m)
+				}
+			}
+		}
+	}
+	if n < 30 {
+		t.Fatalf("the dashboard queries only %d series", n)
+	}
+}
