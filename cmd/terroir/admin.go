@@ -73,7 +73,7 @@ func adminCmd() *cobra.Command {
 					for _, r := range regions {
 						state := "included"
 						if r.Excluded {
-							state = fmt.Sprintf("excluded since epoch %d", r.Since)
+							state = "excluded since " + sinceEpoch(r.Since)
 						}
 						fmt.Fprintf(c.OutOrStdout(), "%s\tpublisher %d\t%s\n", r.Region, r.Publisher, state)
 					}

@@ -40,6 +40,18 @@ func writeFile(t *testing.T, name, text string) string {
 	return p
 }
 
+// startCluster starts an in-process cluster of the topology at path and
+// writes its topology, with the bound addresses, where the CLI can read it.
+func startCluster(t *testing.T, path string) (*localcluster.Cluster, string) {
+	t.Helper()
+	c := localcluster.StartT(t, path, localcluster.Options{})
+	data, err := c.Topology.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, writeFile(t, "cluster.yaml", string(data))
+}
+
 // TestCLIFailsFastWhenTheClusterIsDown: one node refuses connections, the
 // other accepts them and never answers; the CLI gives up within about
 // admin.ReachTimeout (2 s), naming each node it tried, for plaintext and TLS.
@@ -127,12 +139,7 @@ func TestCLIMessagesSpeakTheUsersTerms(t *testing.T) {
 // TestCLIOnASecureCluster: what a user without the admin certificate, with
 // an expired one, or asking for a mode the cluster cannot run, is told.
 func TestCLIOnASecureCluster(t *testing.T) {
-	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
-	data, err := c.Topology.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := writeFile(t, "cluster.yaml", string(data))
+	c, cfg := startCluster(t, "../../examples/one-region.yaml")
 	certs := c.CertsDir()
 	if err := security.CreateClient(certs, "", "alice", security.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -176,12 +183,7 @@ func TestCLIOnASecureCluster(t *testing.T) {
 // stopped, a write homed there names the region; once an operator excludes
 // it, the write says so and since which global epoch.
 func TestCLINamesACutOffAndAnExcludedRegion(t *testing.T) {
-	c := localcluster.StartT(t, "../../examples/three-regions.yaml", localcluster.Options{})
-	data, err := c.Topology.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := writeFile(t, "cluster.yaml", string(data))
+	c, cfg := startCluster(t, "../../examples/three-regions.yaml")
 	certs := c.CertsDir()
 	kv := func(args ...string) (string, int) {
 		_, stderr, code := cli(append([]string{"kv", "--config", cfg, "--certs-dir", certs, "--region", "us-east1", "--timeout", "3s"}, args...)...)
@@ -208,10 +210,20 @@ func TestCLINamesACutOffAndAnExcludedRegion(t *testing.T) {
 	if !strings.Contains(listed, "us-west1\tpublisher 23\texcluded since epoch ") {
 		t.Errorf("region list after the exclusion: %q %q", listed, stderr)
 	}
-	stderr, code = kv("put", "n", "excluded")
-	if code == 0 || !strings.Contains(stderr, "region us-west1 is excluded from the global epoch since epoch ") ||
-		!strings.Contains(stderr, "terroir admin region include us-west1") {
-		t.Errorf("put to an excluded region: exit %d, %q", code, stderr)
+	for _, args := range [][]string{{"put", "n", "excluded"}, {"--snapshot", "strong", "get", "n"}} {
+		stderr, code = kv(args...)
+		if code == 0 || !strings.Contains(stderr, "region us-west1 is excluded from the global epoch since epoch ") ||
+			!strings.Contains(stderr, "terroir admin region include us-west1") {
+			t.Errorf("%v in an excluded region: exit %d, %q", args, code, stderr)
+		}
+		noRPCText(t, "excluded region", stderr)
 	}
-	noRPCText(t, "excluded region", stderr)
+	// Only the admin user may exclude or include.
+	if err := security.CreateClient(certs, "", "alice", security.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, _ = cli("admin", "--config", cfg, "--certs-dir", certs, "--user", "alice", "region", "include", "us-west1")
+	if !strings.Contains(stderr, "user alice may not call Node/SetRegionExcluded: it is for the admin user") {
+		t.Errorf("alice's include: %q", stderr)
+	}
 }

@@ -70,7 +70,7 @@ func startCmd() *cobra.Command {
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the node's Pebble store")
 	cmd.Flags().StringVar(&certsDir, "certs-dir", "certs", "directory of ca.crt, node.crt and node.key (reloaded when they change)")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "serve plaintext with no authentication: any process that reaches the port may do anything")
-	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and the web console on this host:port (default: the node's host, its port + 1000)")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and the web console on this host:port (default: 127.0.0.1 at the node's RPC port + 1000; the console shows range boundaries, so expose it only to operators)")
 	cmd.Flags().DurationVar(&orphanAfter, "orphan-after", 0,
 		"how long this node's range leaders let a transaction hold locks without a heartbeat from its coordinator (0: the topology's orphan_after, default 2s)")
 	_ = cmd.MarkFlagRequired("config")
@@ -79,9 +79,10 @@ func startCmd() *cobra.Command {
 }
 
 // defaultHTTPAddr is a node's HTTP address when --http-addr is not given:
-// its RPC address's host with the port 1000 higher (7101 → 8101).
+// loopback, at its RPC port + 1000 (7101 → 8101). The console shows range
+// boundaries (keys), so reaching it from elsewhere is the operator's choice.
 func defaultHTTPAddr(rpcAddr string) (string, error) {
-	host, port, err := net.SplitHostPort(rpcAddr)
+	_, port, err := net.SplitHostPort(rpcAddr)
 	if err != nil {
 		return "", fmt.Errorf("the node's address %q: %w", rpcAddr, err)
 	}
@@ -89,5 +90,5 @@ func defaultHTTPAddr(rpcAddr string) (string, error) {
 	if err != nil || p+1000 > 65535 {
 		return "", fmt.Errorf("the node's address %q has no port 1000 below 65536: give --http-addr", rpcAddr)
 	}
-	return net.JoinHostPort(host, strconv.Itoa(p+1000)), nil
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1000)), nil
 }

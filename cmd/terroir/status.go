@@ -100,7 +100,7 @@ func printStatus(c *cobra.Command, st *admin.ClusterStatus) {
 			fresh = fmt.Sprintf("%d ms ago", r.PublisherAgeMS)
 		}
 		if r.Excluded {
-			excl = fmt.Sprintf("since epoch %d", r.ExcludedSince)
+			excl = "since " + sinceEpoch(r.ExcludedSince)
 		}
 		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", r.Name, r.LocalEpoch, pub, fresh, excl)
 	}
@@ -134,4 +134,13 @@ func nodeOrNone(id uint64) string {
 		return "none"
 	}
 	return fmt.Sprintf("node %d", id)
+}
+
+// sinceEpoch names the global epoch of an exclusion; 0 is one made before
+// the epochs were recorded.
+func sinceEpoch(e uint64) string {
+	if e == 0 {
+		return "an unrecorded epoch"
+	}
+	return fmt.Sprintf("epoch %d", e)
 }

@@ -7,19 +7,13 @@ import (
 	"time"
 
 	"github.com/terroir-db/terroir/internal/admin"
-	"github.com/terroir-db/terroir/internal/localcluster"
 )
 
 // TestStatusShowsTheClusterAndAKilledNode: status --json on a three-region
 // cluster reports every node up, every group led, every range leased and
 // the epochs; a killed node shows down within 5 s, in JSON and the table.
 func TestStatusShowsTheClusterAndAKilledNode(t *testing.T) {
-	c := localcluster.StartT(t, "../../examples/three-regions.yaml", localcluster.Options{})
-	data, err := c.Topology.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := writeFile(t, "cluster.yaml", string(data))
+	c, cfg := startCluster(t, "../../examples/three-regions.yaml")
 	status := func() *admin.ClusterStatus {
 		t.Helper()
 		out, stderr, code := cli("status", "--cluster", cfg, "--certs-dir", c.CertsDir(), "--json")

@@ -7,11 +7,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/epoch/epochpb"
+	"github.com/terroir-db/terroir/internal/node/nodepb"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 )
@@ -43,31 +47,88 @@ func globalGroup(top *topology.Topology) (topology.Group, error) {
 }
 
 // SetRegionExcluded excludes region's publisher from the global epoch
-// service's set (excluded true) or includes it again, through the service's
-// leader. The change is durable when it returns. Excluding lets the other
-// regions' global epoch advance while region is cut off (after its lease has
-// surely lapsed); including makes the service wait for the region again, from
-// the next round on, once its publisher has applied the current epoch.
+// service's set (excluded true) or includes it again: the operator's action
+// (DESIGN.md §7). It asks a node to do it (Node.SetRegionExcluded, which
+// needs the admin user's certificate; the node proposes the change with its
+// own, as the service accepts nodes only), trying the nodes of the
+// service's region first. The change is durable when it returns. Excluding
+// lets the other regions' global epoch advance while region is cut off
+// (after its lease has surely lapsed); including makes the service wait for
+// the region again, from the next round on, once its publisher has applied
+// the current epoch.
 //
-// Errors: ErrUnknownRegion, ErrNoPublisher, ErrNoGlobalEpoch, or the
-// transport's ErrNoLeader when no leader answered before ctx ended.
+// Errors: ErrUnknownRegion, ErrNoPublisher, ErrNoGlobalEpoch, a permission
+// error for a user other than admin, or the transport's ErrNoLeader when no
+// node did it before ctx ended.
 func SetRegionExcluded(ctx context.Context, d *transport.Dialer, top *topology.Topology, region string, excluded bool) error {
-	if !top.HasRegion(region) {
-		return fmt.Errorf("%w: %q", ErrUnknownRegion, region)
+	_, g, err := exclusionTargets(top, region)
+	if err != nil {
+		return err
 	}
-	pub := top.GroupsOfKind(topology.KindPublisher, region)
-	if len(pub) == 0 {
-		return fmt.Errorf("%w: %q", ErrNoPublisher, region)
+	order := make([]uint64, 0, len(top.Nodes))
+	for _, n := range top.Nodes {
+		if n.Region == g.Region {
+			order = append(order, n.ID)
+		}
 	}
-	g, err := globalGroup(top)
+	for _, n := range top.Nodes {
+		if n.Region != g.Region {
+			order = append(order, n.ID)
+		}
+	}
+	var lastErr error
+	for _, id := range order {
+		conn, err := d.Conn(id)
+		if err != nil {
+			return err
+		}
+		actx, cancel := context.WithTimeout(ctx, excludeAttempt)
+		_, err = nodepb.NewNodeClient(conn).SetRegionExcluded(actx, &nodepb.SetRegionExcludedRequest{Region: region, Excluded: excluded})
+		cancel()
+		switch status.Code(err) {
+		case codes.OK:
+			return nil
+		case codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument:
+			return err
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("%w: %v", transport.ErrNoLeader, lastErr)
+}
+
+// excludeAttempt bounds one node's attempt at SetRegionExcluded.
+const excludeAttempt = 5 * time.Second
+
+// ProposeRegionExcluded is a node's side of SetRegionExcluded: it proposes
+// the change through the global epoch service's leader. The dialer must
+// present a node certificate. Errors as SetRegionExcluded's.
+func ProposeRegionExcluded(ctx context.Context, d *transport.Dialer, top *topology.Topology, region string, excluded bool) error {
+	pub, g, err := exclusionTargets(top, region)
 	if err != nil {
 		return err
 	}
 	return transport.NewLeaderClient(d, g.Replicas).Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
 		_, err := epochpb.NewEpochClient(conn).SetExcluded(ctx, &epochpb.SetExcludedRequest{
-			GroupId: g.ID, PublisherGroup: pub[0].ID, Excluded: excluded})
+			GroupId: g.ID, PublisherGroup: pub.ID, Excluded: excluded})
 		return err
 	})
+}
+
+// exclusionTargets returns region's publisher group and the global epoch
+// service's. Errors: ErrUnknownRegion, ErrNoPublisher, ErrNoGlobalEpoch.
+func exclusionTargets(top *topology.Topology, region string) (pub, service topology.Group, err error) {
+	if !top.HasRegion(region) {
+		return pub, service, fmt.Errorf("%w: %q", ErrUnknownRegion, region)
+	}
+	pubs := top.GroupsOfKind(topology.KindPublisher, region)
+	if len(pubs) == 0 {
+		return pub, service, fmt.Errorf("%w: %q", ErrNoPublisher, region)
+	}
+	service, err = globalGroup(top)
+	return pubs[0], service, err
 }
 
 // Regions returns every region with a publisher and whether it is excluded,
@@ -78,12 +139,7 @@ func Regions(ctx context.Context, d *transport.Dialer, top *topology.Topology) (
 	if err != nil {
 		return nil, 0, err
 	}
-	var resp *epochpb.MembershipResponse
-	err = transport.NewLeaderClient(d, g.Replicas).Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
-		var err error
-		resp, err = epochpb.NewEpochClient(conn).Membership(ctx, &epochpb.MembershipRequest{GroupId: g.ID})
-		return err
-	})
+	resp, err := epoch.Membership(ctx, d, g)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -91,12 +147,7 @@ func Regions(ctx context.Context, d *transport.Dialer, top *topology.Topology) (
 	for _, r := range top.Regions {
 		if p := top.GroupsOfKind(topology.KindPublisher, r); len(p) > 0 {
 			st := RegionStatus{Region: r, Publisher: p[0].ID}
-			if i := slices.Index(resp.GetExcludedGroups(), p[0].ID); i >= 0 {
-				st.Excluded = true
-				if i < len(resp.GetExcludedSince()) {
-					st.Since = resp.GetExcludedSince()[i]
-				}
-			}
+			st.Since, st.Excluded = epoch.ExcludedSince(resp, p[0].ID)
 			out = append(out, st)
 		}
 	}

@@ -132,7 +132,7 @@ func CleanRPCText(msg string) string {
 		msg = strings.NewReplacer("remote error: tls: unknown certificate authority", "the node refused this client's certificate: not signed by the cluster CA",
 			"remote error: tls: bad certificate", "the node refused this client's certificate").Replace(msg)
 	case strings.Contains(msg, "tls: first record does not look like a TLS handshake"):
-		msg = "the node speaks plaintext (started with --insecure); connect with --insecure"
+		msg = strings.ReplaceAll(msg, "tls: first record does not look like a TLS handshake", "the node speaks plaintext (started with --insecure); connect with --insecure")
 	}
 	return strings.TrimSpace(msg)
 }

@@ -37,8 +37,8 @@ type Self struct {
 type StatusFunc func(ctx context.Context) (*admin.ClusterStatus, error)
 
 // statusTimeout bounds gathering one status report; statusTTL is how long a
-// report is served again, so many open pages cost the cluster one report a
-// second at most.
+// report is served again, so any number of open pages cost the cluster one
+// report per statusTTL at most.
 const (
 	statusTimeout = 3 * time.Second
 	statusTTL     = 500 * time.Millisecond

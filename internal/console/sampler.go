@@ -22,8 +22,8 @@ type chart struct {
 var charts = []chart{
 	{"one-phase commits", "terroir_transaction_commit_seconds", map[string]string{"kind": "one_phase"}},
 	{"two-phase commit records", "terroir_transaction_commit_seconds", map[string]string{"kind": "two_phase"}},
-	{"snapshot reads", "terroir_rpc_server_seconds", map[string]string{"method": "SnapshotRead", "code": "OK"}},
-	{"transactional reads", "terroir_rpc_server_seconds", map[string]string{"method": "Get", "code": "OK"}},
+	{"snapshot reads", "terroir_rpc_server_seconds", map[string]string{"method": "Range/SnapshotRead", "code": "OK"}},
+	{"transactional reads", "terroir_rpc_server_seconds", map[string]string{"method": "Range/Get", "code": "OK"}},
 }
 
 const (

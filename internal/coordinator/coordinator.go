@@ -17,6 +17,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/epoch/epochpb"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/routing"
 	"github.com/terroir-db/terroir/internal/topology"
@@ -35,10 +36,17 @@ type Coordinator struct {
 	service    *epoch.Reader            // the global epoch service; nil if there is none
 	// regionalOnly says once that snapshots run as Regional (no publishers).
 	regionalOnly sync.Once
-	quiet        uint64 // quiet_epochs (paper §5.3.1)
-	txnState     *txnstate.Client
-	stateID      uint64
-	forget       *forgetter // records of finished two-phase commits
+	// membership caches the global epoch service's publisher set for the
+	// errors of failed calls (excludedSince).
+	membership struct {
+		mu   sync.Mutex
+		resp *epochpb.MembershipResponse
+		at   time.Time
+	}
+	quiet    uint64 // quiet_epochs (paper §5.3.1)
+	txnState *txnstate.Client
+	stateID  uint64
+	forget   *forgetter // records of finished two-phase commits
 
 	mode     atomic.Pointer[CommitMode] // nil: Chablis
 	routes   *routing.Cache             // range descriptors and leader hints
@@ -345,14 +353,14 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 			next++
 		}
 		if ctx.Err() != nil {
-			return c.unavailable(g, lastErr)
+			return c.unavailable(ctx, g, lastErr)
 		}
 		t := time.NewTimer(time.Duration(min(attempt+1, 20)) * time.Millisecond)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return c.unavailable(g, lastErr)
+			return c.unavailable(ctx, g, lastErr)
 		}
 	}
 }
@@ -424,7 +432,7 @@ func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.R
 			if lookupRetryable(err) {
 				continue
 			}
-			return c.routeUnavailable(key, err)
+			return c.routeUnavailable(ctx, key, err)
 		}
 		if check != nil {
 			if err = check(d); err != nil {
@@ -435,7 +443,7 @@ func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.R
 			return err
 		}
 	}
-	return c.routeUnavailable(key, err)
+	return c.routeUnavailable(ctx, key, err)
 }
 
 // routeSpan runs f on each part of [lo, hi) (a nil hi: to the end of the key

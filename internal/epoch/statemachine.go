@@ -283,7 +283,10 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 
 // snapshotExclusionsMark follows the epoch in a snapshot whose exclusions
 // are (group, since) pairs; without it (no group ID is 2^64-1) the rest is
-// group IDs alone, as snapshots sent before the epochs were kept.
+// group IDs alone, as snapshots sent before the epochs were kept. This
+// binary reads both formats; a binary from before it cannot read the new
+// one, so upgrade every node of a global epoch group before it takes a
+// snapshot (there is no cluster version gate yet), and do not downgrade.
 const snapshotExclusionsMark = ^uint64(0)
 
 // Snapshot implements raftgroup.StateMachine: the epoch, the mark, then the
@@ -314,6 +317,7 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 	sm.excluded = excluded
 	sm.mu.Unlock()
 	sm.epoch.Store(binary.BigEndian.Uint64(data))
+	sm.changed.Store(0) // when the snapshot's epoch was reached is unknown here
 	if err := b.Set(sm.excludedKey(), encodeExclusions(excluded), nil); err != nil {
 		return err
 	}

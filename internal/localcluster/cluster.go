@@ -144,6 +144,22 @@ func (c *Cluster) NodeCertsDir(id uint64) string {
 	return filepath.Join(c.CertsDir(), fmt.Sprintf("node-%d", id))
 }
 
+// RotateNodeCerts writes a new certificate and key for every node in place
+// (the same CA, new keys and serial numbers). Nodes load them at their next
+// handshake, without a restart; connections already open keep the old ones.
+func (c *Cluster) RotateNodeCerts() error {
+	if c.opts.Insecure {
+		return nil
+	}
+	for _, n := range c.Topology.Nodes {
+		if err := security.CreateNode(c.NodeCertsDir(n.ID), filepath.Join(c.CertsDir(), security.CAKeyFile), n.ID, n.Region, nil,
+			security.CreateOptions{Overwrite: true}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // makeCerts creates the cluster's CA, every node's certificate and the
 // admin user's, unless a previous run of this data directory left them, and
 // returns the admin user's.

@@ -36,12 +36,13 @@ const (
 	faultStall         = "stall a coordinator between prepare and commit record past the record grace"
 	faultStallBrief    = "stall a coordinator between prepare and commit record for 0.5 s"
 	faultPauseClose    = "pause a range's closing of epochs"
+	faultRotateCerts   = "rotate every node's certificate in place and restart a node"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
-	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose}
+	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -271,6 +272,19 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				return 0
 			})
 			heal = func() error { db.SetStallHook(nil); return nil }
+		case faultRotateCerts:
+			// New certificates everywhere, then a node restarts: every
+			// connection to and from it handshakes again, with the new ones.
+			if err := cp.c.RotateNodeCerts(); err != nil {
+				cp.anomaly("rotating the certificates: %v", err)
+				continue
+			}
+			id := nodes[r.IntN(len(nodes))]
+			if err := cp.c.KillNode(id); err != nil {
+				cp.anomaly("stopping node %d: %v", id, err)
+				continue
+			}
+			heal = func() error { return cp.c.RestartNode(id) }
 		case faultPauseClose:
 			id := ranges[r.IntN(len(ranges))].ID
 			cp.pauseClosing(nodes, id, true)

@@ -20,15 +20,12 @@ import (
 // httpShutdownTimeout bounds the HTTP server's graceful stop in Close.
 const httpShutdownTimeout = 2 * time.Second
 
-// serveHTTP binds addr and serves the node's metrics, health, readiness and
-// web console on it (plain HTTP: read-only, no keys or values, no actions;
-// bind it to an address only operators reach). A bind failure is returned,
-// so a node never runs without the metrics it was told to serve.
-func (n *Node) serveHTTP(addr string) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("node %d: serve metrics and the console on %s: %w (choose another with --http-addr)", n.cfg.NodeID, addr, err)
-	}
+// serveHTTP serves the node's metrics, health, readiness and web console on
+// the HTTP listener Start bound (before anything else ran, so a bind
+// failure stops the node). It is plain HTTP and read-only, with no actions,
+// but the console shows range boundaries, which are keys: bind it where
+// only operators reach (the default is loopback).
+func (n *Node) serveHTTP() {
 	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
 	n.console = console.New(console.Self{ID: n.cfg.NodeID, Region: self.Region, Version: version.String()},
 		func(ctx context.Context) (*admin.ClusterStatus, error) {
@@ -46,16 +43,15 @@ func (n *Node) serveHTTP(addr string) error {
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("/", n.console.Handler())
-	n.httpListener = l
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return n.stopped }} // Close ends requests in flight
 	n.httpDone = make(chan struct{})
 	go func() {
 		defer close(n.httpDone)
-		if err := n.http.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := n.http.Serve(n.httpListener); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			slog.Error("http server stopped", "node", n.cfg.NodeID, "err", err)
 		}
 	}()
-	return nil
 }
 
 // HTTPAddr returns where the node serves metrics and the console ("" if it
@@ -89,6 +85,9 @@ func (n *Node) notReady() []string {
 // closeHTTP stops the HTTP server and the console's sampler.
 func (n *Node) closeHTTP() {
 	if n.http == nil {
+		if n.httpListener != nil {
+			_ = n.httpListener.Close() // Start failed before serving it
+		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), httpShutdownTimeout)

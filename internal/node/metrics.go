@@ -36,6 +36,12 @@ type metrics struct {
 	lockWait    prometheus.Histogram
 	epochChange *prometheus.HistogramVec // kind
 
+	// The commit path's series, resolved once: by kind (one_phase,
+	// two_phase) and outcome, and by snapshot mode.
+	txnCount   [2][4]prometheus.Counter
+	commitTime [2]prometheus.Observer
+	snapWaits  [3][2]prometheus.Observer // mode × (epoch, lock)
+
 	// observers caches each method's histograms by code (a *[17]prometheus.Observer
 	// per method), so the hot path neither locks nor hashes labels.
 	observers sync.Map
@@ -44,7 +50,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	m := &metrics{
 		rpcs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "terroir_rpc_server_seconds", Help: "RPCs served by this node, by method and gRPC code, and how long each took.",
+			Name: "terroir_rpc_server_seconds", Help: "RPCs served by this node, by method (Service/Method) and gRPC code, and how long each took.",
 			Buckets: latencyBuckets,
 		}, []string{"method", "code"}),
 		txns: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -73,21 +79,32 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 		}, []string{"kind"}),
 	}
 	// Every series a dashboard plots exists from the start, at zero.
-	for _, kind := range []string{"one_phase", "two_phase"} {
-		m.commit.WithLabelValues(kind)
-		for _, o := range []string{"committed", "aborted", "not_executed", "error"} {
-			m.txns.WithLabelValues(kind, o)
+	for k, kind := range txnKinds {
+		m.commitTime[k] = m.commit.WithLabelValues(kind)
+		for o, outcome := range txnOutcomes {
+			m.txnCount[k][o] = m.txns.WithLabelValues(kind, outcome)
 		}
 	}
-	for _, mode := range []string{"global", "regional", "closed"} {
-		m.snapEpoch.WithLabelValues(mode)
-		m.snapLock.WithLabelValues(mode)
+	for i, mode := range snapModes {
+		m.snapWaits[i] = [2]prometheus.Observer{m.snapEpoch.WithLabelValues(mode), m.snapLock.WithLabelValues(mode)}
 	}
 	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.epochChange,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{n: n})
 	return m
 }
+
+// Label values of the commit path's series; the constants index them.
+var (
+	txnKinds    = [2]string{"one_phase", "two_phase"}
+	txnOutcomes = [4]string{"committed", "aborted", "not_executed", "error"}
+	snapModes   = [3]string{"global", "regional", "closed"}
+)
+
+const (
+	onePhase, twoPhase = 0, 1
+	committed          = 0
+)
 
 // rpcObserver returns the histogram of method and code.
 func (m *metrics) rpcObserver(method string, code codes.Code) prometheus.Observer {
@@ -114,53 +131,50 @@ func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	resp, err := handler(ctx, req)
 	took := time.Since(began)
 	code := status.Code(err)
-	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+	// "Service/Method": Range/Get and TxnState/Get are different series.
+	method := info.FullMethod[strings.LastIndex(info.FullMethod, ".")+1:]
 	m.rpcObserver(method, code).Observe(took.Seconds())
 	switch method {
-	case "CommitOnePhase":
-		m.txn("one_phase", outcome(code, err == nil), took)
-	case "Decide":
-		if err == nil {
-			committed := resp.(*txnstatepb.DecideResponse).GetRecord().GetOutcome() == txnstatepb.Outcome_OUTCOME_COMMITTED
-			m.txn("two_phase", outcome(code, committed), took)
-		} else {
-			m.txn("two_phase", outcome(code, false), took)
-		}
-	case "SnapshotRead":
+	case "Range/CommitOnePhase":
+		m.txn(onePhase, outcome(code, err == nil), took)
+	case "TxnState/Decide":
+		ok := err == nil && resp.(*txnstatepb.DecideResponse).GetRecord().GetOutcome() == txnstatepb.Outcome_OUTCOME_COMMITTED
+		m.txn(twoPhase, outcome(code, ok), took)
+	case "Range/SnapshotRead":
 		if err == nil {
 			q, r := req.(*pb.SnapshotReadRequest), resp.(*pb.SnapshotReadResponse)
-			mode := "global"
+			mode := 0 // global
 			switch {
 			case q.GetRegional():
-				mode = "regional"
+				mode = 1
 			case q.GetClosed():
-				mode = "closed"
+				mode = 2
 			}
-			m.snapEpoch.WithLabelValues(mode).Observe(float64(r.GetEpochWaitUs()) / 1e6)
-			m.snapLock.WithLabelValues(mode).Observe(float64(r.GetLockWaitUs()) / 1e6)
+			m.snapWaits[mode][0].Observe(float64(r.GetEpochWaitUs()) / 1e6)
+			m.snapWaits[mode][1].Observe(float64(r.GetLockWaitUs()) / 1e6)
 		}
 	}
 	return resp, err
 }
 
-// outcome names what a commit RPC did.
-func outcome(code codes.Code, committed bool) string {
+// outcome indexes txnOutcomes by what a commit RPC did.
+func outcome(code codes.Code, committed bool) int {
 	switch {
 	case code == codes.OK && committed:
-		return "committed"
+		return 0
 	case code == codes.OK, code == codes.Aborted:
-		return "aborted"
+		return 1
 	case code == codes.FailedPrecondition, code == codes.NotFound, code == codes.OutOfRange:
-		return "not_executed"
+		return 2
 	default:
-		return "error"
+		return 3
 	}
 }
 
-func (m *metrics) txn(kind, outcome string, took time.Duration) {
-	m.txns.WithLabelValues(kind, outcome).Inc()
-	if outcome == "committed" {
-		m.commit.WithLabelValues(kind).Observe(took.Seconds())
+func (m *metrics) txn(kind, outcome int, took time.Duration) {
+	m.txnCount[kind][outcome].Inc()
+	if outcome == committed {
+		m.commitTime[kind].Observe(took.Seconds())
 	}
 }
 

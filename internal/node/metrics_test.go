@@ -102,7 +102,7 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 	for _, want := range []string{
 		`terroir_transactions_total{kind="two_phase",outcome="committed"}`,
 		`terroir_transaction_commit_seconds_count{kind="two_phase"}`,
-		`terroir_rpc_server_seconds_count{code="OK",method="Prepare"}`,
+		`terroir_rpc_server_seconds_count{code="OK",method="Range/Prepare"}`,
 		`terroir_snapshot_read_epoch_wait_seconds_count{mode="regional"}`,
 		`terroir_lock_wait_seconds_count`,
 		`terroir_epoch_advance_interval_seconds_count{kind="local-epoch"}`,

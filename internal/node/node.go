@@ -176,13 +176,17 @@ func Start(cfg Config) (_ *Node, err error) {
 			if err != nil {
 				return nil, err
 			}
-			changes := n.metrics.epochChange.WithLabelValues(string(g.Kind))
-			sm.OnChange(func(d time.Duration) { changes.Observe(d.Seconds()) })
 			n.epochSMs = append(n.epochSMs, hostedEpoch{g, sm})
 			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
 			if err != nil {
 				return nil, err
 			}
+			changes := n.metrics.epochChange.WithLabelValues(string(g.Kind))
+			sm.OnChange(func(d time.Duration) {
+				if rg.Status().CaughtUp { // not the log's replay after a restart
+					changes.Observe(d.Seconds())
+				}
+			})
 			switch g.Kind {
 			case topology.KindLocalEpoch:
 				n.epochs[g.ID] = epoch.NewReplica(rg, sm, top.LocalEpochInterval)
@@ -248,6 +252,13 @@ func Start(cfg Config) (_ *Node, err error) {
 		}
 	}
 
+	// Bound before anything serves: a Status RPC reads HTTPAddr, and an
+	// address in use stops the node before it serves at all.
+	if cfg.HTTPAddr != "" {
+		if n.httpListener, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			return nil, fmt.Errorf("node %d: serve metrics and the console on %s: %w (choose another with --http-addr)", cfg.NodeID, cfg.HTTPAddr, err)
+		}
+	}
 	n.raft = transport.NewRaft(n.dialer, n.host)
 	n.server = transport.NewServer(cfg.Certs, n.metrics.unary)
 	n.raft.Register(n.server)
@@ -280,10 +291,8 @@ func Start(cfg Config) (_ *Node, err error) {
 	if n.global != nil {
 		n.global.Start()
 	}
-	if cfg.HTTPAddr != "" {
-		if err := n.serveHTTP(cfg.HTTPAddr); err != nil {
-			return nil, err
-		}
+	if n.httpListener != nil {
+		n.serveHTTP()
 	}
 	n.bg.Add(1)
 	go n.reconcile()
@@ -549,8 +558,8 @@ func (n *Node) closeParts() error {
 	n.mu.Lock()
 	n.closing = true
 	n.mu.Unlock()
-	n.stop()
-	n.closeHTTP() // first: its status requests use the dialer
+	n.stop()      // first: ends the console's status requests (their base context)
+	n.closeHTTP() // before the dialer they use closes
 	n.bg.Wait()
 	if n.global != nil {
 		n.global.Close()

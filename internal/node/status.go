@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -41,38 +42,50 @@ func (n *Node) Status(ctx context.Context) *nodepb.StatusResponse {
 	for _, e := range n.epochGroups() {
 		epochs[e.group.ID] = e.sm
 	}
+	// Leaders answer their progress from their own goroutines: ask them
+	// all at once, under one deadline.
+	pctx, cancel := context.WithTimeout(ctx, progressTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	add := func(rg *raftgroup.Group, kind, region string) *nodepb.GroupStatus {
+		gs := &nodepb.GroupStatus{}
+		resp.Groups = append(resp.Groups, gs)
+		wg.Add(1)
+		go func() { defer wg.Done(); groupStatus(pctx, rg, kind, region, gs) }()
+		return gs
+	}
 	for _, g := range n.cfg.Topology.GroupsOn(n.cfg.NodeID) {
 		if g.Kind == topology.KindRange {
 			continue
 		}
 		if rg := n.Group(g.ID); rg != nil {
-			gs := groupStatus(ctx, rg, string(g.Kind), g.Region)
+			gs := add(rg, string(g.Kind), g.Region)
 			if sm := epochs[g.ID]; sm != nil {
 				gs.Epoch = sm.Epoch()
 				if t := sm.Changed(); !t.IsZero() {
 					gs.EpochAgeMs = uint64(max(time.Since(t).Milliseconds(), 1))
 				}
 			}
-			resp.Groups = append(resp.Groups, gs)
 		}
 	}
 	for _, r := range n.rangeReplicas() {
 		st := r.Status()
 		resp.Ranges = append(resp.Ranges, st)
 		if rg := n.Group(st.GetRangeDescriptor().GetRangeId()); rg != nil {
-			resp.Groups = append(resp.Groups, groupStatus(ctx, rg, string(topology.KindRange), st.GetRangeDescriptor().GetRegion()))
+			add(rg, string(topology.KindRange), st.GetRangeDescriptor().GetRegion())
 		}
 	}
+	wg.Wait()
 	return resp
 }
 
-func groupStatus(ctx context.Context, rg *raftgroup.Group, kind, region string) *nodepb.GroupStatus {
+// groupStatus fills gs with rg's status and, at its leader, the progress
+// of every replica (left out if the group does not answer before ctx ends).
+func groupStatus(ctx context.Context, rg *raftgroup.Group, kind, region string, gs *nodepb.GroupStatus) {
 	st := rg.Status()
-	gs := &nodepb.GroupStatus{GroupId: st.Group, Kind: kind, Region: region, Leader: st.Leader, Term: st.Term, Applied: st.Applied}
+	gs.GroupId, gs.Kind, gs.Region, gs.Leader, gs.Term, gs.Applied = st.Group, kind, region, st.Leader, st.Term, st.Applied
 	if st.Leader == st.Replica {
-		pctx, cancel := context.WithTimeout(ctx, progressTimeout)
-		commit, match, ok, err := rg.Progress(pctx)
-		cancel()
+		commit, match, ok, err := rg.Progress(ctx)
 		if err == nil && ok {
 			gs.Commit = commit
 			for id, m := range match {
@@ -80,5 +93,4 @@ func groupStatus(ctx context.Context, rg *raftgroup.Group, kind, region string) 
 			}
 		}
 	}
-	return gs
 }

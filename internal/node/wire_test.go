@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -240,7 +241,9 @@ func outcomeMayBeUnknown(method string) bool {
 // the group: its term stays. The same message well addressed does raise it,
 // so the check is what kept the others out.
 func TestStrayRaftMessagesAreDropped(t *testing.T) {
-	c := startServing(t, "../../examples/one-region.yaml", localcluster.Options{})
+	// Plaintext: over TLS the stream's certificate must name the sender
+	// (TestRaftSenderMustMatchItsCertificate); these are the host's checks.
+	c := startServing(t, "../../examples/one-region.yaml", localcluster.Options{Insecure: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const group = 10
@@ -252,11 +255,7 @@ func TestStrayRaftMessagesAreDropped(t *testing.T) {
 	}
 	g := c.Node(follower).Group(group)
 	term := g.Status().Term
-	d, err := c.NodeDialer(leader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := d.Conn(follower)
+	conn, err := c.Dialer("us-east1").Conn(follower)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,5 +298,39 @@ func TestStrayRaftMessagesAreDropped(t *testing.T) {
 			t.Fatalf("a well-addressed message at term %d did not reach the follower (term %d)", term+100, g.Status().Term)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRaftSenderMustMatchItsCertificate: over TLS a node's Raft stream may
+// carry only its own messages; a batch claiming another sender ends the
+// stream with PermissionDenied, and the same batch from its own node passes.
+func TestRaftSenderMustMatchItsCertificate(t *testing.T) {
+	c := startServing(t, "../../examples/one-region.yaml", localcluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	send := func(as, from uint64) error {
+		d, err := c.NodeDialer(as)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := d.Conn(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream, err := transportpb.NewTransportClient(conn).Raft(ctx)
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(&transportpb.RaftBatch{FromNode: from, ToNode: 2}); err != nil {
+			return err
+		}
+		_, err = stream.CloseAndRecv()
+		return err
+	}
+	if err := send(1, 3); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "node 1 (us-east1) may not send Raft messages as node 3") {
+		t.Fatalf("node 1 sending as node 3 = %v, want PermissionDenied", err)
+	}
+	if err := send(3, 3); err != nil {
+		t.Fatalf("node 3 sending as itself = %v", err)
 	}
 }

@@ -2,6 +2,8 @@ package security
 
 import (
 	"context"
+	"log/slog"
+	"net"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -62,14 +64,15 @@ var methodRoles = map[string]Role{
 	"/terroir.directory.Directory/Protect":   RoleUser, // a changefeed or backup holds back GC
 	"/terroir.directory.Directory/Release":   RoleUser,
 	"/terroir.transport.Transport/Ping":      RoleUser,
-	"/terroir.node.Node/Status":              RoleUser, // `terroir status`: metadata, no keys or values
-	// Operator actions: the admin user.
-	"/terroir.epoch.Epoch/SetExcluded":      RoleAdmin,
+	"/terroir.node.Node/Status":              RoleUser, // `terroir status`: the cluster's shape (range boundaries included), no values
+	// Operator actions: the admin user. (Excluding a region goes through a
+	// node, whose certificate alone may call Epoch/SetExcluded.)
+	"/terroir.node.Node/SetRegionExcluded":  RoleAdmin,
 	"/terroir.range.Range/AdminSplit":       RoleAdmin,
 	"/terroir.range.Range/AdminMerge":       RoleAdmin,
 	"/terroir.directory.Directory/SetGCTTL": RoleAdmin,
 	// Node-only, listed for the reader: Transport/Raft, Epoch/Publish,
-	// Directory/Update, Directory/Allocate.
+	// Epoch/SetExcluded, Directory/Update, Directory/Allocate.
 }
 
 // RequiredRole returns the role method (a full gRPC method name) needs.
@@ -80,19 +83,60 @@ func RequiredRole(method string) Role {
 	return RoleNode
 }
 
+// AuthInfo is a verified TLS connection's information with the identity
+// its peer's certificate names, read once at the handshake rather than at
+// every RPC.
+type AuthInfo struct {
+	credentials.TLSInfo
+	Identity Identity
+	Valid    bool // the certificate names an identity
+}
+
+// ServerCredentials returns a node's server credentials: mutual TLS with
+// ServerTLS, every refused handshake logged (so an operator sees which peer
+// was refused and why: an expired or foreign certificate), and each
+// connection's peer identity attached as an AuthInfo.
+func (c *Certs) ServerCredentials() credentials.TransportCredentials {
+	return serverCreds{credentials.NewTLS(c.ServerTLS())}
+}
+
+type serverCreds struct {
+	credentials.TransportCredentials
+}
+
+func (s serverCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := s.TransportCredentials.ServerHandshake(c)
+	if err != nil {
+		slog.Warn("TLS handshake refused", "peer", c.RemoteAddr(), "err", err)
+		return conn, info, err
+	}
+	if t, ok := info.(credentials.TLSInfo); ok {
+		a := &AuthInfo{TLSInfo: t}
+		if ch := t.State.VerifiedChains; len(ch) > 0 && len(ch[0]) > 0 {
+			id, err := IdentityOf(ch[0][0])
+			a.Identity, a.Valid = id, err == nil
+		}
+		return conn, a, nil
+	}
+	return conn, info, nil
+}
+
+func (s serverCreds) Clone() credentials.TransportCredentials {
+	return serverCreds{s.TransportCredentials.Clone()}
+}
+
 // PeerIdentity returns the identity of the verified certificate of the
-// caller of ctx; false on a connection without TLS.
+// caller of ctx; false on a connection not made by ServerCredentials.
 func PeerIdentity(ctx context.Context) (Identity, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return Identity{}, false
 	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+	a, ok := p.AuthInfo.(*AuthInfo) // ServerCredentials attaches it at the handshake
+	if !ok {
 		return Identity{}, false
 	}
-	id, err := IdentityOf(info.State.VerifiedChains[0][0])
-	return id, err == nil
+	return a.Identity, a.Valid
 }
 
 // Authorize fails with codes.PermissionDenied, naming the caller and what

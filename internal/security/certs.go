@@ -149,7 +149,8 @@ func (c *Certs) current() *loaded {
 	}
 	l, err := c.read()
 	if err != nil {
-		slog.Error("certificates changed but cannot be loaded; keeping the previous ones", "dir", c.dir, "err", err)
+		// Often a rotation caught between its two renames: the next check retries.
+		slog.Warn("certificates changed but cannot be loaded; keeping the previous ones and retrying", "dir", c.dir, "err", err)
 		return c.cur
 	}
 	slog.Info("certificates reloaded", "dir", c.dir, "identity", l.id)
@@ -209,11 +210,12 @@ func (c *Certs) read() (*loaded, error) {
 	l := &loaded{pool: pool, cert: cert, id: id, stamp: stamp}
 	if c.node {
 		l.server = &tls.Config{
-			MinVersion:   tls.VersionTLS13,
-			Certificates: []tls.Certificate{cert},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    pool,
-			NextProtos:   []string{"h2"},
+			MinVersion:                  tls.VersionTLS13,
+			DynamicRecordSizingDisabled: true, // full-size records: RPCs, not web pages
+			Certificates:                []tls.Certificate{cert},
+			ClientAuth:                  tls.RequireAndVerifyClientCert,
+			ClientCAs:                   pool,
+			NextProtos:                  []string{"h2"},
 		}
 	}
 	return l, nil
@@ -252,8 +254,9 @@ func (c *Certs) ServerTLS() *tls.Config {
 // address.
 func (c *Certs) ClientTLS() *tls.Config {
 	return &tls.Config{
-		MinVersion:         tls.VersionTLS13,
-		InsecureSkipVerify: true, // verified by VerifyConnection below
+		MinVersion:                  tls.VersionTLS13,
+		DynamicRecordSizingDisabled: true, // full-size records: RPCs, not web pages
+		InsecureSkipVerify:          true, // verified by VerifyConnection below
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return &c.current().cert, nil
 		},

@@ -12,6 +12,7 @@
 package security
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -113,7 +114,7 @@ func NodeURI(id uint64, region string) *url.URL {
 // region, valid as a server for hosts (DNS names or IP addresses; none means
 // localhost and 127.0.0.1) and as a client of other nodes, signed by the CA
 // of certsDir/ca.crt and caKey (certsDir/ca.key when empty). Errors:
-// ErrInvalid, ErrExists, ErrNoCA-wrapped file errors.
+// ErrInvalid, ErrExists, ErrNoCerts (no CA), ErrBadCert.
 func CreateNode(certsDir, caKey string, id uint64, region string, hosts []string, opts CreateOptions) error {
 	if id == 0 || !namePattern.MatchString(region) {
 		return fmt.Errorf("%w: a node certificate needs a node id > 0 and a region name (letters, digits, '-', '_', '.'), got node %d region %q", ErrInvalid, id, region)
@@ -190,11 +191,11 @@ func signInto(certsDir, caKey, certName, keyName string, tmpl *x509.Certificate,
 	if err := checkFree(opts.Overwrite, certPath, keyPath); err != nil {
 		return err
 	}
-	ca, err := readCert(filepath.Join(certsDir, CACertFile))
+	caPriv, err := readKey(caKey)
 	if err != nil {
 		return err
 	}
-	caPriv, err := readKey(caKey)
+	ca, err := caOf(filepath.Join(certsDir, CACertFile), caPriv)
 	if err != nil {
 		return err
 	}
@@ -252,21 +253,31 @@ func writeAtomic(path string, data []byte, mode os.FileMode) error {
 	return os.Rename(tmp, path)
 }
 
-// readCert reads the first certificate of a PEM file.
-func readCert(path string) (*x509.Certificate, error) {
+// caOf returns the certificate of the PEM file at path whose public key is
+// key's: during a CA rotation ca.crt holds the old and the new CA, and a
+// certificate must name the one that signs it as its parent.
+func caOf(path string, key any) (*x509.Certificate, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoCerts, err)
 	}
-	block, _ := pem.Decode(data)
-	if block == nil || block.Type != "CERTIFICATE" {
-		return nil, fmt.Errorf("%w: %s holds no PEM certificate", ErrBadCert, path)
+	signer, ok := key.(interface{ Public() crypto.PublicKey })
+	if !ok {
+		return nil, fmt.Errorf("%w: the CA key is not a signing key", ErrBadCert)
 	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrBadCert, path, err)
+	for block, rest := pem.Decode(data); block != nil; block, rest = pem.Decode(rest) {
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrBadCert, path, err)
+		}
+		if pub, ok := c.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); ok && pub.Equal(signer.Public()) {
+			return c, nil
+		}
 	}
-	return c, nil
+	return nil, fmt.Errorf("%w: %s holds no certificate of the CA key", ErrBadCert, path)
 }
 
 // readKey reads a PKCS#8 or SEC 1 PEM private key.

@@ -57,6 +57,7 @@ func serve(t *testing.T, certs *security.Certs) string {
 	r := transport.NewRaft(nil, nil)
 	r.Register(s)
 	epochpb.RegisterEpochServer(s, epoch.NewServer())
+	nodepb.RegisterNodeServer(s, nodepb.UnimplementedNodeServer{}) // refusals come before handlers
 	done := make(chan struct{})
 	go func() { _ = s.Serve(l); close(done) }()
 	t.Cleanup(func() { s.Stop(); <-done })
@@ -77,8 +78,9 @@ func dial(t *testing.T, addr string, cfg *tls.Config) *grpc.ClientConn {
 	return c
 }
 
-// calls tries the RPCs a role decides: Ping (any user), SetExcluded
-// (admin), Publish and Raft (nodes only), and returns each one's code.
+// calls tries the RPCs a role decides: Ping (any user), the operator's
+// SetRegionExcluded (the admin user), SetExcluded, Publish and Raft (nodes
+// only), and returns each one's code.
 func calls(t *testing.T, c *grpc.ClientConn) map[string]codes.Code {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -88,6 +90,8 @@ func calls(t *testing.T, c *grpc.ClientConn) map[string]codes.Code {
 	out["Ping"] = status.Code(err)
 	_, err = epochpb.NewEpochClient(c).SetExcluded(ctx, &epochpb.SetExcludedRequest{GroupId: 99})
 	out["SetExcluded"] = status.Code(err)
+	_, err = nodepb.NewNodeClient(c).SetRegionExcluded(ctx, &nodepb.SetRegionExcludedRequest{})
+	out["SetRegionExcluded"] = status.Code(err)
 	_, err = epochpb.NewEpochClient(c).Publish(ctx, &epochpb.PublishRequest{GroupId: 99})
 	out["Publish"] = status.Code(err)
 	st, err := transportpb.NewTransportClient(c).Raft(ctx)
@@ -123,8 +127,8 @@ func TestRolesDecideWhatACertificateMayCall(t *testing.T) {
 		allow map[string]bool
 	}{
 		{"user alice", alice.ClientTLS(), map[string]bool{"Ping": true}},
-		{"the admin user", admin.ClientTLS(), map[string]bool{"Ping": true, "SetExcluded": true}},
-		{"a node", node.ClientTLS(), map[string]bool{"Ping": true, "SetExcluded": true, "Publish": true, "Raft": true}},
+		{"the admin user", admin.ClientTLS(), map[string]bool{"Ping": true, "SetRegionExcluded": true}},
+		{"a node", node.ClientTLS(), map[string]bool{"Ping": true, "SetRegionExcluded": true, "SetExcluded": true, "Publish": true, "Raft": true}},
 	} {
 		got := calls(t, dial(t, addr, tc.cfg))
 		for rpc, code := range got {
@@ -310,7 +314,7 @@ func TestCreateRejectsBadInputAndKeepsFiles(t *testing.T) {
 // role or meant to be node-only; a new RPC must be placed on purpose.
 func TestEveryMethodHasARole(t *testing.T) {
 	nodeOnly := map[string]bool{
-		"/terroir.transport.Transport/Raft": true, "/terroir.epoch.Epoch/Publish": true,
+		"/terroir.transport.Transport/Raft": true, "/terroir.epoch.Epoch/Publish": true, "/terroir.epoch.Epoch/SetExcluded": true,
 		"/terroir.directory.Directory/Update": true, "/terroir.directory.Directory/Allocate": true,
 	}
 	for _, sd := range []grpc.ServiceDesc{rangepb.Range_ServiceDesc, epochpb.Epoch_ServiceDesc, txnstatepb.TxnState_ServiceDesc,

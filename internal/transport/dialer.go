@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"net"
 	"sync"
 	"time"
 
@@ -178,34 +176,16 @@ func (d *Dialer) Close() {
 // certificate of the cluster CA, and lets each identity call only the RPCs
 // its role allows (security.RequiredRole); nil certs means plaintext with no
 // checks, for a cluster started with --insecure. The interceptors run on
-// every unary call, after authorization.
+// every unary call, before authorization (so they see refused calls too).
 func NewServer(certs *security.Certs, interceptors ...grpc.UnaryServerInterceptor) *grpc.Server {
 	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)}
 	if certs != nil {
 		unary, stream := security.ServerInterceptors()
-		interceptors = append([]grpc.UnaryServerInterceptor{unary}, interceptors...)
-		opts = append(opts, grpc.Creds(loggedHandshakes{credentials.NewTLS(certs.ServerTLS())}), grpc.ChainStreamInterceptor(stream))
+		interceptors = append(interceptors, unary) // after the others: a refused call is still counted
+		opts = append(opts, grpc.Creds(certs.ServerCredentials()), grpc.ChainStreamInterceptor(stream))
 	}
 	if len(interceptors) > 0 {
 		opts = append(opts, grpc.ChainUnaryInterceptor(interceptors...))
 	}
 	return grpc.NewServer(opts...)
-}
-
-// loggedHandshakes logs every refused TLS handshake, so an operator sees
-// which peer was refused and why (an expired or foreign certificate).
-type loggedHandshakes struct {
-	credentials.TransportCredentials
-}
-
-func (l loggedHandshakes) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	conn, info, err := l.TransportCredentials.ServerHandshake(c)
-	if err != nil {
-		slog.Warn("TLS handshake refused", "peer", c.RemoteAddr(), "err", err)
-	}
-	return conn, info, err
-}
-
-func (l loggedHandshakes) Clone() credentials.TransportCredentials {
-	return loggedHandshakes{l.TransportCredentials.Clone()}
 }

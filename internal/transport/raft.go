@@ -10,7 +10,10 @@ import (
 
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/transport/transportpb"
 )
 
@@ -89,8 +92,11 @@ func (t *Raft) Close() {
 	t.wg.Wait()
 }
 
-// Raft implements the server side of the batch stream.
+// Raft implements the server side of the batch stream. Over TLS, a batch
+// must come from the node the stream's certificate names: a node cannot
+// speak for another (PermissionDenied ends the stream).
 func (t *Raft) Raft(stream grpc.ClientStreamingServer[transportpb.RaftBatch, transportpb.RaftAck]) error {
+	peer, secure := security.PeerIdentity(stream.Context())
 	for {
 		b, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -98,6 +104,9 @@ func (t *Raft) Raft(stream grpc.ClientStreamingServer[transportpb.RaftBatch, tra
 		}
 		if err != nil {
 			return err
+		}
+		if secure && b.GetFromNode() != peer.Node {
+			return status.Errorf(codes.PermissionDenied, "%s may not send Raft messages as node %d", peer, b.GetFromNode())
 		}
 		t.handler.HandleRaft(b.GetFromNode(), b.GetMsgs())
 	}

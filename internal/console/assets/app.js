@@ -31,7 +31,7 @@ function renderRegions(s) {
   box.replaceChildren();
   for (const r of s.regions) {
     const card = el("div", { class: "card region", "data-region": r.name }, el("h3", {}, r.name));
-    if (r.excluded) card.append(el("div", { class: "excluded" }, "excluded since epoch " + r.excluded_since));
+    if (r.excluded) card.append(el("div", { class: "excluded" }, "excluded since " + (r.excluded_since ? "epoch " + r.excluded_since : "an unrecorded epoch")));
     for (const n of s.nodes.filter((n) => n.region === r.name)) {
       card.append(el("div", { class: "node", "data-node": String(n.id) },
         el("span", {}, "node " + n.id + " " + n.addr),

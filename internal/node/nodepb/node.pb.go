@@ -327,6 +327,96 @@ func (x *StatusResponse) GetHttpAddr() string {
 	return ""
 }
 
+// SetRegionExcludedRequest excludes a region's publisher from the global
+// epoch service's set, or includes it again (DESIGN.md §7).
+type SetRegionExcludedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Excluded      bool                   `protobuf:"varint,2,opt,name=excluded,proto3" json:"excluded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRegionExcludedRequest) Reset() {
+	*x = SetRegionExcludedRequest{}
+	mi := &file_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRegionExcludedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRegionExcludedRequest) ProtoMessage() {}
+
+func (x *SetRegionExcludedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRegionExcludedRequest.ProtoReflect.Descriptor instead.
+func (*SetRegionExcludedRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SetRegionExcludedRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *SetRegionExcludedRequest) GetExcluded() bool {
+	if x != nil {
+		return x.Excluded
+	}
+	return false
+}
+
+type SetRegionExcludedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRegionExcludedResponse) Reset() {
+	*x = SetRegionExcludedResponse{}
+	mi := &file_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRegionExcludedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRegionExcludedResponse) ProtoMessage() {}
+
+func (x *SetRegionExcludedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRegionExcludedResponse.ProtoReflect.Descriptor instead.
+func (*SetRegionExcludedResponse) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{5}
+}
+
 var File_node_proto protoreflect.FileDescriptor
 
 const file_node_proto_rawDesc = "" +
@@ -357,9 +447,14 @@ const file_node_proto_rawDesc = "" +
 	"\x0fstarted_unix_ms\x18\x04 \x01(\x03R\rstartedUnixMs\x121\n" +
 	"\x06groups\x18\x05 \x03(\v2\x19.terroir.node.GroupStatusR\x06groups\x122\n" +
 	"\x06ranges\x18\x06 \x03(\v2\x1a.terroir.range.RangeStatusR\x06ranges\x12\x1b\n" +
-	"\thttp_addr\x18\a \x01(\tR\bhttpAddr2K\n" +
+	"\thttp_addr\x18\a \x01(\tR\bhttpAddr\"N\n" +
+	"\x18SetRegionExcludedRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1a\n" +
+	"\bexcluded\x18\x02 \x01(\bR\bexcluded\"\x1b\n" +
+	"\x19SetRegionExcludedResponse2\xb1\x01\n" +
 	"\x04Node\x12C\n" +
-	"\x06Status\x12\x1b.terroir.node.StatusRequest\x1a\x1c.terroir.node.StatusResponseB4Z2github.com/terroir-db/terroir/internal/node/nodepbb\x06proto3"
+	"\x06Status\x12\x1b.terroir.node.StatusRequest\x1a\x1c.terroir.node.StatusResponse\x12d\n" +
+	"\x11SetRegionExcluded\x12&.terroir.node.SetRegionExcludedRequest\x1a'.terroir.node.SetRegionExcludedResponseB4Z2github.com/terroir-db/terroir/internal/node/nodepbb\x06proto3"
 
 var (
 	file_node_proto_rawDescOnce sync.Once
@@ -373,22 +468,26 @@ func file_node_proto_rawDescGZIP() []byte {
 	return file_node_proto_rawDescData
 }
 
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_node_proto_goTypes = []any{
-	(*StatusRequest)(nil),       // 0: terroir.node.StatusRequest
-	(*ReplicaProgress)(nil),     // 1: terroir.node.ReplicaProgress
-	(*GroupStatus)(nil),         // 2: terroir.node.GroupStatus
-	(*StatusResponse)(nil),      // 3: terroir.node.StatusResponse
-	(*rangepb.RangeStatus)(nil), // 4: terroir.range.RangeStatus
+	(*StatusRequest)(nil),             // 0: terroir.node.StatusRequest
+	(*ReplicaProgress)(nil),           // 1: terroir.node.ReplicaProgress
+	(*GroupStatus)(nil),               // 2: terroir.node.GroupStatus
+	(*StatusResponse)(nil),            // 3: terroir.node.StatusResponse
+	(*SetRegionExcludedRequest)(nil),  // 4: terroir.node.SetRegionExcludedRequest
+	(*SetRegionExcludedResponse)(nil), // 5: terroir.node.SetRegionExcludedResponse
+	(*rangepb.RangeStatus)(nil),       // 6: terroir.range.RangeStatus
 }
 var file_node_proto_depIdxs = []int32{
 	1, // 0: terroir.node.GroupStatus.progress:type_name -> terroir.node.ReplicaProgress
 	2, // 1: terroir.node.StatusResponse.groups:type_name -> terroir.node.GroupStatus
-	4, // 2: terroir.node.StatusResponse.ranges:type_name -> terroir.range.RangeStatus
+	6, // 2: terroir.node.StatusResponse.ranges:type_name -> terroir.range.RangeStatus
 	0, // 3: terroir.node.Node.Status:input_type -> terroir.node.StatusRequest
-	3, // 4: terroir.node.Node.Status:output_type -> terroir.node.StatusResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
+	4, // 4: terroir.node.Node.SetRegionExcluded:input_type -> terroir.node.SetRegionExcludedRequest
+	3, // 5: terroir.node.Node.Status:output_type -> terroir.node.StatusResponse
+	5, // 6: terroir.node.Node.SetRegionExcluded:output_type -> terroir.node.SetRegionExcludedResponse
+	5, // [5:7] is the sub-list for method output_type
+	3, // [3:5] is the sub-list for method input_type
 	3, // [3:3] is the sub-list for extension type_name
 	3, // [3:3] is the sub-list for extension extendee
 	0, // [0:3] is the sub-list for field type_name
@@ -405,7 +504,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

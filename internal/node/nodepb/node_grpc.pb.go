@@ -22,7 +22,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Node_Status_FullMethodName = "/terroir.node.Node/Status"
+	Node_Status_FullMethodName            = "/terroir.node.Node/Status"
+	Node_SetRegionExcluded_FullMethodName = "/terroir.node.Node/SetRegionExcluded"
 )
 
 // NodeClient is the client API for Node service.
@@ -32,6 +33,11 @@ type NodeClient interface {
 	// Status reports the node and every replica it hosts, from memory; any
 	// user may call it.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// SetRegionExcluded is the operator's exclusion (the admin user's): the
+	// node proposes it to the global epoch service with its own certificate,
+	// since the service's SetExcluded accepts nodes only (DESIGN.md §15).
+	// The change is durable when it returns.
+	SetRegionExcluded(ctx context.Context, in *SetRegionExcludedRequest, opts ...grpc.CallOption) (*SetRegionExcludedResponse, error)
 }
 
 type nodeClient struct {
@@ -52,6 +58,16 @@ func (c *nodeClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *nodeClient) SetRegionExcluded(ctx context.Context, in *SetRegionExcludedRequest, opts ...grpc.CallOption) (*SetRegionExcludedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetRegionExcludedResponse)
+	err := c.cc.Invoke(ctx, Node_SetRegionExcluded_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServer is the server API for Node service.
 // All implementations must embed UnimplementedNodeServer
 // for forward compatibility.
@@ -59,6 +75,11 @@ type NodeServer interface {
 	// Status reports the node and every replica it hosts, from memory; any
 	// user may call it.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// SetRegionExcluded is the operator's exclusion (the admin user's): the
+	// node proposes it to the global epoch service with its own certificate,
+	// since the service's SetExcluded accepts nodes only (DESIGN.md §15).
+	// The change is durable when it returns.
+	SetRegionExcluded(context.Context, *SetRegionExcludedRequest) (*SetRegionExcludedResponse, error)
 	mustEmbedUnimplementedNodeServer()
 }
 
@@ -71,6 +92,9 @@ type UnimplementedNodeServer struct{}
 
 func (UnimplementedNodeServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedNodeServer) SetRegionExcluded(context.Context, *SetRegionExcludedRequest) (*SetRegionExcludedResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetRegionExcluded not implemented")
 }
 func (UnimplementedNodeServer) mustEmbedUnimplementedNodeServer() {}
 func (UnimplementedNodeServer) testEmbeddedByValue()              {}
@@ -111,6 +135,24 @@ func _Node_Status_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_SetRegionExcluded_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetRegionExcludedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).SetRegionExcluded(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_SetRegionExcluded_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).SetRegionExcluded(ctx, req.(*SetRegionExcludedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Node_ServiceDesc is the grpc.ServiceDesc for Node service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -121,6 +163,10 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Node_Status_Handler,
+		},
+		{
+			MethodName: "SetRegionExcluded",
+			Handler:    _Node_SetRegionExcluded_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
