@@ -77,26 +77,27 @@ func SetRegionExcluded(ctx context.Context, d *transport.Dialer, top *topology.T
 		}
 	}
 	var lastErr error
-	for _, id := range order {
-		conn, err := d.Conn(id)
-		if err != nil {
-			return err
+	for round := 0; ; round++ {
+		for _, id := range order {
+			conn, err := d.Conn(id)
+			if err != nil {
+				return err
+			}
+			actx, cancel := context.WithTimeout(ctx, excludeAttempt)
+			_, err = nodepb.NewNodeClient(conn).SetRegionExcluded(actx, &nodepb.SetRegionExcludedRequest{Region: region, Excluded: excluded})
+			cancel()
+			switch status.Code(err) {
+			case codes.OK:
+				return nil
+			case codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument, codes.FailedPrecondition:
+				return err // final: another node would answer the same
+			}
+			lastErr = err
 		}
-		actx, cancel := context.WithTimeout(ctx, excludeAttempt)
-		_, err = nodepb.NewNodeClient(conn).SetRegionExcluded(actx, &nodepb.SetRegionExcludedRequest{Region: region, Excluded: excluded})
-		cancel()
-		switch status.Code(err) {
-		case codes.OK:
-			return nil
-		case codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument:
-			return err
-		}
-		lastErr = err
-		if ctx.Err() != nil {
-			break
+		if !transport.SleepCtx(ctx, time.Duration(min(round+1, 10))*50*time.Millisecond) {
+			return fmt.Errorf("%w: %v", transport.ErrNoLeader, lastErr)
 		}
 	}
-	return fmt.Errorf("%w: %v", transport.ErrNoLeader, lastErr)
 }
 
 // excludeAttempt bounds one node's attempt at SetRegionExcluded.

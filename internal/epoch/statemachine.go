@@ -98,20 +98,28 @@ type StateMachine struct {
 
 	// published is called (on the group's goroutine) after each publish applies.
 	published func()
-	// changed is when the epoch last changed here (unix ns; 0: not since start).
+	// changed is when the epoch last changed here while live (unix ns; 0:
+	// not since start, or last set by a snapshot).
 	changed atomic.Int64
-	// onChange, if set, gets the time since the previous change at each change
-	// (the epoch advance interval metric); set before the group starts.
+	// live, if set, tells a change the group makes now from one its log
+	// replays after a restart; onChange gets the time since the previous
+	// live change at each live change (the epoch advance interval metric).
+	live     func() bool
 	onChange func(interval time.Duration)
 }
 
-// OnChange sets a function called, on the group's goroutine, with the time
-// since the previous change each time the applied epoch changes (not for
-// the first change after a start). Call before the group starts.
-func (sm *StateMachine) OnChange(f func(interval time.Duration)) { sm.onChange = f }
+// OnChange makes the replica time its epoch's changes: while live() holds
+// (the replica has caught up with its group, so the change happens now
+// rather than in the replay of its log), each change sets Changed and
+// calls f, on the group's goroutine, with the time since the previous one
+// (not for the first). Call before the group starts.
+func (sm *StateMachine) OnChange(live func() bool, f func(interval time.Duration)) {
+	sm.live, sm.onChange = live, f
+}
 
-// Changed returns when the applied epoch last changed here; the zero time
-// when it has not since this replica started.
+// Changed returns when the applied epoch last changed here while live
+// (OnChange); the zero time when it has not since this replica started or
+// restored a snapshot.
 func (sm *StateMachine) Changed() time.Time {
 	if ns := sm.changed.Load(); ns != 0 {
 		return time.Unix(0, ns)
@@ -259,9 +267,11 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 	if cur != sm.epoch.Load() {
 		sm.epoch.Store(cur)
 		_ = b.Set(sm.key, binary.BigEndian.AppendUint64(nil, cur), nil)
-		now := time.Now().UnixNano()
-		if prev := sm.changed.Swap(now); prev != 0 && sm.onChange != nil {
-			sm.onChange(time.Duration(now - prev))
+		if sm.live == nil || sm.live() {
+			now := time.Now().UnixNano()
+			if prev := sm.changed.Swap(now); prev != 0 && sm.onChange != nil {
+				sm.onChange(time.Duration(now - prev))
+			}
 		}
 	}
 	if op == opPublish && sm.published != nil {

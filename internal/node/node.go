@@ -182,11 +182,7 @@ func Start(cfg Config) (_ *Node, err error) {
 				return nil, err
 			}
 			changes := n.metrics.epochChange.WithLabelValues(string(g.Kind))
-			sm.OnChange(func(d time.Duration) {
-				if rg.Status().CaughtUp { // not the log's replay after a restart
-					changes.Observe(d.Seconds())
-				}
-			})
+			sm.OnChange(func() bool { return rg.Status().CaughtUp }, func(d time.Duration) { changes.Observe(d.Seconds()) })
 			switch g.Kind {
 			case topology.KindLocalEpoch:
 				n.epochs[g.ID] = epoch.NewReplica(rg, sm, top.LocalEpochInterval)

@@ -42,16 +42,14 @@ func (n *Node) Status(ctx context.Context) *nodepb.StatusResponse {
 	for _, e := range n.epochGroups() {
 		epochs[e.group.ID] = e.sm
 	}
-	// Leaders answer their progress from their own goroutines: ask them
-	// all at once, under one deadline.
-	pctx, cancel := context.WithTimeout(ctx, progressTimeout)
-	defer cancel()
-	var wg sync.WaitGroup
+	led := map[*nodepb.GroupStatus]*raftgroup.Group{}
 	add := func(rg *raftgroup.Group, kind, region string) *nodepb.GroupStatus {
-		gs := &nodepb.GroupStatus{}
+		st := rg.Status()
+		gs := &nodepb.GroupStatus{GroupId: st.Group, Kind: kind, Region: region, Leader: st.Leader, Term: st.Term, Applied: st.Applied}
 		resp.Groups = append(resp.Groups, gs)
-		wg.Add(1)
-		go func() { defer wg.Done(); groupStatus(pctx, rg, kind, region, gs) }()
+		if st.Leader == st.Replica {
+			led[gs] = rg
+		}
 		return gs
 	}
 	for _, g := range n.cfg.Topology.GroupsOn(n.cfg.NodeID) {
@@ -75,22 +73,26 @@ func (n *Node) Status(ctx context.Context) *nodepb.StatusResponse {
 			add(rg, string(topology.KindRange), st.GetRangeDescriptor().GetRegion())
 		}
 	}
-	wg.Wait()
-	return resp
-}
-
-// groupStatus fills gs with rg's status and, at its leader, the progress
-// of every replica (left out if the group does not answer before ctx ends).
-func groupStatus(ctx context.Context, rg *raftgroup.Group, kind, region string, gs *nodepb.GroupStatus) {
-	st := rg.Status()
-	gs.GroupId, gs.Kind, gs.Region, gs.Leader, gs.Term, gs.Applied = st.Group, kind, region, st.Leader, st.Term, st.Applied
-	if st.Leader == st.Replica {
-		commit, match, ok, err := rg.Progress(ctx)
-		if err == nil && ok {
+	// Leaders answer their progress from their own goroutines: ask them
+	// all at once, under one deadline; one that does not answer in time is
+	// reported without it.
+	pctx, cancel := context.WithTimeout(ctx, progressTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for gs, rg := range led {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			commit, match, ok, err := rg.Progress(pctx)
+			if err != nil || !ok {
+				return
+			}
 			gs.Commit = commit
 			for id, m := range match {
 				gs.Progress = append(gs.Progress, &nodepb.ReplicaProgress{Node: id, Match: m})
 			}
-		}
+		}()
 	}
+	wg.Wait()
+	return resp
 }
