@@ -53,18 +53,32 @@ func (f *connFlags) certs() (*security.Certs, error) {
 	return certs, err
 }
 
-// clusterConn is a connection to a running cluster that has answered.
+// clusterConn is a connection to a running cluster.
 type clusterConn struct {
 	top    *topology.Topology
 	region string
 	d      *transport.Dialer
 }
 
-// connect loads the topology at path and the certificates, and checks that
-// some node answers within admin.ReachTimeout (so a command against a
-// cluster that is down fails fast, naming every node it tried). region ""
-// picks the region the CLI's coordinator runs in.
+// connect dials the cluster and checks that some node answers within
+// admin.ReachTimeout, so a command against a cluster that is down fails
+// fast, naming every node it tried.
 func (f *connFlags) connect(ctx context.Context, path, region string) (*clusterConn, error) {
+	cn, err := f.dial(path, region)
+	if err != nil {
+		return nil, err
+	}
+	if err := admin.Reach(ctx, cn.d, cn.top, path); err != nil {
+		cn.Close()
+		return nil, err
+	}
+	return cn, nil
+}
+
+// dial loads the topology at path and the certificates and returns a
+// dialer into the cluster, located in region ("": the region the CLI's
+// coordinator runs in); nothing is sent yet.
+func (f *connFlags) dial(path, region string) (*clusterConn, error) {
 	top, err := topology.Load(path)
 	if err != nil {
 		return nil, err
@@ -82,10 +96,6 @@ func (f *connFlags) connect(ctx context.Context, path, region string) (*clusterC
 		return nil, err
 	}
 	d := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: region}, certs)
-	if err := admin.Reach(ctx, d, top, path); err != nil {
-		d.Close()
-		return nil, err
-	}
 	return &clusterConn{top: top, region: region, d: d}, nil
 }
 

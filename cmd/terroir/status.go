@@ -11,8 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/terroir-db/terroir/internal/admin"
-	"github.com/terroir-db/terroir/internal/topology"
-	"github.com/terroir-db/terroir/internal/transport"
 )
 
 func statusCmd() *cobra.Command {
@@ -30,19 +28,14 @@ func statusCmd() *cobra.Command {
 			"freshness, and excluded regions. --json prints the same as one JSON object.",
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			top, err := topology.Load(cluster)
+			cn, err := conn.dial(cluster, "") // no Reach: every node down is a status to print
 			if err != nil {
 				return err
 			}
-			certs, err := conn.certs()
-			if err != nil {
-				return err
-			}
-			d := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: coordinatorRegion(top)}, certs)
-			defer d.Close()
+			defer cn.Close()
 			ctx, cancel := context.WithTimeout(c.Context(), timeout)
 			defer cancel()
-			st, err := admin.Status(ctx, d, top)
+			st, err := admin.Status(ctx, cn.d, cn.top)
 			if err != nil {
 				return err
 			}

@@ -523,9 +523,6 @@ func (n *Node) DataStats() (storage.MVCCStats, error) {
 	return n.engine.MVCCStats([]byte{storage.PrefixData})
 }
 
-// Registry returns the node's metrics registry.
-func (n *Node) Registry() *prometheus.Registry { return n.registry }
-
 // Group returns the node's replica of group id, or nil.
 func (n *Node) Group(id uint64) *raftgroup.Group { return n.host.Group(id) }
 

@@ -104,9 +104,9 @@ func CreateCA(certsDir, caKey string, opts CreateOptions) error {
 	return writePair(certsDir, certPath, der, caKey, key)
 }
 
-// NodeURI is the URI subject alternative name that carries a node
+// nodeURI is the URI subject alternative name that carries a node
 // certificate's node id and region: terroir://node/<id>?region=<region>.
-func NodeURI(id uint64, region string) *url.URL {
+func nodeURI(id uint64, region string) *url.URL {
 	return &url.URL{Scheme: "terroir", Host: "node", Path: "/" + strconv.FormatUint(id, 10), RawQuery: url.Values{"region": {region}}.Encode()}
 }
 
@@ -127,7 +127,7 @@ func CreateNode(certsDir, caKey string, id uint64, region string, hosts []string
 		return err
 	}
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
-	tmpl.URIs = []*url.URL{NodeURI(id, region)}
+	tmpl.URIs = []*url.URL{nodeURI(id, region)}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
