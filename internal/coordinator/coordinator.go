@@ -345,7 +345,13 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 				c.routes.ForgetLeader(id)
 				next++
 			}
-		default: // Unknown, Unavailable, deadline: it may have executed
+		case codes.Unavailable:
+			c.routes.ForgetLeader(id)
+			next++
+			if !idempotent && !transport.NotSent(err) { // sent: it may have executed
+				return fmt.Errorf("%w: range %d: %v", ErrCommitUnknown, id, err)
+			}
+		default: // Unknown, deadline: it may have executed
 			c.routes.ForgetLeader(id)
 			if !idempotent {
 				return fmt.Errorf("%w: range %d: %v", ErrCommitUnknown, id, err)

@@ -333,7 +333,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 		return nil, err
 	}
 	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, srcs, n.decider,
-		rangeserver.Config{Tick: rangeTick(top), OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
+		rangeserver.Config{Tick: rangeTick(top), LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval, GCPolicy: n.gcPolicyOf(d.GetRegion()),
 			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: n.rangeIDAllocator(d.GetRegion()),
 			LockWait: n.metrics.lockWait})

@@ -35,7 +35,7 @@ func TestNextLease(t *testing.T) {
 		{"another's lease ends soon: queued after it", &pb.Lease{Holder: other, Start: 10, End: 130, Seq: 3}, 100, 131},
 		{"another's lease far from its end", &pb.Lease{Holder: other, Start: 10, End: 170, Seq: 3}, 100, 0},
 	} {
-		got := nextLease(c.current, self, c.e, span)
+		got := nextLease(c.current, self, c.e, span, span/2)
 		switch {
 		case c.wantStart == 0 && got != nil:
 			t.Errorf("%s: proposed %v, want nothing", c.name, got)

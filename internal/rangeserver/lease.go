@@ -62,7 +62,7 @@ func (r *Replica) tick() {
 	}
 	e = r.observeEpoch(e)
 	lease := r.sm.Lease()
-	if want := nextLease(lease, r.self, e, r.cfg.LeaseEpochs); want != nil {
+	if want := nextLease(lease, r.self, e, r.cfg.LeaseEpochs, r.cfg.LeaseRenewEpochs); want != nil {
 		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Lease{Lease: &pb.LeaseCmd{Lease: want, PrevSeq: lease.GetSeq()}}})
 		if _, err := r.group.Propose(ctx, cmd); err != nil {
 			slog.Debug("lease proposal failed", "range", r.id, "err", err)
@@ -104,25 +104,25 @@ func (r *Replica) tick() {
 // nextLease returns the lease that replica self, leading the range's Raft
 // group at local epoch e, should propose after current (nil: none), each
 // lease reaching leaseEpochs past e (paper §2.3.1, DESIGN.md §3.3):
-//   - its own lease, renewed (keeping its start) once less than half of
-//     leaseEpochs remains;
+//   - its own lease, renewed (keeping its start) once fewer than renew
+//     epochs of it remain;
 //   - a new lease starting at e when there is none or the current one lapsed;
-//   - a lease queued right after another holder's that ends within half of
-//     leaseEpochs, so the two never overlap; it serves once e gets there.
+//   - a lease queued right after another holder's that ends within renew
+//     epochs, so the two never overlap; it serves once e gets there.
 //
 // Every proposal names its predecessor's seq, so replicas reject it if
 // another lease got in first.
-func nextLease(current *pb.Lease, self, e, leaseEpochs uint64) *pb.Lease {
+func nextLease(current *pb.Lease, self, e, leaseEpochs, renew uint64) *pb.Lease {
 	next := &pb.Lease{Holder: self, End: e + leaseEpochs, Seq: current.GetSeq() + 1}
 	switch {
 	case current.GetHolder() == self && current.GetEnd() >= e:
-		if current.GetEnd() >= e+leaseEpochs/2 {
+		if current.GetEnd() >= e+renew {
 			return nil
 		}
 		next.Start = current.GetStart()
 	case current.GetHolder() == 0 || current.GetEnd() < e:
 		next.Start = e
-	case current.GetEnd()+1 <= e+leaseEpochs/2:
+	case current.GetEnd()+1 <= e+renew:
 		next.Start = current.GetEnd() + 1
 	default:
 		return nil

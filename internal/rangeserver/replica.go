@@ -42,8 +42,14 @@ type Decider interface {
 // Config tunes a range replica. Zero fields take the defaults noted.
 type Config struct {
 	// LeaseEpochs is how far ahead of the current local epoch a lease's end is
-	// set when it is acquired or renewed (default 100, paper §2.3.1).
+	// set when it is acquired or renewed (default 100, paper §2.3.1;
+	// topology range_lease_epochs).
 	LeaseEpochs uint64
+	// LeaseRenewEpochs: the holder renews once fewer than this many epochs
+	// of its lease remain, and a new leader queues its lease behind one
+	// ending within this many (default LeaseEpochs/2; topology
+	// range_lease_renew_epochs).
+	LeaseRenewEpochs uint64
 	// Tick is the period of the lease and resolver loop (default 10 ms).
 	Tick time.Duration
 	// OrphanAfter is how long a transaction may hold locks here, or stay
@@ -116,7 +122,10 @@ func (systemClock) Now() time.Time { return time.Now() }
 
 func (c Config) withDefaults() Config {
 	if c.LeaseEpochs == 0 {
-		c.LeaseEpochs = 100
+		c.LeaseEpochs = topology.DefaultRangeLeaseEpochs
+	}
+	if c.LeaseRenewEpochs == 0 || c.LeaseRenewEpochs >= c.LeaseEpochs {
+		c.LeaseRenewEpochs = c.LeaseEpochs / 2
 	}
 	if c.Tick <= 0 {
 		c.Tick = 10 * time.Millisecond

@@ -19,6 +19,7 @@ package topology
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -94,6 +95,11 @@ const (
 	DefaultClosedEpochInterval = 200 * time.Millisecond
 	// MinClosedEpochInterval is the shortest closed_epoch_interval accepted.
 	MinClosedEpochInterval = 10 * time.Millisecond
+	// DefaultRangeLeaseEpochs is how far, in local epochs, a range lease
+	// reaches past the epoch it was granted or renewed at (paper §2.3.1:
+	// 100, one second at 10 ms epochs): the longest a frozen leaseholder
+	// keeps its range from being served elsewhere.
+	DefaultRangeLeaseEpochs = 100
 	// DefaultMergeDelay is how long two neighbouring ranges must keep their
 	// shape before they merge automatically (DESIGN.md §11).
 	DefaultMergeDelay = 30 * time.Second
@@ -163,6 +169,17 @@ type Topology struct {
 	// about this much. File: closed_epoch_interval, default 200ms, at
 	// least 10ms.
 	ClosedEpochInterval time.Duration
+	// RangeLeaseEpochs is how far, in local epochs, a range lease reaches
+	// past the epoch it is granted or renewed at (DESIGN.md §3.3): a
+	// frozen or partitioned leaseholder keeps its ranges unserved for up
+	// to this long. File: range_lease_epochs, default 100, at least 10.
+	RangeLeaseEpochs uint64
+	// RangeLeaseRenewEpochs: a leaseholder renews its lease once fewer
+	// than this many epochs of it remain, and a new leader queues its
+	// lease behind one ending this close (each renewal is one Raft entry
+	// of the range). File: range_lease_renew_epochs, default half of
+	// range_lease_epochs, between 2 and range_lease_epochs - 2.
+	RangeLeaseRenewEpochs uint64
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -219,6 +236,8 @@ type fileTopology struct {
 	GCTTL              string      `yaml:"gc_ttl,omitempty"`
 	TxnRecordGrace     string      `yaml:"txn_record_grace,omitempty"`
 	ClosedInterval     string      `yaml:"closed_epoch_interval,omitempty"`
+	RangeLeaseEpochs   uint64      `yaml:"range_lease_epochs,omitempty"`
+	RangeLeaseRenew    uint64      `yaml:"range_lease_renew_epochs,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -411,6 +430,12 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if t.ClosedEpochInterval < MinClosedEpochInterval {
 		return nil, invalid("closed_epoch_interval: %v is below %v: every range would write a Raft entry that often", t.ClosedEpochInterval, MinClosedEpochInterval)
+	}
+	if t.RangeLeaseEpochs = cmp.Or(f.RangeLeaseEpochs, DefaultRangeLeaseEpochs); t.RangeLeaseEpochs < 10 {
+		return nil, invalid("range_lease_epochs: %d is below 10: leases would be renewed almost every epoch", t.RangeLeaseEpochs)
+	}
+	if t.RangeLeaseRenewEpochs = cmp.Or(f.RangeLeaseRenew, t.RangeLeaseEpochs/2); t.RangeLeaseRenewEpochs < 2 || t.RangeLeaseRenewEpochs > t.RangeLeaseEpochs-2 {
+		return nil, invalid("range_lease_renew_epochs: %d must be between 2 and range_lease_epochs - 2 (%d)", t.RangeLeaseRenewEpochs, t.RangeLeaseEpochs-2)
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -739,6 +764,8 @@ func (t *Topology) Marshal() ([]byte, error) {
 		GCTTL:              t.GCTTL.String(),
 		TxnRecordGrace:     t.TxnRecordGrace.String(),
 		ClosedInterval:     t.ClosedEpochInterval.String(),
+		RangeLeaseEpochs:   t.RangeLeaseEpochs,
+		RangeLeaseRenew:    t.RangeLeaseRenewEpochs,
 	}
 	if t.AutoExcludeAfter > 0 {
 		f.AutoExcludeAfter = t.AutoExcludeAfter.String()

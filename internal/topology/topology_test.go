@@ -298,3 +298,36 @@ func TestGCTTLSetting(t *testing.T) {
 		}
 	}
 }
+
+func TestRangeLeaseSettings(t *testing.T) {
+	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
+	for _, c := range []struct {
+		extra        string
+		lease, renew uint64
+		bad          string
+	}{
+		{"", 100, 50, ""},
+		{"range_lease_epochs: 40\n", 40, 20, ""},
+		{"range_lease_epochs: 40\nrange_lease_renew_epochs: 30\n", 40, 30, ""},
+		{"range_lease_epochs: 5\n", 0, 0, "below 10"},
+		{"range_lease_epochs: 40\nrange_lease_renew_epochs: 39\n", 0, 0, "between 2 and range_lease_epochs - 2 (38)"},
+		{"range_lease_renew_epochs: 1\n", 0, 0, "between 2"},
+		{"range_lease_epochs: -3\n", 0, 0, "line 1"},
+	} {
+		top, err := Parse([]byte(c.extra + base))
+		if c.bad != "" {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
+				t.Errorf("%q: %v, want ErrInvalid saying %q", c.extra, err, c.bad)
+			}
+			continue
+		}
+		if err != nil || top.RangeLeaseEpochs != c.lease || top.RangeLeaseRenewEpochs != c.renew {
+			t.Errorf("%q: %v; got lease %d renew %d, want %d %d", c.extra, err, top.RangeLeaseEpochs, top.RangeLeaseRenewEpochs, c.lease, c.renew)
+			continue
+		}
+		out, _ := top.Marshal()
+		if again, err := Parse(out); err != nil || again.RangeLeaseEpochs != c.lease || again.RangeLeaseRenewEpochs != c.renew {
+			t.Errorf("%q: round trip gave %v (%v)", c.extra, again, err)
+		}
+	}
+}

@@ -39,9 +39,12 @@ type Dialer struct {
 	conns  map[uint64]*grpc.ClientConn
 	closed bool
 
-	life context.Context // canceled by Close: duplicates in flight give up
+	life context.Context // canceled by Close: duplicates in flight and pings give up
 	stop context.CancelFunc
 	dups sync.WaitGroup // duplicated requests in flight
+
+	det        detector
+	detStarted bool // the detector's loop runs (from the first Conn)
 }
 
 // NewDialer returns a Dialer whose calls originate at self and present
@@ -53,7 +56,17 @@ func NewDialer(net *Network, self Endpoint, certs *security.Certs) *Dialer {
 	if certs != nil {
 		creds = credentials.NewTLS(certs.ClientTLS())
 	}
-	return &Dialer{net: net, self: self, creds: creds, tls: certs != nil, conns: map[uint64]*grpc.ClientConn{}, life: life, stop: stop}
+	d := &Dialer{net: net, self: self, creds: creds, tls: certs != nil, conns: map[uint64]*grpc.ClientConn{}, life: life, stop: stop}
+	d.det = detector{cfg: DetectorConfig{}.withDefaults(), d: d}
+	return d
+}
+
+// SetDetector tunes the dialer's failure detection (see DetectorConfig);
+// call it before the first Conn.
+func (d *Dialer) SetDetector(cfg DetectorConfig) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.det.cfg = cfg.withDefaults()
 }
 
 // Secure reports whether the dialer speaks mutual TLS.
@@ -82,10 +95,17 @@ func (d *Dialer) Conn(id uint64) (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("transport: unknown node %d", id)
 	}
 	to := Endpoint{Node: id, Region: node.Region}
+	health := d.det.peer(id)
+	if !d.detStarted {
+		d.detStarted = true
+		d.det.wg.Add(1)
+		go d.det.run(d.life)
+	}
 	c, err := grpc.NewClient(node.Addr,
 		grpc.WithTransportCredentials(d.creds),
+		grpc.WithContextDialer(health.dial),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
-		grpc.WithUnaryInterceptor(d.wanInterceptor(to)),
+		grpc.WithChainUnaryInterceptor(health.interceptor, d.wanInterceptor(to)),
 		// Reconnect within a second of a peer's restart; gRPC's default backoff
 		// grows to two minutes, long enough to strand a restarted replica.
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
@@ -166,6 +186,7 @@ func (d *Dialer) Close() {
 	d.mu.Unlock()
 	d.stop()
 	d.dups.Wait()
+	d.det.wg.Wait()
 	for _, c := range conns {
 		_ = c.Close()
 	}

@@ -1,0 +1,224 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport/transportpb"
+)
+
+// freezer is a TCP proxy in front of a server that can stop forwarding
+// without closing anything, as a SIGSTOP'd process does: the kernel keeps the
+// sockets open, nothing answers.
+type freezer struct {
+	l      net.Listener
+	target string
+
+	mu     sync.Mutex
+	frozen bool
+	thawed chan struct{} // closed when unfrozen
+	conns  []net.Conn
+	wg     sync.WaitGroup
+	closed bool
+}
+
+func newFreezer(t *testing.T, target string) *freezer {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &freezer{l: l, target: target, thawed: make(chan struct{})}
+	close(f.thawed)
+	f.wg.Add(1)
+	go f.accept()
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *freezer) accept() {
+	defer f.wg.Done()
+	for {
+		c, err := f.l.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", f.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		f.mu.Lock()
+		if f.closed {
+			f.mu.Unlock()
+			c.Close()
+			s.Close()
+			return
+		}
+		f.conns = append(f.conns, c, s)
+		f.wg.Add(2)
+		f.mu.Unlock()
+		go f.pipe(c, s)
+		go f.pipe(s, c)
+	}
+}
+
+// pipe copies src to dst, holding every chunk while frozen.
+func (f *freezer) pipe(dst, src net.Conn) {
+	defer f.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			f.mu.Lock()
+			thawed := f.thawed
+			f.mu.Unlock()
+			<-thawed
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				_ = dst.Close()
+			} else if tc, ok := dst.(*net.TCPConn); ok {
+				_ = tc.CloseWrite()
+			}
+			return
+		}
+	}
+}
+
+func (f *freezer) freeze(on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if on == f.frozen {
+		return
+	}
+	f.frozen = on
+	if on {
+		f.thawed = make(chan struct{})
+	} else {
+		close(f.thawed)
+	}
+}
+
+func (f *freezer) close() {
+	f.freeze(false)
+	f.mu.Lock()
+	f.closed = true
+	conns := f.conns
+	f.mu.Unlock()
+	f.l.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+	f.wg.Wait()
+}
+
+// frozenPair serves the Transport service as node 1, reached through a
+// freezer, and returns a client dialer with fast failure detection.
+func frozenPair(t *testing.T, rttMS int) (*Dialer, *freezer, *Network) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFreezer(t, l.Addr().String())
+	top, err := topology.Parse([]byte(`
+regions: [east, west]
+rtt: [{between: [east, west], ms: ` + itoa(rttMS) + `}]
+nodes:
+  - {id: 1, region: east, addr: "` + f.l.Addr().String() + `"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw := NewNetwork(top)
+	sd := NewDialer(nw, nw.NodeEndpoint(1), nil)
+	r := NewRaft(sd, &recorder{})
+	s := NewServer(nil)
+	r.Register(s)
+	done := make(chan struct{})
+	go func() { _ = s.Serve(l); close(done) }()
+	d := NewDialer(nw, Endpoint{Region: "west"}, nil)
+	d.SetDetector(DetectorConfig{ProbeAfter: 100 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() {
+		d.Close()
+		f.close()
+		r.Close()
+		s.Stop()
+		<-done
+		sd.Close()
+	})
+	return d, f, nw
+}
+
+func ping(d *Dialer, ctx context.Context) error {
+	conn, err := d.Conn(1)
+	if err != nil {
+		return err
+	}
+	_, err = transportpb.NewTransportClient(conn).Ping(ctx, &transportpb.PingRequest{})
+	return err
+}
+
+// A call to a node that stops answering without closing its sockets fails
+// soon after the detector's ping goes unanswered, well before the caller's
+// deadline; later calls fail at once as NotSent; once the node answers
+// again, calls go through.
+func TestDetectorFailsCallsToFrozenNode(t *testing.T) {
+	d, f, _ := frozenPair(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := ping(d, ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.freeze(true)
+	start := time.Now()
+	err := ping(d, ctx)
+	took := time.Since(start)
+	if status.Code(err) != codes.Unavailable || NotSent(err) || ctx.Err() != nil {
+		t.Fatalf("call in flight to a frozen node: %v (after %v), want Unavailable before the deadline", err, took)
+	}
+	t.Logf("call in flight failed after %v: %v", took, err)
+	start = time.Now()
+	err = ping(d, ctx)
+	if !NotSent(err) || status.Code(err) != codes.Unavailable || time.Since(start) > time.Second {
+		t.Fatalf("call to an unresponsive node: %v after %v, want NotSent at once", err, time.Since(start))
+	}
+	f.freeze(false)
+	for {
+		if err = ping(d, ctx); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("node thawed, calls still fail: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A node that answers slowly (here a 1.5 s round trip, far above ProbeAfter
+// and ProbeTimeout) is not declared unresponsive: the ping's bound includes
+// the round trip, and the call completes.
+func TestDetectorSparesSlowNode(t *testing.T) {
+	d, _, _ := frozenPair(t, 1500)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 0; i < 2; i++ {
+		if err := ping(d, ctx); err != nil {
+			t.Fatalf("call %d to a slow node: %v", i, err)
+		}
+	}
+	if p := d.det.peer(1); p.down.Load() != 0 {
+		t.Fatal("a slow node was declared unresponsive")
+	}
+}
