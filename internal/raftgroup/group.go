@@ -22,18 +22,15 @@ import (
 )
 
 // StateMachine is the replicated state a group applies its log to. Its methods are
-// called only from the group's goroutine, in log order.
+// called only from the group's goroutine, in log order. It must also be a
+// Snapshotter or Streamed (snapshot.go), which says how Raft snapshots of it
+// travel.
 type StateMachine interface {
 	// Apply applies the committed command at index, staging every durable change
 	// in b (committed together with the applied index). b is indexed: reads
 	// through it see the writes of earlier commands in the same batch. The result
 	// is returned to the proposer, if it waits on this replica.
 	Apply(b *pebble.Batch, index uint64, cmd []byte) any
-	// Snapshot encodes the state as of the last applied command.
-	Snapshot() ([]byte, error)
-	// Restore replaces the state with an encoded snapshot, staging its durable
-	// form in b (an indexed batch).
-	Restore(b *pebble.Batch, data []byte) error
 }
 
 // PostApplier is a StateMachine that acts once the batch of its applied
@@ -115,6 +112,8 @@ type Group struct {
 	pending      uint64                   // loop only: last read request id (random start)
 	pendingReads map[[8]byte]*readRequest // loop only
 	appliedC     chan struct{}            // closed and replaced when Applied changes
+	snapIn       chan *incoming           // streamed snapshots received, for the loop
+	staged       *staged                  // loop only: the received snapshot Raft may accept
 
 	mu     sync.Mutex
 	status Status
@@ -133,6 +132,14 @@ type Config struct {
 	// truncated behind a snapshot (default 10000); the newest CompactAfter/2
 	// entries are kept so a follower slightly behind catches up from the log.
 	CompactAfter uint64
+	// SnapshotRate bounds the bytes per second a node sends in streamed
+	// snapshots, all groups together, so that catching a replica up leaves
+	// the disk and network to foreground traffic (default 32 MiB/s).
+	SnapshotRate float64
+	// MaxSnapshots bounds the streamed snapshots a node sends at once, and
+	// those it receives at once (default 2 each); past it a snapshot is
+	// refused and Raft sends it later.
+	MaxSnapshots int
 }
 
 // electionTicks is Raft's election timeout in ticks (300 ms at the default
@@ -150,14 +157,25 @@ func (c Config) withDefaults() Config {
 	if c.CompactAfter == 0 {
 		c.CompactAfter = 10000
 	}
+	if c.SnapshotRate <= 0 {
+		c.SnapshotRate = 32 << 20
+	}
+	if c.MaxSnapshots <= 0 {
+		c.MaxSnapshots = 2
+	}
 	return c
 }
 
 func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachine, cfg Config, m *Metrics) (*Group, error) {
+	_, streamed := sm.(Streamed)
+	if _, copied := sm.(Snapshotter); streamed == copied {
+		return nil, fmt.Errorf("raftgroup: group %d: state machine %T must be either a Snapshotter or Streamed", id, sm)
+	}
 	ls, err := openLogStore(e, id, voters)
 	if err != nil {
 		return nil, err
 	}
+	ls.streamed = streamed
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:                        self,
 		ElectionTick:              electionTicks,
@@ -190,6 +208,7 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 		pendingReads: map[[8]byte]*readRequest{},
 		pending:      rand.Uint64(),
 		appliedC:     make(chan struct{}),
+		snapIn:       make(chan *incoming, 1),
 	}
 	binary.BigEndian.PutUint64(g.catchUp.ctx[:], rand.Uint64())
 	g.catchUp.applied = ls.applied
@@ -198,6 +217,9 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 	g.status = Status{Group: id, Replica: self, Applied: ls.applied}
 	return g, nil
 }
+
+// isMember reports whether replica id belongs to the group's configuration.
+func (g *Group) isMember(id uint64) bool { return slices.Contains(g.voters, id) }
 
 // ID returns the group ID.
 func (g *Group) ID() uint64 { return g.id }
@@ -452,6 +474,7 @@ func (g *Group) run() {
 		select {
 		case <-g.stop:
 			g.failWaiters(ErrStopped)
+			g.dropStaged()
 			return
 		case <-ticker.C:
 			g.rn.Tick()
@@ -465,6 +488,8 @@ func (g *Group) run() {
 		case <-g.poke:
 		case r := <-g.reads:
 			g.readIndex(r)
+		case in := <-g.snapIn:
+			g.takeSnapshot(in)
 		}
 		g.runSnapshotReports()
 		g.drain()
@@ -475,9 +500,11 @@ func (g *Group) run() {
 				g.err = err
 				g.mu.Unlock()
 				g.failWaiters(ErrStopped)
+				g.dropStaged()
 				return
 			}
 		}
+		g.dropStaged() // a snapshot Raft would accept is in the Ready just handled
 	}
 }
 
@@ -562,11 +589,18 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	sync := rd.MustSync
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		b = g.e.NewIndexedBatch() // Restore may read back what it staged
+		if bytes.Equal(rd.Snapshot.GetData(), streamedMarker) {
+			if err := g.installStreamed(rd.Snapshot.GetMetadata().GetIndex()); err != nil {
+				return err
+			}
+		}
 		if err := g.ls.installSnapshot(b, rd.Snapshot); err != nil {
 			return err
 		}
-		if err := g.sm.Restore(b, rd.Snapshot.GetData()); err != nil {
-			return err
+		if sm, ok := g.sm.(Snapshotter); ok {
+			if err := sm.Restore(b, rd.Snapshot.GetData()); err != nil {
+				return err
+			}
 		}
 		sync = true
 		defer g.setApplied(rd.Snapshot.GetMetadata().GetIndex())
@@ -719,9 +753,12 @@ func (g *Group) maybeCompact() error {
 	if applied < g.ls.first || applied-g.ls.first < g.cfg.CompactAfter {
 		return nil
 	}
-	data, err := g.sm.Snapshot()
-	if err != nil {
-		return err
+	data := streamedMarker // a Streamed group's state is in the engine already
+	if sm, ok := g.sm.(Snapshotter); ok {
+		var err error
+		if data, err = sm.Snapshot(); err != nil {
+			return err
+		}
 	}
 	b := g.e.NewBatch()
 	if err := g.ls.compact(b, applied, applied-g.cfg.CompactAfter/2, data); err != nil {

@@ -6,13 +6,14 @@
 package raftgroup
 
 import (
+	"context"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"golang.org/x/time/rate"
 
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/transport/transportpb"
@@ -22,6 +23,9 @@ import (
 type Sender interface {
 	// Send queues m of group for m.To without blocking.
 	Send(group uint64, m *raftpb.Message)
+	// SendSnapshot streams a snapshot to node to: first is the header,
+	// body sends the data in chunks (transport.Raft.SendSnapshot).
+	SendSnapshot(ctx context.Context, to uint64, first *transportpb.SnapshotChunk, body func(send func(data []byte) error) error) error
 }
 
 // Metrics are the host's Prometheus collectors.
@@ -33,6 +37,7 @@ type Metrics struct {
 	leaderChanges   prometheus.Counter
 	droppedMessages prometheus.Counter
 	strayMessages   prometheus.Counter
+	snapshotBytes   prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: unregistered).
@@ -64,9 +69,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "terroir_raft_stray_messages_total",
 			Help: "Incoming Raft messages dropped as misaddressed: for a group not hosted here, to another replica, or from a node that is not the sender or not a replica of the group.",
 		}),
+		snapshotBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_raft_snapshot_sent_bytes_total", Help: "Bytes of keys and values streamed in Raft snapshots to other nodes.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages)
+		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes)
 	}
 	return m
 }
@@ -83,6 +91,14 @@ type Host struct {
 	sender  Sender
 	started bool
 	closed  bool
+
+	// Streamed snapshots (snapshot.go).
+	limiter   *rate.Limiter   // bytes per second sent
+	sending   chan struct{}   // a slot per snapshot being sent
+	receiving chan struct{}   // a slot per snapshot being received
+	ctx       context.Context // canceled by Close: streams end
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // snapshots being sent
 }
 
 // NewHost returns an empty host for node self on engine e.
@@ -90,7 +106,12 @@ func NewHost(self uint64, e *storage.Engine, cfg Config, m *Metrics) *Host {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Host{self: self, e: e, cfg: cfg, metrics: m, groups: map[uint64]*Group{}}
+	cfg = cfg.withDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Host{self: self, e: e, cfg: cfg, metrics: m, groups: map[uint64]*Group{},
+		limiter: rate.NewLimiter(rate.Limit(cfg.SnapshotRate), max(snapshotChunkBytes, int(cfg.SnapshotRate/10))),
+		sending: make(chan struct{}, cfg.MaxSnapshots), receiving: make(chan struct{}, cfg.MaxSnapshots),
+		ctx: ctx, cancel: cancel}
 }
 
 // AddGroup opens this node's replica of group id (voters are the group's replica
@@ -111,7 +132,7 @@ func (h *Host) AddGroup(id uint64, voters []uint64, sm StateMachine) (*Group, er
 	}
 	h.groups[id] = g
 	if h.started {
-		g.send = h.sender.Send
+		g.send = h.route(g)
 		go g.run()
 	}
 	return g, nil
@@ -144,7 +165,7 @@ func (h *Host) Start(s Sender) {
 	defer h.mu.Unlock()
 	h.sender, h.started = s, true
 	for _, g := range h.groups {
-		g.send = s.Send
+		g.send = h.route(g)
 		go g.run()
 	}
 }
@@ -167,7 +188,7 @@ func (h *Host) HandleRaft(from uint64, msgs []*transportpb.RaftEnvelope) {
 		// Raft trusts every message it steps: a misaddressed one (a node
 		// restarted on another's address, a message of another cluster) could
 		// raise a group's term or be taken for a replica's reply.
-		if g == nil || m == nil || m.GetTo() != h.self || m.GetFrom() != from || !slices.Contains(g.voters, from) {
+		if g == nil || m == nil || m.GetTo() != h.self || m.GetFrom() != from || !g.isMember(from) {
 			h.metrics.strayMessages.Inc()
 			continue
 		}
@@ -200,6 +221,8 @@ func (h *Host) Close() {
 	started := h.started
 	h.closed = true
 	h.mu.Unlock()
+	h.cancel()
+	h.wg.Wait()
 	if !started {
 		return
 	}

@@ -46,6 +46,7 @@ type logStore struct {
 	first     uint64   // first index in the log: truncIdx+1
 	terms     []uint64 // terms[i] is the term of entry first+i
 	applied   uint64
+	streamed  bool // the state machine is Streamed: a snapshot is taken at the applied index when sent
 
 	// cache holds the newest entries, cache[i] being entry cacheFirst+i, so
 	// that committed entries and appends to followers are served from memory.
@@ -151,6 +152,13 @@ func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, 
 	if err != nil {
 		return nil, err
 	}
+	if s.hs.GetCommit() < s.truncIdx {
+		// A streamed snapshot was ingested (its state, applied and
+		// truncated index) but the crash came before the hard state Raft
+		// writes after it: what was applied was committed.
+		s.hs.Commit = proto.Uint64(s.truncIdx)
+		s.hs.Term = proto.Uint64(max(s.hs.GetTerm(), s.truncTerm))
+	}
 	if c := s.hs.GetCommit(); c > s.lastIndex() {
 		return nil, fmt.Errorf("%w: group %d log ends at %d but index %d was committed", storage.ErrCorrupt, group, s.lastIndex(), c)
 	}
@@ -253,8 +261,18 @@ func (s *logStore) LastIndex() (uint64, error) { return s.lastIndex(), nil }
 // FirstIndex implements raft.Storage.
 func (s *logStore) FirstIndex() (uint64, error) { return s.first, nil }
 
-// Snapshot implements raft.Storage.
+// Snapshot implements raft.Storage. A Streamed group's snapshot is its
+// state at the applied index (the host streams it from the engine when it
+// sends it, at the index applied then).
 func (s *logStore) Snapshot() (*raftpb.Snapshot, error) {
+	if s.streamed && s.applied > 0 && s.applied >= s.truncIdx {
+		term, err := s.Term(s.applied)
+		if err != nil {
+			return nil, err
+		}
+		return &raftpb.Snapshot{Data: streamedMarker, Metadata: &raftpb.SnapshotMetadata{
+			ConfState: proto.Clone(s.cs).(*raftpb.ConfState), Index: proto.Uint64(s.applied), Term: proto.Uint64(term)}}, nil
+	}
 	snap := &raftpb.Snapshot{}
 	if err := s.load(recSnapshot, snap); err != nil {
 		return nil, err

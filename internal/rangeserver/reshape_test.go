@@ -96,23 +96,13 @@ func TestSubsumeAndMerge(t *testing.T) {
 	// with data in the span it grew into.
 	apply(t, left, &pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: []byte("t"), LeaseStart: 1,
 		Writes: []*pb.Write{{Key: []byte("quince"), Value: []byte("q")}}, Version: &pb.VersionID{Epoch: 9, Counter: 1}}}})
-	snap, err := left.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	e2, err := storage.Open(t.TempDir(), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e2.Close()
 	behind, _ := NewStateMachine(e2, &pb.RangeDescriptor{RangeId: 10, EndKey: []byte("m"), Region: "r", Generation: 3})
-	b := e2.NewIndexedBatch()
-	if err := behind.Restore(b, snap); err != nil {
-		t.Fatalf("restoring the merged range's snapshot: %v", err)
-	}
-	if err := e2.Commit(b, true); err != nil {
-		t.Fatal(err)
-	}
+	transfer(t, left, behind)
 	if v, ok, _, _ := behind.Get(Versions, []byte("quince"), maxVersion); !ok || string(v.Value) != "q" {
 		t.Fatalf("quince after the restore = %q %v; want q", v.Value, ok)
 	}

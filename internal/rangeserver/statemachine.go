@@ -364,103 +364,49 @@ func (sm *StateMachine) writeVersions(b *pebble.Batch, writes []*pb.Write, v, re
 	}
 }
 
-// Snapshot implements raftgroup.StateMachine: every key of the range's
-// range-local state and of its data and regional copies within its span, each
-// key and value framed by storage.AppendRecord.
-func (sm *StateMachine) Snapshot() ([]byte, error) {
-	var out []byte
-	for _, sp := range sm.spans() {
-		err := sm.e.Scan(sp[0], sp[1], func(k, v []byte) (bool, error) {
-			out = storage.AppendRecord(storage.AppendRecord(out, k), v)
-			return true, nil
-		})
-		if err != nil {
-			return nil, err
+// SnapshotSpans implements raftgroup.Streamed: the range-local state, and
+// the data and regional copies within the span of the descriptor the view
+// holds (a merge may have grown it since the replica started).
+func (sm *StateMachine) SnapshotSpans(get func(key []byte) ([]byte, error)) ([][2][]byte, error) {
+	d := sm.desc.Load()
+	if v, err := get(sm.sub(subDescriptor, nil)); err != nil {
+		return nil, err
+	} else if v != nil {
+		d = &pb.RangeDescriptor{}
+		if err := proto.Unmarshal(v, d); err != nil {
+			return nil, fmt.Errorf("%w: descriptor: %v", storage.ErrCorrupt, err)
 		}
 	}
-	return out, nil
+	return sm.spansOf(d), nil
 }
 
-// Restore implements raftgroup.StateMachine: it replaces the range's state
-// and its span's data with the snapshot's. A key outside them is
-// storage.ErrCorrupt.
-func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
-	var kvs [][2][]byte
-	spans := sm.spans()
-	for len(data) > 0 {
-		k, rest, err := storage.NextRecord(data)
-		if err != nil {
-			return err
-		}
-		v, rest, err := storage.NextRecord(rest)
-		if err != nil {
-			return err
-		}
-		data = rest
-		kvs = append(kvs, [2][]byte{k, v})
-		if bytes.Equal(k, sm.sub(subDescriptor, nil)) {
-			// The snapshot's span, which a merge may have grown, is the range's too.
-			d := &pb.RangeDescriptor{}
-			if err := proto.Unmarshal(v, d); err != nil {
-				return fmt.Errorf("%w: descriptor in snapshot: %v", storage.ErrCorrupt, err)
-			}
-			spans = append(spans, sm.spansOf(d)...)
-		}
+// CheckSpans implements raftgroup.Streamed: a snapshot of the range holds
+// exactly its range-local state first, then spans of the data and regional
+// key spaces (whose keys ranges share, each owning its span).
+func (sm *StateMachine) CheckSpans(spans [][2][]byte) error {
+	if len(spans) == 0 || !bytes.Equal(spans[0][0], sm.prefix) || !bytes.Equal(spans[0][1], storage.PrefixEnd(sm.prefix)) {
+		return fmt.Errorf("the first span is not range %x's own state", sm.prefix)
 	}
-	for _, sp := range spans {
-		if err := b.DeleteRange(sp[0], sp[1], nil); err != nil {
-			return err
+	for _, sp := range spans[1:] {
+		if len(sp[0]) == 0 {
+			return fmt.Errorf("span [%x, %x) starts at the empty key", sp[0], sp[1])
 		}
-	}
-	for _, kv := range kvs {
-		if !inSpans(kv[0], spans) {
-			return fmt.Errorf("%w: range snapshot key outside the range", storage.ErrCorrupt)
+		p := sp[0][0]
+		if (p != storage.PrefixData && p != storage.PrefixRegional) || bytes.Compare(sp[1], []byte{p + 1}) > 0 {
+			return fmt.Errorf("span [%x, %x) is not in the data or regional key space", sp[0], sp[1])
 		}
-		if err := b.Set(kv[0], kv[1], nil); err != nil {
-			return err
-		}
-	}
-	// Reload the in-memory view from what the batch now holds.
-	sm.mu.Lock()
-	defer sm.mu.Unlock()
-	sm.lease, sm.prepared = &pb.Lease{}, map[string]*pb.PreparedRecord{}
-	if v, closer, err := b.Get(sm.sub(subLease, nil)); err == nil {
-		err = proto.Unmarshal(v, sm.lease)
-		closer.Close()
-		if err != nil {
-			return fmt.Errorf("%w: lease in snapshot: %v", storage.ErrCorrupt, err)
-		}
-	}
-	if v, closer, err := b.Get(sm.sub(subDescriptor, nil)); err == nil {
-		d := &pb.RangeDescriptor{}
-		err = proto.Unmarshal(v, d)
-		closer.Close()
-		if err != nil {
-			return fmt.Errorf("%w: descriptor in snapshot: %v", storage.ErrCorrupt, err)
-		}
-		sm.desc.Store(d)
-	}
-	get := func(k []byte) ([]byte, error) { return batchGet(b, k) }
-	if err := sm.loadGC(get); err != nil {
-		return err
-	}
-	if err := sm.loadClosed(get, false); err != nil {
-		return err
-	}
-	lo := sm.sub(subPrepared, nil)
-	it, err := b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: storage.PrefixEnd(lo)})
-	if err != nil {
-		return err
-	}
-	defer it.Close()
-	for ok := it.First(); ok; ok = it.Next() {
-		rec := &pb.PreparedRecord{}
-		if err := proto.Unmarshal(it.Value(), rec); err != nil {
-			return fmt.Errorf("%w: prepared record in snapshot: %v", storage.ErrCorrupt, err)
-		}
-		sm.prepared[string(rec.GetTxn().GetId())] = rec
 	}
 	return nil
+}
+
+// Reload implements raftgroup.Streamed: the in-memory view (lease,
+// descriptor, GC and closed epochs, prepared transactions) is read again
+// from the engine, into which a snapshot was just ingested (durably, so
+// its closed epoch is trusted at once).
+func (sm *StateMachine) Reload() error {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.load()
 }
 
 // inSpans reports whether engine key k lies in one of spans ([lo, hi); a nil

@@ -1,6 +1,7 @@
 package rangeserver
 
 import (
+	"encoding/binary"
 	"errors"
 	"testing"
 
@@ -86,19 +87,9 @@ func TestPrepareCommitAndSnapshot(t *testing.T) {
 	if sm.IsPrepared(txn.GetId()) || !sm.IsPrepared(other.GetId()) {
 		t.Fatal("prepared set wrong after commit")
 	}
-	snap, err := sm.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Another replica of the same range restores it.
+	// Another replica of the same range takes its snapshot.
 	dst := openSM(t, 2)
-	b := dst.e.NewIndexedBatch()
-	if err := dst.Restore(b, snap); err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.e.Commit(b, true); err != nil {
-		t.Fatal(err)
-	}
+	transfer(t, sm, dst)
 	if v, ok, _, _ := dst.Get(Versions, []byte("a"), maxVersion); !ok || string(v.Value) != "1" || v.ID != (storage.VersionID{Epoch: 5, Counter: 1}) {
 		t.Fatalf("restored a = %q %v %v", v.Value, v.ID, ok)
 	}
@@ -107,9 +98,6 @@ func TestPrepareCommitAndSnapshot(t *testing.T) {
 	}
 	if !dst.IsPrepared(other.GetId()) || dst.Lease().GetHolder() != 1 {
 		t.Fatalf("restored replica lost its prepared record or lease: %v", dst.Lease())
-	}
-	if err := dst.Restore(dst.e.NewIndexedBatch(), snap[:len(snap)-3]); !errors.Is(err, storage.ErrCorrupt) {
-		t.Fatalf("Restore of a truncated snapshot = %v, want ErrCorrupt", err)
 	}
 	if res := sm.Apply(sm.e.NewIndexedBatch(), 9, []byte{0xff, 0x01}); !errors.Is(res.(error), ErrBadCommand) {
 		t.Fatalf("garbage command = %v, want ErrBadCommand", res)
@@ -148,26 +136,24 @@ func TestRangesShareTheNodesKeySpace(t *testing.T) {
 	if v, ok, _, _ := left.Get(Versions, []byte("melon"), maxVersion); !ok || string(v.Value) != "R" {
 		t.Fatalf("melon through the left range's reader = %q %v; want the shared key space's R", v.Value, ok)
 	}
-	snap, err := left.Snapshot()
+	view := e.NewSnapshot()
+	spans, err := left.SnapshotSpans(view.Get)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var keys int
-	for rest := snap; len(rest) > 0; keys++ {
-		k, r, err := storage.NextRecord(rest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, r, err = storage.NextRecord(r); err != nil {
-			t.Fatal(err)
-		}
-		if k[0] == storage.PrefixData || k[0] == storage.PrefixRegional {
-			if uk, _, err := storage.DecodeMVCCKey(k[:1], k); err != nil || string(uk) >= "m" {
-				t.Fatalf("the left range's snapshot holds %q (%v)", uk, err)
+	for _, sp := range spans {
+		_ = view.Scan(sp[0], sp[1], func(k, _ []byte) (bool, error) {
+			keys++
+			if k[0] == storage.PrefixData || k[0] == storage.PrefixRegional {
+				if uk, _, err := storage.DecodeMVCCKey(k[:1], k); err != nil || string(uk) >= "m" {
+					t.Fatalf("the left range's snapshot holds %q (%v)", uk, err)
+				}
 			}
-		}
-		rest = r
+			return true, nil
+		})
 	}
+	view.Close()
 	if keys != 3 { // the lease, apple's version and its regional copy
 		t.Fatalf("the left range's snapshot holds %d keys; want 3", keys)
 	}
@@ -183,13 +169,7 @@ func TestRangesShareTheNodesKeySpace(t *testing.T) {
 	apply(t, right2, leaseCmd(2, 1, 100, 1, 0))
 	write(left2, "avocado", "stale", 3)
 	write(right2, "mango", "R2", 4)
-	b := e2.NewIndexedBatch()
-	if err := left2.Restore(b, snap); err != nil {
-		t.Fatal(err)
-	}
-	if err := e2.Commit(b, true); err != nil {
-		t.Fatal(err)
-	}
+	transfer(t, left, left2)
 	for key, want := range map[string]string{"apple": "L", "avocado": "", "mango": "R2"} {
 		v, ok, _, err := left2.Get(Versions, []byte(key), maxVersion)
 		if err != nil || string(v.Value) != want || ok != (want != "") {
@@ -201,5 +181,68 @@ func TestRangesShareTheNodesKeySpace(t *testing.T) {
 	}
 	if left2.Lease().GetHolder() != 1 || right2.Lease().GetHolder() != 2 {
 		t.Errorf("leases after restore: left %v, right %v; want 1's and 2's", left2.Lease(), right2.Lease())
+	}
+}
+
+// transfer installs src's state on dst as a streamed Raft snapshot does
+// (raftgroup's Host): the spans src names in a consistent engine snapshot
+// are vetted by dst, written into an SST that first deletes them, ingested,
+// and dst reloads.
+func transfer(t *testing.T, src, dst *StateMachine) {
+	t.Helper()
+	view := src.e.NewSnapshot()
+	defer view.Close()
+	spans, err := src.SnapshotSpans(view.Get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.CheckSpans(spans); err != nil {
+		t.Fatal(err)
+	}
+	w, err := dst.e.NewSSTWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sp := range spans {
+		if err := w.DeleteRange(sp[0], sp[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sp := range spans {
+		if err := view.Scan(sp[0], sp[1], func(k, v []byte) (bool, error) { return true, w.Set(k, v) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path, err := w.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.e.Ingest([]string{path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Reload(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A range takes a snapshot only of its own state and the data and
+// regional key spaces.
+func TestCheckSpansRefusesOtherState(t *testing.T) {
+	sm := openSM(t, 1)
+	own := [2][]byte{sm.prefix, storage.PrefixEnd(sm.prefix)}
+	other := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, 99)
+	for _, c := range []struct {
+		spans [][2][]byte
+		ok    bool
+	}{
+		{[][2][]byte{own, {[]byte{storage.PrefixData, 'a'}, []byte{storage.PrefixData + 1}}}, true},
+		{[][2][]byte{{other, storage.PrefixEnd(other)}}, false},
+		{[][2][]byte{own, {[]byte{storage.PrefixRaft, 1}, []byte{storage.PrefixRaft, 2}}}, false},
+		{[][2][]byte{own, {[]byte{storage.PrefixData, 'a'}, []byte{storage.PrefixRegional, 'a'}}}, false},
+		{nil, false},
+	} {
+		if err := sm.CheckSpans(c.spans); (err == nil) != c.ok {
+			t.Errorf("CheckSpans(%x) = %v, want ok %v", c.spans, err, c.ok)
+		}
 	}
 }

@@ -71,7 +71,7 @@ var methodRoles = map[string]Role{
 	"/terroir.range.Range/AdminSplit":       RoleAdmin,
 	"/terroir.range.Range/AdminMerge":       RoleAdmin,
 	"/terroir.directory.Directory/SetGCTTL": RoleAdmin,
-	// Node-only, listed for the reader: Transport/Raft, Epoch/Publish,
+	// Node-only, listed for the reader: Transport/Raft, Transport/Snapshot, Epoch/Publish,
 	// Epoch/SetExcluded, Directory/Update, Directory/Allocate.
 }
 

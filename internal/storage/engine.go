@@ -70,6 +70,7 @@ type Engine struct {
 	db       *pebble.DB
 	dir      string
 	fsCloser io.Closer
+	fs       vfs.FS   // the store's file system (the crash-injecting one, if crashable)
 	crash    *crashFS // nil unless opened with OpenCrashable
 }
 
@@ -131,8 +132,12 @@ func open(dir string, nodeID uint64, crashable bool) (e *Engine, err error) {
 		// missing referenced file.
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
-	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, crash: crash}
+	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash}
 	if err := e.checkIdent(nodeID); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if err := e.clearStaging(); err != nil {
 		_ = db.Close()
 		return nil, err
 	}

@@ -26,6 +26,11 @@ type RaftHandler interface {
 	ReportUnreachable(group, to uint64)
 	// ReportSnapshot tells group's Raft whether a snapshot to node `to` was sent.
 	ReportSnapshot(group, to uint64, ok bool)
+	// HandleSnapshot receives one streamed snapshot from node `from`: first
+	// is its header chunk, next returns each later chunk's data and io.EOF
+	// after the last. An error refuses the snapshot (a gRPC status error is
+	// passed on as is, any other as FailedPrecondition).
+	HandleSnapshot(ctx context.Context, from uint64, first *transportpb.SnapshotChunk, next func() ([]byte, error)) error
 }
 
 // maxQueuedPerPeer bounds the messages queued for one node; beyond it new messages

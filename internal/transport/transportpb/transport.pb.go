@@ -174,6 +174,174 @@ func (*RaftAck) Descriptor() ([]byte, []int) {
 	return file_transport_proto_rawDescGZIP(), []int{2}
 }
 
+// Span is a key span [lo, hi) of a node's engine.
+type Span struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lo            []byte                 `protobuf:"bytes,1,opt,name=lo,proto3" json:"lo,omitempty"`
+	Hi            []byte                 `protobuf:"bytes,2,opt,name=hi,proto3" json:"hi,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Span) Reset() {
+	*x = Span{}
+	mi := &file_transport_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Span) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Span) ProtoMessage() {}
+
+func (x *Span) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Span.ProtoReflect.Descriptor instead.
+func (*Span) Descriptor() ([]byte, []int) {
+	return file_transport_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Span) GetLo() []byte {
+	if x != nil {
+		return x.Lo
+	}
+	return nil
+}
+
+func (x *Span) GetHi() []byte {
+	if x != nil {
+		return x.Hi
+	}
+	return nil
+}
+
+// SnapshotChunk is one piece of a Raft snapshot streamed from a consistent
+// engine snapshot (DESIGN.md §12). The first chunk of a stream carries the
+// header fields; every chunk may carry data.
+type SnapshotChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FromNode      uint64                 `protobuf:"varint,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	GroupId       uint64                 `protobuf:"varint,2,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"` // first chunk
+	Msg           *raftpb.Message        `protobuf:"bytes,3,opt,name=msg,proto3" json:"msg,omitempty"`                         // first chunk: the MsgSnap, its metadata naming the snapshot's index
+	Spans         []*Span                `protobuf:"bytes,4,rep,name=spans,proto3" json:"spans,omitempty"`                     // first chunk: the spans the snapshot replaces, sorted
+	Data          []byte                 `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`                       // key/value records, each framed by storage.AppendRecord, in key order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChunk) Reset() {
+	*x = SnapshotChunk{}
+	mi := &file_transport_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChunk) ProtoMessage() {}
+
+func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
+func (*SnapshotChunk) Descriptor() ([]byte, []int) {
+	return file_transport_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SnapshotChunk) GetFromNode() uint64 {
+	if x != nil {
+		return x.FromNode
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetMsg() *raftpb.Message {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetSpans() []*Span {
+	if x != nil {
+		return x.Spans
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type SnapshotAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotAck) Reset() {
+	*x = SnapshotAck{}
+	mi := &file_transport_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotAck) ProtoMessage() {}
+
+func (x *SnapshotAck) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotAck.ProtoReflect.Descriptor instead.
+func (*SnapshotAck) Descriptor() ([]byte, []int) {
+	return file_transport_proto_rawDescGZIP(), []int{5}
+}
+
 type PingRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Payload       []byte                 `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
@@ -183,7 +351,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_transport_proto_msgTypes[3]
+	mi := &file_transport_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -195,7 +363,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_proto_msgTypes[3]
+	mi := &file_transport_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -208,7 +376,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_transport_proto_rawDescGZIP(), []int{3}
+	return file_transport_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PingRequest) GetPayload() []byte {
@@ -227,7 +395,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_transport_proto_msgTypes[4]
+	mi := &file_transport_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -239,7 +407,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_proto_msgTypes[4]
+	mi := &file_transport_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -252,7 +420,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_transport_proto_rawDescGZIP(), []int{4}
+	return file_transport_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PingResponse) GetPayload() []byte {
@@ -275,13 +443,24 @@ const file_transport_proto_rawDesc = "" +
 	"\tfrom_node\x18\x01 \x01(\x04R\bfromNode\x12\x17\n" +
 	"\ato_node\x18\x02 \x01(\x04R\x06toNode\x123\n" +
 	"\x04msgs\x18\x03 \x03(\v2\x1f.terroir.transport.RaftEnvelopeR\x04msgs\"\t\n" +
-	"\aRaftAck\"'\n" +
+	"\aRaftAck\"&\n" +
+	"\x04Span\x12\x0e\n" +
+	"\x02lo\x18\x01 \x01(\fR\x02lo\x12\x0e\n" +
+	"\x02hi\x18\x02 \x01(\fR\x02hi\"\xad\x01\n" +
+	"\rSnapshotChunk\x12\x1b\n" +
+	"\tfrom_node\x18\x01 \x01(\x04R\bfromNode\x12\x19\n" +
+	"\bgroup_id\x18\x02 \x01(\x04R\agroupId\x12!\n" +
+	"\x03msg\x18\x03 \x01(\v2\x0f.raftpb.MessageR\x03msg\x12-\n" +
+	"\x05spans\x18\x04 \x03(\v2\x17.terroir.transport.SpanR\x05spans\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\"\r\n" +
+	"\vSnapshotAck\"'\n" +
 	"\vPingRequest\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\"(\n" +
 	"\fPingResponse\x12\x18\n" +
-	"\apayload\x18\x01 \x01(\fR\apayload2\x98\x01\n" +
+	"\apayload\x18\x01 \x01(\fR\apayload2\xe8\x01\n" +
 	"\tTransport\x12B\n" +
-	"\x04Raft\x12\x1c.terroir.transport.RaftBatch\x1a\x1a.terroir.transport.RaftAck(\x01\x12G\n" +
+	"\x04Raft\x12\x1c.terroir.transport.RaftBatch\x1a\x1a.terroir.transport.RaftAck(\x01\x12N\n" +
+	"\bSnapshot\x12 .terroir.transport.SnapshotChunk\x1a\x1e.terroir.transport.SnapshotAck(\x01\x12G\n" +
 	"\x04Ping\x12\x1e.terroir.transport.PingRequest\x1a\x1f.terroir.transport.PingResponseB>Z<github.com/terroir-db/terroir/internal/transport/transportpbb\x06proto3"
 
 var (
@@ -296,27 +475,34 @@ func file_transport_proto_rawDescGZIP() []byte {
 	return file_transport_proto_rawDescData
 }
 
-var file_transport_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_transport_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_transport_proto_goTypes = []any{
 	(*RaftEnvelope)(nil),   // 0: terroir.transport.RaftEnvelope
 	(*RaftBatch)(nil),      // 1: terroir.transport.RaftBatch
 	(*RaftAck)(nil),        // 2: terroir.transport.RaftAck
-	(*PingRequest)(nil),    // 3: terroir.transport.PingRequest
-	(*PingResponse)(nil),   // 4: terroir.transport.PingResponse
-	(*raftpb.Message)(nil), // 5: raftpb.Message
+	(*Span)(nil),           // 3: terroir.transport.Span
+	(*SnapshotChunk)(nil),  // 4: terroir.transport.SnapshotChunk
+	(*SnapshotAck)(nil),    // 5: terroir.transport.SnapshotAck
+	(*PingRequest)(nil),    // 6: terroir.transport.PingRequest
+	(*PingResponse)(nil),   // 7: terroir.transport.PingResponse
+	(*raftpb.Message)(nil), // 8: raftpb.Message
 }
 var file_transport_proto_depIdxs = []int32{
-	5, // 0: terroir.transport.RaftEnvelope.msg:type_name -> raftpb.Message
+	8, // 0: terroir.transport.RaftEnvelope.msg:type_name -> raftpb.Message
 	0, // 1: terroir.transport.RaftBatch.msgs:type_name -> terroir.transport.RaftEnvelope
-	1, // 2: terroir.transport.Transport.Raft:input_type -> terroir.transport.RaftBatch
-	3, // 3: terroir.transport.Transport.Ping:input_type -> terroir.transport.PingRequest
-	2, // 4: terroir.transport.Transport.Raft:output_type -> terroir.transport.RaftAck
-	4, // 5: terroir.transport.Transport.Ping:output_type -> terroir.transport.PingResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	8, // 2: terroir.transport.SnapshotChunk.msg:type_name -> raftpb.Message
+	3, // 3: terroir.transport.SnapshotChunk.spans:type_name -> terroir.transport.Span
+	1, // 4: terroir.transport.Transport.Raft:input_type -> terroir.transport.RaftBatch
+	4, // 5: terroir.transport.Transport.Snapshot:input_type -> terroir.transport.SnapshotChunk
+	6, // 6: terroir.transport.Transport.Ping:input_type -> terroir.transport.PingRequest
+	2, // 7: terroir.transport.Transport.Raft:output_type -> terroir.transport.RaftAck
+	5, // 8: terroir.transport.Transport.Snapshot:output_type -> terroir.transport.SnapshotAck
+	7, // 9: terroir.transport.Transport.Ping:output_type -> terroir.transport.PingResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_transport_proto_init() }
@@ -330,7 +516,7 @@ func file_transport_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transport_proto_rawDesc), len(file_transport_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,8 +21,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Transport_Raft_FullMethodName = "/terroir.transport.Transport/Raft"
-	Transport_Ping_FullMethodName = "/terroir.transport.Transport/Ping"
+	Transport_Raft_FullMethodName     = "/terroir.transport.Transport/Raft"
+	Transport_Snapshot_FullMethodName = "/terroir.transport.Transport/Snapshot"
+	Transport_Ping_FullMethodName     = "/terroir.transport.Transport/Ping"
 )
 
 // TransportClient is the client API for Transport service.
@@ -31,6 +32,8 @@ const (
 type TransportClient interface {
 	// Raft is a long-lived stream of batches from one node to another; order is kept.
 	Raft(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RaftBatch, RaftAck], error)
+	// Snapshot streams one Raft snapshot of one group to the node that needs it.
+	Snapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotAck], error)
 	// Ping echoes its payload; benchmarks use it for the loopback round trip.
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
 }
@@ -56,6 +59,19 @@ func (c *transportClient) Raft(ctx context.Context, opts ...grpc.CallOption) (gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Transport_RaftClient = grpc.ClientStreamingClient[RaftBatch, RaftAck]
 
+func (c *transportClient) Snapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotAck], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Transport_ServiceDesc.Streams[1], Transport_Snapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SnapshotChunk, SnapshotAck]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Transport_SnapshotClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotAck]
+
 func (c *transportClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PingResponse)
@@ -72,6 +88,8 @@ func (c *transportClient) Ping(ctx context.Context, in *PingRequest, opts ...grp
 type TransportServer interface {
 	// Raft is a long-lived stream of batches from one node to another; order is kept.
 	Raft(grpc.ClientStreamingServer[RaftBatch, RaftAck]) error
+	// Snapshot streams one Raft snapshot of one group to the node that needs it.
+	Snapshot(grpc.ClientStreamingServer[SnapshotChunk, SnapshotAck]) error
 	// Ping echoes its payload; benchmarks use it for the loopback round trip.
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
 	mustEmbedUnimplementedTransportServer()
@@ -86,6 +104,9 @@ type UnimplementedTransportServer struct{}
 
 func (UnimplementedTransportServer) Raft(grpc.ClientStreamingServer[RaftBatch, RaftAck]) error {
 	return status.Errorf(codes.Unimplemented, "method Raft not implemented")
+}
+func (UnimplementedTransportServer) Snapshot(grpc.ClientStreamingServer[SnapshotChunk, SnapshotAck]) error {
+	return status.Errorf(codes.Unimplemented, "method Snapshot not implemented")
 }
 func (UnimplementedTransportServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ping not implemented")
@@ -117,6 +138,13 @@ func _Transport_Raft_Handler(srv interface{}, stream grpc.ServerStream) error {
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Transport_RaftServer = grpc.ClientStreamingServer[RaftBatch, RaftAck]
+
+func _Transport_Snapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(TransportServer).Snapshot(&grpc.GenericServerStream[SnapshotChunk, SnapshotAck]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Transport_SnapshotServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotAck]
 
 func _Transport_Ping_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PingRequest)
@@ -152,6 +180,11 @@ var Transport_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Raft",
 			Handler:       _Transport_Raft_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Snapshot",
+			Handler:       _Transport_Snapshot_Handler,
 			ClientStreams: true,
 		},
 	},
