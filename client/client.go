@@ -96,6 +96,9 @@ var (
 	ErrMergeRegions = coordinator.ErrMergeRegions
 	// ErrMergeReplicas: AdminMerge of two ranges on different nodes.
 	ErrMergeReplicas = coordinator.ErrMergeReplicas
+	// ErrLeaseTarget: AdminTransferLease to a node that is not a replica of
+	// the range, or that holds its lease already.
+	ErrLeaseTarget = coordinator.ErrLeaseTarget
 	// ErrSnapshotRetry: a Linearizable snapshot must run again at a later
 	// epoch (paper §5.3.1). Retryable; View does it.
 	ErrSnapshotRetry = coordinator.ErrSnapshotRetry
@@ -502,6 +505,21 @@ func (db *DB) AdminMerge(ctx context.Context, key []byte) (RangeInfo, error) {
 		return RangeInfo{}, err
 	}
 	return rangeInfo(d), nil
+}
+
+// AdminTransferLease hands the lease of the range holding key to node to,
+// one of its replicas, without waiting for it to run out (DESIGN.md §12):
+// an operator's action (`terroir admin range transfer-lease`). It returns
+// the range and the first local epoch of the new holder's lease.
+// Transactions holding only unreplicated locks on the range abort; prepared
+// ones carry over. Errors: ErrLeaseTarget (nothing changed),
+// ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown.
+func (db *DB) AdminTransferLease(ctx context.Context, key []byte, to uint64) (RangeInfo, uint64, error) {
+	d, lease, err := db.coord.TransferLease(ctx, key, to)
+	if err != nil {
+		return RangeInfo{}, 0, err
+	}
+	return rangeInfo(d), lease.GetStart(), nil
 }
 
 // AdminSplitRanges is AdminSplit, returning the two ranges it made.

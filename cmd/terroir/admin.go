@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -18,7 +19,7 @@ func adminCmd() *cobra.Command {
 	var configPath string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|list | gc show|ttl",
+		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|list | gc show|ttl",
 		Short: "Operate a running cluster",
 	}
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
@@ -82,7 +83,7 @@ func adminCmd() *cobra.Command {
 			},
 		},
 	)
-	rng := &cobra.Command{Use: "range", Short: "Change the shape of ranges"}
+	rng := &cobra.Command{Use: "range", Short: "Change the shape of ranges, or move their leases"}
 	rng.AddCommand(&cobra.Command{
 		Use:   "split <key>",
 		Short: "Split the range holding key at key: it keeps the keys below, a new range on the same replicas takes the rest",
@@ -118,6 +119,30 @@ func adminCmd() *cobra.Command {
 					return err
 				}
 				printRange(c, "merged into ", r)
+				return nil
+			})
+		},
+	})
+	rng.AddCommand(&cobra.Command{
+		Use:   "transfer-lease <key> <node>",
+		Short: "Hand the lease of the range holding key to node, another of its replicas, without waiting for it to run out",
+		Long: "transfer-lease asks the range's leaseholder to hand its lease and Raft leadership to node\n" +
+			"(DESIGN.md §12): it stops serving, lets one-phase commits under way finish, and grants the\n" +
+			"node the next epochs with its highest epoch. Transactions holding only unreplicated locks\n" +
+			"on the range abort; prepared ones carry over. A node that is not a replica of the range, or\n" +
+			"that holds the lease already, is refused and nothing changes.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			to, err := strconv.ParseUint(args[1], 10, 64)
+			if err != nil || to == 0 {
+				return fmt.Errorf("node %q is not a node id (a positive whole number)", args[1])
+			}
+			return withClient(c, func(ctx context.Context, db *client.DB) error {
+				r, start, err := db.AdminTransferLease(ctx, []byte(args[0]), to)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.OutOrStdout(), "node %d holds range %d's lease from local epoch %d\n", to, r.ID, start)
 				return nil
 			})
 		},

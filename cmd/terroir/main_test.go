@@ -141,6 +141,24 @@ func TestKVAgainstACluster(t *testing.T) {
 		t.Fatalf("scan after the merge printed %q (%v)", out, err)
 	}
 
+	// admin range transfer-lease: the lease of [m, ) goes to another of its
+	// replicas; a node that is not one, or a bad node id, changes nothing.
+	for _, to := range []string{"1", "2"} {
+		out, err = rangeCmd("transfer-lease", "p", to)
+		if err != nil && errors.Is(err, client.ErrLeaseTarget) {
+			continue // node 1 may hold it already
+		}
+		if err != nil || !strings.Contains(out, "node "+to+" holds range 11's lease from local epoch") {
+			t.Fatalf("admin range transfer-lease p %s printed %q (%v)", to, out, err)
+		}
+	}
+	if _, err := rangeCmd("transfer-lease", "p", "9"); !errors.Is(err, client.ErrLeaseTarget) {
+		t.Errorf("admin range transfer-lease to node 9 = %v, want ErrLeaseTarget", err)
+	}
+	if _, err := rangeCmd("transfer-lease", "p", "two"); err == nil || !strings.Contains(err.Error(), "not a node id") {
+		t.Errorf("admin range transfer-lease to node two = %v, want a bad node id", err)
+	}
+
 	// admin gc: gc_ttl set at run time shows in every region; a bad one is
 	// refused and changes nothing.
 	gcCmd := func(args ...string) (string, error) {

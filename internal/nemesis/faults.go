@@ -37,12 +37,14 @@ const (
 	faultStallBrief    = "stall a coordinator between prepare and commit record for 0.5 s"
 	faultPauseClose    = "pause a range's closing of epochs"
 	faultRotateCerts   = "rotate every node's certificate in place and restart a node"
+	faultTransferLease = "transfer a range's lease to another replica under load"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
-	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts}
+	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
+	faultTransferLease}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -285,6 +287,11 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				continue
 			}
 			heal = func() error { return cp.c.RestartNode(id) }
+		case faultTransferLease:
+			if !cp.transferLease(ctx, dbs[0], cp.splitKey(r), r.Perm(len(nodes)), nodes) {
+				continue
+			}
+			heal = func() error { return nil }
 		case faultPauseClose:
 			id := ranges[r.IntN(len(ranges))].ID
 			cp.pauseClosing(nodes, id, true)
@@ -474,6 +481,29 @@ func (cp *campaign) split(ctx context.Context, db *client.DB, key []byte) (left 
 		return left, false
 	}
 	return left, true
+}
+
+// transferLease hands the lease of the range holding key to the first
+// node, in order, that is another replica of it; false if none took it
+// (an anomaly is recorded if a transfer failed in a way it never should).
+func (cp *campaign) transferLease(ctx context.Context, db *client.DB, key []byte, order []int, nodes []uint64) bool {
+	for _, i := range order {
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, _, err := db.AdminTransferLease(tctx, key, nodes[i])
+		cancel()
+		switch {
+		case err == nil:
+			return true
+		case errors.Is(err, client.ErrLeaseTarget):
+			continue // not a replica, or the holder: try the next node
+		case client.IsRetryable(err) || errors.Is(err, client.ErrCommitUnknown) || errors.Is(err, client.ErrUnavailable) || ctx.Err() != nil:
+			return false // the range was busy, or the campaign is ending
+		default:
+			cp.anomaly("transferring the lease of the range at %q to node %d: %v", key, nodes[i], err)
+			return false
+		}
+	}
+	return false
 }
 
 // splitKey picks a key to split at among the workloads' keys of a random data

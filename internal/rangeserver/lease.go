@@ -2,8 +2,10 @@ package rangeserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +21,9 @@ type leadership struct {
 	txns   *txnTable
 	ctx    context.Context // canceled when the lease is given up
 	cancel context.CancelFunc
+	// transferring is set while the lease is being handed to another
+	// replica (TransferLease): no new request is served under it.
+	transferring atomic.Bool
 
 	// The leader's tick alone reads and writes these (closed.go).
 	closing   *closing  // a close under way, or nil
@@ -81,6 +86,15 @@ func (r *Replica) tick() {
 			handed = in.txns
 			if r.global != nil {
 				highest = in.highest
+			}
+		} else if h, ok := r.sm.Handover(lease.GetSeq()); ok {
+			// Handed over by its previous holder (DESIGN.md §12), in the
+			// epochs its versions carry: global ones, or local ones in a
+			// regional-only deployment (where the lease's start bounds it too).
+			if r.global != nil {
+				highest = h
+			} else {
+				highest = max(highest, h)
 			}
 		} else if r.global != nil {
 			// A new leaseholder does not trust its predecessor's highest
@@ -216,4 +230,85 @@ func (r *Replica) stepDown() {
 	if l != nil {
 		l.cancel()
 	}
+}
+
+// Errors of TransferLease; each leaves the lease where it was.
+var (
+	// ErrTransferTarget: the target is this replica or not a replica of the range.
+	ErrTransferTarget = errors.New("rangeserver: lease transfer target is not another replica of the range")
+	// ErrTransferBusy: commits under way did not finish in time, or the
+	// local epoch could not be read; retry later.
+	ErrTransferBusy = errors.New("rangeserver: the lease could not be handed over now")
+)
+
+// transferQuiesce bounds how long a lease transfer waits for one-phase
+// commits under way to finish.
+const transferQuiesce = 2 * time.Second
+
+// TransferLease hands this replica's lease to replica `to` without waiting
+// for it to run out (DESIGN.md §12): the holder stops serving new requests
+// under the lease, drops the transactions that hold only unreplicated locks
+// (they abort; prepared ones carry over in the replicated state), lets
+// one-phase commits under way finish, reads its local epoch e and proposes
+// one lease entry ending its own lease at e+1 and granting `to` [e+2, e+2+
+// LeaseEpochs] with its highest epoch, then hands Raft leadership to `to`.
+// It returns the successor's lease. Errors: ErrNotLeaseholder here,
+// ErrTransferTarget for a target that is not another replica of the range,
+// ErrTransferBusy if commits did not finish in time (the lease stays).
+func (r *Replica) TransferLease(ctx context.Context, to uint64) (*pb.Lease, error) {
+	d := r.sm.Descriptor()
+	if to == r.self || !slices.Contains(d.GetReplicas(), to) {
+		return nil, fmt.Errorf("%w: node %d is not another replica of range %d (replicas %v)", ErrTransferTarget, to, r.id, d.GetReplicas())
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	if !l.transferring.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("%w: range %d is already handing its lease over", ErrTransferBusy, r.id)
+	}
+	keep := true // the lease stays here unless the transfer is proposed
+	defer func() {
+		if keep {
+			l.transferring.Store(false)
+		}
+	}()
+	dropped := l.txns.dropActive()
+	wctx, cancel := context.WithTimeout(ctx, transferQuiesce)
+	defer cancel()
+	for l.txns.committingOnePhase() {
+		if !transport.SleepCtx(wctx, time.Millisecond) {
+			return nil, fmt.Errorf("%w: range %d: one-phase commits still under way", ErrTransferBusy, r.id)
+		}
+	}
+	e, err := r.epochs.Read(wctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the local epoch: %v", ErrTransferBusy, err)
+	}
+	e = r.observeEpoch(e)
+	if end := l.end.Load(); e+1 < end {
+		l.end.Store(e + 1) // nothing is served past it, whatever the proposal's fate
+	}
+	cur := r.sm.Lease()
+	if cur.GetHolder() != r.self || cur.GetStart() != l.start {
+		return nil, fmt.Errorf("%w: the lease changed", ErrNotLeaseholder)
+	}
+	next := &pb.Lease{Holder: to, Start: e + 2, End: e + 2 + r.cfg.LeaseEpochs, Seq: cur.GetSeq() + 1,
+		HandedHighest: max(l.txns.highestEpoch(), 1)}
+	keep = false
+	cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Lease{Lease: &pb.LeaseCmd{Lease: next, PrevSeq: cur.GetSeq()}}})
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
+	defer pcancel()
+	res, err := r.group.Propose(pctx, cmd)
+	if err != nil {
+		return nil, err // the lease may or may not have moved: either way this one serves no more
+	}
+	if a, ok := res.(Applied); !ok || !a.LeaseGranted {
+		return nil, fmt.Errorf("%w: another lease got in first", ErrNotLeaseholder)
+	}
+	r.stepDown()
+	r.group.TransferLeadership(to)
+	slog.Info("range lease transferred", "range", r.id, "from", r.self, "to", to,
+		"lease", fmt.Sprintf("[%d, %d]", next.GetStart(), next.GetEnd()), "dropped_txns", dropped)
+	return next, nil
 }

@@ -356,6 +356,9 @@ func (r *Replica) leader() (*leadership, error) {
 		}
 		return nil, ErrNotLeaseholder
 	}
+	if l.transferring.Load() {
+		return nil, ErrNotLeaseholder // the lease is being handed over
+	}
 	if e := r.lastEpoch.Load(); e < l.start || e > l.end.Load() {
 		return nil, ErrLeaseNotActive
 	}

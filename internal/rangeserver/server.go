@@ -101,7 +101,9 @@ func (r *Replica) toStatus(err error) error {
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, ErrSplitKey):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy):
+	case errors.Is(err, ErrTransferTarget):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy), errors.Is(err, ErrTransferBusy):
 		return notExecuted(err, r.self) // retry here
 	case errors.Is(err, ErrSplitRaced), errors.Is(err, ErrMergeRaced):
 		return status.Error(codes.Aborted, err.Error())
@@ -298,6 +300,19 @@ func (s *Server) AdminSplit(ctx context.Context, req *pb.AdminSplitRequest) (*pb
 		return nil, s.status(r, err)
 	}
 	return &pb.AdminSplitResponse{Left: left, Right: right}, nil
+}
+
+// TransferLease implements pb.RangeServer (DESIGN.md §12).
+func (s *Server) TransferLease(ctx context.Context, req *pb.TransferLeaseRequest) (*pb.TransferLeaseResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	lease, err := r.TransferLease(ctx, req.GetTarget())
+	if err != nil {
+		return nil, s.status(r, err)
+	}
+	return &pb.TransferLeaseResponse{Lease: lease}, nil
 }
 
 // AdminMerge implements pb.RangeServer.

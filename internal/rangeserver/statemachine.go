@@ -68,6 +68,18 @@ type StateMachine struct {
 	onSplit      []func(Split) // split listeners
 	merges       []Merge       // applied, not yet durable: told by PostApply
 	onMerge      []func(Merge) // merge listeners
+	// handover is the highest epoch a lease handed over by a cooperative
+	// transfer starts at, raised by every commit applied after the
+	// transfer (a prepared transaction's outcome may still reach the
+	// previous holder); nil unless this process applied the transfer
+	// (DESIGN.md §12; lease.go).
+	handover *handover
+}
+
+// handover is what the successor of a transferred lease inherits.
+type handover struct {
+	seq     uint64 // the transferred lease's seq
+	highest uint64
 }
 
 // Split is a split as applied: the range's new descriptor and the new
@@ -272,6 +284,28 @@ func (sm *StateMachine) Prepared() []*pb.PreparedRecord {
 	return out
 }
 
+// raiseHandover raises a transferred lease's inherited highest epoch to a
+// commit's epoch e (sm.mu held).
+func (sm *StateMachine) raiseHandover(e uint64) {
+	if sm.handover != nil {
+		sm.handover.highest = max(sm.handover.highest, e)
+	}
+}
+
+// Handover returns the highest epoch the holder of lease seq starts at, if
+// the lease was handed over by a cooperative transfer that this replica
+// applied since it started: the previous holder's highest epoch, raised by
+// every commit applied since (DESIGN.md §12). Otherwise ok is false and
+// the holder waits for the global epoch to advance (DESIGN.md §3.5).
+func (sm *StateMachine) Handover(seq uint64) (highest uint64, ok bool) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	if sm.handover == nil || sm.handover.seq != seq || sm.lease.GetSeq() != seq {
+		return 0, false
+	}
+	return sm.handover.highest, true
+}
+
 // IsPrepared reports whether txnID is prepared here.
 func (sm *StateMachine) IsPrepared(txnID []byte) bool {
 	sm.mu.Lock()
@@ -304,6 +338,10 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		v, _ := proto.Marshal(x.Lease.GetLease())
 		_ = b.Set(sm.sub(subLease, nil), v, nil)
 		sm.lease = proto.Clone(x.Lease.GetLease()).(*pb.Lease)
+		sm.handover = nil
+		if h := sm.lease.GetHandedHighest(); h > 0 {
+			sm.handover = &handover{seq: sm.lease.GetSeq(), highest: h}
+		}
 		return Applied{LeaseGranted: true}
 	case *pb.Command_Prepare:
 		if x.Prepare.GetLeaseStart() != sm.lease.GetStart() || !writesInSpan(sm.desc.Load(), x.Prepare.GetWrites()) {
@@ -321,6 +359,7 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 			return Applied{}
 		}
 		sm.writeVersions(b, rec.GetWrites(), x.Commit.GetVersion(), x.Commit.GetRegionalVersion())
+		sm.raiseHandover(x.Commit.GetVersion().GetEpoch())
 		_ = b.Delete(sm.sub(subPrepared, x.Commit.GetTxnId()), nil)
 		delete(sm.prepared, string(x.Commit.GetTxnId()))
 	case *pb.Command_Abort:
@@ -334,6 +373,7 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 			return Applied{Rejected: true}
 		}
 		sm.writeVersions(b, x.OnePhase.GetWrites(), x.OnePhase.GetVersion(), x.OnePhase.GetRegionalVersion())
+		sm.raiseHandover(x.OnePhase.GetVersion().GetEpoch())
 	case *pb.Command_Split:
 		return sm.applySplit(b, x.Split)
 	case *pb.Command_Subsume:

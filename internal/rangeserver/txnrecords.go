@@ -337,6 +337,19 @@ func (tt *txnTable) committingAbove(key []byte) bool {
 	return false
 }
 
+// committingOnePhase reports whether a one-phase commit is under way: a
+// lease transfer waits until none is.
+func (tt *txnTable) committingOnePhase() bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	for _, t := range tt.txns {
+		if t.state == txnCommitting {
+			return true
+		}
+	}
+	return false
+}
+
 // handedTxn is a transaction's record and its locks at or above a split key,
 // as the left-hand range's leader hands them to the right-hand range's
 // (DESIGN.md §11).

@@ -70,6 +70,7 @@ var methodRoles = map[string]Role{
 	"/terroir.node.Node/SetRegionExcluded":  RoleAdmin,
 	"/terroir.range.Range/AdminSplit":       RoleAdmin,
 	"/terroir.range.Range/AdminMerge":       RoleAdmin,
+	"/terroir.range.Range/TransferLease":    RoleAdmin,
 	"/terroir.directory.Directory/SetGCTTL": RoleAdmin,
 	// Node-only, listed for the reader: Transport/Raft, Transport/Snapshot, Epoch/Publish,
 	// Epoch/SetExcluded, Directory/Update, Directory/Allocate.

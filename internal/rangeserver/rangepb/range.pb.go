@@ -212,11 +212,15 @@ func (x *TxnMeta) GetCommitWaitUs() uint32 {
 // Lease entitles a replica to lead the range while the local epoch is in
 // [start, end] (DESIGN.md §3.3).
 type Lease struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Holder        uint64                 `protobuf:"varint,1,opt,name=holder,proto3" json:"holder,omitempty"`
-	Start         uint64                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
-	End           uint64                 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
-	Seq           uint64                 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Holder uint64                 `protobuf:"varint,1,opt,name=holder,proto3" json:"holder,omitempty"`
+	Start  uint64                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	End    uint64                 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	Seq    uint64                 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	// handed_highest is set by a cooperative transfer (DESIGN.md §12): the
+	// previous holder's highest epoch, with which the successor starts
+	// serving instead of waiting for the global epoch to advance. 0 otherwise.
+	HandedHighest uint64 `protobuf:"varint,5,opt,name=handed_highest,json=handedHighest,proto3" json:"handed_highest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -275,6 +279,13 @@ func (x *Lease) GetEnd() uint64 {
 func (x *Lease) GetSeq() uint64 {
 	if x != nil {
 		return x.Seq
+	}
+	return 0
+}
+
+func (x *Lease) GetHandedHighest() uint64 {
+	if x != nil {
+		return x.HandedHighest
 	}
 	return 0
 }
@@ -3101,6 +3112,102 @@ func (x *AdminSplitResponse) GetRight() *RangeDescriptor {
 	return nil
 }
 
+type TransferLeaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Target        uint64                 `protobuf:"varint,2,opt,name=target,proto3" json:"target,omitempty"` // the node to hand the lease (and Raft leadership) to: a replica of the range
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeaseRequest) Reset() {
+	*x = TransferLeaseRequest{}
+	mi := &file_range_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeaseRequest) ProtoMessage() {}
+
+func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeaseRequest.ProtoReflect.Descriptor instead.
+func (*TransferLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *TransferLeaseRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *TransferLeaseRequest) GetTarget() uint64 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
+type TransferLeaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"` // the successor's lease
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeaseResponse) Reset() {
+	*x = TransferLeaseResponse{}
+	mi := &file_range_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeaseResponse) ProtoMessage() {}
+
+func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeaseResponse.ProtoReflect.Descriptor instead.
+func (*TransferLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *TransferLeaseResponse) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
 type AdminMergeRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	RangeId uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"` // the left-hand range, which absorbs its right neighbour
@@ -3115,7 +3222,7 @@ type AdminMergeRequest struct {
 
 func (x *AdminMergeRequest) Reset() {
 	*x = AdminMergeRequest{}
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3127,7 +3234,7 @@ func (x *AdminMergeRequest) String() string {
 func (*AdminMergeRequest) ProtoMessage() {}
 
 func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3140,7 +3247,7 @@ func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
 func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{44}
+	return file_range_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AdminMergeRequest) GetRangeId() uint64 {
@@ -3166,7 +3273,7 @@ type AdminMergeResponse struct {
 
 func (x *AdminMergeResponse) Reset() {
 	*x = AdminMergeResponse{}
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3178,7 +3285,7 @@ func (x *AdminMergeResponse) String() string {
 func (*AdminMergeResponse) ProtoMessage() {}
 
 func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3298,7 @@ func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
 func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{45}
+	return file_range_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
@@ -3218,7 +3325,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[46]
+	mi := &file_range_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3230,7 +3337,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[46]
+	mi := &file_range_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3243,7 +3350,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{46}
+	return file_range_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -3310,7 +3417,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[47]
+	mi := &file_range_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3429,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[47]
+	mi := &file_range_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3442,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{47}
+	return file_range_proto_rawDescGZIP(), []int{49}
 }
 
 type RangesResponse struct {
@@ -3347,7 +3454,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[48]
+	mi := &file_range_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3359,7 +3466,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[48]
+	mi := &file_range_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3372,7 +3479,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{48}
+	return file_range_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -3396,12 +3503,13 @@ const file_range_proto_rawDesc = "" +
 	"\x0ftxn_state_group\x18\x03 \x01(\x04R\rtxnStateGroup\x12:\n" +
 	"\vcommit_mode\x18\x04 \x01(\x0e2\x19.terroir.range.CommitModeR\n" +
 	"commitMode\x12$\n" +
-	"\x0ecommit_wait_us\x18\x05 \x01(\rR\fcommitWaitUs\"Y\n" +
+	"\x0ecommit_wait_us\x18\x05 \x01(\rR\fcommitWaitUs\"\x80\x01\n" +
 	"\x05Lease\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\x04R\x06holder\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\x04R\x05start\x12\x10\n" +
 	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x10\n" +
-	"\x03seq\x18\x04 \x01(\x04R\x03seq\"M\n" +
+	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12%\n" +
+	"\x0ehanded_highest\x18\x05 \x01(\x04R\rhandedHighest\"M\n" +
 	"\x05Write\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1c\n" +
@@ -3621,7 +3729,12 @@ const file_range_proto_rawDesc = "" +
 	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
 	"\x12AdminSplitResponse\x122\n" +
 	"\x04left\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x04left\x124\n" +
-	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\"G\n" +
+	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\"I\n" +
+	"\x14TransferLeaseRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\x04R\x06target\"C\n" +
+	"\x15TransferLeaseResponse\x12*\n" +
+	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\"G\n" +
 	"\x11AdminMergeRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x17\n" +
 	"\aend_key\x18\x02 \x01(\fR\x06endKey\"L\n" +
@@ -3644,7 +3757,7 @@ const file_range_proto_rawDesc = "" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xdb\a\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xb7\b\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -3658,7 +3771,8 @@ const file_range_proto_rawDesc = "" +
 	"\n" +
 	"AdminSplit\x12 .terroir.range.AdminSplitRequest\x1a!.terroir.range.AdminSplitResponse\x12Q\n" +
 	"\n" +
-	"AdminMerge\x12 .terroir.range.AdminMergeRequest\x1a!.terroir.range.AdminMergeResponse\x12E\n" +
+	"AdminMerge\x12 .terroir.range.AdminMergeRequest\x1a!.terroir.range.AdminMergeResponse\x12Z\n" +
+	"\rTransferLease\x12#.terroir.range.TransferLeaseRequest\x1a$.terroir.range.TransferLeaseResponse\x12E\n" +
 	"\x06Ranges\x12\x1c.terroir.range.RangesRequest\x1a\x1d.terroir.range.RangesResponse\x12T\n" +
 	"\vClosedEpoch\x12!.terroir.range.ClosedEpochRequest\x1a\".terroir.range.ClosedEpochResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
@@ -3675,58 +3789,60 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_range_proto_goTypes = []any{
-	(CommitMode)(0),              // 0: terroir.range.CommitMode
-	(*VersionID)(nil),            // 1: terroir.range.VersionID
-	(*TxnMeta)(nil),              // 2: terroir.range.TxnMeta
-	(*Lease)(nil),                // 3: terroir.range.Lease
-	(*Write)(nil),                // 4: terroir.range.Write
-	(*KeyValue)(nil),             // 5: terroir.range.KeyValue
-	(*RangeDescriptor)(nil),      // 6: terroir.range.RangeDescriptor
-	(*RangeMismatch)(nil),        // 7: terroir.range.RangeMismatch
-	(*NotLeader)(nil),            // 8: terroir.range.NotLeader
-	(*Command)(nil),              // 9: terroir.range.Command
-	(*ClosedEpochCmd)(nil),       // 10: terroir.range.ClosedEpochCmd
-	(*GCCmd)(nil),                // 11: terroir.range.GCCmd
-	(*GCThreshold)(nil),          // 12: terroir.range.GCThreshold
-	(*SplitCmd)(nil),             // 13: terroir.range.SplitCmd
-	(*SubsumeCmd)(nil),           // 14: terroir.range.SubsumeCmd
-	(*MergeCmd)(nil),             // 15: terroir.range.MergeCmd
-	(*LeaseCmd)(nil),             // 16: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),           // 17: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),            // 18: terroir.range.CommitCmd
-	(*AbortCmd)(nil),             // 19: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),          // 20: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),       // 21: terroir.range.PreparedRecord
-	(*GetRequest)(nil),           // 22: terroir.range.GetRequest
-	(*GetResponse)(nil),          // 23: terroir.range.GetResponse
-	(*ScanRequest)(nil),          // 24: terroir.range.ScanRequest
-	(*ScanResponse)(nil),         // 25: terroir.range.ScanResponse
-	(*LockRequest)(nil),          // 26: terroir.range.LockRequest
-	(*LockResponse)(nil),         // 27: terroir.range.LockResponse
-	(*PrepareRequest)(nil),       // 28: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),      // 29: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),        // 30: terroir.range.CommitRequest
-	(*CommitResponse)(nil),       // 31: terroir.range.CommitResponse
-	(*AbortRequest)(nil),         // 32: terroir.range.AbortRequest
-	(*AbortResponse)(nil),        // 33: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),      // 34: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),     // 35: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),     // 36: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),    // 37: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),  // 38: terroir.range.SnapshotReadRequest
-	(*Change)(nil),               // 39: terroir.range.Change
-	(*SnapshotReadResponse)(nil), // 40: terroir.range.SnapshotReadResponse
-	(*ClosedEpochRequest)(nil),   // 41: terroir.range.ClosedEpochRequest
-	(*ClosedEpochResponse)(nil),  // 42: terroir.range.ClosedEpochResponse
-	(*AdminSplitRequest)(nil),    // 43: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),   // 44: terroir.range.AdminSplitResponse
-	(*AdminMergeRequest)(nil),    // 45: terroir.range.AdminMergeRequest
-	(*AdminMergeResponse)(nil),   // 46: terroir.range.AdminMergeResponse
-	(*RangeStatus)(nil),          // 47: terroir.range.RangeStatus
-	(*RangesRequest)(nil),        // 48: terroir.range.RangesRequest
-	(*RangesResponse)(nil),       // 49: terroir.range.RangesResponse
+	(CommitMode)(0),               // 0: terroir.range.CommitMode
+	(*VersionID)(nil),             // 1: terroir.range.VersionID
+	(*TxnMeta)(nil),               // 2: terroir.range.TxnMeta
+	(*Lease)(nil),                 // 3: terroir.range.Lease
+	(*Write)(nil),                 // 4: terroir.range.Write
+	(*KeyValue)(nil),              // 5: terroir.range.KeyValue
+	(*RangeDescriptor)(nil),       // 6: terroir.range.RangeDescriptor
+	(*RangeMismatch)(nil),         // 7: terroir.range.RangeMismatch
+	(*NotLeader)(nil),             // 8: terroir.range.NotLeader
+	(*Command)(nil),               // 9: terroir.range.Command
+	(*ClosedEpochCmd)(nil),        // 10: terroir.range.ClosedEpochCmd
+	(*GCCmd)(nil),                 // 11: terroir.range.GCCmd
+	(*GCThreshold)(nil),           // 12: terroir.range.GCThreshold
+	(*SplitCmd)(nil),              // 13: terroir.range.SplitCmd
+	(*SubsumeCmd)(nil),            // 14: terroir.range.SubsumeCmd
+	(*MergeCmd)(nil),              // 15: terroir.range.MergeCmd
+	(*LeaseCmd)(nil),              // 16: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),            // 17: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),             // 18: terroir.range.CommitCmd
+	(*AbortCmd)(nil),              // 19: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),           // 20: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),        // 21: terroir.range.PreparedRecord
+	(*GetRequest)(nil),            // 22: terroir.range.GetRequest
+	(*GetResponse)(nil),           // 23: terroir.range.GetResponse
+	(*ScanRequest)(nil),           // 24: terroir.range.ScanRequest
+	(*ScanResponse)(nil),          // 25: terroir.range.ScanResponse
+	(*LockRequest)(nil),           // 26: terroir.range.LockRequest
+	(*LockResponse)(nil),          // 27: terroir.range.LockResponse
+	(*PrepareRequest)(nil),        // 28: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),       // 29: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),         // 30: terroir.range.CommitRequest
+	(*CommitResponse)(nil),        // 31: terroir.range.CommitResponse
+	(*AbortRequest)(nil),          // 32: terroir.range.AbortRequest
+	(*AbortResponse)(nil),         // 33: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),       // 34: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),      // 35: terroir.range.OnePhaseResponse
+	(*HeartbeatRequest)(nil),      // 36: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 37: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),   // 38: terroir.range.SnapshotReadRequest
+	(*Change)(nil),                // 39: terroir.range.Change
+	(*SnapshotReadResponse)(nil),  // 40: terroir.range.SnapshotReadResponse
+	(*ClosedEpochRequest)(nil),    // 41: terroir.range.ClosedEpochRequest
+	(*ClosedEpochResponse)(nil),   // 42: terroir.range.ClosedEpochResponse
+	(*AdminSplitRequest)(nil),     // 43: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),    // 44: terroir.range.AdminSplitResponse
+	(*TransferLeaseRequest)(nil),  // 45: terroir.range.TransferLeaseRequest
+	(*TransferLeaseResponse)(nil), // 46: terroir.range.TransferLeaseResponse
+	(*AdminMergeRequest)(nil),     // 47: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),    // 48: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),           // 49: terroir.range.RangeStatus
+	(*RangesRequest)(nil),         // 50: terroir.range.RangesRequest
+	(*RangesResponse)(nil),        // 51: terroir.range.RangesResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
@@ -3774,41 +3890,44 @@ var file_range_proto_depIdxs = []int32{
 	39, // 42: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
 	6,  // 43: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
 	6,  // 44: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	6,  // 45: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 46: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 47: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	47, // 48: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	22, // 49: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	24, // 50: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	26, // 51: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	28, // 52: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	30, // 53: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	32, // 54: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	34, // 55: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	38, // 56: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	36, // 57: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	43, // 58: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	45, // 59: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	48, // 60: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	41, // 61: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
-	23, // 62: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	25, // 63: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	27, // 64: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	29, // 65: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	31, // 66: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	33, // 67: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	35, // 68: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	40, // 69: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	37, // 70: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	44, // 71: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	46, // 72: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	49, // 73: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	42, // 74: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
-	62, // [62:75] is the sub-list for method output_type
-	49, // [49:62] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	3,  // 45: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
+	6,  // 46: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 47: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 48: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	49, // 49: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	22, // 50: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	24, // 51: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	26, // 52: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	28, // 53: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	30, // 54: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	32, // 55: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	34, // 56: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	38, // 57: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	36, // 58: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	43, // 59: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	47, // 60: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	45, // 61: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
+	50, // 62: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	41, // 63: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
+	23, // 64: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	25, // 65: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	27, // 66: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	29, // 67: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	31, // 68: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	33, // 69: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	35, // 70: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	40, // 71: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	37, // 72: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	44, // 73: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	48, // 74: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	46, // 75: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
+	51, // 76: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	42, // 77: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
+	64, // [64:78] is the sub-list for method output_type
+	50, // [50:64] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -3834,7 +3953,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   49,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

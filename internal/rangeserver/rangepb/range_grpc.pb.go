@@ -33,6 +33,7 @@ const (
 	Range_Heartbeat_FullMethodName      = "/terroir.range.Range/Heartbeat"
 	Range_AdminSplit_FullMethodName     = "/terroir.range.Range/AdminSplit"
 	Range_AdminMerge_FullMethodName     = "/terroir.range.Range/AdminMerge"
+	Range_TransferLease_FullMethodName  = "/terroir.range.Range/TransferLease"
 	Range_Ranges_FullMethodName         = "/terroir.range.Range/Ranges"
 	Range_ClosedEpoch_FullMethodName    = "/terroir.range.Range/ClosedEpoch"
 )
@@ -56,6 +57,9 @@ type RangeClient interface {
 	// AdminMerge merges the range with its right neighbour (at the left
 	// range's leader).
 	AdminMerge(ctx context.Context, in *AdminMergeRequest, opts ...grpc.CallOption) (*AdminMergeResponse, error)
+	// TransferLease hands the range's lease, at its holder, to another replica
+	// without waiting for it to run out (DESIGN.md §12).
+	TransferLease(ctx context.Context, in *TransferLeaseRequest, opts ...grpc.CallOption) (*TransferLeaseResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error)
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
@@ -181,6 +185,16 @@ func (c *rangeClient) AdminMerge(ctx context.Context, in *AdminMergeRequest, opt
 	return out, nil
 }
 
+func (c *rangeClient) TransferLease(ctx context.Context, in *TransferLeaseRequest, opts ...grpc.CallOption) (*TransferLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferLeaseResponse)
+	err := c.cc.Invoke(ctx, Range_TransferLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *rangeClient) Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RangesResponse)
@@ -220,6 +234,9 @@ type RangeServer interface {
 	// AdminMerge merges the range with its right neighbour (at the left
 	// range's leader).
 	AdminMerge(context.Context, *AdminMergeRequest) (*AdminMergeResponse, error)
+	// TransferLease hands the range's lease, at its holder, to another replica
+	// without waiting for it to run out (DESIGN.md §12).
+	TransferLease(context.Context, *TransferLeaseRequest) (*TransferLeaseResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(context.Context, *RangesRequest) (*RangesResponse, error)
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
@@ -267,6 +284,9 @@ func (UnimplementedRangeServer) AdminSplit(context.Context, *AdminSplitRequest) 
 }
 func (UnimplementedRangeServer) AdminMerge(context.Context, *AdminMergeRequest) (*AdminMergeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method AdminMerge not implemented")
+}
+func (UnimplementedRangeServer) TransferLease(context.Context, *TransferLeaseRequest) (*TransferLeaseResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method TransferLease not implemented")
 }
 func (UnimplementedRangeServer) Ranges(context.Context, *RangesRequest) (*RangesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ranges not implemented")
@@ -493,6 +513,24 @@ func _Range_AdminMerge_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_TransferLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).TransferLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_TransferLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).TransferLease(ctx, req.(*TransferLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Range_Ranges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RangesRequest)
 	if err := dec(in); err != nil {
@@ -579,6 +617,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AdminMerge",
 			Handler:    _Range_AdminMerge_Handler,
+		},
+		{
+			MethodName: "TransferLease",
+			Handler:    _Range_TransferLease_Handler,
 		},
 		{
 			MethodName: "Ranges",
