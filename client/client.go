@@ -99,6 +99,9 @@ var (
 	// ErrLeaseTarget: AdminTransferLease to a node that is not a replica of
 	// the range, or that holds its lease already.
 	ErrLeaseTarget = coordinator.ErrLeaseTarget
+	// ErrMoveTarget: AdminMoveReplica from a node that is not a replica of
+	// the range, or to one that cannot take it.
+	ErrMoveTarget = coordinator.ErrMoveTarget
 	// ErrSnapshotRetry: a Linearizable snapshot must run again at a later
 	// epoch (paper §5.3.1). Retryable; View does it.
 	ErrSnapshotRetry = coordinator.ErrSnapshotRetry
@@ -520,6 +523,23 @@ func (db *DB) AdminTransferLease(ctx context.Context, key []byte, to uint64) (Ra
 		return RangeInfo{}, 0, err
 	}
 	return rangeInfo(d), lease.GetStart(), nil
+}
+
+// AdminMoveReplica moves the replica of the range holding key from node
+// from to node to, a node of the range's region that does not host it
+// (DESIGN.md §12): an operator's action (`terroir admin range move`). The
+// new replica joins as a learner, catches up by a snapshot streamed from a
+// consistent storage snapshot, and is promoted as the old one is removed,
+// in one joint configuration change, so the range keeps three voters
+// throughout; a leaseholder's replica first hands its lease to another.
+// It returns the range as it is after. Errors: ErrMoveTarget (nothing
+// changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown.
+func (db *DB) AdminMoveReplica(ctx context.Context, key []byte, from, to uint64) (RangeInfo, error) {
+	d, err := db.coord.MoveReplica(ctx, key, from, to)
+	if err != nil {
+		return RangeInfo{}, err
+	}
+	return rangeInfo(d), nil
 }
 
 // AdminSplitRanges is AdminSplit, returning the two ranges it made.

@@ -19,7 +19,7 @@ func adminCmd() *cobra.Command {
 	var configPath string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|list | gc show|ttl",
+		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|list | gc show|ttl",
 		Short: "Operate a running cluster",
 	}
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
@@ -83,7 +83,7 @@ func adminCmd() *cobra.Command {
 			},
 		},
 	)
-	rng := &cobra.Command{Use: "range", Short: "Change the shape of ranges, or move their leases"}
+	rng := &cobra.Command{Use: "range", Short: "Change the shape of ranges, or move their leases and replicas"}
 	rng.AddCommand(&cobra.Command{
 		Use:   "split <key>",
 		Short: "Split the range holding key at key: it keeps the keys below, a new range on the same replicas takes the rest",
@@ -143,6 +143,35 @@ func adminCmd() *cobra.Command {
 					return err
 				}
 				fmt.Fprintf(c.OutOrStdout(), "node %d holds range %d's lease from local epoch %d\n", to, r.ID, start)
+				return nil
+			})
+		},
+	})
+	rng.AddCommand(&cobra.Command{
+		Use:   "move <key> <from-node> <to-node>",
+		Short: "Move the replica of the range holding key from one node to another of its region",
+		Long: "move asks the range's leaseholder to move its replica on from-node to to-node (DESIGN.md §12):\n" +
+			"to-node joins as a learner, catches up by a snapshot streamed from a consistent storage\n" +
+			"snapshot (rate-limited), and is promoted as from-node's replica is removed, in one joint\n" +
+			"configuration change: the range keeps three voters throughout. A leaseholder's replica\n" +
+			"hands its lease to another replica first. A from-node that is not a replica, or a\n" +
+			"to-node that is one, is unknown, down or in another region, is refused and nothing changes.",
+		Args: cobra.ExactArgs(3),
+		RunE: func(c *cobra.Command, args []string) error {
+			var ids [2]uint64
+			for i, a := range args[1:] {
+				id, err := strconv.ParseUint(a, 10, 64)
+				if err != nil || id == 0 {
+					return fmt.Errorf("node %q is not a node id (a positive whole number)", a)
+				}
+				ids[i] = id
+			}
+			return withClient(c, func(ctx context.Context, db *client.DB) error {
+				r, err := db.AdminMoveReplica(ctx, []byte(args[0]), ids[0], ids[1])
+				if err != nil {
+					return err
+				}
+				printRange(c, "moved: ", r)
 				return nil
 			})
 		},

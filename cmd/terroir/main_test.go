@@ -159,6 +159,16 @@ func TestKVAgainstACluster(t *testing.T) {
 		t.Errorf("admin range transfer-lease to node two = %v, want a bad node id", err)
 	}
 
+	// admin range move: every node of this one-region cluster hosts [m, ),
+	// so any move is refused and changes nothing (client's
+	// TestMoveReplicasUnderLoad moves replicas onto a fourth node).
+	if _, err := rangeCmd("move", "p", "1", "2"); !errors.Is(err, client.ErrMoveTarget) {
+		t.Errorf("admin range move p 1 2 = %v, want ErrMoveTarget", err)
+	}
+	if _, err := rangeCmd("move", "p", "1", "x"); err == nil || !strings.Contains(err.Error(), "not a node id") {
+		t.Errorf("admin range move p 1 x = %v, want a bad node id", err)
+	}
+
 	// admin gc: gc_ttl set at run time shows in every region; a bad one is
 	// refused and changes nothing.
 	gcCmd := func(args ...string) (string, error) {

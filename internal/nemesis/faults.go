@@ -38,13 +38,15 @@ const (
 	faultPauseClose    = "pause a range's closing of epochs"
 	faultRotateCerts   = "rotate every node's certificate in place and restart a node"
 	faultTransferLease = "transfer a range's lease to another replica under load"
+	faultMoveReplica   = "move a replica to another node of its region under load"
+	faultMoveKill      = "kill a range's leader during a replica move"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
-	faultTransferLease}
+	faultTransferLease, faultMoveReplica, faultMoveKill}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -292,6 +294,17 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				continue
 			}
 			heal = func() error { return nil }
+		case faultMoveReplica:
+			if moved, _ := cp.moveReplica(ctx, r, dbs[0], cp.splitKey(r), 0); !moved {
+				continue
+			}
+			heal = func() error { return nil }
+		case faultMoveKill:
+			_, killed := cp.moveReplica(ctx, r, dbs[0], cp.splitKey(r), time.Duration(r.IntN(150))*time.Millisecond)
+			if killed == 0 {
+				continue
+			}
+			heal = func() error { return cp.c.RestartNode(killed) }
 		case faultPauseClose:
 			id := ranges[r.IntN(len(ranges))].ID
 			cp.pauseClosing(nodes, id, true)

@@ -172,6 +172,11 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 			return nil, fmt.Errorf("nemesis: unknown fault kind %q (one of %q)", k, FaultKinds)
 		}
 	}
+	top, err := withSpareNodes(cfg.Topology)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Topology = top
 	dir, err := os.MkdirTemp("", "terroir-nemesis-")
 	if err != nil {
 		return nil, err

@@ -226,7 +226,13 @@ func Start(cfg Config) (_ *Node, err error) {
 			if removed[g.ID] {
 				continue // merged away
 			}
-			if _, err := n.addRange(routing.BootstrapDescriptor(g), false); err != nil {
+			if _, err := n.addRange(routing.BootstrapDescriptor(g), false, false); err != nil {
+				if errors.Is(err, errNotNamed) { // moved away; its removal was cut short
+					if err := n.dropRange(g.ID); err != nil {
+						return nil, err
+					}
+					continue
+				}
 				return nil, err
 			}
 		default:
@@ -240,10 +246,16 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	for _, id := range split {
-		if _, hosted := top.Group(id); hosted || n.Range(id) != nil || removed[id] {
+		if n.Range(id) != nil || removed[id] {
 			continue
 		}
-		if _, err := n.addRange(&pb.RangeDescriptor{RangeId: id}, false); err != nil {
+		if _, err := n.addRange(&pb.RangeDescriptor{RangeId: id}, false, false); err != nil {
+			if errors.Is(err, errNotNamed) { // added, but its first snapshot never came
+				if err := n.dropRange(id); err != nil {
+					return nil, err
+				}
+				continue
+			}
 			return nil, err
 		}
 	}
@@ -304,17 +316,24 @@ func Start(cfg Config) (_ *Node, err error) {
 
 // addRange opens this node's replica of the range that seed describes (its
 // stored descriptor, once it has one, supersedes seed) and makes it
-// reachable, starting it if start is set. Each replica learns of the range's
-// splits through onSplit. Once Close began it fails with raftgroup.ErrStopped.
-func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Replica, error) {
+// reachable, starting it if start is set. A joining replica (a learner a
+// move adds) starts with no Raft configuration, until the leader's
+// snapshot brings one. Each replica learns of the range's splits through
+// onSplit. A descriptor that does not name this node fails with
+// errNotNamed; once Close began it fails with raftgroup.ErrStopped.
+func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangeserver.Replica, error) {
 	top := n.cfg.Topology
 	sm, err := rangeserver.NewStateMachine(n.engine, seed)
 	if err != nil {
 		return nil, err
 	}
 	d := sm.Descriptor()
-	if !slices.Contains(d.GetReplicas(), n.cfg.NodeID) {
-		return nil, fmt.Errorf("node %d: range %d's descriptor does not name this node (replicas %v)", n.cfg.NodeID, d.GetRangeId(), d.GetReplicas())
+	if !named(d, n.cfg.NodeID) {
+		return nil, fmt.Errorf("node %d: range %d (replicas %v, learners %v): %w", n.cfg.NodeID, d.GetRangeId(), d.GetReplicas(), d.GetLearners(), errNotNamed)
+	}
+	voters := d.GetReplicas()
+	if joining {
+		voters = nil
 	}
 	srcs := rangeserver.Epochs{}
 	if srcs.Local, err = n.reader(topology.KindLocalEpoch, d.GetRegion()); err != nil {
@@ -328,7 +347,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 			return nil, err
 		}
 	}
-	rg, err := n.host.AddGroup(d.GetRangeId(), d.GetReplicas(), sm)
+	rg, err := n.host.AddGroup(d.GetRangeId(), voters, sm)
 	if err != nil {
 		return nil, err
 	}
@@ -336,9 +355,10 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start bool) (*rangeserver.Repl
 		rangeserver.Config{Tick: rangeTick(top), LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval, GCPolicy: n.gcPolicyOf(d.GetRegion()),
 			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: n.rangeIDAllocator(d.GetRegion()),
-			LockWait: n.metrics.lockWait})
+			LockWait: n.metrics.lockWait, AddReplica: n.addReplica, RemoveReplica: n.removeRemote})
 	sm.OnSplit(n.onSplit)
 	sm.OnMerge(n.onMerge)
+	sm.OnReplicasChanged(n.onReplicasChanged)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closing {
@@ -367,7 +387,7 @@ func (n *Node) onSplit(s rangeserver.Split) {
 	if n.Range(s.Right.GetRangeId()) != nil {
 		return
 	}
-	r, err := n.addRange(s.Right, true)
+	r, err := n.addRange(s.Right, true, false)
 	if err != nil {
 		if !errors.Is(err, raftgroup.ErrStopped) {
 			slog.Error("node: starting the right-hand range of a split", "node", n.cfg.NodeID, "range", s.Right.GetRangeId(), "err", err)

@@ -41,6 +41,17 @@ type PostApplier interface {
 	PostApply()
 }
 
+// ConfChanger is a StateMachine that keeps state about its group's
+// configuration (a range's descriptor names its replicas). ApplyConfChange
+// runs on the group's goroutine when a change proposed with
+// ProposeConfChange applies, with the configuration it makes and the
+// payload it was proposed with, staging durable changes in b; its result
+// goes to the proposer. Changes Raft makes by itself (leaving a joint
+// configuration) carry no payload and are not passed on.
+type ConfChanger interface {
+	ApplyConfChange(b *pebble.Batch, index uint64, cs *raftpb.ConfState, payload []byte) any
+}
+
 // Errors returned by Propose.
 var (
 	// ErrNotLeader: this replica is not the group's leader; LeaderHint may name it.
@@ -73,6 +84,7 @@ type Status struct {
 type proposal struct {
 	id   uint64
 	data []byte
+	conf *raftpb.ConfChangeV2 // a configuration change, with data as its payload
 	done chan proposalResult
 }
 
@@ -86,7 +98,6 @@ type proposalResult struct {
 // send messages, apply committed entries, advance.
 type Group struct {
 	id, self uint64
-	voters   []uint64 // the group's replica IDs
 	rn       *raft.RawNode
 	ls       *logStore
 	sm       StateMachine
@@ -120,6 +131,7 @@ type Group struct {
 	err    error // why the group stopped, if it failed
 
 	leaderChanged atomic.Pointer[chan struct{}]
+	members       atomic.Pointer[raftpb.ConfState] // the configuration as last applied
 }
 
 // Config tunes a group. Zero fields take the defaults noted.
@@ -195,7 +207,7 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 		return nil, fmt.Errorf("raftgroup: group %d: %w", id, err)
 	}
 	g := &Group{
-		id: id, self: self, voters: slices.Clone(voters), rn: rn, ls: ls, sm: sm, e: e, cfg: cfg.withDefaults(), metrics: m,
+		id: id, self: self, rn: rn, ls: ls, sm: sm, e: e, cfg: cfg.withDefaults(), metrics: m,
 		inbox:        make(chan *raftpb.Message, 4096),
 		props:        make(chan *proposal, 1024),
 		reports:      make(chan func(*raft.RawNode), 256),
@@ -215,11 +227,34 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 	ch := make(chan struct{})
 	g.leaderChanged.Store(&ch)
 	g.status = Status{Group: id, Replica: self, Applied: ls.applied}
+	g.members.Store(proto.Clone(ls.cs).(*raftpb.ConfState))
 	return g, nil
 }
 
-// isMember reports whether replica id belongs to the group's configuration.
-func (g *Group) isMember(id uint64) bool { return slices.Contains(g.voters, id) }
+// isMember reports whether replica id belongs to the group's configuration
+// (voters, learners, and the outgoing voters of a joint configuration). A
+// replica with no configuration yet — one being added, waiting for its
+// first snapshot — hears from any node.
+func (g *Group) isMember(id uint64) bool {
+	cs := g.members.Load()
+	if len(cs.GetVoters()) == 0 && len(cs.GetLearners()) == 0 {
+		return true
+	}
+	return inConf(cs, id)
+}
+
+func inConf(cs *raftpb.ConfState, id uint64) bool {
+	return slices.Contains(cs.GetVoters(), id) || slices.Contains(cs.GetLearners(), id) ||
+		slices.Contains(cs.GetVotersOutgoing(), id) || slices.Contains(cs.GetLearnersNext(), id)
+}
+
+// Members returns the group's configuration as this replica last applied
+// it: voters and learners (both empty for a replica not initialized yet),
+// and whether a joint change is under way.
+func (g *Group) Members() (voters, learners []uint64, joint bool) {
+	cs := g.members.Load()
+	return slices.Clone(cs.GetVoters()), slices.Clone(cs.GetLearners()), len(cs.GetVotersOutgoing()) > 0
+}
 
 // ID returns the group ID.
 func (g *Group) ID() uint64 { return g.id }
@@ -304,6 +339,57 @@ func (g *Group) Propose(ctx context.Context, cmd []byte) (any, error) {
 		return nil, ctx.Err()
 	case <-g.done:
 		return nil, ErrStopped
+	}
+}
+
+// ProposeConfChange replicates a configuration change through the group's
+// log (etcd raft's joint consensus: several changes at once enter a joint
+// configuration, which Raft leaves by itself once it applies, unless
+// cc.Transition says otherwise) and waits until this replica applies it,
+// returning the state machine's ApplyConfChange result for payload. Only
+// the leader accepts it (ErrNotLeader). Raft takes one change at a time:
+// a change proposed while another has not applied is dropped, and the
+// wait ends with ctx. Errors as Propose.
+func (g *Group) ProposeConfChange(ctx context.Context, cc *raftpb.ConfChangeV2, payload []byte) (any, error) {
+	cc = proto.Clone(cc).(*raftpb.ConfChangeV2)
+	p := &proposal{data: payload, conf: cc, done: make(chan proposalResult, 1)}
+	select {
+	case g.props <- p:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-g.done:
+		return nil, ErrStopped
+	}
+	select {
+	case r := <-p.done:
+		return r.val, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-g.done:
+		return nil, ErrStopped
+	}
+}
+
+// TruncateLogStart makes sure the log does not start at its first entry,
+// truncating that entry behind a snapshot if it does: a replica being added
+// then catches up by a snapshot, never by replaying the log from its start
+// (whose first configuration is not in the log). Bounded by ctx.
+func (g *Group) TruncateLogStart(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case g.reports <- func(*raft.RawNode) { done <- g.truncateLogStart() }:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-g.done:
+		return ErrStopped
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-g.done:
+		return ErrStopped
 	}
 }
 
@@ -538,7 +624,14 @@ func (g *Group) propose(p *proposal) {
 	data := make([]byte, 8+len(p.data))
 	binary.BigEndian.PutUint64(data, p.id)
 	copy(data[8:], p.data)
-	if err := g.rn.Propose(data); err != nil {
+	var err error
+	if p.conf != nil {
+		p.conf.Context = data
+		err = g.rn.ProposeConfChange(p.conf)
+	} else {
+		err = g.rn.Propose(data)
+	}
+	if err != nil {
 		if errors.Is(err, raft.ErrProposalDropped) {
 			err = ErrNotLeader
 			if g.leading {
@@ -597,6 +690,7 @@ func (g *Group) handleReady(rd raft.Ready) error {
 		if err := g.ls.installSnapshot(b, rd.Snapshot); err != nil {
 			return err
 		}
+		g.members.Store(proto.Clone(rd.Snapshot.GetMetadata().GetConfState()).(*raftpb.ConfState))
 		if sm, ok := g.sm.(Snapshotter); ok {
 			if err := sm.Restore(b, rd.Snapshot.GetData()); err != nil {
 				return err
@@ -709,8 +803,20 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 			if err != nil {
 				return err
 			}
-			if err := g.ls.setConfState(b, g.rn.ApplyConfChange(cc)); err != nil {
+			cs := g.rn.ApplyConfChange(cc)
+			if err := g.ls.setConfState(b, cs); err != nil {
 				return err
+			}
+			g.members.Store(proto.Clone(cs).(*raftpb.ConfState))
+			if c := cc.AsV2().GetContext(); len(c) >= 8 {
+				var val any
+				if ch, ok := g.sm.(ConfChanger); ok {
+					val = ch.ApplyConfChange(b, ent.GetIndex(), cs, c[8:])
+				}
+				if p, ok := g.waiters[binary.BigEndian.Uint64(c)]; ok {
+					delete(g.waiters, p.id)
+					results = append(results, delivered{p, val})
+				}
 			}
 		}
 	}
@@ -753,6 +859,24 @@ func (g *Group) maybeCompact() error {
 	if applied < g.ls.first || applied-g.ls.first < g.cfg.CompactAfter {
 		return nil
 	}
+	return g.compact(applied, applied-g.cfg.CompactAfter/2)
+}
+
+// truncateLogStart drops the log's first entry behind a snapshot at the
+// applied index, if the log was never truncated.
+func (g *Group) truncateLogStart() error {
+	if g.ls.truncIdx > 0 {
+		return nil
+	}
+	if g.ls.applied == 0 {
+		return fmt.Errorf("raftgroup: group %d has applied nothing yet", g.id)
+	}
+	return g.compact(g.ls.applied, 1)
+}
+
+// compact records a snapshot at applied (of the state machine, unless it
+// is Streamed) and truncates the log through truncateTo.
+func (g *Group) compact(applied, truncateTo uint64) error {
 	data := streamedMarker // a Streamed group's state is in the engine already
 	if sm, ok := g.sm.(Snapshotter); ok {
 		var err error
@@ -761,7 +885,7 @@ func (g *Group) maybeCompact() error {
 		}
 	}
 	b := g.e.NewBatch()
-	if err := g.ls.compact(b, applied, applied-g.cfg.CompactAfter/2, data); err != nil {
+	if err := g.ls.compact(b, applied, truncateTo, data); err != nil {
 		_ = b.Close()
 		return err
 	}

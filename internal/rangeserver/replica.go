@@ -107,6 +107,12 @@ type Config struct {
 	// LockWait, if set, observes the seconds each lock acquisition spent in
 	// the lock table (waiting behind other transactions' locks).
 	LockWait prometheus.Observer
+	// AddReplica asks node to host an empty replica of d, which names it
+	// as a learner (DESIGN.md §12). nil: replica moves are refused.
+	AddReplica func(ctx context.Context, node uint64, d *pb.RangeDescriptor) error
+	// RemoveReplica asks node to drop its replica of range id, which the
+	// range no longer names.
+	RemoveReplica func(ctx context.Context, node, id uint64) error
 }
 
 // Clock tells the time. The leader reads the time only through it, so its

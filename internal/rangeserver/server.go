@@ -101,9 +101,9 @@ func (r *Replica) toStatus(err error) error {
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, ErrSplitKey):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrTransferTarget):
+	case errors.Is(err, ErrTransferTarget), errors.Is(err, ErrMoveTarget):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy), errors.Is(err, ErrTransferBusy):
+	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy), errors.Is(err, ErrTransferBusy), errors.Is(err, ErrMoveBusy):
 		return notExecuted(err, r.self) // retry here
 	case errors.Is(err, ErrSplitRaced), errors.Is(err, ErrMergeRaced):
 		return status.Error(codes.Aborted, err.Error())
@@ -313,6 +313,19 @@ func (s *Server) TransferLease(ctx context.Context, req *pb.TransferLeaseRequest
 		return nil, s.status(r, err)
 	}
 	return &pb.TransferLeaseResponse{Lease: lease}, nil
+}
+
+// MoveReplica implements pb.RangeServer (DESIGN.md §12).
+func (s *Server) MoveReplica(ctx context.Context, req *pb.MoveReplicaRequest) (*pb.MoveReplicaResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	d, err := r.MoveReplica(ctx, req.GetFrom(), req.GetTo())
+	if err != nil {
+		return nil, s.status(r, err)
+	}
+	return &pb.MoveReplicaResponse{RangeDescriptor: d}, nil
 }
 
 // AdminMerge implements pb.RangeServer.

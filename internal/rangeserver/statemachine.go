@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
@@ -63,11 +64,13 @@ type StateMachine struct {
 	mu           sync.Mutex
 	lease        *pb.Lease
 	prepared     map[string]*pb.PreparedRecord
-	closedStored uint64        // the closed epoch in the engine or the batch being applied
-	splits       []Split       // applied, not yet durable: told by PostApply
-	onSplit      []func(Split) // split listeners
-	merges       []Merge       // applied, not yet durable: told by PostApply
-	onMerge      []func(Merge) // merge listeners
+	closedStored uint64                  // the closed epoch in the engine or the batch being applied
+	splits       []Split                 // applied, not yet durable: told by PostApply
+	onSplit      []func(Split)           // split listeners
+	merges       []Merge                 // applied, not yet durable: told by PostApply
+	onMerge      []func(Merge)           // merge listeners
+	changes      []ReplicasChanged       // applied, not yet durable: told by PostApply
+	onChange     []func(ReplicasChanged) // replica change listeners
 	// handover is the highest epoch a lease handed over by a cooperative
 	// transfer starts at, raised by every commit applied after the
 	// transfer (a prepared transaction's outcome may still reach the
@@ -94,6 +97,13 @@ type Split struct {
 type Merge struct {
 	Merged, Right *pb.RangeDescriptor
 	Prepared      []*pb.PreparedRecord
+}
+
+// ReplicasChanged is a configuration change as applied: the range's new
+// descriptor and the Raft configuration it made (DESIGN.md §12).
+type ReplicasChanged struct {
+	Desc *pb.RangeDescriptor
+	Conf *raftpb.ConfState
 }
 
 // Applied is the result of applying one command.
@@ -134,18 +144,51 @@ func (sm *StateMachine) OnMerge(f func(Merge)) {
 	sm.onMerge = append(sm.onMerge, f)
 }
 
-// PostApply implements raftgroup.PostApplier: it tells the split and merge
-// listeners of the splits and merges applied since the last call, now that
-// they are in the engine.
+// OnReplicasChanged registers f to be told of every configuration change
+// of the range once it is durable in the engine, on every replica that
+// applies it: the leaseholder's node publishes the descriptor, and a node
+// the change removed drops its replica.
+func (sm *StateMachine) OnReplicasChanged(f func(ReplicasChanged)) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	sm.onChange = append(sm.onChange, f)
+}
+
+// ApplyConfChange implements raftgroup.ConfChanger: the descriptor takes
+// the replicas and learners of the change's payload (a ReplicasChange),
+// keeping its span, with the next generation. It returns the new
+// descriptor, or an error (the configuration changed all the same; the
+// descriptor did not) for a payload that does not decode.
+func (sm *StateMachine) ApplyConfChange(b *pebble.Batch, _ uint64, cs *raftpb.ConfState, payload []byte) any {
+	ch := &pb.ReplicasChange{}
+	if err := proto.Unmarshal(payload, ch); err != nil {
+		return fmt.Errorf("%w: replicas change: %v", ErrBadCommand, err)
+	}
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	d := proto.CloneOf(sm.desc.Load())
+	d.Replicas, d.Learners, d.Generation = ch.GetReplicas(), ch.GetLearners(), d.GetGeneration()+1
+	v, _ := proto.Marshal(d)
+	_ = b.Set(sm.sub(subDescriptor, nil), v, nil)
+	sm.desc.Store(d)
+	sm.changes = append(sm.changes, ReplicasChanged{Desc: d, Conf: proto.CloneOf(cs)})
+	return d
+}
+
+// PostApply implements raftgroup.PostApplier: it tells the split, merge
+// and replica change listeners of what applied since the last call, now
+// that it is in the engine.
 func (sm *StateMachine) PostApply() {
 	sm.mu.Lock()
 	sm.publishClosed()
 	splits, onSplit := sm.splits, sm.onSplit
 	merges, onMerge := sm.merges, sm.onMerge
-	sm.splits, sm.merges = nil, nil
+	changes, onChange := sm.changes, sm.onChange
+	sm.splits, sm.merges, sm.changes = nil, nil, nil
 	sm.mu.Unlock()
 	tell(splits, onSplit)
 	tell(merges, onMerge)
+	tell(changes, onChange)
 }
 
 func tell[E any](events []E, listeners []func(E)) {
@@ -257,13 +300,20 @@ func (sm *StateMachine) spans() [][2][]byte { return sm.spansOf(sm.desc.Load()) 
 // spansOf returns the engine spans of the range-local state and of the data
 // and regional copies in d's span.
 func (sm *StateMachine) spansOf(d *pb.RangeDescriptor) [][2][]byte {
+	return append([][2][]byte{{sm.prefix, storage.PrefixEnd(sm.prefix)}}, DataSpans(d)...)
+}
+
+// DataSpans returns the engine spans [lo, hi) of the data and regional
+// copies of the keys in d's span (shared by the node's ranges, each owning
+// its span; DESIGN.md §11).
+func DataSpans(d *pb.RangeDescriptor) [][2][]byte {
 	var end []byte
 	if len(d.GetEndKey()) > 0 {
 		end = d.GetEndKey()
 	}
 	dlo, dhi := storage.MVCCKeyBounds(dataPrefix, d.GetStartKey(), end)
 	rlo, rhi := storage.MVCCKeyBounds(regionalPrefix, d.GetStartKey(), end)
-	return [][2][]byte{{sm.prefix, storage.PrefixEnd(sm.prefix)}, {dlo, dhi}, {rlo, rhi}}
+	return [][2][]byte{{dlo, dhi}, {rlo, rhi}}
 }
 
 // Lease returns the current lease (a copy).

@@ -30,6 +30,7 @@ type txnTable struct {
 	txns     map[string]*leaderTxn
 	highest  uint64 // DESIGN.md §3.5: highest epoch of a transaction that released a lock
 	splitKey []byte // set while a split at it is being proposed: see freeze
+	moving   bool   // set while a replica moves: see claimMove
 }
 
 // leaderTxn is the leader's record of a transaction holding locks here. Its
@@ -311,7 +312,7 @@ func (tt *txnTable) allBelow(id locktable.TxnID, key []byte) bool {
 // or subsume holds the freeze: one change of shape at a time.
 func (tt *txnTable) freeze(key []byte) (thaw func(), ok bool) {
 	tt.mu.Lock()
-	if tt.splitKey != nil {
+	if tt.splitKey != nil || tt.moving {
 		tt.mu.Unlock()
 		return nil, false
 	}
@@ -320,6 +321,23 @@ func (tt *txnTable) freeze(key []byte) (thaw func(), ok bool) {
 	return func() {
 		tt.mu.Lock()
 		tt.splitKey = nil
+		tt.mu.Unlock()
+	}, true
+}
+
+// claimMove marks a replica move under way, so that no split or merge
+// (freeze) starts until release; false if one is under way, or another move.
+// Unlike freeze it stops no commit.
+func (tt *txnTable) claimMove() (release func(), ok bool) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	if tt.splitKey != nil || tt.moving {
+		return nil, false
+	}
+	tt.moving = true
+	return func() {
+		tt.mu.Lock()
+		tt.moving = false
 		tt.mu.Unlock()
 	}, true
 }

@@ -71,8 +71,10 @@ var methodRoles = map[string]Role{
 	"/terroir.range.Range/AdminSplit":       RoleAdmin,
 	"/terroir.range.Range/AdminMerge":       RoleAdmin,
 	"/terroir.range.Range/TransferLease":    RoleAdmin,
+	"/terroir.range.Range/MoveReplica":      RoleAdmin,
 	"/terroir.directory.Directory/SetGCTTL": RoleAdmin,
-	// Node-only, listed for the reader: Transport/Raft, Transport/Snapshot, Epoch/Publish,
+	// Node-only, listed for the reader: Transport/Raft, Transport/Snapshot,
+	// Node/AddRangeReplica, Node/RemoveRangeReplica, Epoch/Publish,
 	// Epoch/SetExcluded, Directory/Update, Directory/Allocate.
 }
 

@@ -314,7 +314,8 @@ func TestCreateRejectsBadInputAndKeepsFiles(t *testing.T) {
 // role or meant to be node-only; a new RPC must be placed on purpose.
 func TestEveryMethodHasARole(t *testing.T) {
 	nodeOnly := map[string]bool{
-		"/terroir.transport.Transport/Raft": true, "/terroir.transport.Transport/Snapshot": true, "/terroir.epoch.Epoch/Publish": true, "/terroir.epoch.Epoch/SetExcluded": true,
+		"/terroir.transport.Transport/Raft": true, "/terroir.transport.Transport/Snapshot": true,
+		"/terroir.node.Node/AddRangeReplica": true, "/terroir.node.Node/RemoveRangeReplica": true, "/terroir.epoch.Epoch/Publish": true, "/terroir.epoch.Epoch/SetExcluded": true,
 		"/terroir.directory.Directory/Update": true, "/terroir.directory.Directory/Allocate": true,
 	}
 	for _, sd := range []grpc.ServiceDesc{rangepb.Range_ServiceDesc, epochpb.Epoch_ServiceDesc, txnstatepb.TxnState_ServiceDesc,

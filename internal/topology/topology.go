@@ -22,9 +22,11 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -807,6 +809,34 @@ func (t *Topology) Marshal() ([]byte, error) {
 		f.Groups = append(f.Groups, fg)
 	}
 	return yaml.Marshal(&f)
+}
+
+// WithNode returns a copy of t with node n added, hosting no group (a node
+// that joins; DESIGN.md §12). Errors wrap ErrInvalid: an ID of 0 or in
+// use, a region t does not have, an address in use or not host:port.
+func (t *Topology) WithNode(n Node) (*Topology, error) {
+	switch {
+	case n.ID == 0:
+		return nil, invalid("node: id 0 is reserved")
+	case !t.HasRegion(n.Region):
+		return nil, invalid("node %d: unknown region %q (regions: %s)", n.ID, n.Region, strings.Join(t.Regions, ", "))
+	}
+	if _, dup := t.nodeByID[n.ID]; dup {
+		return nil, invalid("node %d: id already in use", n.ID)
+	}
+	if _, _, err := net.SplitHostPort(n.Addr); err != nil {
+		return nil, invalid("node %d: address %q is not host:port", n.ID, n.Addr)
+	}
+	for _, o := range t.Nodes {
+		if o.Addr == n.Addr {
+			return nil, invalid("node %d: duplicate address %s (also node %d)", n.ID, n.Addr, o.ID)
+		}
+	}
+	c := *t
+	c.Nodes = append(slices.Clone(t.Nodes), n)
+	c.nodeByID = maps.Clone(t.nodeByID)
+	c.nodeByID[n.ID] = len(c.Nodes) - 1
+	return &c, nil
 }
 
 // WithoutGlobalEpoch returns a copy of t without its global epoch service and

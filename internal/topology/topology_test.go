@@ -331,3 +331,34 @@ func TestRangeLeaseSettings(t *testing.T) {
 		}
 	}
 }
+
+func TestWithNode(t *testing.T) {
+	top, err := Parse([]byte("regions: [r, s]\nrtt: [{between: [r, s], ms: 5}]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, err := top.WithNode(Node{ID: 7, Region: "s", Addr: "127.0.0.1:7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := more.Node(7); !ok || n.Region != "s" || len(more.GroupsOn(7)) != 0 {
+		t.Fatalf("added node: %v %v", n, ok)
+	}
+	if _, ok := top.Node(7); ok {
+		t.Fatal("WithNode changed the original topology")
+	}
+	for _, c := range []struct {
+		n   Node
+		bad string
+	}{
+		{Node{ID: 0, Region: "r", Addr: "127.0.0.1:9"}, "id 0"},
+		{Node{ID: 1, Region: "r", Addr: "127.0.0.1:9"}, "already in use"},
+		{Node{ID: 9, Region: "mars", Addr: "127.0.0.1:9"}, `unknown region "mars"`},
+		{Node{ID: 9, Region: "r", Addr: "127.0.0.1:1"}, "duplicate address"},
+		{Node{ID: 9, Region: "r", Addr: "nowhere"}, "not host:port"},
+	} {
+		if _, err := top.WithNode(c.n); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
+			t.Errorf("WithNode(%+v) = %v, want ErrInvalid saying %q", c.n, err, c.bad)
+		}
+	}
+}

@@ -417,6 +417,166 @@ func (*SetRegionExcludedResponse) Descriptor() ([]byte, []int) {
 	return file_node_proto_rawDescGZIP(), []int{5}
 }
 
+type AddRangeReplicaRequest struct {
+	state           protoimpl.MessageState   `protogen:"open.v1"`
+	RangeDescriptor *rangepb.RangeDescriptor `protobuf:"bytes,1,opt,name=range_descriptor,json=rangeDescriptor,proto3" json:"range_descriptor,omitempty"` // naming the node as a learner
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *AddRangeReplicaRequest) Reset() {
+	*x = AddRangeReplicaRequest{}
+	mi := &file_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddRangeReplicaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddRangeReplicaRequest) ProtoMessage() {}
+
+func (x *AddRangeReplicaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddRangeReplicaRequest.ProtoReflect.Descriptor instead.
+func (*AddRangeReplicaRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AddRangeReplicaRequest) GetRangeDescriptor() *rangepb.RangeDescriptor {
+	if x != nil {
+		return x.RangeDescriptor
+	}
+	return nil
+}
+
+type AddRangeReplicaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddRangeReplicaResponse) Reset() {
+	*x = AddRangeReplicaResponse{}
+	mi := &file_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddRangeReplicaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddRangeReplicaResponse) ProtoMessage() {}
+
+func (x *AddRangeReplicaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddRangeReplicaResponse.ProtoReflect.Descriptor instead.
+func (*AddRangeReplicaResponse) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{7}
+}
+
+type RemoveRangeReplicaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveRangeReplicaRequest) Reset() {
+	*x = RemoveRangeReplicaRequest{}
+	mi := &file_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveRangeReplicaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveRangeReplicaRequest) ProtoMessage() {}
+
+func (x *RemoveRangeReplicaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveRangeReplicaRequest.ProtoReflect.Descriptor instead.
+func (*RemoveRangeReplicaRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RemoveRangeReplicaRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+type RemoveRangeReplicaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveRangeReplicaResponse) Reset() {
+	*x = RemoveRangeReplicaResponse{}
+	mi := &file_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveRangeReplicaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveRangeReplicaResponse) ProtoMessage() {}
+
+func (x *RemoveRangeReplicaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveRangeReplicaResponse.ProtoReflect.Descriptor instead.
+func (*RemoveRangeReplicaResponse) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{9}
+}
+
 var File_node_proto protoreflect.FileDescriptor
 
 const file_node_proto_rawDesc = "" +
@@ -451,10 +611,18 @@ const file_node_proto_rawDesc = "" +
 	"\x18SetRegionExcludedRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1a\n" +
 	"\bexcluded\x18\x02 \x01(\bR\bexcluded\"\x1b\n" +
-	"\x19SetRegionExcludedResponse2\xb1\x01\n" +
+	"\x19SetRegionExcludedResponse\"c\n" +
+	"\x16AddRangeReplicaRequest\x12I\n" +
+	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\"\x19\n" +
+	"\x17AddRangeReplicaResponse\"6\n" +
+	"\x19RemoveRangeReplicaRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\"\x1c\n" +
+	"\x1aRemoveRangeReplicaResponse2\xfa\x02\n" +
 	"\x04Node\x12C\n" +
 	"\x06Status\x12\x1b.terroir.node.StatusRequest\x1a\x1c.terroir.node.StatusResponse\x12d\n" +
-	"\x11SetRegionExcluded\x12&.terroir.node.SetRegionExcludedRequest\x1a'.terroir.node.SetRegionExcludedResponseB4Z2github.com/terroir-db/terroir/internal/node/nodepbb\x06proto3"
+	"\x11SetRegionExcluded\x12&.terroir.node.SetRegionExcludedRequest\x1a'.terroir.node.SetRegionExcludedResponse\x12^\n" +
+	"\x0fAddRangeReplica\x12$.terroir.node.AddRangeReplicaRequest\x1a%.terroir.node.AddRangeReplicaResponse\x12g\n" +
+	"\x12RemoveRangeReplica\x12'.terroir.node.RemoveRangeReplicaRequest\x1a(.terroir.node.RemoveRangeReplicaResponseB4Z2github.com/terroir-db/terroir/internal/node/nodepbb\x06proto3"
 
 var (
 	file_node_proto_rawDescOnce sync.Once
@@ -468,29 +636,39 @@ func file_node_proto_rawDescGZIP() []byte {
 	return file_node_proto_rawDescData
 }
 
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_node_proto_goTypes = []any{
-	(*StatusRequest)(nil),             // 0: terroir.node.StatusRequest
-	(*ReplicaProgress)(nil),           // 1: terroir.node.ReplicaProgress
-	(*GroupStatus)(nil),               // 2: terroir.node.GroupStatus
-	(*StatusResponse)(nil),            // 3: terroir.node.StatusResponse
-	(*SetRegionExcludedRequest)(nil),  // 4: terroir.node.SetRegionExcludedRequest
-	(*SetRegionExcludedResponse)(nil), // 5: terroir.node.SetRegionExcludedResponse
-	(*rangepb.RangeStatus)(nil),       // 6: terroir.range.RangeStatus
+	(*StatusRequest)(nil),              // 0: terroir.node.StatusRequest
+	(*ReplicaProgress)(nil),            // 1: terroir.node.ReplicaProgress
+	(*GroupStatus)(nil),                // 2: terroir.node.GroupStatus
+	(*StatusResponse)(nil),             // 3: terroir.node.StatusResponse
+	(*SetRegionExcludedRequest)(nil),   // 4: terroir.node.SetRegionExcludedRequest
+	(*SetRegionExcludedResponse)(nil),  // 5: terroir.node.SetRegionExcludedResponse
+	(*AddRangeReplicaRequest)(nil),     // 6: terroir.node.AddRangeReplicaRequest
+	(*AddRangeReplicaResponse)(nil),    // 7: terroir.node.AddRangeReplicaResponse
+	(*RemoveRangeReplicaRequest)(nil),  // 8: terroir.node.RemoveRangeReplicaRequest
+	(*RemoveRangeReplicaResponse)(nil), // 9: terroir.node.RemoveRangeReplicaResponse
+	(*rangepb.RangeStatus)(nil),        // 10: terroir.range.RangeStatus
+	(*rangepb.RangeDescriptor)(nil),    // 11: terroir.range.RangeDescriptor
 }
 var file_node_proto_depIdxs = []int32{
-	1, // 0: terroir.node.GroupStatus.progress:type_name -> terroir.node.ReplicaProgress
-	2, // 1: terroir.node.StatusResponse.groups:type_name -> terroir.node.GroupStatus
-	6, // 2: terroir.node.StatusResponse.ranges:type_name -> terroir.range.RangeStatus
-	0, // 3: terroir.node.Node.Status:input_type -> terroir.node.StatusRequest
-	4, // 4: terroir.node.Node.SetRegionExcluded:input_type -> terroir.node.SetRegionExcludedRequest
-	3, // 5: terroir.node.Node.Status:output_type -> terroir.node.StatusResponse
-	5, // 6: terroir.node.Node.SetRegionExcluded:output_type -> terroir.node.SetRegionExcludedResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	1,  // 0: terroir.node.GroupStatus.progress:type_name -> terroir.node.ReplicaProgress
+	2,  // 1: terroir.node.StatusResponse.groups:type_name -> terroir.node.GroupStatus
+	10, // 2: terroir.node.StatusResponse.ranges:type_name -> terroir.range.RangeStatus
+	11, // 3: terroir.node.AddRangeReplicaRequest.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	0,  // 4: terroir.node.Node.Status:input_type -> terroir.node.StatusRequest
+	4,  // 5: terroir.node.Node.SetRegionExcluded:input_type -> terroir.node.SetRegionExcludedRequest
+	6,  // 6: terroir.node.Node.AddRangeReplica:input_type -> terroir.node.AddRangeReplicaRequest
+	8,  // 7: terroir.node.Node.RemoveRangeReplica:input_type -> terroir.node.RemoveRangeReplicaRequest
+	3,  // 8: terroir.node.Node.Status:output_type -> terroir.node.StatusResponse
+	5,  // 9: terroir.node.Node.SetRegionExcluded:output_type -> terroir.node.SetRegionExcludedResponse
+	7,  // 10: terroir.node.Node.AddRangeReplica:output_type -> terroir.node.AddRangeReplicaResponse
+	9,  // 11: terroir.node.Node.RemoveRangeReplica:output_type -> terroir.node.RemoveRangeReplicaResponse
+	8,  // [8:12] is the sub-list for method output_type
+	4,  // [4:8] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -504,7 +682,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,8 +22,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Node_Status_FullMethodName            = "/terroir.node.Node/Status"
-	Node_SetRegionExcluded_FullMethodName = "/terroir.node.Node/SetRegionExcluded"
+	Node_Status_FullMethodName             = "/terroir.node.Node/Status"
+	Node_SetRegionExcluded_FullMethodName  = "/terroir.node.Node/SetRegionExcluded"
+	Node_AddRangeReplica_FullMethodName    = "/terroir.node.Node/AddRangeReplica"
+	Node_RemoveRangeReplica_FullMethodName = "/terroir.node.Node/RemoveRangeReplica"
 )
 
 // NodeClient is the client API for Node service.
@@ -38,6 +40,12 @@ type NodeClient interface {
 	// since the service's SetExcluded accepts nodes only (DESIGN.md §15).
 	// The change is durable when it returns.
 	SetRegionExcluded(ctx context.Context, in *SetRegionExcludedRequest, opts ...grpc.CallOption) (*SetRegionExcludedResponse, error)
+	// AddRangeReplica makes the node host an empty replica of a range that is
+	// adding it as a learner, to be filled by a snapshot (node-only).
+	AddRangeReplica(ctx context.Context, in *AddRangeReplicaRequest, opts ...grpc.CallOption) (*AddRangeReplicaResponse, error)
+	// RemoveRangeReplica makes the node drop its replica of a range that no
+	// longer names it, once another replica confirms so (node-only).
+	RemoveRangeReplica(ctx context.Context, in *RemoveRangeReplicaRequest, opts ...grpc.CallOption) (*RemoveRangeReplicaResponse, error)
 }
 
 type nodeClient struct {
@@ -68,6 +76,26 @@ func (c *nodeClient) SetRegionExcluded(ctx context.Context, in *SetRegionExclude
 	return out, nil
 }
 
+func (c *nodeClient) AddRangeReplica(ctx context.Context, in *AddRangeReplicaRequest, opts ...grpc.CallOption) (*AddRangeReplicaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddRangeReplicaResponse)
+	err := c.cc.Invoke(ctx, Node_AddRangeReplica_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) RemoveRangeReplica(ctx context.Context, in *RemoveRangeReplicaRequest, opts ...grpc.CallOption) (*RemoveRangeReplicaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveRangeReplicaResponse)
+	err := c.cc.Invoke(ctx, Node_RemoveRangeReplica_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServer is the server API for Node service.
 // All implementations must embed UnimplementedNodeServer
 // for forward compatibility.
@@ -80,6 +108,12 @@ type NodeServer interface {
 	// since the service's SetExcluded accepts nodes only (DESIGN.md §15).
 	// The change is durable when it returns.
 	SetRegionExcluded(context.Context, *SetRegionExcludedRequest) (*SetRegionExcludedResponse, error)
+	// AddRangeReplica makes the node host an empty replica of a range that is
+	// adding it as a learner, to be filled by a snapshot (node-only).
+	AddRangeReplica(context.Context, *AddRangeReplicaRequest) (*AddRangeReplicaResponse, error)
+	// RemoveRangeReplica makes the node drop its replica of a range that no
+	// longer names it, once another replica confirms so (node-only).
+	RemoveRangeReplica(context.Context, *RemoveRangeReplicaRequest) (*RemoveRangeReplicaResponse, error)
 	mustEmbedUnimplementedNodeServer()
 }
 
@@ -95,6 +129,12 @@ func (UnimplementedNodeServer) Status(context.Context, *StatusRequest) (*StatusR
 }
 func (UnimplementedNodeServer) SetRegionExcluded(context.Context, *SetRegionExcludedRequest) (*SetRegionExcludedResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetRegionExcluded not implemented")
+}
+func (UnimplementedNodeServer) AddRangeReplica(context.Context, *AddRangeReplicaRequest) (*AddRangeReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AddRangeReplica not implemented")
+}
+func (UnimplementedNodeServer) RemoveRangeReplica(context.Context, *RemoveRangeReplicaRequest) (*RemoveRangeReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveRangeReplica not implemented")
 }
 func (UnimplementedNodeServer) mustEmbedUnimplementedNodeServer() {}
 func (UnimplementedNodeServer) testEmbeddedByValue()              {}
@@ -153,6 +193,42 @@ func _Node_SetRegionExcluded_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_AddRangeReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddRangeReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).AddRangeReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_AddRangeReplica_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).AddRangeReplica(ctx, req.(*AddRangeReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_RemoveRangeReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveRangeReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).RemoveRangeReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_RemoveRangeReplica_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).RemoveRangeReplica(ctx, req.(*RemoveRangeReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Node_ServiceDesc is the grpc.ServiceDesc for Node service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -167,6 +243,14 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetRegionExcluded",
 			Handler:    _Node_SetRegionExcluded_Handler,
+		},
+		{
+			MethodName: "AddRangeReplica",
+			Handler:    _Node_AddRangeReplica_Handler,
+		},
+		{
+			MethodName: "RemoveRangeReplica",
+			Handler:    _Node_RemoveRangeReplica_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

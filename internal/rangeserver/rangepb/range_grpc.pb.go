@@ -34,6 +34,7 @@ const (
 	Range_AdminSplit_FullMethodName     = "/terroir.range.Range/AdminSplit"
 	Range_AdminMerge_FullMethodName     = "/terroir.range.Range/AdminMerge"
 	Range_TransferLease_FullMethodName  = "/terroir.range.Range/TransferLease"
+	Range_MoveReplica_FullMethodName    = "/terroir.range.Range/MoveReplica"
 	Range_Ranges_FullMethodName         = "/terroir.range.Range/Ranges"
 	Range_ClosedEpoch_FullMethodName    = "/terroir.range.Range/ClosedEpoch"
 )
@@ -60,6 +61,10 @@ type RangeClient interface {
 	// TransferLease hands the range's lease, at its holder, to another replica
 	// without waiting for it to run out (DESIGN.md §12).
 	TransferLease(ctx context.Context, in *TransferLeaseRequest, opts ...grpc.CallOption) (*TransferLeaseResponse, error)
+	// MoveReplica moves the range's replica on one node to another, at its
+	// leaseholder (DESIGN.md §12): learner, snapshot, promotion with the old
+	// replica's removal in one joint configuration change.
+	MoveReplica(ctx context.Context, in *MoveReplicaRequest, opts ...grpc.CallOption) (*MoveReplicaResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error)
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
@@ -195,6 +200,16 @@ func (c *rangeClient) TransferLease(ctx context.Context, in *TransferLeaseReques
 	return out, nil
 }
 
+func (c *rangeClient) MoveReplica(ctx context.Context, in *MoveReplicaRequest, opts ...grpc.CallOption) (*MoveReplicaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveReplicaResponse)
+	err := c.cc.Invoke(ctx, Range_MoveReplica_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *rangeClient) Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RangesResponse)
@@ -237,6 +252,10 @@ type RangeServer interface {
 	// TransferLease hands the range's lease, at its holder, to another replica
 	// without waiting for it to run out (DESIGN.md §12).
 	TransferLease(context.Context, *TransferLeaseRequest) (*TransferLeaseResponse, error)
+	// MoveReplica moves the range's replica on one node to another, at its
+	// leaseholder (DESIGN.md §12): learner, snapshot, promotion with the old
+	// replica's removal in one joint configuration change.
+	MoveReplica(context.Context, *MoveReplicaRequest) (*MoveReplicaResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(context.Context, *RangesRequest) (*RangesResponse, error)
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
@@ -287,6 +306,9 @@ func (UnimplementedRangeServer) AdminMerge(context.Context, *AdminMergeRequest) 
 }
 func (UnimplementedRangeServer) TransferLease(context.Context, *TransferLeaseRequest) (*TransferLeaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method TransferLease not implemented")
+}
+func (UnimplementedRangeServer) MoveReplica(context.Context, *MoveReplicaRequest) (*MoveReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MoveReplica not implemented")
 }
 func (UnimplementedRangeServer) Ranges(context.Context, *RangesRequest) (*RangesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ranges not implemented")
@@ -531,6 +553,24 @@ func _Range_TransferLease_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_MoveReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).MoveReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_MoveReplica_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).MoveReplica(ctx, req.(*MoveReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Range_Ranges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RangesRequest)
 	if err := dec(in); err != nil {
@@ -621,6 +661,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferLease",
 			Handler:    _Range_TransferLease_Handler,
+		},
+		{
+			MethodName: "MoveReplica",
+			Handler:    _Range_MoveReplica_Handler,
 		},
 		{
 			MethodName: "Ranges",

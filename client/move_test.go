@@ -1,0 +1,103 @@
+package client_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/localcluster"
+)
+
+// fourNodes is examples/one-region.yaml with a fourth node that hosts
+// nothing at first.
+const fourNodes = `local_epoch_interval: 10ms
+raft_tick: 10ms
+regions: [us-east1]
+nodes:
+  - {id: 1, region: us-east1, addr: "127.0.0.1:7101"}
+  - {id: 2, region: us-east1, addr: "127.0.0.1:7102"}
+  - {id: 3, region: us-east1, addr: "127.0.0.1:7103"}
+  - {id: 4, region: us-east1, addr: "127.0.0.1:7104"}
+groups:
+  - {id: 1, kind: local-epoch, region: us-east1, replicas: [1, 2, 3]}
+  - {id: 2, kind: txn-state, region: us-east1, replicas: [1, 2, 3]}
+  - {id: 3, kind: directory, region: us-east1, replicas: [1, 2, 3]}
+  - {id: 10, kind: range, region: us-east1, start: "", end: "m", replicas: [1, 2, 3]}
+  - {id: 11, kind: range, region: us-east1, start: "m", replicas: [1, 2, 3]}
+`
+
+// TestMoveReplicasUnderLoad moves replicas of both ranges onto a fourth
+// node while clients transfer money (DESIGN.md §12) — one of them the
+// leaseholder's, which hands its lease over first — then stops the node
+// they left: the load goes on, every total read is right, the new replicas
+// serve, and bad moves change nothing.
+func TestMoveReplicasUnderLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "four.yaml")
+	if err := os.WriteFile(path, []byte(fourNodes), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := localcluster.StartT(t, path, localcluster.Options{})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 120*time.Second)
+	fund(t, ctx, db)
+	load := startBankLoad(t, ctx, c)
+	time.Sleep(500 * time.Millisecond)
+
+	// Range 10 ([, m): the accounts) from node 3; range 11 from its
+	// leaseholder, whichever node that is.
+	holder := servingNode(c, 11)
+	for _, mv := range []struct {
+		key      string
+		from, to uint64
+	}{{"acct-00", 3, 4}, {"x-acct-00", holder, 4}} {
+		began := time.Now()
+		r, err := db.AdminMoveReplica(ctx, []byte(mv.key), mv.from, mv.to)
+		if err != nil {
+			t.Fatalf("moving range of %q from node %d to %d: %v", mv.key, mv.from, mv.to, err)
+		}
+		if !slices.Contains(r.Replicas, mv.to) || slices.Contains(r.Replicas, mv.from) || len(r.Replicas) != 3 {
+			t.Fatalf("after the move, range %d has replicas %v", r.ID, r.Replicas)
+		}
+		t.Logf("range %d: node %d -> %d in %v, replicas %v, generation %d", r.ID, mv.from, mv.to, time.Since(began).Round(time.Millisecond), r.Replicas, r.Generation)
+	}
+	// The replicas left behind go.
+	for {
+		if c.Node(3).Range(10) == nil && (holder == 3 || c.Node(holder).Range(11) == nil) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the moved replicas were not removed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The new replica serves: it takes range 10's lease.
+	if _, _, err := db.AdminTransferLease(ctx, []byte("acct-00"), 4); err != nil {
+		t.Fatalf("transferring range 10's lease to its new replica: %v", err)
+	}
+	// Node 3 goes away; range 10 (on 1, 2, 4) carries on.
+	if err := c.StopNode(3); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+
+	for _, bad := range []struct {
+		key      string
+		from, to uint64
+	}{{"acct-00", 3, 2}, {"acct-00", 1, 2}, {"acct-00", 1, 99}} {
+		if _, err := db.AdminMoveReplica(ctx, []byte(bad.key), bad.from, bad.to); !errors.Is(err, client.ErrMoveTarget) {
+			t.Errorf("move of %q from %d to %d = %v; want ErrMoveTarget", bad.key, bad.from, bad.to, err)
+		}
+	}
+	load.stop()
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Fatalf("final total %d, %v", sum, err)
+	}
+	t.Logf("%d transfers, %d total checks", load.transfers.Load(), load.checks.Load())
+}

@@ -1,0 +1,54 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+)
+
+// ErrMoveTarget: a replica move from a node that is not a replica of the
+// range, or to one that cannot take it (a replica already, unknown, down,
+// or in another region). Nothing changed.
+var ErrMoveTarget = errors.New("terroir: the replica cannot move there")
+
+// MoveReplica moves the replica of the range holding key from node from to
+// node to (DESIGN.md §12), at the range's leaseholder: to joins as a
+// learner, catches up by a streamed snapshot, and is promoted as from is
+// removed, in one joint configuration change; the range keeps three voters
+// throughout. It returns the range's new descriptor. Errors: ErrMoveTarget
+// (nothing changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown
+// (whether it moved is unknown: the range's descriptor tells).
+func (c *Coordinator) MoveReplica(ctx context.Context, key []byte, from, to uint64) (*pb.RangeDescriptor, error) {
+	if len(key) > MaxKeySize {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
+	}
+	if _, ok := c.top.Node(to); !ok {
+		return nil, fmt.Errorf("%w: node %d is not in the cluster", ErrMoveTarget, to)
+	}
+	var moved *pb.RangeDescriptor
+	err := c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
+		if !slices.Contains(d.GetReplicas(), from) {
+			return fmt.Errorf("%w: node %d is not a replica of range %d (replicas %v)", ErrMoveTarget, from, d.GetRangeId(), d.GetReplicas())
+		}
+		err := c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
+			resp, err := rc.MoveReplica(ctx, &pb.MoveReplicaRequest{RangeId: d.GetRangeId(), From: from, To: to})
+			moved = resp.GetRangeDescriptor()
+			return err
+		})
+		if status.Code(err) == codes.InvalidArgument {
+			return fmt.Errorf("%w: %s", ErrMoveTarget, status.Convert(err).Message())
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.routes.Update(moved)
+	return moved, nil
+}

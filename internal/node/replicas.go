@@ -1,0 +1,182 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/node/nodepb"
+	"github.com/terroir-db/terroir/internal/rangeserver"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
+)
+
+// Replica moves (DESIGN.md §12): the range's leaseholder asks the target
+// node to host an empty replica (AddRangeReplica), adds it as a learner,
+// catches it up by a streamed snapshot, promotes it and removes the old
+// replica in one joint configuration change, then asks the old node to drop
+// its replica (RemoveRangeReplica). A node also drops a replica as soon as
+// it applies a configuration that leaves it out.
+
+// AddRangeReplica implements nodepb.NodeServer: the node hosts an empty
+// replica of the range, which names it as a learner, with no Raft
+// configuration until the leader's snapshot brings one. Hosting it already
+// is not an error.
+func (s *statusServer) AddRangeReplica(_ context.Context, req *nodepb.AddRangeReplicaRequest) (*nodepb.AddRangeReplicaResponse, error) {
+	n := s.n
+	d := req.GetRangeDescriptor()
+	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
+	switch {
+	case !slices.Contains(d.GetLearners(), n.cfg.NodeID):
+		return nil, status.Errorf(codes.InvalidArgument, "range %d's descriptor does not name node %d as a learner", d.GetRangeId(), n.cfg.NodeID)
+	case d.GetRegion() != self.Region:
+		return nil, status.Errorf(codes.InvalidArgument, "range %d is homed in %s, node %d is in %s", d.GetRangeId(), d.GetRegion(), n.cfg.NodeID, self.Region)
+	}
+	if n.Range(d.GetRangeId()) != nil {
+		return &nodepb.AddRangeReplicaResponse{}, nil
+	}
+	// Hosted again after it left: its tombstone goes; it is indexed so the
+	// node hosts it after a restart.
+	b := n.engine.NewBatch()
+	_ = b.Delete(storage.RangeTombstoneKey(d.GetRangeId()), nil)
+	_ = b.Set(storage.RangeIndexKey(d.GetRangeId()), nil, nil)
+	if err := n.engine.Commit(b, true); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if _, err := n.addRange(d, true, true); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "hosting range %d: %v", d.GetRangeId(), err)
+	}
+	slog.Info("range replica added, waiting for its snapshot", "node", n.cfg.NodeID, "range", d.GetRangeId())
+	return &nodepb.AddRangeReplicaResponse{}, nil
+}
+
+// RemoveRangeReplica implements nodepb.NodeServer: the node drops its
+// replica of the range once its own descriptor, or another replica's at a
+// newer generation, leaves it out. Not hosting it is not an error.
+func (s *statusServer) RemoveRangeReplica(ctx context.Context, req *nodepb.RemoveRangeReplicaRequest) (*nodepb.RemoveRangeReplicaResponse, error) {
+	n := s.n
+	r := n.Range(req.GetRangeId())
+	if r == nil {
+		return &nodepb.RemoveRangeReplicaResponse{}, nil
+	}
+	d := r.Desc()
+	if named(d, n.cfg.NodeID) {
+		var newer *pb.RangeDescriptor
+		for _, peer := range d.GetReplicas() {
+			if peer == n.cfg.NodeID {
+				continue
+			}
+			if pd, err := n.peerDescriptor(ctx, peer, d.GetRangeId()); err == nil && pd.GetGeneration() > d.GetGeneration() {
+				newer = pd
+				break
+			}
+		}
+		if newer == nil || named(newer, n.cfg.NodeID) {
+			return nil, status.Errorf(codes.FailedPrecondition, "range %d still names node %d", d.GetRangeId(), n.cfg.NodeID)
+		}
+	}
+	n.removeReplica(r)
+	return &nodepb.RemoveRangeReplicaResponse{}, nil
+}
+
+// named reports whether d names node as a replica or learner.
+func named(d *pb.RangeDescriptor, node uint64) bool {
+	return slices.Contains(d.GetReplicas(), node) || slices.Contains(d.GetLearners(), node)
+}
+
+// onReplicasChanged runs on every replica once a configuration change of
+// its range is durable here: the leader publishes the new descriptor, and
+// a node the change left out drops its replica.
+func (n *Node) onReplicasChanged(c rangeserver.ReplicasChanged) {
+	r := n.Range(c.Desc.GetRangeId())
+	if r == nil {
+		return
+	}
+	if r.LeaderHint() == n.cfg.NodeID {
+		n.publish(c.Desc)
+	}
+	if !inConf(c.Conf, n.cfg.NodeID) {
+		n.removeReplica(r)
+	}
+}
+
+func inConf(cs *raftpb.ConfState, id uint64) bool {
+	return slices.Contains(cs.GetVoters(), id) || slices.Contains(cs.GetLearners(), id) ||
+		slices.Contains(cs.GetVotersOutgoing(), id) || slices.Contains(cs.GetLearnersNext(), id)
+}
+
+// removeReplica stops the node's replica r of a range that no longer names
+// this node and deletes it: its Raft and range-local state, and its data in
+// the shared key spaces, which no other range here owns. A tombstone keeps
+// the node from hosting it again after a restart, until a move brings it
+// back (AddRangeReplica).
+func (n *Node) removeReplica(r *rangeserver.Replica) {
+	id := r.ID()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i := slices.Index(n.ranges, r)
+	if i < 0 || n.closing {
+		return
+	}
+	n.ranges = slices.Delete(n.ranges, i, i+1)
+	n.rangeSrv.Remove(id)
+	n.removing.Add(1)
+	go func() { // not on the range's apply loop: stopping r waits for it
+		defer n.removing.Done()
+		r.Close()
+		err := n.tombstone(id, r.Desc())
+		if err == nil {
+			err = n.dropRange(id)
+		}
+		if err != nil {
+			slog.Error("node: removing a replica the range left", "node", n.cfg.NodeID, "range", id, "err", err)
+			return
+		}
+		slog.Info("range replica removed", "node", n.cfg.NodeID, "range", id)
+	}()
+}
+
+// tombstone durably records that range id left this node, and deletes its
+// data in d's span.
+func (n *Node) tombstone(id uint64, d *pb.RangeDescriptor) error {
+	b := n.engine.NewBatch()
+	_ = b.Set(storage.RangeTombstoneKey(id), nil, nil)
+	_ = b.Delete(storage.RangeIndexKey(id), nil)
+	for _, sp := range rangeserver.DataSpans(d) {
+		if err := b.DeleteRange(sp[0], sp[1], nil); err != nil {
+			_ = b.Close()
+			return err
+		}
+	}
+	return n.engine.Commit(b, true)
+}
+
+// addReplica asks node to host an empty replica of d
+// (rangeserver.Config.AddReplica).
+func (n *Node) addReplica(ctx context.Context, node uint64, d *pb.RangeDescriptor) error {
+	conn, err := n.dialer.Conn(node)
+	if err != nil {
+		return err
+	}
+	_, err = nodepb.NewNodeClient(conn).AddRangeReplica(ctx, &nodepb.AddRangeReplicaRequest{RangeDescriptor: proto.CloneOf(d)})
+	return err
+}
+
+// removeRemote asks node to drop its replica of range id
+// (rangeserver.Config.RemoveReplica).
+func (n *Node) removeRemote(ctx context.Context, node, id uint64) error {
+	conn, err := n.dialer.Conn(node)
+	if err != nil {
+		return err
+	}
+	_, err = nodepb.NewNodeClient(conn).RemoveRangeReplica(ctx, &nodepb.RemoveRangeReplicaRequest{RangeId: id})
+	return err
+}
+
+var errNotNamed = errors.New("the range's descriptor does not name this node")
