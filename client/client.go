@@ -514,9 +514,9 @@ func (db *DB) AdminMerge(ctx context.Context, key []byte) (RangeInfo, error) {
 // one of its replicas, without waiting for it to run out (DESIGN.md §12):
 // an operator's action (`terroir admin range transfer-lease`). It returns
 // the range and the first local epoch of the new holder's lease.
-// Transactions holding only unreplicated locks on the range abort; prepared
-// ones carry over. Errors: ErrLeaseTarget (nothing changed),
-// ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown.
+// Transactions holding only unreplicated locks on the range abort; those
+// prepared or committing there finish first. Errors: ErrLeaseTarget
+// (nothing changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown.
 func (db *DB) AdminTransferLease(ctx context.Context, key []byte, to uint64) (RangeInfo, uint64, error) {
 	d, lease, err := db.coord.TransferLease(ctx, key, to)
 	if err != nil {

@@ -127,9 +127,9 @@ func adminCmd() *cobra.Command {
 		Use:   "transfer-lease <key> <node>",
 		Short: "Hand the lease of the range holding key to node, another of its replicas, without waiting for it to run out",
 		Long: "transfer-lease asks the range's leaseholder to hand its lease and Raft leadership to node\n" +
-			"(DESIGN.md §12): it stops serving, lets one-phase commits under way finish, and grants the\n" +
-			"node the next epochs with its highest epoch. Transactions holding only unreplicated locks\n" +
-			"on the range abort; prepared ones carry over. A node that is not a replica of the range, or\n" +
+			"(DESIGN.md §12): it stops serving, lets transactions prepared or committing there finish,\n" +
+			"and grants the node the next epochs with its highest epoch. Transactions holding only\n" +
+			"unreplicated locks on the range abort. A node that is not a replica of the range, or\n" +
 			"that holds the lease already, is refused and nothing changes.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {

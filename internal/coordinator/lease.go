@@ -18,12 +18,12 @@ var ErrLeaseTarget = errors.New("terroir: the lease cannot go to that node")
 
 // TransferLease hands the lease of the range holding key to node `to`, a
 // replica of it, without waiting for the lease to run out (DESIGN.md §12):
-// an operator's or the rebalancer's action. It returns the range and the
-// successor's lease. Transactions holding only unreplicated locks on the
-// range abort; prepared ones carry over. Errors: ErrLeaseTarget (nothing
-// changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown (whether the
-// lease moved is unknown). While one-phase commits keep the holder busy it
-// refuses and the call retries until ctx ends.
+// an operator's action. It returns the range and the successor's lease.
+// Transactions holding only unreplicated locks on the range abort; those
+// prepared or committing there finish first. Errors: ErrLeaseTarget
+// (nothing changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown
+// (whether the lease moved is unknown). While such transactions keep the
+// holder busy it refuses and the call retries until ctx ends.
 func (c *Coordinator) TransferLease(ctx context.Context, key []byte, to uint64) (*pb.RangeDescriptor, *pb.Lease, error) {
 	if len(key) > MaxKeySize {
 		return nil, nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)

@@ -156,7 +156,8 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.host = raftgroup.NewHost(cfg.NodeID, n.engine,
-		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter},
+		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter,
+			Known: func(id uint64) bool { _, ok := top.Node(id); return ok }},
 		raftgroup.NewMetrics(cfg.Registry))
 	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region}, cfg.Certs)
 	n.dirs = directory.NewDirectories(top, n.dialer)
@@ -228,7 +229,7 @@ func Start(cfg Config) (_ *Node, err error) {
 			}
 			if _, err := n.addRange(routing.BootstrapDescriptor(g), false, false); err != nil {
 				if errors.Is(err, errNotNamed) { // moved away; its removal was cut short
-					if err := n.dropRange(g.ID); err != nil {
+					if err := n.dropMoved(g.ID); err != nil {
 						return nil, err
 					}
 					continue
@@ -250,8 +251,8 @@ func Start(cfg Config) (_ *Node, err error) {
 			continue
 		}
 		if _, err := n.addRange(&pb.RangeDescriptor{RangeId: id}, false, false); err != nil {
-			if errors.Is(err, errNotNamed) { // added, but its first snapshot never came
-				if err := n.dropRange(id); err != nil {
+			if errors.Is(err, errNotNamed) { // moved away, or added but its first snapshot never came
+				if err := n.dropMoved(id); err != nil {
 					return nil, err
 				}
 				continue
@@ -329,7 +330,10 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 	}
 	d := sm.Descriptor()
 	if !named(d, n.cfg.NodeID) {
-		return nil, fmt.Errorf("node %d: range %d (replicas %v, learners %v): %w", n.cfg.NodeID, d.GetRangeId(), d.GetReplicas(), d.GetLearners(), errNotNamed)
+		// Still a member while a joint change that removes it is under way.
+		if cs, err := raftgroup.StoredConf(n.engine, d.GetRangeId()); err != nil || !inConf(cs, n.cfg.NodeID) {
+			return nil, fmt.Errorf("node %d: range %d (replicas %v, learners %v): %w", n.cfg.NodeID, d.GetRangeId(), d.GetReplicas(), d.GetLearners(), errNotNamed)
+		}
 	}
 	voters := d.GetReplicas()
 	if joining {

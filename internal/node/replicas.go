@@ -143,18 +143,44 @@ func (n *Node) removeReplica(r *rangeserver.Replica) {
 }
 
 // tombstone durably records that range id left this node, and deletes its
-// data in d's span.
+// data in d's span (none if d is nil).
 func (n *Node) tombstone(id uint64, d *pb.RangeDescriptor) error {
 	b := n.engine.NewBatch()
 	_ = b.Set(storage.RangeTombstoneKey(id), nil, nil)
 	_ = b.Delete(storage.RangeIndexKey(id), nil)
-	for _, sp := range rangeserver.DataSpans(d) {
+	for _, sp := range dataSpans(d) {
 		if err := b.DeleteRange(sp[0], sp[1], nil); err != nil {
 			_ = b.Close()
 			return err
 		}
 	}
 	return n.engine.Commit(b, true)
+}
+
+// dropMoved deletes, at start, a replica of range id whose stored
+// descriptor no longer names this node (its removal was cut short): its
+// Raft and range-local state, a tombstone, and its data if it has a stored
+// span (a replica added but never filled has none).
+func (n *Node) dropMoved(id uint64) error {
+	sm, err := rangeserver.NewStateMachine(n.engine, &pb.RangeDescriptor{RangeId: id})
+	if err != nil {
+		return err
+	}
+	d := sm.Descriptor()
+	if d.GetGeneration() == 0 {
+		d = nil // no stored descriptor: no data either
+	}
+	if err := n.tombstone(id, d); err != nil {
+		return err
+	}
+	return n.dropRange(id)
+}
+
+func dataSpans(d *pb.RangeDescriptor) [][2][]byte {
+	if d == nil {
+		return nil
+	}
+	return rangeserver.DataSpans(d)
 }
 
 // addReplica asks node to host an empty replica of d

@@ -237,7 +237,7 @@ func outcomeMayBeUnknown(method string) bool {
 // TestStrayRaftMessagesAreDropped sends, over a real Raft stream, append
 // messages at a far higher term to a follower of a range, misaddressed in
 // each way: to another replica, from a node other than the stream's sender,
-// from a node outside the group, for a group not hosted there. None reaches
+// from a node outside the cluster, for a group not hosted there. None reaches
 // the group: its term stays. The same message well addressed does raise it,
 // so the check is what kept the others out.
 func TestStrayRaftMessagesAreDropped(t *testing.T) {
@@ -282,7 +282,7 @@ func TestStrayRaftMessagesAreDropped(t *testing.T) {
 	}{
 		"to another replica":           {leader, app(group, leader, other)},
 		"not from the stream's sender": {other, app(group, leader, follower)},
-		"from outside the group":       {99, app(group, 99, follower)},
+		"from outside the cluster":     {99, app(group, 99, follower)},
 		"for a group not hosted":       {leader, app(12345, leader, follower)},
 	} {
 		send(stray.sender, stray.env)

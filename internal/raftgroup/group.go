@@ -148,6 +148,11 @@ type Config struct {
 	// snapshots, all groups together, so that catching a replica up leaves
 	// the disk and network to foreground traffic (default 32 MiB/s).
 	SnapshotRate float64
+	// Known reports whether a node belongs to the cluster; Raft messages
+	// and snapshots from any other are dropped (nil: every node). A node
+	// outside a group's configuration is not dropped: a replica that has
+	// not applied the change adding it must still hear from it.
+	Known func(node uint64) bool
 	// MaxSnapshots bounds the streamed snapshots a node sends at once, and
 	// those it receives at once (default 2 each); past it a snapshot is
 	// refused and Raft sends it later.
@@ -220,7 +225,7 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 		pendingReads: map[[8]byte]*readRequest{},
 		pending:      rand.Uint64(),
 		appliedC:     make(chan struct{}),
-		snapIn:       make(chan *incoming, 1),
+		snapIn:       make(chan *incoming),
 	}
 	binary.BigEndian.PutUint64(g.catchUp.ctx[:], rand.Uint64())
 	g.catchUp.applied = ls.applied
@@ -229,23 +234,6 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 	g.status = Status{Group: id, Replica: self, Applied: ls.applied}
 	g.members.Store(proto.Clone(ls.cs).(*raftpb.ConfState))
 	return g, nil
-}
-
-// isMember reports whether replica id belongs to the group's configuration
-// (voters, learners, and the outgoing voters of a joint configuration). A
-// replica with no configuration yet — one being added, waiting for its
-// first snapshot — hears from any node.
-func (g *Group) isMember(id uint64) bool {
-	cs := g.members.Load()
-	if len(cs.GetVoters()) == 0 && len(cs.GetLearners()) == 0 {
-		return true
-	}
-	return inConf(cs, id)
-}
-
-func inConf(cs *raftpb.ConfState, id uint64) bool {
-	return slices.Contains(cs.GetVoters(), id) || slices.Contains(cs.GetLearners(), id) ||
-		slices.Contains(cs.GetVotersOutgoing(), id) || slices.Contains(cs.GetLearnersNext(), id)
 }
 
 // Members returns the group's configuration as this replica last applied

@@ -178,23 +178,29 @@ func (h *Host) Group(id uint64) *Group {
 }
 
 // HandleRaft implements transport.RaftHandler. It drops (and counts) a
-// message for a group not hosted here, addressed to another replica, or not
-// from node `from` or not from a replica of its group.
+// message for a group not hosted here, addressed to another replica, not
+// from node `from` (whose certificate the transport checked), or from a
+// node not of the cluster (Config.Known). It does not drop messages from
+// nodes outside the configuration this replica applied: a replica that has
+// not yet applied the change adding a node must still hear from it once it
+// leads (Raft's terms and log checks judge the rest).
 func (h *Host) HandleRaft(from uint64, msgs []*transportpb.RaftEnvelope) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	for _, env := range msgs {
 		m, g := env.GetMsg(), h.groups[env.GetGroupId()]
 		// Raft trusts every message it steps: a misaddressed one (a node
-		// restarted on another's address, a message of another cluster) could
-		// raise a group's term or be taken for a replica's reply.
-		if g == nil || m == nil || m.GetTo() != h.self || m.GetFrom() != from || !g.isMember(from) {
+		// restarted on another's address) could raise a group's term or be
+		// taken for a replica's reply.
+		if g == nil || m == nil || m.GetTo() != h.self || m.GetFrom() != from || !h.known(from) {
 			h.metrics.strayMessages.Inc()
 			continue
 		}
 		g.step(m)
 	}
 }
+
+func (h *Host) known(node uint64) bool { return h.cfg.Known == nil || h.cfg.Known(node) }
 
 // ReportUnreachable implements transport.RaftHandler.
 func (h *Host) ReportUnreachable(group, to uint64) {
@@ -221,12 +227,11 @@ func (h *Host) Close() {
 	started := h.started
 	h.closed = true
 	h.mu.Unlock()
-	h.cancel()
+	h.cancel() // snapshots being sent end
+	if started {
+		for _, g := range groups {
+			g.close()
+		}
+	}
 	h.wg.Wait()
-	if !started {
-		return
-	}
-	for _, g := range groups {
-		g.close()
-	}
 }

@@ -168,6 +168,16 @@ func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, 
 	return s, nil
 }
 
+// StoredConf returns the Raft configuration group's replica on e last
+// stored (empty if none): a node restarted in the middle of a joint change
+// is still an outgoing voter although the range's descriptor no longer
+// names it. Errors wrap storage.ErrCorrupt.
+func StoredConf(e *storage.Engine, group uint64) (*raftpb.ConfState, error) {
+	cs := &raftpb.ConfState{}
+	_, err := (&logStore{e: e, group: group}).loadFound(recConfState, cs)
+	return cs, err
+}
+
 func (s *logStore) load(rec byte, m proto.Message) error {
 	_, err := s.loadFound(rec, m)
 	return err

@@ -92,13 +92,18 @@ func (h *Host) route(g *Group) func(group uint64, m *raftpb.Message) {
 // at once (Raft tries again later).
 func (h *Host) streamSnapshot(g *Group, m *raftpb.Message) {
 	to := m.GetTo()
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.closed {
+		return
+	}
 	select {
 	case h.sending <- struct{}{}:
 	default:
 		g.reportSnapshot(func(rn *raft.RawNode) { rn.ReportSnapshot(to, raft.SnapshotFailure) })
 		return
 	}
-	h.wg.Add(1)
+	h.wg.Add(1) // under h.mu: Close waits for it
 	go func() {
 		defer h.wg.Done()
 		defer func() { <-h.sending }()
@@ -231,7 +236,7 @@ func (h *Host) HandleSnapshot(ctx context.Context, from uint64, first *transport
 	switch {
 	case g == nil:
 		return status.Errorf(codes.NotFound, "raftgroup: group %d is not hosted on node %d", first.GetGroupId(), h.self)
-	case m.GetType() != raftpb.MsgSnap || m.GetTo() != h.self || m.GetFrom() != from || !g.isMember(from):
+	case m.GetType() != raftpb.MsgSnap || m.GetTo() != h.self || m.GetFrom() != from || !h.known(from):
 		h.metrics.strayMessages.Inc()
 		return status.Errorf(codes.InvalidArgument, "raftgroup: snapshot of group %d from node %d misaddressed", g.id, from)
 	}
@@ -271,7 +276,7 @@ func (h *Host) HandleSnapshot(ctx context.Context, from uint64, first *transport
 	}
 	in := &incoming{msg: m, staged: staged{index: md.GetIndex(), paths: []string{data, meta}}}
 	select {
-	case g.snapIn <- in:
+	case g.snapIn <- in: // unbuffered: the group's loop has it
 		return nil
 	case <-ctx.Done():
 	case <-g.done:

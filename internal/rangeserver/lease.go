@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/transport"
 )
@@ -22,8 +23,11 @@ type leadership struct {
 	ctx    context.Context // canceled when the lease is given up
 	cancel context.CancelFunc
 	// transferring is set while the lease is being handed to another
-	// replica (TransferLease): no new request is served under it.
+	// replica (TransferLease): no new request is served under it, and the
+	// tick neither renews nor extends it. transferAt is when it was set
+	// (unix ns).
 	transferring atomic.Bool
+	transferAt   atomic.Int64
 
 	// The leader's tick alone reads and writes these (closed.go).
 	closing   *closing  // a close under way, or nil
@@ -57,6 +61,17 @@ func (r *Replica) tick() {
 	}
 	if st.Leader != r.self || !st.CaughtUp || r.sm.Descriptor().GetSubsumed() {
 		r.stepDown() // a subsumed range serves nothing: no lease to keep
+		return
+	}
+	r.mu.Lock()
+	cur := r.lead
+	r.mu.Unlock()
+	if cur != nil && cur.transferring.Load() {
+		// TransferLease owns the lease meanwhile; one whose outcome stayed
+		// unknown is settled here, so the lease is not left unrenewed.
+		if time.Since(time.Unix(0, cur.transferAt.Load())) > transferSettleAfter {
+			r.settleTransfer(cur, r.sm.Lease().GetSeq())
+		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
@@ -241,20 +256,28 @@ var (
 	ErrTransferBusy = errors.New("rangeserver: the lease could not be handed over now")
 )
 
-// transferQuiesce bounds how long a lease transfer waits for one-phase
-// commits under way to finish.
-const transferQuiesce = 2 * time.Second
+// transferQuiesce bounds how long a lease transfer waits for the
+// transactions committing under the lease to finish; transferSettleAfter
+// is how long after a transfer began the tick settles one whose outcome
+// stayed unknown.
+const (
+	transferQuiesce     = 2 * time.Second
+	transferSettleAfter = transferQuiesce + 3*proposeTimeout
+)
 
 // TransferLease hands this replica's lease to replica `to` without waiting
 // for it to run out (DESIGN.md §12): the holder stops serving new requests
 // under the lease, drops the transactions that hold only unreplicated locks
-// (they abort; prepared ones carry over in the replicated state), lets
-// one-phase commits under way finish, reads its local epoch e and proposes
-// one lease entry ending its own lease at e+1 and granting `to` [e+2, e+2+
-// LeaseEpochs] with its highest epoch, then hands Raft leadership to `to`.
-// It returns the successor's lease. Errors: ErrNotLeaseholder here,
-// ErrTransferTarget for a target that is not another replica of the range,
-// ErrTransferBusy if commits did not finish in time (the lease stays).
+// (they abort), waits until every transaction prepared or committing here
+// has its outcome applied and its locks released (so the coordinators that
+// were told the lease's end have finished with it, and the highest epoch
+// includes theirs), reads its local epoch e and proposes one lease entry
+// ending its own lease at e+1 and granting `to` [e+2, e+2+LeaseEpochs] with
+// its highest epoch, then hands Raft leadership to `to`. It returns the
+// successor's lease. Errors: ErrNotLeaseholder here, ErrTransferTarget for
+// a target that is not another replica of the range, ErrTransferBusy if
+// transactions did not finish in time or the entry did not apply (the
+// lease stays); any other error leaves the outcome unknown.
 func (r *Replica) TransferLease(ctx context.Context, to uint64) (*pb.Lease, error) {
 	d := r.sm.Descriptor()
 	if to == r.self || !slices.Contains(d.GetReplicas(), to) {
@@ -267,7 +290,8 @@ func (r *Replica) TransferLease(ctx context.Context, to uint64) (*pb.Lease, erro
 	if !l.transferring.CompareAndSwap(false, true) {
 		return nil, fmt.Errorf("%w: range %d is already handing its lease over", ErrTransferBusy, r.id)
 	}
-	keep := true // the lease stays here unless the transfer is proposed
+	l.transferAt.Store(time.Now().UnixNano())
+	keep := true // the lease stays here unless the transfer entry may apply
 	defer func() {
 		if keep {
 			l.transferring.Store(false)
@@ -276,9 +300,9 @@ func (r *Replica) TransferLease(ctx context.Context, to uint64) (*pb.Lease, erro
 	dropped := l.txns.dropActive()
 	wctx, cancel := context.WithTimeout(ctx, transferQuiesce)
 	defer cancel()
-	for l.txns.committingOnePhase() {
+	for l.txns.settling() {
 		if !transport.SleepCtx(wctx, time.Millisecond) {
-			return nil, fmt.Errorf("%w: range %d: one-phase commits still under way", ErrTransferBusy, r.id)
+			return nil, fmt.Errorf("%w: range %d: transactions still prepared or committing", ErrTransferBusy, r.id)
 		}
 	}
 	e, err := r.epochs.Read(wctx)
@@ -286,29 +310,56 @@ func (r *Replica) TransferLease(ctx context.Context, to uint64) (*pb.Lease, erro
 		return nil, fmt.Errorf("%w: reading the local epoch: %v", ErrTransferBusy, err)
 	}
 	e = r.observeEpoch(e)
-	if end := l.end.Load(); e+1 < end {
-		l.end.Store(e + 1) // nothing is served past it, whatever the proposal's fate
-	}
 	cur := r.sm.Lease()
 	if cur.GetHolder() != r.self || cur.GetStart() != l.start {
 		return nil, fmt.Errorf("%w: the lease changed", ErrNotLeaseholder)
 	}
+	if end := l.end.Load(); e+1 < end {
+		l.end.Store(e + 1) // nothing is served past it while the transfer may apply
+	}
 	next := &pb.Lease{Holder: to, Start: e + 2, End: e + 2 + r.cfg.LeaseEpochs, Seq: cur.GetSeq() + 1,
 		HandedHighest: max(l.txns.highestEpoch(), 1)}
-	keep = false
 	cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Lease{Lease: &pb.LeaseCmd{Lease: next, PrevSeq: cur.GetSeq()}}})
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
 	defer pcancel()
 	res, err := r.group.Propose(pctx, cmd)
-	if err != nil {
-		return nil, err // the lease may or may not have moved: either way this one serves no more
+	switch {
+	case err == nil:
+		if a, ok := res.(Applied); !ok || !a.LeaseGranted {
+			return nil, fmt.Errorf("%w: another lease got in first", ErrTransferBusy)
+		}
+	case errors.Is(err, raftgroup.ErrNotLeader), errors.Is(err, raftgroup.ErrBusy):
+		return nil, fmt.Errorf("%w: %v", ErrTransferBusy, err) // refused before it entered the log
+	default:
+		keep = false // it may apply: settled below, or by the tick
+		if !r.settleTransfer(l, cur.GetSeq()) {
+			return nil, err
+		}
+		if r.sm.Lease().GetSeq() == cur.GetSeq() {
+			return nil, fmt.Errorf("%w: the transfer entry was lost", ErrTransferBusy)
+		}
 	}
-	if a, ok := res.(Applied); !ok || !a.LeaseGranted {
-		return nil, fmt.Errorf("%w: another lease got in first", ErrNotLeaseholder)
-	}
+	keep = false
 	r.stepDown()
 	r.group.TransferLeadership(to)
 	slog.Info("range lease transferred", "range", r.id, "from", r.self, "to", to,
 		"lease", fmt.Sprintf("[%d, %d]", next.GetStart(), next.GetEnd()), "dropped_txns", dropped)
 	return next, nil
+}
+
+// settleTransfer learns the outcome of a transfer entry of lease l (whose
+// seq was seq) that may or may not have entered the log: a barrier entry
+// proposed after it applies after it, if at all. It reports whether the
+// barrier applied; if the lease then is still seq, the transfer was lost
+// and l serves again.
+func (r *Replica) settleTransfer(l *leadership, seq uint64) bool {
+	ctx, cancel := context.WithTimeout(r.ctx, proposeTimeout)
+	defer cancel()
+	if _, err := r.group.Propose(ctx, EncodeCommand(&pb.Command{})); err != nil {
+		return false
+	}
+	if lease := r.sm.Lease(); lease.GetSeq() == seq && lease.GetHolder() == r.self {
+		l.transferring.Store(false)
+	}
+	return true
 }

@@ -15,7 +15,9 @@ import (
 	"github.com/terroir-db/terroir/internal/transport"
 )
 
-// Errors of MoveReplica; each leaves the range's replicas as they were.
+// Errors of MoveReplica. ErrMoveTarget leaves the range as it was; after
+// ErrMoveBusy the range's voters are as they were, though a learner may
+// have come and gone (its generation shows it).
 var (
 	// ErrMoveTarget: the source is not a replica of the range, or the
 	// target is not a node that could take one (it hosts the range already,
@@ -61,24 +63,33 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 	if len(d.GetLearners()) > 0 {
 		// A move cut short (its leader failed) left a learner: take it out
 		// before anything else.
-		if _, err := r.changeConf(ctx, d.GetReplicas(), nil, removals(d.GetLearners())...); err != nil {
-			return nil, fmt.Errorf("%w: removing the learners %v a failed move left: %v", ErrMoveBusy, d.GetLearners(), err)
-		}
-		for _, n := range d.GetLearners() {
+		// One at a time: several at once would enter a joint configuration.
+		learners := d.GetLearners()
+		for i, n := range learners {
+			if _, err := r.changeConf(ctx, d.GetReplicas(), learners[i+1:], single(raftpb.ConfChangeRemoveNode, n)); err != nil {
+				return nil, fmt.Errorf("%w: removing the learner on node %d a failed move left: %v", ErrMoveBusy, n, err)
+			}
 			_ = r.cfg.RemoveReplica(ctx, n, r.id)
 		}
 		d = r.sm.Descriptor()
 	}
 	if from == r.self {
-		// A leaseholder moves its lease before it removes itself.
+		// A leaseholder moves its lease before it removes itself: to the
+		// replica furthest along its log.
+		_, match, _, err := r.group.Progress(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var succ uint64
 		for _, other := range d.GetReplicas() {
-			if other != r.self {
-				if _, err := r.TransferLease(ctx, other); err != nil {
-					return nil, err
-				}
-				return nil, fmt.Errorf("%w: the lease moved to node %d before moving node %d's replica", ErrNotLeaseholder, other, from)
+			if other != r.self && (succ == 0 || match[other] > match[succ]) {
+				succ = other
 			}
 		}
+		if _, err := r.TransferLease(ctx, succ); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: the lease moved to node %d before moving node %d's replica", ErrNotLeaseholder, succ, from)
 	}
 	release, ok := l.txns.claimMove() // no split or merge meanwhile
 	if !ok {
@@ -175,12 +186,4 @@ func (r *Replica) awaitCatchUp(ctx context.Context, node uint64) error {
 
 func single(t raftpb.ConfChangeType, node uint64) *raftpb.ConfChangeSingle {
 	return &raftpb.ConfChangeSingle{Type: t.Enum(), NodeId: proto.Uint64(node)}
-}
-
-func removals(nodes []uint64) []*raftpb.ConfChangeSingle {
-	var out []*raftpb.ConfChangeSingle
-	for _, n := range nodes {
-		out = append(out, single(raftpb.ConfChangeRemoveNode, n))
-	}
-	return out
 }

@@ -496,6 +496,7 @@ func (sm *StateMachine) CheckSpans(spans [][2][]byte) error {
 func (sm *StateMachine) Reload() error {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
+	sm.handover = nil // the snapshot may hold commits it never saw: wait for the global epoch instead
 	return sm.load()
 }
 

@@ -355,13 +355,13 @@ func (tt *txnTable) committingAbove(key []byte) bool {
 	return false
 }
 
-// committingOnePhase reports whether a one-phase commit is under way: a
-// lease transfer waits until none is.
-func (tt *txnTable) committingOnePhase() bool {
+// settling reports whether a transaction is prepared or committing here:
+// a lease transfer waits until none is.
+func (tt *txnTable) settling() bool {
 	tt.mu.Lock()
 	defer tt.mu.Unlock()
 	for _, t := range tt.txns {
-		if t.state == txnCommitting {
+		if t.state != txnActive {
 			return true
 		}
 	}

@@ -22,8 +22,9 @@ import (
 // a network that black-holes — would make every call to it wait for its
 // caller's deadline. The dialer instead watches each connection: once calls
 // have been outstanding on it for ProbeAfter without any of them completing,
-// it pings the node, and if the ping gets no answer within ProbeTimeout (plus
-// the round trip), it declares the node unresponsive. That closes the
+// it pings the node, and if the ping times out — gets no answer within
+// ProbeTimeout plus the round trip; a ping refused at once is not a node
+// that stopped answering — it declares the node unresponsive. That closes the
 // connection's sockets, so the calls in flight fail at once with
 // codes.Unavailable (they may have executed), and new calls to the node fail
 // at once with a NotSent error until a later ping is answered. Lock waits and
@@ -150,7 +151,9 @@ func (p *peerHealth) interceptor(ctx context.Context, method string, req, reply 
 			"transport: node %d is not answering (no answer to a ping for %v: frozen, overloaded or cut off?)",
 			p.node, time.Since(time.Unix(0, since)).Round(time.Millisecond))}
 	}
-	p.inflight.Add(1)
+	if p.inflight.Add(1) == 1 {
+		p.progress.Store(time.Now().UnixNano()) // an idle connection's first call: the wait starts now
+	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	p.inflight.Add(-1)
 	if answered(err) {
@@ -229,6 +232,12 @@ func (det *detector) probe(ctx context.Context, p *peerHealth) {
 		return // the dialer closed
 	}
 	now := time.Now().UnixNano()
+	if err != nil && pctx.Err() == nil {
+		// Refused or dropped at once (a node down, the network model):
+		// not a node that stopped answering. Calls to it fail by themselves.
+		p.progress.Store(now)
+		return
+	}
 	if err == nil {
 		p.progress.Store(now)
 		if since := p.down.Swap(0); since != 0 {

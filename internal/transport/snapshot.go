@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -12,6 +13,12 @@ import (
 	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/transport/transportpb"
 )
+
+// snapshotIdle bounds how long a snapshot stream may make no progress (a
+// chunk not taken, the receiver's answer not come) before it is abandoned:
+// a frozen receiver does not hold a send slot and a storage snapshot for
+// good.
+const snapshotIdle = 20 * time.Second
 
 // SendSnapshot streams one Raft snapshot to node `to` (DESIGN.md §12): first
 // carries the header (group, MsgSnap, spans), then body calls send with
@@ -30,6 +37,8 @@ func (t *Raft) SendSnapshot(ctx context.Context, to uint64, first *transportpb.S
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	idle := time.AfterFunc(snapshotIdle, cancel)
+	defer idle.Stop()
 	stream, err := transportpb.NewTransportClient(conn).Snapshot(ctx)
 	if err != nil {
 		return err
@@ -45,6 +54,7 @@ func (t *Raft) SendSnapshot(ctx context.Context, to uint64, first *transportpb.S
 		if err := stream.Send(&transportpb.SnapshotChunk{FromNode: self.Node, Data: data}); err != nil {
 			return streamErr(stream, err)
 		}
+		idle.Reset(snapshotIdle)
 		return nil
 	})
 	if err != nil {
