@@ -236,6 +236,13 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 	return g, nil
 }
 
+// uninitialized reports whether the replica has no configuration yet (one
+// being added, waiting for its first snapshot).
+func (g *Group) uninitialized() bool {
+	cs := g.members.Load()
+	return len(cs.GetVoters()) == 0 && len(cs.GetLearners()) == 0
+}
+
 // Members returns the group's configuration as this replica last applied
 // it: voters and learners (both empty for a replica not initialized yet),
 // and whether a joint change is under way.
@@ -601,6 +608,12 @@ func (g *Group) drain() {
 }
 
 func (g *Group) stepLocal(m *raftpb.Message) {
+	if m.GetType() == raftpb.MsgApp && m.GetIndex() == 0 && g.uninitialized() {
+		// The log from its start, to a replica still waiting for its first
+		// snapshot: applying it from an empty configuration would fail (a
+		// leader whose log still starts at 1 truncates it soon).
+		return
+	}
 	if err := g.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) && !errors.Is(err, raft.ErrStepLocalMsg) {
 		slog.Debug("raft step", "group", g.id, "err", err)
 	}
@@ -844,6 +857,13 @@ func decodeConfChange(ent *raftpb.Entry) (raftpb.ConfChangeI, error) {
 
 func (g *Group) maybeCompact() error {
 	applied := g.ls.applied
+	if g.ls.truncIdx == 0 && applied > 0 {
+		// Every replica's log, not only the leader's, starts after its first
+		// entry: whoever leads when a replica is added sends it a snapshot,
+		// never the log from its start (whose first configuration is not
+		// in it), as CockroachDB starts range logs past an initial index.
+		return g.truncateLogStart()
+	}
 	if applied < g.ls.first || applied-g.ls.first < g.cfg.CompactAfter {
 		return nil
 	}

@@ -250,8 +250,16 @@ func (e *Engine) Dir() string { return e.dir }
 
 // Get returns a copy of the value at key, or nil (and no error) if absent.
 // Read failures from damaged files wrap ErrCorrupt.
-func (e *Engine) Get(key []byte) ([]byte, error) {
-	v, closer, err := e.db.Get(key)
+func (e *Engine) Get(key []byte) ([]byte, error) { return get(e.db, key) }
+
+// reader is what Engine and Snapshot read through: a Pebble DB or snapshot.
+type reader interface {
+	Get(key []byte) ([]byte, io.Closer, error)
+	NewIter(o *pebble.IterOptions) (*pebble.Iterator, error)
+}
+
+func get(r reader, key []byte) ([]byte, error) {
+	v, closer, err := r.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, nil
 	}
@@ -289,7 +297,11 @@ func (e *Engine) Commit(b *pebble.Batch, sync bool) error {
 // Scan calls fn for each key in [lo, hi) in order until fn returns false or an
 // error. The slices passed to fn are valid only during the call.
 func (e *Engine) Scan(lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	return scan(e.db, lo, hi, fn)
+}
+
+func scan(r reader, lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return wrapReadErr(err)
 	}

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"sync/atomic"
@@ -22,42 +21,12 @@ type Snapshot struct{ s *pebble.Snapshot }
 func (e *Engine) NewSnapshot() *Snapshot { return &Snapshot{s: e.db.NewSnapshot()} }
 
 // Get returns a copy of the value at key in the view, or nil if absent.
-func (s *Snapshot) Get(key []byte) ([]byte, error) {
-	v, closer, err := s.s.Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, wrapReadErr(err)
-	}
-	out := append([]byte{}, v...)
-	_ = closer.Close()
-	return out, nil
-}
+func (s *Snapshot) Get(key []byte) ([]byte, error) { return get(s.s, key) }
 
 // Scan calls fn for each key of the view in [lo, hi) in order until fn
 // returns false or an error; the slices are valid only during the call.
 func (s *Snapshot) Scan(lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
-	it, err := s.s.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return wrapReadErr(err)
-	}
-	for valid := it.First(); valid; valid = it.Next() {
-		v, err := it.ValueAndErr()
-		if err != nil {
-			_ = it.Close()
-			return wrapReadErr(err)
-		}
-		more, err := fn(it.Key(), v)
-		if err != nil || !more {
-			_ = it.Close()
-			return err
-		}
-	}
-	if err := it.Close(); err != nil {
-		return wrapReadErr(err)
-	}
-	return nil
+	return scan(s.s, lo, hi, fn)
 }
 
 // Close releases the view.
