@@ -11,6 +11,20 @@ import (
 	"github.com/terroir-db/terroir/internal/localcluster"
 )
 
+// awaitLoad waits until the bank load has gone on after what the test did:
+// more transfers and total checks than it had made so far (not a speed
+// goal: on a loaded machine it takes longer).
+func awaitLoad(t *testing.T, ctx context.Context, load *bankLoad) {
+	t.Helper()
+	transfers, checks := load.transfers.Load(), load.checks.Load()
+	for load.transfers.Load() < transfers+10 || load.checks.Load() < checks+2 {
+		if ctx.Err() != nil {
+			t.Fatalf("the load stopped: %d transfers and %d checks, as before", load.transfers.Load(), load.checks.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // servingNode returns the node whose replica of range id serves it under
 // its lease, or 0.
 func servingNode(c *localcluster.Cluster, id uint64) uint64 {
@@ -72,7 +86,7 @@ func TestLeaseTransferUnderLoad(t *testing.T) {
 	if got := waitServing(); got != holder {
 		t.Errorf("a refused transfer moved the lease from node %d to %d", holder, got)
 	}
-	time.Sleep(500 * time.Millisecond)
+	awaitLoad(t, ctx, load)
 	load.stop()
 	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
 		t.Fatalf("final total %d, %v", sum, err)

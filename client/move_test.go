@@ -95,6 +95,7 @@ func TestMoveReplicasUnderLoad(t *testing.T) {
 			t.Errorf("move of %q from %d to %d = %v; want ErrMoveTarget", bad.key, bad.from, bad.to, err)
 		}
 	}
+	awaitLoad(t, ctx, load)
 	load.stop()
 	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
 		t.Fatalf("final total %d, %v", sum, err)

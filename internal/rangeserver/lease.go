@@ -28,6 +28,7 @@ type leadership struct {
 	// (unix ns).
 	transferring atomic.Bool
 	transferAt   atomic.Int64
+	transferSeq  atomic.Uint64 // the lease's seq when the transfer began
 
 	// The leader's tick alone reads and writes these (closed.go).
 	closing   *closing  // a close under way, or nil
@@ -69,8 +70,12 @@ func (r *Replica) tick() {
 	if cur != nil && cur.transferring.Load() {
 		// TransferLease owns the lease meanwhile; one whose outcome stayed
 		// unknown is settled here, so the lease is not left unrenewed.
-		if time.Since(time.Unix(0, cur.transferAt.Load())) > transferSettleAfter {
-			r.settleTransfer(cur, r.sm.Lease().GetSeq())
+		if time.Since(time.Unix(0, cur.transferAt.Load())) > transferSettleAfter && r.settleTransfer(cur, cur.transferSeq.Load()) {
+			if lease := r.sm.Lease(); lease.GetHolder() != r.self {
+				// The transfer applied after all: finish it.
+				r.stepDown()
+				r.group.TransferLeadership(lease.GetHolder())
+			}
 		}
 		return
 	}
@@ -314,6 +319,7 @@ func (r *Replica) TransferLease(ctx context.Context, to uint64) (*pb.Lease, erro
 	if cur.GetHolder() != r.self || cur.GetStart() != l.start {
 		return nil, fmt.Errorf("%w: the lease changed", ErrNotLeaseholder)
 	}
+	l.transferSeq.Store(cur.GetSeq())
 	if end := l.end.Load(); e+1 < end {
 		l.end.Store(e + 1) // nothing is served past it while the transfer may apply
 	}
