@@ -25,25 +25,37 @@ var ErrLeaseTarget = errors.New("terroir: the lease cannot go to that node")
 // (whether the lease moved is unknown). While such transactions keep the
 // holder busy it refuses and the call retries until ctx ends.
 func (c *Coordinator) TransferLease(ctx context.Context, key []byte, to uint64) (*pb.RangeDescriptor, *pb.Lease, error) {
-	if len(key) > MaxKeySize {
-		return nil, nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
-	}
-	var desc *pb.RangeDescriptor
 	var lease *pb.Lease
-	err := c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
-		desc = d
+	d, err := c.operate(ctx, key, ErrLeaseTarget, func(d *pb.RangeDescriptor) error {
 		if !slices.Contains(d.GetReplicas(), to) {
 			return fmt.Errorf("%w: node %d is not a replica of range %d (replicas %v)", ErrLeaseTarget, to, d.GetRangeId(), d.GetReplicas())
 		}
-		err := c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
-			resp, err := rc.TransferLease(ctx, &pb.TransferLeaseRequest{RangeId: d.GetRangeId(), Target: to})
-			lease = resp.GetLease()
-			return err
-		})
+		return nil
+	}, func(ctx context.Context, rc pb.RangeClient, d *pb.RangeDescriptor) error {
+		resp, err := rc.TransferLease(ctx, &pb.TransferLeaseRequest{RangeId: d.GetRangeId(), Target: to})
+		lease = resp.GetLease()
+		return err
+	})
+	return d, lease, err
+}
+
+// operate runs an operator's call (not idempotent) at the leaseholder of
+// the range holding key, after check vets the range; the leaseholder's
+// InvalidArgument refusal becomes refused, wrapped. It returns the range
+// as routed.
+func (c *Coordinator) operate(ctx context.Context, key []byte, refused error, check func(*pb.RangeDescriptor) error,
+	call func(context.Context, pb.RangeClient, *pb.RangeDescriptor) error) (*pb.RangeDescriptor, error) {
+	if len(key) > MaxKeySize {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
+	}
+	var desc *pb.RangeDescriptor
+	err := c.routeKey(ctx, key, check, func(d *pb.RangeDescriptor) error {
+		desc = d
+		err := c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error { return call(ctx, rc, d) })
 		if status.Code(err) == codes.InvalidArgument {
-			return fmt.Errorf("%w: %s", ErrLeaseTarget, status.Convert(err).Message())
+			return fmt.Errorf("%w: %s", refused, status.Convert(err).Message())
 		}
 		return err
 	})
-	return desc, lease, err
+	return desc, err
 }

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"slices"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 )
 
@@ -25,25 +22,18 @@ var ErrMoveTarget = errors.New("terroir: the replica cannot move there")
 // (nothing changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown
 // (whether it moved is unknown: the range's descriptor tells).
 func (c *Coordinator) MoveReplica(ctx context.Context, key []byte, from, to uint64) (*pb.RangeDescriptor, error) {
-	if len(key) > MaxKeySize {
-		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
-	}
 	if _, ok := c.top.Node(to); !ok {
 		return nil, fmt.Errorf("%w: node %d is not in the cluster", ErrMoveTarget, to)
 	}
 	var moved *pb.RangeDescriptor
-	err := c.routeKey(ctx, key, nil, func(d *pb.RangeDescriptor) error {
+	_, err := c.operate(ctx, key, ErrMoveTarget, func(d *pb.RangeDescriptor) error {
 		if !slices.Contains(d.GetReplicas(), from) {
 			return fmt.Errorf("%w: node %d is not a replica of range %d (replicas %v)", ErrMoveTarget, from, d.GetRangeId(), d.GetReplicas())
 		}
-		err := c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
-			resp, err := rc.MoveReplica(ctx, &pb.MoveReplicaRequest{RangeId: d.GetRangeId(), From: from, To: to})
-			moved = resp.GetRangeDescriptor()
-			return err
-		})
-		if status.Code(err) == codes.InvalidArgument {
-			return fmt.Errorf("%w: %s", ErrMoveTarget, status.Convert(err).Message())
-		}
+		return nil
+	}, func(ctx context.Context, rc pb.RangeClient, d *pb.RangeDescriptor) error {
+		resp, err := rc.MoveReplica(ctx, &pb.MoveReplicaRequest{RangeId: d.GetRangeId(), From: from, To: to})
+		moved = resp.GetRangeDescriptor()
 		return err
 	})
 	if err != nil {

@@ -365,29 +365,6 @@ func (g *Group) ProposeConfChange(ctx context.Context, cc *raftpb.ConfChangeV2, 
 	}
 }
 
-// TruncateLogStart makes sure the log does not start at its first entry,
-// truncating that entry behind a snapshot if it does: a replica being added
-// then catches up by a snapshot, never by replaying the log from its start
-// (whose first configuration is not in the log). Bounded by ctx.
-func (g *Group) TruncateLogStart(ctx context.Context) error {
-	done := make(chan error, 1)
-	select {
-	case g.reports <- func(*raft.RawNode) { done <- g.truncateLogStart() }:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-g.done:
-		return ErrStopped
-	}
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-g.done:
-		return ErrStopped
-	}
-}
-
 // ReadIndex waits until this replica has applied every entry committed when the
 // call began (a Raft ReadIndex round with a quorum, then the local apply), so a
 // read of the state machine after it returns is linearizable. Bounded by ctx;

@@ -33,8 +33,8 @@ const catchUpPoll = 10 * time.Millisecond
 
 // MoveReplica moves the range's replica on node from to node to, run at
 // the leaseholder (DESIGN.md §12): to hosts an empty replica and joins as a
-// learner; the log's start is truncated so it catches up by a snapshot
-// (streamed from a consistent engine snapshot); once it has, one joint
+// learner; it catches up by a snapshot (streamed from a consistent engine
+// snapshot: no replica's log starts at its first entry, raftgroup); once it has, one joint
 // configuration change promotes it and removes from, which Raft leaves by
 // itself; finally from is told to drop its replica. The group keeps three
 // voters throughout. Moving the leaseholder's own replica first hands the
@@ -100,9 +100,6 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 	withLearner.Learners = []uint64{to}
 	if err := r.cfg.AddReplica(ctx, to, withLearner); err != nil {
 		return nil, fmt.Errorf("%w: node %d cannot host range %d: %v", ErrMoveTarget, to, r.id, err)
-	}
-	if err := r.group.TruncateLogStart(ctx); err != nil {
-		return nil, err
 	}
 	if _, err := r.changeConf(ctx, d.GetReplicas(), []uint64{to}, single(raftpb.ConfChangeAddLearnerNode, to)); err != nil {
 		return nil, err
