@@ -42,7 +42,7 @@ func servingNode(c *localcluster.Cluster, id uint64) uint64 {
 // out), the successor serves, every total read is right, and transfers to
 // a node that is not a replica, or to the holder itself, change nothing.
 func TestLeaseTransferUnderLoad(t *testing.T) {
-	c, db := startCluster(t, localcluster.Options{})
+	c, db := startCluster(t, localcluster.Options{RebalanceInterval: -1})
 	ctx := ctxT(t, 120*time.Second)
 	fund(t, ctx, db)
 	load := startBankLoad(t, ctx, c)
@@ -100,7 +100,7 @@ func TestLeaseTransferUnderLoad(t *testing.T) {
 // global epoch, so a strong snapshot begun after it commits sees it, and so
 // does one in the other data region.
 func TestLeaseTransferVersionsInGlobalEpochs(t *testing.T) {
-	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
+	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{RebalanceInterval: -1})
 	ctx := ctxT(t, 60*time.Second)
 	east, err := c.Client("us-east1")
 	if err != nil {

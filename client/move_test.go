@@ -40,7 +40,7 @@ func TestMoveReplicasUnderLoad(t *testing.T) {
 	if err := os.WriteFile(path, []byte(fourNodes), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c := localcluster.StartT(t, path, localcluster.Options{})
+	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: -1}) // the test places replicas itself
 	db, err := c.Client("us-east1")
 	if err != nil {
 		t.Fatal(err)

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -18,34 +20,71 @@ import (
 )
 
 func startCmd() *cobra.Command {
-	var configPath, dataDir, httpAddr, certsDir string
+	var configPath, dataDir, httpAddr, certsDir, join, region, addr string
 	var insecure bool
 	var nodeID uint64
 	var orphanAfter time.Duration
 	cmd := &cobra.Command{
-		Use:   "start --config <topology.yaml> --node <id> --data-dir <dir>",
-		Short: "Run one node: host its replicas of every group the topology places on it",
-		Args:  cobra.NoArgs,
+		Use:   "start (--config <topology.yaml> | --join <host:port>[,...] --region <r> --addr <host:port>) --node <id> --data-dir <dir>",
+		Short: "Run one node: host its replicas of every group the topology places on it, or join a running cluster",
+		Long: "start runs a node of the topology file (--config), or one that is not in it (--join): it\n" +
+			"registers with its region through any of the named nodes, gets the cluster's topology\n" +
+			"(kept in its data directory) and receives replicas as the cluster moves them to it.\n" +
+			"With certificates, --node and --region default to what the node certificate names.\n" +
+			"--addr with --config restarts a node of the file at a new address; the registry records it.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			top, err := topology.Load(configPath)
-			if err != nil {
-				return err
-			}
-			if _, ok := top.Node(nodeID); !ok {
-				return fmt.Errorf("--node %d is not in %s", nodeID, configPath)
-			}
 			if dataDir == "" {
 				return errors.New("--data-dir is required")
 			}
-			if orphanAfter != 0 && orphanAfter < top.OrphanAfter/2 {
-				// Coordinators heartbeat every orphan_after/4 of the topology.
-				return fmt.Errorf("--orphan-after %v: must be at least half the topology's orphan_after (%v), or 0 for it", orphanAfter, top.OrphanAfter)
+			if (configPath == "") == (join == "") {
+				return errors.New("give either --config (a node of the topology file) or --join (a node that joins a running cluster)")
+			}
+			var top *topology.Topology
+			var err error
+			if configPath != "" { // the file is vetted first
+				if top, err = topology.Load(configPath); err != nil {
+					return err
+				}
+				if _, ok := top.Node(nodeID); nodeID != 0 && !ok {
+					return fmt.Errorf("--node %d is not in %s (a node that is not joins with --join)", nodeID, configPath)
+				}
 			}
 			var certs *security.Certs
 			if !insecure {
 				if certs, err = security.LoadNode(certsDir); err != nil {
 					return fmt.Errorf("%w\n  create them with `terroir cert create-ca` and `terroir cert create-node %d <region>`, point --certs-dir at them, or pass --insecure for a plaintext cluster", err, nodeID)
 				}
+				id := certs.Identity()
+				nodeID, region = cmp.Or(nodeID, id.Node), cmp.Or(region, id.Region)
+			}
+			if nodeID == 0 {
+				return errors.New("--node is required")
+			}
+			if addr != "" {
+				if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+					return fmt.Errorf("--addr %q is not host:port", addr)
+				}
+			}
+			if join != "" {
+				if region == "" || addr == "" {
+					return errors.New("--join needs --region and --addr (this node's RPC address)")
+				}
+				if top, err = node.Join(cmd.Context(), node.JoinConfig{Peers: strings.Split(join, ","), NodeID: nodeID, Region: region,
+					Addr: addr, DataDir: dataDir, Certs: certs, Insecure: insecure}); err != nil {
+					return err
+				}
+			} else {
+				if _, ok := top.Node(nodeID); !ok {
+					return fmt.Errorf("--node %d is not in %s (a node that is not joins with --join)", nodeID, configPath)
+				}
+				if addr != "" {
+					top = top.WithAddrs(map[uint64]string{nodeID: addr})
+				}
+			}
+			if orphanAfter != 0 && orphanAfter < top.OrphanAfter/2 {
+				// Coordinators heartbeat every orphan_after/4 of the topology.
+				return fmt.Errorf("--orphan-after %v: must be at least half the topology's orphan_after (%v), or 0 for it", orphanAfter, top.OrphanAfter)
 			}
 			if httpAddr == "" {
 				self, _ := top.Node(nodeID)
@@ -66,15 +105,16 @@ func startCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "topology file (YAML)")
-	cmd.Flags().Uint64Var(&nodeID, "node", 0, "this node's ID in the topology")
+	cmd.Flags().StringVar(&join, "join", "", "comma-separated host:port of running nodes: join the cluster instead of reading a topology file")
+	cmd.Flags().StringVar(&region, "region", "", "the joining node's region (default: its certificate's)")
+	cmd.Flags().StringVar(&addr, "addr", "", "this node's RPC address, host:port (required with --join; with --config, a new address for the file's node)")
+	cmd.Flags().Uint64Var(&nodeID, "node", 0, "this node's ID (default: its certificate's)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the node's Pebble store")
 	cmd.Flags().StringVar(&certsDir, "certs-dir", "certs", "directory of ca.crt, node.crt and node.key (reloaded when they change)")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "serve plaintext with no authentication: any process that reaches the port may do anything")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and the web console on this host:port (default: 127.0.0.1 at the node's RPC port + 1000; the console shows range boundaries, so expose it only to operators)")
 	cmd.Flags().DurationVar(&orphanAfter, "orphan-after", 0,
 		"how long this node's range leaders let a transaction hold locks without a heartbeat from its coordinator (0: the topology's orphan_after, default 2s)")
-	_ = cmd.MarkFlagRequired("config")
-	_ = cmd.MarkFlagRequired("node")
 	return cmd
 }
 

@@ -58,6 +58,8 @@ type Coordinator struct {
 
 	wg      sync.WaitGroup // commit notifications and heartbeats in flight
 	beating sync.Map       // *heartbeater → struct{}: open transactions' heartbeats
+
+	dropLookup func() // takes the registry lookup out of the dialer's network
 }
 
 // New returns a coordinator for clients in region, calling nodes through dialer.
@@ -83,7 +85,10 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 	c.forget = &forgetter{client: c.txnState}
 	// Routing asks the directories (DESIGN.md §11), never the file's ranges.
 	c.nodes = routing.NodesResolver{Topology: top, Dialer: dialer}
-	c.routes = routing.NewCache(directory.NewResolver(top, region, directory.NewDirectories(top, dialer), c.nodes))
+	dirs := directory.NewDirectories(top, dialer)
+	c.routes = routing.NewCache(directory.NewResolver(top, region, dirs, c.nodes))
+	// Nodes that joined after this process started are found in the registry.
+	c.dropLookup = dialer.Network().AddLookup(dirs.RegisteredNodes)
 	for _, r := range top.Regions {
 		if g := top.GroupsOfKind(topology.KindLocalEpoch, r); len(g) > 0 {
 			c.epochs[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
@@ -105,6 +110,7 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 // notifications in flight, sends the pending forgets of finished
 // transactions' records and stops the epoch readers.
 func (c *Coordinator) Close() {
+	c.dropLookup()
 	c.beating.Range(func(h, _ any) bool {
 		h.(*heartbeater).stop()
 		return true

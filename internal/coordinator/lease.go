@@ -25,6 +25,17 @@ var ErrLeaseTarget = errors.New("terroir: the lease cannot go to that node")
 // (whether the lease moved is unknown). While such transactions keep the
 // holder busy it refuses and the call retries until ctx ends.
 func (c *Coordinator) TransferLease(ctx context.Context, key []byte, to uint64) (*pb.RangeDescriptor, *pb.Lease, error) {
+	return c.transferLease(ctx, key, to, false)
+}
+
+// TransferLeaseIfIdle is TransferLease for the replicate queue's balancing:
+// the holder refuses while any transaction holds locks at the range (none
+// is aborted), and the call retries until ctx ends.
+func (c *Coordinator) TransferLeaseIfIdle(ctx context.Context, key []byte, to uint64) (*pb.RangeDescriptor, *pb.Lease, error) {
+	return c.transferLease(ctx, key, to, true)
+}
+
+func (c *Coordinator) transferLease(ctx context.Context, key []byte, to uint64, ifIdle bool) (*pb.RangeDescriptor, *pb.Lease, error) {
 	var lease *pb.Lease
 	d, err := c.operate(ctx, key, ErrLeaseTarget, func(d *pb.RangeDescriptor) error {
 		if !slices.Contains(d.GetReplicas(), to) {
@@ -32,7 +43,7 @@ func (c *Coordinator) TransferLease(ctx context.Context, key []byte, to uint64) 
 		}
 		return nil
 	}, func(ctx context.Context, rc pb.RangeClient, d *pb.RangeDescriptor) error {
-		resp, err := rc.TransferLease(ctx, &pb.TransferLeaseRequest{RangeId: d.GetRangeId(), Target: to})
+		resp, err := rc.TransferLease(ctx, &pb.TransferLeaseRequest{RangeId: d.GetRangeId(), Target: to, IfIdle: ifIdle})
 		lease = resp.GetLease()
 		return err
 	})

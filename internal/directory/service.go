@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -31,13 +32,22 @@ type Replica struct {
 type Server struct {
 	directorypb.UnimplementedDirectoryServer
 
-	mu       sync.RWMutex
-	replicas map[uint64]Replica
-	watch    renewalWatch
+	mu              sync.RWMutex
+	replicas        map[uint64]Replica
+	watch           renewalWatch
+	live            map[uint64]*liveness // by group: the node registry's liveness, at its leader
+	livenessTimeout time.Duration
 }
 
-// NewServer returns a server with no replicas.
-func NewServer() *Server { return &Server{replicas: map[uint64]Replica{}} }
+// NewServer returns a server with no replicas whose leaders count a node
+// live while they heard from it within livenessTimeout (0:
+// DefaultLivenessTimeout).
+func NewServer(livenessTimeout time.Duration) *Server {
+	if livenessTimeout <= 0 {
+		livenessTimeout = DefaultLivenessTimeout
+	}
+	return &Server{replicas: map[uint64]Replica{}, live: map[uint64]*liveness{}, livenessTimeout: livenessTimeout}
+}
 
 // Add makes r's group reachable through the server.
 func (s *Server) Add(r Replica) {
@@ -96,7 +106,7 @@ func (s *Server) propose(ctx context.Context, id uint64, cmd *directorypb.Comman
 		return nil, status.FromContextError(err).Err()
 	}
 	if err, ok := res.(error); ok {
-		if errors.Is(err, ErrBadDescriptor) || errors.Is(err, ErrBadCommand) || errors.Is(err, ErrBadGCTTL) || errors.Is(err, ErrBadProtection) {
+		if errors.Is(err, ErrBadDescriptor) || errors.Is(err, ErrBadCommand) || errors.Is(err, ErrBadGCTTL) || errors.Is(err, ErrBadProtection) || IsRegistryError(err) {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		if errors.Is(err, ErrIDsExhausted) {

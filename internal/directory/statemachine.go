@@ -49,12 +49,14 @@ const (
 
 // Seed is what the topology file gives a directory, once: the ranges the
 // region homes, the placement map, and the region's block of range IDs
-// [FirstID, LastID].
+// [FirstID, LastID], and the registry's first records (the file's nodes of
+// the region).
 type Seed struct {
 	Region          string
 	Descriptors     []*pb.RangeDescriptor
 	Placements      []*directorypb.Placement
 	FirstID, LastID uint64
+	Nodes           []*directorypb.NodeRecord
 }
 
 // SeedFor returns the seed of region's directory in top: its ranges at the
@@ -62,7 +64,7 @@ type Seed struct {
 // region's block of IDs, the (i+1)-th block of topology.MaxGroupID IDs for
 // the i-th region of the file.
 func SeedFor(top *topology.Topology, region string) Seed {
-	s := Seed{Region: region}
+	s := Seed{Region: region, Nodes: SeedNodes(top, region)}
 	for i, r := range top.Regions {
 		if r == region {
 			s.FirstID = uint64(i+1) * topology.MaxGroupID
@@ -95,6 +97,8 @@ type StateMachine struct {
 	next, last  uint64                    // the next range ID to hand out, the block's last
 	gcTTLms     uint64                    // the gc_ttl set at run time; 0: the topology's
 	protections []*directorypb.Protection // by id
+	nodes       []*directorypb.NodeRecord // the region's registry, by id
+	seedNodes   []*directorypb.NodeRecord // the registry of a store seeded before it had one
 }
 
 // NewStateMachine returns the state machine of directory group `group` on
@@ -102,7 +106,7 @@ type StateMachine struct {
 // seeds the directory once; a restart reads what the log made of it).
 // Errors wrap storage.ErrCorrupt for undecodable stored state.
 func NewStateMachine(e *storage.Engine, group uint64, seed Seed) (*StateMachine, error) {
-	sm := &StateMachine{e: e, region: seed.Region,
+	sm := &StateMachine{e: e, region: seed.Region, seedNodes: seed.Nodes,
 		prefix: binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, group)}
 	seeded, err := e.Get(sm.key(keySeeded))
 	if err != nil {
@@ -110,7 +114,7 @@ func NewStateMachine(e *storage.Engine, group uint64, seed Seed) (*StateMachine,
 	}
 	if seeded == nil {
 		b := e.NewBatch()
-		st := &directorypb.State{Descriptors: seed.Descriptors, Placements: seed.Placements, NextRangeId: seed.FirstID, LastRangeId: seed.LastID}
+		st := &directorypb.State{Descriptors: seed.Descriptors, Placements: seed.Placements, NextRangeId: seed.FirstID, LastRangeId: seed.LastID, Nodes: seed.Nodes}
 		if err := sm.write(b, st); err != nil {
 			_ = b.Close()
 			return nil, err
@@ -168,6 +172,11 @@ func (sm *StateMachine) write(b *pebble.Batch, st *directorypb.State) error {
 			return err
 		}
 	}
+	for _, n := range st.GetNodes() {
+		if err := sm.writeNode(b, n); err != nil {
+			return err
+		}
+	}
 	return b.Set(sm.key(keySeeded), []byte{1}, nil)
 }
 
@@ -177,6 +186,7 @@ func (sm *StateMachine) load() error {
 	var placements []*directorypb.Placement
 	var next, last, gcTTLms uint64
 	var protections []*directorypb.Protection
+	var nodes []*directorypb.NodeRecord
 	err := sm.e.Scan(sm.prefix, storage.PrefixEnd(sm.prefix), func(k, v []byte) (bool, error) {
 		var err error
 		switch k[len(sm.prefix)] {
@@ -204,6 +214,10 @@ func (sm *StateMachine) load() error {
 			p := &directorypb.Protection{}
 			err = proto.Unmarshal(v, p)
 			protections = append(protections, p) // by id: the keys' order
+		case keyNode:
+			n := &directorypb.NodeRecord{}
+			err = proto.Unmarshal(v, n)
+			nodes = append(nodes, n) // by id: the keys' order
 		}
 		if err != nil {
 			return false, fmt.Errorf("%w: directory state: %v", storage.ErrCorrupt, err)
@@ -214,9 +228,15 @@ func (sm *StateMachine) load() error {
 		return err
 	}
 	sortByStart(ranges)
+	if len(nodes) == 0 {
+		// Seeded before the registry existed: the file's nodes, which every
+		// replica of the group reads alike.
+		nodes = cloneNodes(sm.seedNodes)
+		sortNodes(nodes)
+	}
 	sm.mu.Lock()
 	sm.ranges, sm.placements, sm.next, sm.last = ranges, placements, next, last
-	sm.gcTTLms, sm.protections = gcTTLms, protections
+	sm.gcTTLms, sm.protections, sm.nodes = gcTTLms, protections, nodes
 	sm.mu.Unlock()
 	return nil
 }
@@ -262,8 +282,9 @@ func (sm *StateMachine) Changes(d *pb.RangeDescriptor) (bool, error) {
 // Apply implements raftgroup.StateMachine. The command is a marshalled
 // directorypb.Command; the result is the number of descriptors installed
 // (uint32) for an update, the allocated range ID (uint64) for an allocate,
-// or an error (ErrBadCommand, ErrBadDescriptor, ErrIDsExhausted), which
-// changes nothing.
+// nil for the registry's commands, or an error (ErrBadCommand,
+// ErrBadDescriptor, ErrIDsExhausted, the registry's errors), which changes
+// nothing.
 func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 	c := &directorypb.Command{}
 	if err := proto.Unmarshal(cmd, c); err != nil {
@@ -280,6 +301,10 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		return sm.applyProtect(b, c.Protect)
 	case *directorypb.Command_Release:
 		return sm.applyRelease(b, c.Release)
+	case *directorypb.Command_RegisterNode:
+		return sm.applyRegister(b, c.RegisterNode)
+	case *directorypb.Command_SetNodeState:
+		return sm.applySetNodeState(b, c.SetNodeState)
 	}
 	return fmt.Errorf("%w: empty command", ErrBadCommand)
 }
@@ -383,7 +408,7 @@ func (sm *StateMachine) Snapshot() ([]byte, error) {
 	sm.mu.RLock()
 	defer sm.mu.RUnlock()
 	return proto.Marshal(&directorypb.State{Descriptors: sm.ranges, Placements: sm.placements, NextRangeId: sm.next, LastRangeId: sm.last,
-		GcTtlMs: sm.gcTTLms, Protections: sm.protections})
+		GcTtlMs: sm.gcTTLms, Protections: sm.protections, Nodes: sm.nodes})
 }
 
 // Restore implements raftgroup.StateMachine. Errors wrap storage.ErrCorrupt
@@ -400,9 +425,14 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 	sortByStart(ranges)
 	protections := slices.Clone(st.GetProtections())
 	slices.SortFunc(protections, func(a, b *directorypb.Protection) int { return strings.Compare(a.GetId(), b.GetId()) })
+	nodes := slices.Clone(st.GetNodes())
+	if len(nodes) == 0 { // from a leader whose store predates the registry
+		nodes = cloneNodes(sm.seedNodes)
+	}
+	sortNodes(nodes)
 	sm.mu.Lock()
 	sm.ranges, sm.placements, sm.next, sm.last = ranges, st.GetPlacements(), st.GetNextRangeId(), st.GetLastRangeId()
-	sm.gcTTLms, sm.protections = st.GetGcTtlMs(), protections
+	sm.gcTTLms, sm.protections, sm.nodes = st.GetGcTtlMs(), protections, nodes
 	sm.mu.Unlock()
 	return nil
 }

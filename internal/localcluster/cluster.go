@@ -5,6 +5,7 @@
 package localcluster
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -46,6 +47,10 @@ type Options struct {
 	// <DataDir>/certs (DESIGN.md §15): a CA, one directory per node, and
 	// the admin user's client certificate.
 	Insecure bool
+	// RebalanceInterval is node.Config.RebalanceInterval: how often each
+	// region's replicate queue plans (0: every 2 s; below 0: never, for
+	// tests that place replicas and leases themselves).
+	RebalanceInterval time.Duration
 	// Crashable opens every store so KillNode loses what a power loss would
 	// (node.Config.Crashable).
 	Crashable bool
@@ -65,6 +70,7 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	nodes   map[uint64]*node.Node
+	joined  map[uint64]*topology.Topology // nodes that joined: the topology their join returned
 	dialers []*transport.Dialer
 	readers []*epoch.Reader
 	clients []*client.DB
@@ -173,26 +179,46 @@ func (c *Cluster) makeCerts() (*security.Certs, error) {
 			return nil, err
 		}
 	}
-	ca, err := os.ReadFile(filepath.Join(dir, security.CACertFile))
-	if err != nil {
-		return nil, err
-	}
 	for _, n := range c.Topology.Nodes {
-		nd := c.NodeCertsDir(n.ID)
-		if _, err := os.Stat(filepath.Join(nd, security.NodeCertFile)); err == nil {
-			continue
-		}
-		if err := os.MkdirAll(nd, 0o700); err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(filepath.Join(nd, security.CACertFile), ca, 0o644); err != nil {
-			return nil, err
-		}
-		if err := security.CreateNode(nd, filepath.Join(dir, security.CAKeyFile), n.ID, n.Region, nil, security.CreateOptions{}); err != nil {
+		if err := c.makeNodeCerts(n.ID, n.Region); err != nil {
 			return nil, err
 		}
 	}
 	return security.LoadClient(dir, security.AdminUser)
+}
+
+// NodeCerts returns node id's certificates in region, creating them under
+// the cluster's CA if it has none (a node that joins); nil for an
+// insecure cluster.
+func (c *Cluster) NodeCerts(id uint64, region string) (*security.Certs, error) {
+	if c.opts.Insecure {
+		return nil, nil
+	}
+	if err := c.makeNodeCerts(id, region); err != nil {
+		return nil, err
+	}
+	return security.LoadNode(c.NodeCertsDir(id))
+}
+
+// makeNodeCerts creates node id's certificate in region under the
+// cluster's CA, unless it has one.
+func (c *Cluster) makeNodeCerts(id uint64, region string) error {
+	dir := c.CertsDir()
+	nd := c.NodeCertsDir(id)
+	if _, err := os.Stat(filepath.Join(nd, security.NodeCertFile)); err == nil {
+		return nil
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, security.CACertFile))
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(nd, 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(nd, security.CACertFile), ca, 0o644); err != nil {
+		return err
+	}
+	return security.CreateNode(nd, filepath.Join(dir, security.CAKeyFile), id, region, nil, security.CreateOptions{})
 }
 
 // DataDir returns the parent of the nodes' data directories.
@@ -207,10 +233,17 @@ func (c *Cluster) startNode(id uint64, l net.Listener) error {
 			return err
 		}
 	}
+	top := c.Topology
+	c.mu.Lock()
+	if j := c.joined[id]; j != nil {
+		top = j
+	}
+	c.mu.Unlock()
 	n, err := node.Start(node.Config{
-		Topology: c.Topology, NodeID: id, DataDir: c.nodeDir(id),
+		Topology: top, NodeID: id, DataDir: c.nodeDir(id),
 		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter,
 		Crashable: c.opts.Crashable, Certs: certs, Insecure: c.opts.Insecure, HTTPAddr: "127.0.0.1:0",
+		RebalanceInterval: c.opts.RebalanceInterval,
 	})
 	if err != nil {
 		return err
@@ -278,7 +311,7 @@ func (c *Cluster) RestartNode(id uint64) error {
 	if c.Node(id) != nil {
 		return fmt.Errorf("localcluster: node %d is running", id)
 	}
-	n, ok := c.Topology.Node(id)
+	n, ok := c.Net.Node(id)
 	if !ok {
 		return fmt.Errorf("localcluster: unknown node %d", id)
 	}
@@ -288,6 +321,53 @@ func (c *Cluster) RestartNode(id uint64) error {
 	}
 	c.Net.Revive(id)
 	return c.startNode(id, l) // node.Start closes l if it fails
+}
+
+// JoinNode starts a node that is not in the topology (DESIGN.md §12): on a
+// fresh 127.0.0.1 port, with certificates for id in region, it joins
+// through the running nodes (node.Join) and starts with the topology the
+// join returned. Errors: the registry's refusals (directory.ErrNodeExists,
+// ErrUnknownRegion, ...), nothing changed.
+func (c *Cluster) JoinNode(id uint64, region string) error {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("localcluster: bind: %w", err)
+	}
+	if err := c.JoinNodeAt(id, region, l); err != nil {
+		_ = l.Close()
+		return err
+	}
+	return nil
+}
+
+// JoinNodeAt is JoinNode on listener l (its address is the node's): the
+// node owns l once it starts (node.Config.Listener); a join refused leaves
+// l open.
+func (c *Cluster) JoinNodeAt(id uint64, region string, l net.Listener) error {
+	certs, err := c.NodeCerts(id, region)
+	if err != nil {
+		return err
+	}
+	var peers []string
+	for _, nid := range c.NodeIDs() {
+		if n, ok := c.Net.Node(nid); ok {
+			peers = append(peers, n.Addr)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	top, err := node.Join(ctx, node.JoinConfig{Peers: peers, NodeID: id, Region: region, Addr: l.Addr().String(),
+		DataDir: c.nodeDir(id), Certs: certs, Insecure: c.opts.Insecure})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.joined == nil {
+		c.joined = map[uint64]*topology.Topology{}
+	}
+	c.joined[id] = top
+	c.mu.Unlock()
+	return c.startNode(id, l)
 }
 
 // Leader returns the node whose replica leads group, or 0 if none does yet.

@@ -40,13 +40,15 @@ const (
 	faultTransferLease = "transfer a range's lease to another replica under load"
 	faultMoveReplica   = "move a replica to another node of its region under load"
 	faultMoveKill      = "kill a range's leader during a replica move"
+	faultAddNode       = "add a node to a region under load"
+	faultDecommission  = "decommission a node under load and stop it once gone"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
-	faultTransferLease, faultMoveReplica, faultMoveKill}
+	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -131,13 +133,16 @@ func (cp *campaign) crashHook(p client.CrashPoint, txn []byte, ranges []uint64) 
 func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 	r := rand.New(rand.NewPCG(cp.cfg.Seed, 999))
 	net := cp.c.Dialer(cp.regions[0]).Network()
-	nodes := cp.c.NodeIDs()
 	ranges := cp.cfg.Topology.Ranges()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(cp.cfg.FaultEvery):
+		}
+		nodes := cp.c.NodeIDs() // nodes join and leave
+		if len(nodes) == 0 {
+			continue
 		}
 		kinds := cp.cfg.Faults
 		if len(kinds) == 0 {
@@ -296,6 +301,16 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			heal = func() error { return nil }
 		case faultMoveReplica:
 			if moved, _ := cp.moveReplica(ctx, r, dbs[0], cp.splitKey(r), 0); !moved {
+				continue
+			}
+			heal = func() error { return nil }
+		case faultAddNode:
+			if cp.addNode(ctx, r) == 0 {
+				continue
+			}
+			heal = func() error { return nil }
+		case faultDecommission:
+			if !cp.decommission(ctx, r) {
 				continue
 			}
 			heal = func() error { return nil }

@@ -87,9 +87,10 @@ type campaign struct {
 	keys    []ycsb.KeySpace // per data region
 	start   time.Time
 
-	mu    sync.Mutex
-	sum   *Summary
-	armed *armedCrash // a mid-2PC fault waiting for its transaction
+	mu       sync.Mutex
+	sum      *Summary
+	armed    *armedCrash // a mid-2PC fault waiting for its transaction
+	nextNode uint64      // the last node id given out (faultAddNode)
 }
 
 // workload is one kind of client load and its checker.
@@ -189,6 +190,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	defer c.Close()
 	cp := &campaign{cfg: cfg, c: c, start: time.Now(), sum: &Summary{Seed: cfg.Seed, Ops: map[string]int{},
 		Faults: map[string]int{}, Recovery: map[string]*latency.Histogram{}, Released: latency.New()}}
+	for _, n := range cfg.Topology.Nodes {
+		cp.nextNode = max(cp.nextNode, n.ID)
+	}
 	if err := cp.orderRegions(); err != nil {
 		return nil, err
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/rebalance"
 	"github.com/terroir-db/terroir/internal/routing"
 	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/storage"
@@ -65,6 +66,10 @@ type Config struct {
 	// web console ("": not at all; port 0: any free port). Start fails when
 	// it cannot be bound.
 	HTTPAddr string
+	// RebalanceInterval is how often the region's replicate queue plans,
+	// on the node leading its region's directory (0: every 2 s; below 0:
+	// never, for tests that place replicas themselves).
+	RebalanceInterval time.Duration
 	// Crashable opens the store so that Kill can lose what a power loss
 	// would (storage.OpenCrashable); for fault campaigns.
 	Crashable bool
@@ -103,6 +108,9 @@ type Node struct {
 	console      *console.Console
 	epochSMs     []hostedEpoch // every epoch group hosted here, for status and metrics
 	served       chan struct{}
+	dropLookup   func() // takes the registry lookup out of the network
+	queue        *rebalance.Queue
+	queueRegion  *regionCluster
 }
 
 // hostedEpoch is one epoch group (local epoch, publisher, global epoch)
@@ -157,10 +165,11 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	n.host = raftgroup.NewHost(cfg.NodeID, n.engine,
 		raftgroup.Config{Tick: top.RaftTick, CompactAfter: cfg.CompactAfter,
-			Known: func(id uint64) bool { _, ok := top.Node(id); return ok }},
+			Known: func(id uint64) bool { _, ok := cfg.Network.Node(id); return ok }},
 		raftgroup.NewMetrics(cfg.Registry))
 	n.dialer = transport.NewDialer(cfg.Network, transport.Endpoint{Node: cfg.NodeID, Region: self.Region}, cfg.Certs)
 	n.dirs = directory.NewDirectories(top, n.dialer)
+	n.dropLookup = cfg.Network.AddLookup(n.dirs.RegisteredNodes)
 	removed, err := n.removedRanges()
 	if err != nil {
 		return nil, err
@@ -168,7 +177,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	epochServer := epoch.NewServer()
 	txnServer := txnstate.NewServer()
 	n.txnSrv = txnServer
-	dirServer := directory.NewServer()
+	dirServer := directory.NewServer(top.LivenessTimeout)
 	n.rangeSrv = rangeserver.NewServer()
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		switch g.Kind {
@@ -303,8 +312,18 @@ func Start(cfg Config) (_ *Node, err error) {
 	if n.httpListener != nil {
 		n.serveHTTP()
 	}
-	n.bg.Add(1)
+	n.bg.Add(2)
 	go n.reconcile()
+	go func() {
+		defer n.bg.Done()
+		n.keepRegistered()
+	}()
+	if g := top.GroupsOfKind(topology.KindDirectory, self.Region); cfg.RebalanceInterval >= 0 && len(g) > 0 && n.Group(g[0].ID) != nil {
+		n.queueRegion = &regionCluster{n: n, region: self.Region}
+		n.queue = rebalance.NewQueue(n.queueRegion, rebalance.QueueConfig{Interval: cfg.RebalanceInterval,
+			Config: rebalance.Config{ReplaceAfter: top.ReplaceAfter, MaxMoves: top.MaxSnapshots}})
+		n.background(func() { n.queue.Run(n.stopped) })
+	}
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		if g.Kind == topology.KindTxnState {
 			n.background(func() { n.cleanTxnRecords(txnServer, self.Region) })
@@ -577,7 +596,13 @@ func (n *Node) closeParts() error {
 	n.mu.Unlock()
 	n.stop()      // first: ends the console's status requests (their base context)
 	n.closeHTTP() // before the dialer they use closes
+	if n.dropLookup != nil {
+		n.dropLookup()
+	}
 	n.bg.Wait()
+	if n.queueRegion != nil {
+		n.queueRegion.close()
+	}
 	if n.global != nil {
 		n.global.Close()
 	}

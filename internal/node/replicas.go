@@ -184,8 +184,12 @@ func dataSpans(d *pb.RangeDescriptor) [][2][]byte {
 }
 
 // addReplica asks node to host an empty replica of d
-// (rangeserver.Config.AddReplica).
+// (rangeserver.Config.AddReplica), once its region's registry shows it live
+// (liveTarget's errors).
 func (n *Node) addReplica(ctx context.Context, node uint64, d *pb.RangeDescriptor) error {
+	if err := n.liveTarget(ctx, node, d.GetRegion()); err != nil {
+		return err
+	}
 	conn, err := n.dialer.Conn(node)
 	if err != nil {
 		return err

@@ -283,7 +283,7 @@ const (
 // a target that is not another replica of the range, ErrTransferBusy if
 // transactions did not finish in time or the entry did not apply (the
 // lease stays); any other error leaves the outcome unknown.
-func (r *Replica) TransferLease(ctx context.Context, to uint64) (*pb.Lease, error) {
+func (r *Replica) TransferLease(ctx context.Context, to uint64, ifIdle bool) (*pb.Lease, error) {
 	d := r.sm.Descriptor()
 	if to == r.self || !slices.Contains(d.GetReplicas(), to) {
 		return nil, fmt.Errorf("%w: node %d is not another replica of range %d (replicas %v)", ErrTransferTarget, to, r.id, d.GetReplicas())
@@ -302,6 +302,9 @@ func (r *Replica) TransferLease(ctx context.Context, to uint64) (*pb.Lease, erro
 			l.transferring.Store(false)
 		}
 	}()
+	if ifIdle && !l.txns.idle() { // checked once no new lock is taken here
+		return nil, fmt.Errorf("%w: range %d: transactions hold locks here", ErrTransferBusy, r.id)
+	}
 	dropped := l.txns.dropActive()
 	wctx, cancel := context.WithTimeout(ctx, transferQuiesce)
 	defer cancel()

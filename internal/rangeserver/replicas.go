@@ -86,7 +86,7 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 				succ = other
 			}
 		}
-		if _, err := r.TransferLease(ctx, succ); err != nil {
+		if _, err := r.TransferLease(ctx, succ, false); err != nil {
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: the lease moved to node %d before moving node %d's replica", ErrNotLeaseholder, succ, from)

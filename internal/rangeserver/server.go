@@ -308,7 +308,7 @@ func (s *Server) TransferLease(ctx context.Context, req *pb.TransferLeaseRequest
 	if err != nil {
 		return nil, err
 	}
-	lease, err := r.TransferLease(ctx, req.GetTarget())
+	lease, err := r.TransferLease(ctx, req.GetTarget(), req.GetIfIdle())
 	if err != nil {
 		return nil, s.status(r, err)
 	}

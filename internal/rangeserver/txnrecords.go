@@ -368,6 +368,13 @@ func (tt *txnTable) settling() bool {
 	return false
 }
 
+// idle reports whether no transaction holds locks or a record here.
+func (tt *txnTable) idle() bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	return len(tt.txns) == 0
+}
+
 // handedTxn is a transaction's record and its locks at or above a split key,
 // as the left-hand range's leader hands them to the right-hand range's
 // (DESIGN.md §11).

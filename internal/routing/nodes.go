@@ -35,7 +35,7 @@ func (r NodesResolver) Resolve(ctx context.Context, key []byte) ([]*pb.RangeDesc
 	var out []*pb.RangeDescriptor
 	holds, answered := false, false
 	var wg sync.WaitGroup
-	for _, n := range r.Topology.Nodes {
+	for _, n := range r.Dialer.Network().Nodes() {
 		wg.Add(1)
 		go func(id uint64) {
 			defer wg.Done()

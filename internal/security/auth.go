@@ -63,19 +63,22 @@ var methodRoles = map[string]Role{
 	"/terroir.directory.Directory/GCPolicy":  RoleUser,
 	"/terroir.directory.Directory/Protect":   RoleUser, // a changefeed or backup holds back GC
 	"/terroir.directory.Directory/Release":   RoleUser,
+	"/terroir.directory.Directory/Nodes":     RoleUser, // the node registry: addresses, states, liveness
 	"/terroir.transport.Transport/Ping":      RoleUser,
 	"/terroir.node.Node/Status":              RoleUser, // `terroir status`: the cluster's shape (range boundaries included), no values
 	// Operator actions: the admin user. (Excluding a region goes through a
 	// node, whose certificate alone may call Epoch/SetExcluded.)
-	"/terroir.node.Node/SetRegionExcluded":  RoleAdmin,
-	"/terroir.range.Range/AdminSplit":       RoleAdmin,
-	"/terroir.range.Range/AdminMerge":       RoleAdmin,
-	"/terroir.range.Range/TransferLease":    RoleAdmin,
-	"/terroir.range.Range/MoveReplica":      RoleAdmin,
-	"/terroir.directory.Directory/SetGCTTL": RoleAdmin,
+	"/terroir.node.Node/SetRegionExcluded":      RoleAdmin,
+	"/terroir.range.Range/AdminSplit":           RoleAdmin,
+	"/terroir.range.Range/AdminMerge":           RoleAdmin,
+	"/terroir.range.Range/TransferLease":        RoleAdmin,
+	"/terroir.range.Range/MoveReplica":          RoleAdmin,
+	"/terroir.directory.Directory/SetGCTTL":     RoleAdmin,
+	"/terroir.directory.Directory/SetNodeState": RoleAdmin, // decommission a node
 	// Node-only, listed for the reader: Transport/Raft, Transport/Snapshot,
 	// Node/AddRangeReplica, Node/RemoveRangeReplica, Epoch/Publish,
-	// Epoch/SetExcluded, Directory/Update, Directory/Allocate.
+	// Epoch/SetExcluded, Directory/Update, Directory/Allocate,
+	// Directory/RegisterNode, Directory/Heartbeat, Node/Join.
 }
 
 // RequiredRole returns the role method (a full gRPC method name) needs.

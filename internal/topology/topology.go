@@ -102,6 +102,17 @@ const (
 	// 100, one second at 10 ms epochs): the longest a frozen leaseholder
 	// keeps its range from being served elsewhere.
 	DefaultRangeLeaseEpochs = 100
+	// DefaultLivenessTimeout is how long a node may go unheard before its
+	// region counts it as not live (DESIGN.md §12).
+	DefaultLivenessTimeout = 5 * time.Second
+	// DefaultReplaceAfter is how long a node may be down before its
+	// replicas are rebuilt elsewhere (DESIGN.md §12).
+	DefaultReplaceAfter = 5 * time.Minute
+	// DefaultMaxSnapshots is how many replica moves a region's replicate
+	// queue runs at once.
+	DefaultMaxSnapshots = 2
+	// MinLivenessTimeout is the shortest liveness_timeout accepted.
+	MinLivenessTimeout = 500 * time.Millisecond
 	// DefaultMergeDelay is how long two neighbouring ranges must keep their
 	// shape before they merge automatically (DESIGN.md §11).
 	DefaultMergeDelay = 30 * time.Second
@@ -182,6 +193,20 @@ type Topology struct {
 	// of the range). File: range_lease_renew_epochs, default half of
 	// range_lease_epochs, between 2 and range_lease_epochs - 2.
 	RangeLeaseRenewEpochs uint64
+	// LivenessTimeout is how long a region's directory leader goes
+	// without a node's heartbeat before it counts the node as not live
+	// (DESIGN.md §12); nodes heartbeat four times as often. File:
+	// liveness_timeout, default 5s, at least 500ms.
+	LivenessTimeout time.Duration
+	// ReplaceAfter: a node its region has not heard from for this long has
+	// its replicas rebuilt on the region's other live nodes (DESIGN.md
+	// §12). File: replace_after, default 5m, "off" for never, at least
+	// liveness_timeout.
+	ReplaceAfter time.Duration
+	// MaxSnapshots bounds a region's replicate queue: at most this many
+	// replica moves (each streams one snapshot) at once. File:
+	// rebalance_snapshots, default 2.
+	MaxSnapshots int
 	// Regions lists region names in file order.
 	Regions []string
 	// Nodes lists every node in file order.
@@ -240,6 +265,9 @@ type fileTopology struct {
 	ClosedInterval     string      `yaml:"closed_epoch_interval,omitempty"`
 	RangeLeaseEpochs   uint64      `yaml:"range_lease_epochs,omitempty"`
 	RangeLeaseRenew    uint64      `yaml:"range_lease_renew_epochs,omitempty"`
+	LivenessTimeout    string      `yaml:"liveness_timeout,omitempty"`
+	ReplaceAfter       string      `yaml:"replace_after,omitempty"`
+	MaxSnapshots       int         `yaml:"rebalance_snapshots,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -438,6 +466,23 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if t.RangeLeaseRenewEpochs = cmp.Or(f.RangeLeaseRenew, t.RangeLeaseEpochs/2); t.RangeLeaseRenewEpochs < 2 || t.RangeLeaseRenewEpochs > t.RangeLeaseEpochs-2 {
 		return nil, invalid("range_lease_renew_epochs: %d must be between 2 and range_lease_epochs - 2 (%d)", t.RangeLeaseRenewEpochs, t.RangeLeaseEpochs-2)
+	}
+	if t.LivenessTimeout, err = parseDuration("liveness_timeout", f.LivenessTimeout, DefaultLivenessTimeout); err != nil {
+		return nil, err
+	}
+	if t.LivenessTimeout < MinLivenessTimeout {
+		return nil, invalid("liveness_timeout: %v is below %v: a busy node would be counted dead", t.LivenessTimeout, MinLivenessTimeout)
+	}
+	if f.ReplaceAfter != "off" {
+		if t.ReplaceAfter, err = parseDuration("replace_after", f.ReplaceAfter, DefaultReplaceAfter); err != nil {
+			return nil, err
+		}
+		if t.ReplaceAfter < t.LivenessTimeout {
+			return nil, invalid("replace_after: %v is below liveness_timeout (%v); say off for never", t.ReplaceAfter, t.LivenessTimeout)
+		}
+	}
+	if t.MaxSnapshots = cmp.Or(f.MaxSnapshots, DefaultMaxSnapshots); t.MaxSnapshots < 1 {
+		return nil, invalid("rebalance_snapshots: %d is below 1", t.MaxSnapshots)
 	}
 	if len(f.Regions) == 0 {
 		return nil, invalid("regions: at least one region is required")
@@ -768,6 +813,12 @@ func (t *Topology) Marshal() ([]byte, error) {
 		ClosedInterval:     t.ClosedEpochInterval.String(),
 		RangeLeaseEpochs:   t.RangeLeaseEpochs,
 		RangeLeaseRenew:    t.RangeLeaseRenewEpochs,
+		LivenessTimeout:    t.LivenessTimeout.String(),
+		ReplaceAfter:       "off",
+		MaxSnapshots:       t.MaxSnapshots,
+	}
+	if t.ReplaceAfter > 0 {
+		f.ReplaceAfter = t.ReplaceAfter.String()
 	}
 	if t.AutoExcludeAfter > 0 {
 		f.AutoExcludeAfter = t.AutoExcludeAfter.String()

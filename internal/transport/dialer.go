@@ -37,6 +37,8 @@ type Dialer struct {
 
 	mu     sync.Mutex
 	conns  map[uint64]*grpc.ClientConn
+	addrs  map[uint64]string // each connection's address
+	gen    uint64            // the network book's generation the addresses are from
 	closed bool
 
 	life context.Context // canceled by Close: duplicates in flight and pings give up
@@ -56,7 +58,7 @@ func NewDialer(net *Network, self Endpoint, certs *security.Certs) *Dialer {
 	if certs != nil {
 		creds = credentials.NewTLS(certs.ClientTLS())
 	}
-	d := &Dialer{net: net, self: self, creds: creds, tls: certs != nil, conns: map[uint64]*grpc.ClientConn{}, life: life, stop: stop}
+	d := &Dialer{net: net, self: self, creds: creds, tls: certs != nil, conns: map[uint64]*grpc.ClientConn{}, addrs: map[uint64]string{}, life: life, stop: stop}
 	d.det = detector{cfg: DetectorConfig{}.withDefaults(), d: d}
 	return d
 }
@@ -78,21 +80,41 @@ func (d *Dialer) Self() Endpoint { return d.self }
 // Network returns the network the dialer's calls cross.
 func (d *Dialer) Network() *Network { return d.net }
 
-// Conn returns the connection to node id, creating it on first use. gRPC connects
-// lazily and reconnects by itself; errors are returned only for an unknown node or
-// a closed Dialer.
+// Conn returns the connection to node id, creating it on first use, at the
+// address the network's node book gives (a node that moved is redialed).
+// gRPC connects lazily and reconnects by itself; errors are returned only
+// for an unknown node or a closed Dialer.
 func (d *Dialer) Conn(id uint64) (*grpc.ClientConn, error) {
+	c, err := d.conn(id)
+	if errors.Is(err, errUnknownNode) && d.net.lookUp(id) { // joined after this process started
+		c, err = d.conn(id)
+	}
+	return c, err
+}
+
+var errUnknownNode = errors.New("transport: unknown node")
+
+func (d *Dialer) conn(id uint64) (*grpc.ClientConn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil, ErrClosed
 	}
+	if gen := d.net.bookGen.Load(); gen != d.gen {
+		d.gen = gen
+		for other, c := range d.conns {
+			if nd, ok := d.net.Node(other); ok && nd.Addr != d.addrs[other] {
+				_ = c.Close() // calls on it fail Unavailable; callers retry
+				delete(d.conns, other)
+			}
+		}
+	}
 	if c, ok := d.conns[id]; ok {
 		return c, nil
 	}
-	node, ok := d.net.top.Node(id)
+	node, ok := d.net.Node(id)
 	if !ok {
-		return nil, fmt.Errorf("transport: unknown node %d", id)
+		return nil, fmt.Errorf("%w %d", errUnknownNode, id)
 	}
 	to := Endpoint{Node: id, Region: node.Region}
 	health := d.det.peer(id)
@@ -115,7 +137,7 @@ func (d *Dialer) Conn(id uint64) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: dial node %d at %s: %w", id, node.Addr, err)
 	}
-	d.conns[id] = c
+	d.conns[id], d.addrs[id] = c, node.Addr
 	return c, nil
 }
 

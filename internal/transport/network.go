@@ -6,8 +6,12 @@
 package transport
 
 import (
+	"cmp"
+	"context"
 	"math/rand/v2"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/terroir-db/terroir/internal/topology"
@@ -36,11 +40,118 @@ type Network struct {
 	dupRate    float64
 	extraDelay time.Duration
 	rtt        map[[2]string]time.Duration // overrides of the topology's RTT
+
+	bookMu  sync.RWMutex
+	book    map[uint64]topology.Node // every node's region and address: the topology's, then the registry's
+	bookGen atomic.Uint64            // bumped when an address changes, so dialers redial
+
+	lookupMu   sync.Mutex // one lookup at a time
+	lookups    map[int]func(ctx context.Context) ([]topology.Node, error)
+	nextLookup int
+	lastLookup time.Time
 }
 
-// NewNetwork returns a fault-free network with top's latency matrix.
+// lookupEvery bounds how often a miss in the node book reads the registry;
+// lookupTimeout bounds one read.
+const (
+	lookupEvery   = 500 * time.Millisecond
+	lookupTimeout = 2 * time.Second
+)
+
+// AddLookup adds a way to read the node registry when a dialer meets a
+// node the book does not know (one that joined after the process started):
+// f returns every registered node. A miss tries each until one answers
+// (every node and client of an in-process cluster adds its own; a closed
+// one fails at once). remove takes f out again.
+func (n *Network) AddLookup(f func(ctx context.Context) ([]topology.Node, error)) (remove func()) {
+	n.lookupMu.Lock()
+	defer n.lookupMu.Unlock()
+	if n.lookups == nil {
+		n.lookups = map[int]func(ctx context.Context) ([]topology.Node, error){}
+	}
+	id := n.nextLookup
+	n.nextLookup++
+	n.lookups[id] = f
+	return func() {
+		n.lookupMu.Lock()
+		delete(n.lookups, id)
+		n.lookupMu.Unlock()
+	}
+}
+
+// lookUp reads the registry into the book, at most every lookupEvery and
+// never from within a lookup (which dials too), and reports whether node id
+// is known afterwards.
+func (n *Network) lookUp(id uint64) bool {
+	if !n.lookupMu.TryLock() {
+		return false
+	}
+	if time.Since(n.lastLookup) >= lookupEvery {
+		n.lastLookup = time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+		for _, f := range n.lookups {
+			if nodes, err := f(ctx); err == nil {
+				n.SetNodes(nodes)
+				break
+			}
+		}
+		cancel()
+	}
+	n.lookupMu.Unlock()
+	_, ok := n.Node(id)
+	return ok
+}
+
+// NewNetwork returns a fault-free network with top's latency matrix, whose
+// node book starts as top's nodes.
 func NewNetwork(top *topology.Topology) *Network {
-	return &Network{top: top, cutNodes: map[uint64]bool{}, dead: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{}}
+	n := &Network{top: top, cutNodes: map[uint64]bool{}, dead: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{},
+		book: map[uint64]topology.Node{}}
+	for _, nd := range top.Nodes {
+		n.book[nd.ID] = nd
+	}
+	return n
+}
+
+// Node returns node id's region and address as the network knows them:
+// the topology's, updated from the node registry (SetNodes).
+func (n *Network) Node(id uint64) (topology.Node, bool) {
+	n.bookMu.RLock()
+	defer n.bookMu.RUnlock()
+	nd, ok := n.book[id]
+	return nd, ok
+}
+
+// Nodes returns every node the network knows, by id.
+func (n *Network) Nodes() []topology.Node {
+	n.bookMu.RLock()
+	defer n.bookMu.RUnlock()
+	out := make([]topology.Node, 0, len(n.book))
+	for _, nd := range n.book {
+		out = append(out, nd)
+	}
+	slices.SortFunc(out, func(a, b topology.Node) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// SetNodes records nodes' regions and addresses (from the node registry,
+// DESIGN.md §12): a node the network did not know becomes reachable, and
+// dialers redial a node whose address changed.
+func (n *Network) SetNodes(nodes []topology.Node) {
+	n.bookMu.Lock()
+	defer n.bookMu.Unlock()
+	changed := false
+	for _, nd := range nodes {
+		if old, ok := n.book[nd.ID]; ok && old == nd {
+			continue
+		} else if ok && old.Addr != nd.Addr {
+			changed = true
+		}
+		n.book[nd.ID] = nd
+	}
+	if changed {
+		n.bookGen.Add(1)
+	}
 }
 
 // OneWayDelay returns how long a message from one endpoint takes to reach the
@@ -178,7 +289,7 @@ func (n *Network) Heal() {
 // NodeEndpoint returns the endpoint of node id, or a region-less endpoint if the
 // topology does not know it.
 func (n *Network) NodeEndpoint(id uint64) Endpoint {
-	node, _ := n.top.Node(id)
+	node, _ := n.Node(id)
 	return Endpoint{Node: id, Region: node.Region}
 }
 

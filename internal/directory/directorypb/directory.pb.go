@@ -28,6 +28,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// NodeState is a registered node's place in its life (DESIGN.md §12).
+type NodeState int32
+
+const (
+	// NODE_LIVE: a member that takes replicas.
+	NodeState_NODE_LIVE NodeState = 0
+	// NODE_DECOMMISSIONING: its replicas and leases are moving off; it takes
+	// no new ones.
+	NodeState_NODE_DECOMMISSIONING NodeState = 1
+	// NODE_GONE: it hosts nothing and never returns; its id is never reused.
+	NodeState_NODE_GONE NodeState = 2
+)
+
+// Enum value maps for NodeState.
+var (
+	NodeState_name = map[int32]string{
+		0: "NODE_LIVE",
+		1: "NODE_DECOMMISSIONING",
+		2: "NODE_GONE",
+	}
+	NodeState_value = map[string]int32{
+		"NODE_LIVE":            0,
+		"NODE_DECOMMISSIONING": 1,
+		"NODE_GONE":            2,
+	}
+)
+
+func (x NodeState) Enum() *NodeState {
+	p := new(NodeState)
+	*p = x
+	return p
+}
+
+func (x NodeState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeState) Descriptor() protoreflect.EnumDescriptor {
+	return file_directory_proto_enumTypes[0].Descriptor()
+}
+
+func (NodeState) Type() protoreflect.EnumType {
+	return &file_directory_proto_enumTypes[0]
+}
+
+func (x NodeState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeState.Descriptor instead.
+func (NodeState) EnumDescriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{0}
+}
+
 // Placement homes the span [start_key, end_key) in region (an empty end_key:
 // to the end of the key space).
 type Placement struct {
@@ -100,6 +154,8 @@ type Command struct {
 	//	*Command_SetGcTtl
 	//	*Command_Protect
 	//	*Command_Release
+	//	*Command_RegisterNode
+	//	*Command_SetNodeState
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -187,6 +243,24 @@ func (x *Command) GetRelease() *ReleaseCmd {
 	return nil
 }
 
+func (x *Command) GetRegisterNode() *RegisterNodeCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_RegisterNode); ok {
+			return x.RegisterNode
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetSetNodeState() *SetNodeStateCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_SetNodeState); ok {
+			return x.SetNodeState
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -219,6 +293,18 @@ type Command_Release struct {
 	Release *ReleaseCmd `protobuf:"bytes,5,opt,name=release,proto3,oneof"`
 }
 
+type Command_RegisterNode struct {
+	// register_node adds a node of the region to the registry, or records
+	// a registered node's new address (DESIGN.md §12).
+	RegisterNode *RegisterNodeCmd `protobuf:"bytes,6,opt,name=register_node,json=registerNode,proto3,oneof"`
+}
+
+type Command_SetNodeState struct {
+	// set_node_state moves a node through live → decommissioning → gone
+	// (or back to live from decommissioning).
+	SetNodeState *SetNodeStateCmd `protobuf:"bytes,7,opt,name=set_node_state,json=setNodeState,proto3,oneof"`
+}
+
 func (*Command_Update) isCommand_Cmd() {}
 
 func (*Command_Allocate) isCommand_Cmd() {}
@@ -228,6 +314,175 @@ func (*Command_SetGcTtl) isCommand_Cmd() {}
 func (*Command_Protect) isCommand_Cmd() {}
 
 func (*Command_Release) isCommand_Cmd() {}
+
+func (*Command_RegisterNode) isCommand_Cmd() {}
+
+func (*Command_SetNodeState) isCommand_Cmd() {}
+
+// NodeRecord is one node in its region's registry.
+type NodeRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Addr          string                 `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"` // host:port of its RPC server
+	State         NodeState              `protobuf:"varint,4,opt,name=state,proto3,enum=terroir.directory.NodeState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeRecord) Reset() {
+	*x = NodeRecord{}
+	mi := &file_directory_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeRecord) ProtoMessage() {}
+
+func (x *NodeRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeRecord.ProtoReflect.Descriptor instead.
+func (*NodeRecord) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeRecord) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *NodeRecord) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *NodeRecord) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *NodeRecord) GetState() NodeState {
+	if x != nil {
+		return x.State
+	}
+	return NodeState_NODE_LIVE
+}
+
+type RegisterNodeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *NodeRecord            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeCmd) Reset() {
+	*x = RegisterNodeCmd{}
+	mi := &file_directory_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeCmd) ProtoMessage() {}
+
+func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeCmd.ProtoReflect.Descriptor instead.
+func (*RegisterNodeCmd) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RegisterNodeCmd) GetNode() *NodeRecord {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type SetNodeStateCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	State         NodeState              `protobuf:"varint,2,opt,name=state,proto3,enum=terroir.directory.NodeState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeStateCmd) Reset() {
+	*x = SetNodeStateCmd{}
+	mi := &file_directory_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeStateCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeStateCmd) ProtoMessage() {}
+
+func (x *SetNodeStateCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeStateCmd.ProtoReflect.Descriptor instead.
+func (*SetNodeStateCmd) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SetNodeStateCmd) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SetNodeStateCmd) GetState() NodeState {
+	if x != nil {
+		return x.State
+	}
+	return NodeState_NODE_LIVE
+}
 
 // Protection is a registered long snapshot (a backup, a changefeed's
 // catch-up): while it lives, the region's range leaders collect no version
@@ -250,7 +505,7 @@ type Protection struct {
 
 func (x *Protection) Reset() {
 	*x = Protection{}
-	mi := &file_directory_proto_msgTypes[2]
+	mi := &file_directory_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -262,7 +517,7 @@ func (x *Protection) String() string {
 func (*Protection) ProtoMessage() {}
 
 func (x *Protection) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[2]
+	mi := &file_directory_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -275,7 +530,7 @@ func (x *Protection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Protection.ProtoReflect.Descriptor instead.
 func (*Protection) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{2}
+	return file_directory_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Protection) GetId() string {
@@ -322,7 +577,7 @@ type SetGCTTLCmd struct {
 
 func (x *SetGCTTLCmd) Reset() {
 	*x = SetGCTTLCmd{}
-	mi := &file_directory_proto_msgTypes[3]
+	mi := &file_directory_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +589,7 @@ func (x *SetGCTTLCmd) String() string {
 func (*SetGCTTLCmd) ProtoMessage() {}
 
 func (x *SetGCTTLCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[3]
+	mi := &file_directory_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +602,7 @@ func (x *SetGCTTLCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGCTTLCmd.ProtoReflect.Descriptor instead.
 func (*SetGCTTLCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{3}
+	return file_directory_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SetGCTTLCmd) GetGcTtlMs() uint64 {
@@ -366,7 +621,7 @@ type ProtectCmd struct {
 
 func (x *ProtectCmd) Reset() {
 	*x = ProtectCmd{}
-	mi := &file_directory_proto_msgTypes[4]
+	mi := &file_directory_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +633,7 @@ func (x *ProtectCmd) String() string {
 func (*ProtectCmd) ProtoMessage() {}
 
 func (x *ProtectCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[4]
+	mi := &file_directory_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +646,7 @@ func (x *ProtectCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProtectCmd.ProtoReflect.Descriptor instead.
 func (*ProtectCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{4}
+	return file_directory_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ProtectCmd) GetProtection() *Protection {
@@ -410,7 +665,7 @@ type ReleaseCmd struct {
 
 func (x *ReleaseCmd) Reset() {
 	*x = ReleaseCmd{}
-	mi := &file_directory_proto_msgTypes[5]
+	mi := &file_directory_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +677,7 @@ func (x *ReleaseCmd) String() string {
 func (*ReleaseCmd) ProtoMessage() {}
 
 func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[5]
+	mi := &file_directory_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +690,7 @@ func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{5}
+	return file_directory_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseCmd) GetIds() []string {
@@ -454,7 +709,7 @@ type UpdateCmd struct {
 
 func (x *UpdateCmd) Reset() {
 	*x = UpdateCmd{}
-	mi := &file_directory_proto_msgTypes[6]
+	mi := &file_directory_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +721,7 @@ func (x *UpdateCmd) String() string {
 func (*UpdateCmd) ProtoMessage() {}
 
 func (x *UpdateCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[6]
+	mi := &file_directory_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +734,7 @@ func (x *UpdateCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateCmd.ProtoReflect.Descriptor instead.
 func (*UpdateCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{6}
+	return file_directory_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpdateCmd) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -497,7 +752,7 @@ type AllocateCmd struct {
 
 func (x *AllocateCmd) Reset() {
 	*x = AllocateCmd{}
-	mi := &file_directory_proto_msgTypes[7]
+	mi := &file_directory_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +764,7 @@ func (x *AllocateCmd) String() string {
 func (*AllocateCmd) ProtoMessage() {}
 
 func (x *AllocateCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[7]
+	mi := &file_directory_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +777,7 @@ func (x *AllocateCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateCmd.ProtoReflect.Descriptor instead.
 func (*AllocateCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{7}
+	return file_directory_proto_rawDescGZIP(), []int{10}
 }
 
 type LookupRequest struct {
@@ -538,7 +793,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_directory_proto_msgTypes[8]
+	mi := &file_directory_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +805,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[8]
+	mi := &file_directory_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +818,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{8}
+	return file_directory_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LookupRequest) GetGroupId() uint64 {
@@ -598,7 +853,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_directory_proto_msgTypes[9]
+	mi := &file_directory_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +865,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[9]
+	mi := &file_directory_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +878,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{9}
+	return file_directory_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LookupResponse) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -643,7 +898,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_directory_proto_msgTypes[10]
+	mi := &file_directory_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +910,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[10]
+	mi := &file_directory_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +923,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{10}
+	return file_directory_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateRequest) GetGroupId() uint64 {
@@ -695,7 +950,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_directory_proto_msgTypes[11]
+	mi := &file_directory_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +962,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[11]
+	mi := &file_directory_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +975,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{11}
+	return file_directory_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UpdateResponse) GetInstalled() uint32 {
@@ -739,7 +994,7 @@ type AllocateRequest struct {
 
 func (x *AllocateRequest) Reset() {
 	*x = AllocateRequest{}
-	mi := &file_directory_proto_msgTypes[12]
+	mi := &file_directory_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +1006,7 @@ func (x *AllocateRequest) String() string {
 func (*AllocateRequest) ProtoMessage() {}
 
 func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[12]
+	mi := &file_directory_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +1019,7 @@ func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateRequest.ProtoReflect.Descriptor instead.
 func (*AllocateRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{12}
+	return file_directory_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AllocateRequest) GetGroupId() uint64 {
@@ -783,7 +1038,7 @@ type AllocateResponse struct {
 
 func (x *AllocateResponse) Reset() {
 	*x = AllocateResponse{}
-	mi := &file_directory_proto_msgTypes[13]
+	mi := &file_directory_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +1050,7 @@ func (x *AllocateResponse) String() string {
 func (*AllocateResponse) ProtoMessage() {}
 
 func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[13]
+	mi := &file_directory_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +1063,7 @@ func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateResponse.ProtoReflect.Descriptor instead.
 func (*AllocateResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{13}
+	return file_directory_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AllocateResponse) GetRangeId() uint64 {
@@ -827,7 +1082,7 @@ type PlacementRequest struct {
 
 func (x *PlacementRequest) Reset() {
 	*x = PlacementRequest{}
-	mi := &file_directory_proto_msgTypes[14]
+	mi := &file_directory_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +1094,7 @@ func (x *PlacementRequest) String() string {
 func (*PlacementRequest) ProtoMessage() {}
 
 func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[14]
+	mi := &file_directory_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +1107,7 @@ func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementRequest.ProtoReflect.Descriptor instead.
 func (*PlacementRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{14}
+	return file_directory_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PlacementRequest) GetGroupId() uint64 {
@@ -871,7 +1126,7 @@ type PlacementResponse struct {
 
 func (x *PlacementResponse) Reset() {
 	*x = PlacementResponse{}
-	mi := &file_directory_proto_msgTypes[15]
+	mi := &file_directory_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1138,7 @@ func (x *PlacementResponse) String() string {
 func (*PlacementResponse) ProtoMessage() {}
 
 func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[15]
+	mi := &file_directory_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1151,7 @@ func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementResponse.ProtoReflect.Descriptor instead.
 func (*PlacementResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{15}
+	return file_directory_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PlacementResponse) GetPlacements() []*Placement {
@@ -915,7 +1170,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_directory_proto_msgTypes[16]
+	mi := &file_directory_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1182,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[16]
+	mi := &file_directory_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1195,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{16}
+	return file_directory_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListRequest) GetGroupId() uint64 {
@@ -959,7 +1214,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_directory_proto_msgTypes[17]
+	mi := &file_directory_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1226,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[17]
+	mi := &file_directory_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1239,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{17}
+	return file_directory_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListResponse) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -1003,7 +1258,7 @@ type GCPolicyRequest struct {
 
 func (x *GCPolicyRequest) Reset() {
 	*x = GCPolicyRequest{}
-	mi := &file_directory_proto_msgTypes[18]
+	mi := &file_directory_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1270,7 @@ func (x *GCPolicyRequest) String() string {
 func (*GCPolicyRequest) ProtoMessage() {}
 
 func (x *GCPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[18]
+	mi := &file_directory_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1283,7 @@ func (x *GCPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GCPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{18}
+	return file_directory_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GCPolicyRequest) GetGroupId() uint64 {
@@ -1052,7 +1307,7 @@ type ProtectionStatus struct {
 
 func (x *ProtectionStatus) Reset() {
 	*x = ProtectionStatus{}
-	mi := &file_directory_proto_msgTypes[19]
+	mi := &file_directory_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1319,7 @@ func (x *ProtectionStatus) String() string {
 func (*ProtectionStatus) ProtoMessage() {}
 
 func (x *ProtectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[19]
+	mi := &file_directory_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1332,7 @@ func (x *ProtectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProtectionStatus.ProtoReflect.Descriptor instead.
 func (*ProtectionStatus) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{19}
+	return file_directory_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ProtectionStatus) GetProtection() *Protection {
@@ -1111,7 +1366,7 @@ type GCPolicyResponse struct {
 
 func (x *GCPolicyResponse) Reset() {
 	*x = GCPolicyResponse{}
-	mi := &file_directory_proto_msgTypes[20]
+	mi := &file_directory_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1378,7 @@ func (x *GCPolicyResponse) String() string {
 func (*GCPolicyResponse) ProtoMessage() {}
 
 func (x *GCPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[20]
+	mi := &file_directory_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1391,7 @@ func (x *GCPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCPolicyResponse.ProtoReflect.Descriptor instead.
 func (*GCPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{20}
+	return file_directory_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GCPolicyResponse) GetGcTtlMs() uint64 {
@@ -1163,7 +1418,7 @@ type SetGCTTLRequest struct {
 
 func (x *SetGCTTLRequest) Reset() {
 	*x = SetGCTTLRequest{}
-	mi := &file_directory_proto_msgTypes[21]
+	mi := &file_directory_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1430,7 @@ func (x *SetGCTTLRequest) String() string {
 func (*SetGCTTLRequest) ProtoMessage() {}
 
 func (x *SetGCTTLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[21]
+	mi := &file_directory_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1443,7 @@ func (x *SetGCTTLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGCTTLRequest.ProtoReflect.Descriptor instead.
 func (*SetGCTTLRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{21}
+	return file_directory_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetGCTTLRequest) GetGroupId() uint64 {
@@ -1213,7 +1468,7 @@ type SetGCTTLResponse struct {
 
 func (x *SetGCTTLResponse) Reset() {
 	*x = SetGCTTLResponse{}
-	mi := &file_directory_proto_msgTypes[22]
+	mi := &file_directory_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1480,7 @@ func (x *SetGCTTLResponse) String() string {
 func (*SetGCTTLResponse) ProtoMessage() {}
 
 func (x *SetGCTTLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[22]
+	mi := &file_directory_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1493,7 @@ func (x *SetGCTTLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGCTTLResponse.ProtoReflect.Descriptor instead.
 func (*SetGCTTLResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{22}
+	return file_directory_proto_rawDescGZIP(), []int{25}
 }
 
 type ProtectRequest struct {
@@ -1251,7 +1506,7 @@ type ProtectRequest struct {
 
 func (x *ProtectRequest) Reset() {
 	*x = ProtectRequest{}
-	mi := &file_directory_proto_msgTypes[23]
+	mi := &file_directory_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1518,7 @@ func (x *ProtectRequest) String() string {
 func (*ProtectRequest) ProtoMessage() {}
 
 func (x *ProtectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[23]
+	mi := &file_directory_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1531,7 @@ func (x *ProtectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProtectRequest.ProtoReflect.Descriptor instead.
 func (*ProtectRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{23}
+	return file_directory_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProtectRequest) GetGroupId() uint64 {
@@ -1301,7 +1556,7 @@ type ProtectResponse struct {
 
 func (x *ProtectResponse) Reset() {
 	*x = ProtectResponse{}
-	mi := &file_directory_proto_msgTypes[24]
+	mi := &file_directory_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1568,7 @@ func (x *ProtectResponse) String() string {
 func (*ProtectResponse) ProtoMessage() {}
 
 func (x *ProtectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[24]
+	mi := &file_directory_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1581,7 @@ func (x *ProtectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProtectResponse.ProtoReflect.Descriptor instead.
 func (*ProtectResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{24}
+	return file_directory_proto_rawDescGZIP(), []int{27}
 }
 
 type ReleaseRequest struct {
@@ -1339,7 +1594,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_directory_proto_msgTypes[25]
+	mi := &file_directory_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1606,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[25]
+	mi := &file_directory_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1619,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{25}
+	return file_directory_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReleaseRequest) GetGroupId() uint64 {
@@ -1389,7 +1644,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_directory_proto_msgTypes[26]
+	mi := &file_directory_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1656,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[26]
+	mi := &file_directory_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1669,430 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{26}
+	return file_directory_proto_rawDescGZIP(), []int{29}
+}
+
+type RegisterNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	Node          *NodeRecord            `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeRequest) Reset() {
+	*x = RegisterNodeRequest{}
+	mi := &file_directory_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeRequest) ProtoMessage() {}
+
+func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
+func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RegisterNodeRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *RegisterNodeRequest) GetNode() *NodeRecord {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type RegisterNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeResponse) Reset() {
+	*x = RegisterNodeResponse{}
+	mi := &file_directory_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeResponse) ProtoMessage() {}
+
+func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
+func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{31}
+}
+
+type HeartbeatRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	NodeId        uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatRequest) Reset() {
+	*x = HeartbeatRequest{}
+	mi := &file_directory_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatRequest) ProtoMessage() {}
+
+func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *HeartbeatRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *HeartbeatRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+type HeartbeatResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatResponse) Reset() {
+	*x = HeartbeatResponse{}
+	mi := &file_directory_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatResponse) ProtoMessage() {}
+
+func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{33}
+}
+
+type NodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesRequest) Reset() {
+	*x = NodesRequest{}
+	mi := &file_directory_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesRequest) ProtoMessage() {}
+
+func (x *NodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
+func (*NodesRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *NodesRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+// NodeLiveness is a registered node with its liveness.
+type NodeLiveness struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *NodeRecord            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Live  bool                   `protobuf:"varint,2,opt,name=live,proto3" json:"live,omitempty"`
+	// since_heartbeat_ms: how long ago the leader last heard from it (since
+	// it became leader if never).
+	SinceHeartbeatMs uint64 `protobuf:"varint,3,opt,name=since_heartbeat_ms,json=sinceHeartbeatMs,proto3" json:"since_heartbeat_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *NodeLiveness) Reset() {
+	*x = NodeLiveness{}
+	mi := &file_directory_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeLiveness) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeLiveness) ProtoMessage() {}
+
+func (x *NodeLiveness) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeLiveness.ProtoReflect.Descriptor instead.
+func (*NodeLiveness) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *NodeLiveness) GetNode() *NodeRecord {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *NodeLiveness) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
+func (x *NodeLiveness) GetSinceHeartbeatMs() uint64 {
+	if x != nil {
+		return x.SinceHeartbeatMs
+	}
+	return 0
+}
+
+type NodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeLiveness        `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"` // by id
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesResponse) Reset() {
+	*x = NodesResponse{}
+	mi := &file_directory_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesResponse) ProtoMessage() {}
+
+func (x *NodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
+func (*NodesResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *NodesResponse) GetNodes() []*NodeLiveness {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type SetNodeStateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	NodeId        uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	State         NodeState              `protobuf:"varint,3,opt,name=state,proto3,enum=terroir.directory.NodeState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeStateRequest) Reset() {
+	*x = SetNodeStateRequest{}
+	mi := &file_directory_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeStateRequest) ProtoMessage() {}
+
+func (x *SetNodeStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeStateRequest.ProtoReflect.Descriptor instead.
+func (*SetNodeStateRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *SetNodeStateRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *SetNodeStateRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *SetNodeStateRequest) GetState() NodeState {
+	if x != nil {
+		return x.State
+	}
+	return NodeState_NODE_LIVE
+}
+
+type SetNodeStateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeStateResponse) Reset() {
+	*x = SetNodeStateResponse{}
+	mi := &file_directory_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeStateResponse) ProtoMessage() {}
+
+func (x *SetNodeStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeStateResponse.ProtoReflect.Descriptor instead.
+func (*SetNodeStateResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{38}
 }
 
 // State is a directory group's whole state: its Raft snapshot.
@@ -1426,13 +2104,14 @@ type State struct {
 	LastRangeId   uint64                     `protobuf:"varint,4,opt,name=last_range_id,json=lastRangeId,proto3" json:"last_range_id,omitempty"` // the last ID of the region's block
 	GcTtlMs       uint64                     `protobuf:"varint,5,opt,name=gc_ttl_ms,json=gcTtlMs,proto3" json:"gc_ttl_ms,omitempty"`             // 0: the topology file's
 	Protections   []*Protection              `protobuf:"bytes,6,rep,name=protections,proto3" json:"protections,omitempty"`                       // by id
+	Nodes         []*NodeRecord              `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`                                   // registered since bootstrap, by id
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
 	*x = State{}
-	mi := &file_directory_proto_msgTypes[27]
+	mi := &file_directory_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +2123,7 @@ func (x *State) String() string {
 func (*State) ProtoMessage() {}
 
 func (x *State) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[27]
+	mi := &file_directory_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +2136,7 @@ func (x *State) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use State.ProtoReflect.Descriptor instead.
 func (*State) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{27}
+	return file_directory_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *State) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -1502,6 +2181,13 @@ func (x *State) GetProtections() []*Protection {
 	return nil
 }
 
+func (x *State) GetNodes() []*NodeRecord {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 var File_directory_proto protoreflect.FileDescriptor
 
 const file_directory_proto_rawDesc = "" +
@@ -1510,15 +2196,28 @@ const file_directory_proto_rawDesc = "" +
 	"\tPlacement\x12\x1b\n" +
 	"\tstart_key\x18\x01 \x01(\fR\bstartKey\x12\x17\n" +
 	"\aend_key\x18\x02 \x01(\fR\x06endKey\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\xbc\x02\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\xd3\x03\n" +
 	"\aCommand\x126\n" +
 	"\x06update\x18\x01 \x01(\v2\x1c.terroir.directory.UpdateCmdH\x00R\x06update\x12<\n" +
 	"\ballocate\x18\x02 \x01(\v2\x1e.terroir.directory.AllocateCmdH\x00R\ballocate\x12>\n" +
 	"\n" +
 	"set_gc_ttl\x18\x03 \x01(\v2\x1e.terroir.directory.SetGCTTLCmdH\x00R\bsetGcTtl\x129\n" +
 	"\aprotect\x18\x04 \x01(\v2\x1d.terroir.directory.ProtectCmdH\x00R\aprotect\x129\n" +
-	"\arelease\x18\x05 \x01(\v2\x1d.terroir.directory.ReleaseCmdH\x00R\areleaseB\x05\n" +
-	"\x03cmd\"\x87\x01\n" +
+	"\arelease\x18\x05 \x01(\v2\x1d.terroir.directory.ReleaseCmdH\x00R\arelease\x12I\n" +
+	"\rregister_node\x18\x06 \x01(\v2\".terroir.directory.RegisterNodeCmdH\x00R\fregisterNode\x12J\n" +
+	"\x0eset_node_state\x18\a \x01(\v2\".terroir.directory.SetNodeStateCmdH\x00R\fsetNodeStateB\x05\n" +
+	"\x03cmd\"|\n" +
+	"\n" +
+	"NodeRecord\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\x122\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x1c.terroir.directory.NodeStateR\x05state\"D\n" +
+	"\x0fRegisterNodeCmd\x121\n" +
+	"\x04node\x18\x01 \x01(\v2\x1d.terroir.directory.NodeRecordR\x04node\"U\n" +
+	"\x0fSetNodeStateCmd\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x122\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1c.terroir.directory.NodeStateR\x05state\"\x87\x01\n" +
 	"\n" +
 	"Protection\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -1588,7 +2287,28 @@ const file_directory_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"\x11\n" +
-	"\x0fReleaseResponse\"\xac\x02\n" +
+	"\x0fReleaseResponse\"c\n" +
+	"\x13RegisterNodeRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x121\n" +
+	"\x04node\x18\x02 \x01(\v2\x1d.terroir.directory.NodeRecordR\x04node\"\x16\n" +
+	"\x14RegisterNodeResponse\"F\n" +
+	"\x10HeartbeatRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\"\x13\n" +
+	"\x11HeartbeatResponse\")\n" +
+	"\fNodesRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"\x83\x01\n" +
+	"\fNodeLiveness\x121\n" +
+	"\x04node\x18\x01 \x01(\v2\x1d.terroir.directory.NodeRecordR\x04node\x12\x12\n" +
+	"\x04live\x18\x02 \x01(\bR\x04live\x12,\n" +
+	"\x12since_heartbeat_ms\x18\x03 \x01(\x04R\x10sinceHeartbeatMs\"F\n" +
+	"\rNodesResponse\x125\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1f.terroir.directory.NodeLivenessR\x05nodes\"}\n" +
+	"\x13SetNodeStateRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x122\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x1c.terroir.directory.NodeStateR\x05state\"\x16\n" +
+	"\x14SetNodeStateResponse\"\xe1\x02\n" +
 	"\x05State\x12@\n" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\x12<\n" +
 	"\n" +
@@ -1597,7 +2317,12 @@ const file_directory_proto_rawDesc = "" +
 	"\rnext_range_id\x18\x03 \x01(\x04R\vnextRangeId\x12\"\n" +
 	"\rlast_range_id\x18\x04 \x01(\x04R\vlastRangeId\x12\x1a\n" +
 	"\tgc_ttl_ms\x18\x05 \x01(\x04R\agcTtlMs\x12?\n" +
-	"\vprotections\x18\x06 \x03(\v2\x1d.terroir.directory.ProtectionR\vprotections2\xed\x05\n" +
+	"\vprotections\x18\x06 \x03(\v2\x1d.terroir.directory.ProtectionR\vprotections\x123\n" +
+	"\x05nodes\x18\a \x03(\v2\x1d.terroir.directory.NodeRecordR\x05nodes*C\n" +
+	"\tNodeState\x12\r\n" +
+	"\tNODE_LIVE\x10\x00\x12\x18\n" +
+	"\x14NODE_DECOMMISSIONING\x10\x01\x12\r\n" +
+	"\tNODE_GONE\x10\x022\xd3\b\n" +
 	"\tDirectory\x12M\n" +
 	"\x06Lookup\x12 .terroir.directory.LookupRequest\x1a!.terroir.directory.LookupResponse\x12M\n" +
 	"\x06Update\x12 .terroir.directory.UpdateRequest\x1a!.terroir.directory.UpdateResponse\x12S\n" +
@@ -1607,7 +2332,11 @@ const file_directory_proto_rawDesc = "" +
 	"\bGCPolicy\x12\".terroir.directory.GCPolicyRequest\x1a#.terroir.directory.GCPolicyResponse\x12S\n" +
 	"\bSetGCTTL\x12\".terroir.directory.SetGCTTLRequest\x1a#.terroir.directory.SetGCTTLResponse\x12P\n" +
 	"\aProtect\x12!.terroir.directory.ProtectRequest\x1a\".terroir.directory.ProtectResponse\x12P\n" +
-	"\aRelease\x12!.terroir.directory.ReleaseRequest\x1a\".terroir.directory.ReleaseResponseB>Z<github.com/terroir-db/terroir/internal/directory/directorypbb\x06proto3"
+	"\aRelease\x12!.terroir.directory.ReleaseRequest\x1a\".terroir.directory.ReleaseResponse\x12_\n" +
+	"\fRegisterNode\x12&.terroir.directory.RegisterNodeRequest\x1a'.terroir.directory.RegisterNodeResponse\x12V\n" +
+	"\tHeartbeat\x12#.terroir.directory.HeartbeatRequest\x1a$.terroir.directory.HeartbeatResponse\x12J\n" +
+	"\x05Nodes\x12\x1f.terroir.directory.NodesRequest\x1a .terroir.directory.NodesResponse\x12_\n" +
+	"\fSetNodeState\x12&.terroir.directory.SetNodeStateRequest\x1a'.terroir.directory.SetNodeStateResponseB>Z<github.com/terroir-db/terroir/internal/directory/directorypbb\x06proto3"
 
 var (
 	file_directory_proto_rawDescOnce sync.Once
@@ -1621,79 +2350,111 @@ func file_directory_proto_rawDescGZIP() []byte {
 	return file_directory_proto_rawDescData
 }
 
-var file_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_directory_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_directory_proto_goTypes = []any{
-	(*Placement)(nil),               // 0: terroir.directory.Placement
-	(*Command)(nil),                 // 1: terroir.directory.Command
-	(*Protection)(nil),              // 2: terroir.directory.Protection
-	(*SetGCTTLCmd)(nil),             // 3: terroir.directory.SetGCTTLCmd
-	(*ProtectCmd)(nil),              // 4: terroir.directory.ProtectCmd
-	(*ReleaseCmd)(nil),              // 5: terroir.directory.ReleaseCmd
-	(*UpdateCmd)(nil),               // 6: terroir.directory.UpdateCmd
-	(*AllocateCmd)(nil),             // 7: terroir.directory.AllocateCmd
-	(*LookupRequest)(nil),           // 8: terroir.directory.LookupRequest
-	(*LookupResponse)(nil),          // 9: terroir.directory.LookupResponse
-	(*UpdateRequest)(nil),           // 10: terroir.directory.UpdateRequest
-	(*UpdateResponse)(nil),          // 11: terroir.directory.UpdateResponse
-	(*AllocateRequest)(nil),         // 12: terroir.directory.AllocateRequest
-	(*AllocateResponse)(nil),        // 13: terroir.directory.AllocateResponse
-	(*PlacementRequest)(nil),        // 14: terroir.directory.PlacementRequest
-	(*PlacementResponse)(nil),       // 15: terroir.directory.PlacementResponse
-	(*ListRequest)(nil),             // 16: terroir.directory.ListRequest
-	(*ListResponse)(nil),            // 17: terroir.directory.ListResponse
-	(*GCPolicyRequest)(nil),         // 18: terroir.directory.GCPolicyRequest
-	(*ProtectionStatus)(nil),        // 19: terroir.directory.ProtectionStatus
-	(*GCPolicyResponse)(nil),        // 20: terroir.directory.GCPolicyResponse
-	(*SetGCTTLRequest)(nil),         // 21: terroir.directory.SetGCTTLRequest
-	(*SetGCTTLResponse)(nil),        // 22: terroir.directory.SetGCTTLResponse
-	(*ProtectRequest)(nil),          // 23: terroir.directory.ProtectRequest
-	(*ProtectResponse)(nil),         // 24: terroir.directory.ProtectResponse
-	(*ReleaseRequest)(nil),          // 25: terroir.directory.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 26: terroir.directory.ReleaseResponse
-	(*State)(nil),                   // 27: terroir.directory.State
-	(*rangepb.RangeDescriptor)(nil), // 28: terroir.range.RangeDescriptor
+	(NodeState)(0),                  // 0: terroir.directory.NodeState
+	(*Placement)(nil),               // 1: terroir.directory.Placement
+	(*Command)(nil),                 // 2: terroir.directory.Command
+	(*NodeRecord)(nil),              // 3: terroir.directory.NodeRecord
+	(*RegisterNodeCmd)(nil),         // 4: terroir.directory.RegisterNodeCmd
+	(*SetNodeStateCmd)(nil),         // 5: terroir.directory.SetNodeStateCmd
+	(*Protection)(nil),              // 6: terroir.directory.Protection
+	(*SetGCTTLCmd)(nil),             // 7: terroir.directory.SetGCTTLCmd
+	(*ProtectCmd)(nil),              // 8: terroir.directory.ProtectCmd
+	(*ReleaseCmd)(nil),              // 9: terroir.directory.ReleaseCmd
+	(*UpdateCmd)(nil),               // 10: terroir.directory.UpdateCmd
+	(*AllocateCmd)(nil),             // 11: terroir.directory.AllocateCmd
+	(*LookupRequest)(nil),           // 12: terroir.directory.LookupRequest
+	(*LookupResponse)(nil),          // 13: terroir.directory.LookupResponse
+	(*UpdateRequest)(nil),           // 14: terroir.directory.UpdateRequest
+	(*UpdateResponse)(nil),          // 15: terroir.directory.UpdateResponse
+	(*AllocateRequest)(nil),         // 16: terroir.directory.AllocateRequest
+	(*AllocateResponse)(nil),        // 17: terroir.directory.AllocateResponse
+	(*PlacementRequest)(nil),        // 18: terroir.directory.PlacementRequest
+	(*PlacementResponse)(nil),       // 19: terroir.directory.PlacementResponse
+	(*ListRequest)(nil),             // 20: terroir.directory.ListRequest
+	(*ListResponse)(nil),            // 21: terroir.directory.ListResponse
+	(*GCPolicyRequest)(nil),         // 22: terroir.directory.GCPolicyRequest
+	(*ProtectionStatus)(nil),        // 23: terroir.directory.ProtectionStatus
+	(*GCPolicyResponse)(nil),        // 24: terroir.directory.GCPolicyResponse
+	(*SetGCTTLRequest)(nil),         // 25: terroir.directory.SetGCTTLRequest
+	(*SetGCTTLResponse)(nil),        // 26: terroir.directory.SetGCTTLResponse
+	(*ProtectRequest)(nil),          // 27: terroir.directory.ProtectRequest
+	(*ProtectResponse)(nil),         // 28: terroir.directory.ProtectResponse
+	(*ReleaseRequest)(nil),          // 29: terroir.directory.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 30: terroir.directory.ReleaseResponse
+	(*RegisterNodeRequest)(nil),     // 31: terroir.directory.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),    // 32: terroir.directory.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),        // 33: terroir.directory.HeartbeatRequest
+	(*HeartbeatResponse)(nil),       // 34: terroir.directory.HeartbeatResponse
+	(*NodesRequest)(nil),            // 35: terroir.directory.NodesRequest
+	(*NodeLiveness)(nil),            // 36: terroir.directory.NodeLiveness
+	(*NodesResponse)(nil),           // 37: terroir.directory.NodesResponse
+	(*SetNodeStateRequest)(nil),     // 38: terroir.directory.SetNodeStateRequest
+	(*SetNodeStateResponse)(nil),    // 39: terroir.directory.SetNodeStateResponse
+	(*State)(nil),                   // 40: terroir.directory.State
+	(*rangepb.RangeDescriptor)(nil), // 41: terroir.range.RangeDescriptor
 }
 var file_directory_proto_depIdxs = []int32{
-	6,  // 0: terroir.directory.Command.update:type_name -> terroir.directory.UpdateCmd
-	7,  // 1: terroir.directory.Command.allocate:type_name -> terroir.directory.AllocateCmd
-	3,  // 2: terroir.directory.Command.set_gc_ttl:type_name -> terroir.directory.SetGCTTLCmd
-	4,  // 3: terroir.directory.Command.protect:type_name -> terroir.directory.ProtectCmd
-	5,  // 4: terroir.directory.Command.release:type_name -> terroir.directory.ReleaseCmd
-	2,  // 5: terroir.directory.ProtectCmd.protection:type_name -> terroir.directory.Protection
-	28, // 6: terroir.directory.UpdateCmd.descriptors:type_name -> terroir.range.RangeDescriptor
-	28, // 7: terroir.directory.LookupResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	28, // 8: terroir.directory.UpdateRequest.descriptors:type_name -> terroir.range.RangeDescriptor
-	0,  // 9: terroir.directory.PlacementResponse.placements:type_name -> terroir.directory.Placement
-	28, // 10: terroir.directory.ListResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	2,  // 11: terroir.directory.ProtectionStatus.protection:type_name -> terroir.directory.Protection
-	19, // 12: terroir.directory.GCPolicyResponse.protections:type_name -> terroir.directory.ProtectionStatus
-	2,  // 13: terroir.directory.ProtectRequest.protection:type_name -> terroir.directory.Protection
-	28, // 14: terroir.directory.State.descriptors:type_name -> terroir.range.RangeDescriptor
-	0,  // 15: terroir.directory.State.placements:type_name -> terroir.directory.Placement
-	2,  // 16: terroir.directory.State.protections:type_name -> terroir.directory.Protection
-	8,  // 17: terroir.directory.Directory.Lookup:input_type -> terroir.directory.LookupRequest
-	10, // 18: terroir.directory.Directory.Update:input_type -> terroir.directory.UpdateRequest
-	12, // 19: terroir.directory.Directory.Allocate:input_type -> terroir.directory.AllocateRequest
-	14, // 20: terroir.directory.Directory.Placement:input_type -> terroir.directory.PlacementRequest
-	16, // 21: terroir.directory.Directory.List:input_type -> terroir.directory.ListRequest
-	18, // 22: terroir.directory.Directory.GCPolicy:input_type -> terroir.directory.GCPolicyRequest
-	21, // 23: terroir.directory.Directory.SetGCTTL:input_type -> terroir.directory.SetGCTTLRequest
-	23, // 24: terroir.directory.Directory.Protect:input_type -> terroir.directory.ProtectRequest
-	25, // 25: terroir.directory.Directory.Release:input_type -> terroir.directory.ReleaseRequest
-	9,  // 26: terroir.directory.Directory.Lookup:output_type -> terroir.directory.LookupResponse
-	11, // 27: terroir.directory.Directory.Update:output_type -> terroir.directory.UpdateResponse
-	13, // 28: terroir.directory.Directory.Allocate:output_type -> terroir.directory.AllocateResponse
-	15, // 29: terroir.directory.Directory.Placement:output_type -> terroir.directory.PlacementResponse
-	17, // 30: terroir.directory.Directory.List:output_type -> terroir.directory.ListResponse
-	20, // 31: terroir.directory.Directory.GCPolicy:output_type -> terroir.directory.GCPolicyResponse
-	22, // 32: terroir.directory.Directory.SetGCTTL:output_type -> terroir.directory.SetGCTTLResponse
-	24, // 33: terroir.directory.Directory.Protect:output_type -> terroir.directory.ProtectResponse
-	26, // 34: terroir.directory.Directory.Release:output_type -> terroir.directory.ReleaseResponse
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	10, // 0: terroir.directory.Command.update:type_name -> terroir.directory.UpdateCmd
+	11, // 1: terroir.directory.Command.allocate:type_name -> terroir.directory.AllocateCmd
+	7,  // 2: terroir.directory.Command.set_gc_ttl:type_name -> terroir.directory.SetGCTTLCmd
+	8,  // 3: terroir.directory.Command.protect:type_name -> terroir.directory.ProtectCmd
+	9,  // 4: terroir.directory.Command.release:type_name -> terroir.directory.ReleaseCmd
+	4,  // 5: terroir.directory.Command.register_node:type_name -> terroir.directory.RegisterNodeCmd
+	5,  // 6: terroir.directory.Command.set_node_state:type_name -> terroir.directory.SetNodeStateCmd
+	0,  // 7: terroir.directory.NodeRecord.state:type_name -> terroir.directory.NodeState
+	3,  // 8: terroir.directory.RegisterNodeCmd.node:type_name -> terroir.directory.NodeRecord
+	0,  // 9: terroir.directory.SetNodeStateCmd.state:type_name -> terroir.directory.NodeState
+	6,  // 10: terroir.directory.ProtectCmd.protection:type_name -> terroir.directory.Protection
+	41, // 11: terroir.directory.UpdateCmd.descriptors:type_name -> terroir.range.RangeDescriptor
+	41, // 12: terroir.directory.LookupResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	41, // 13: terroir.directory.UpdateRequest.descriptors:type_name -> terroir.range.RangeDescriptor
+	1,  // 14: terroir.directory.PlacementResponse.placements:type_name -> terroir.directory.Placement
+	41, // 15: terroir.directory.ListResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	6,  // 16: terroir.directory.ProtectionStatus.protection:type_name -> terroir.directory.Protection
+	23, // 17: terroir.directory.GCPolicyResponse.protections:type_name -> terroir.directory.ProtectionStatus
+	6,  // 18: terroir.directory.ProtectRequest.protection:type_name -> terroir.directory.Protection
+	3,  // 19: terroir.directory.RegisterNodeRequest.node:type_name -> terroir.directory.NodeRecord
+	3,  // 20: terroir.directory.NodeLiveness.node:type_name -> terroir.directory.NodeRecord
+	36, // 21: terroir.directory.NodesResponse.nodes:type_name -> terroir.directory.NodeLiveness
+	0,  // 22: terroir.directory.SetNodeStateRequest.state:type_name -> terroir.directory.NodeState
+	41, // 23: terroir.directory.State.descriptors:type_name -> terroir.range.RangeDescriptor
+	1,  // 24: terroir.directory.State.placements:type_name -> terroir.directory.Placement
+	6,  // 25: terroir.directory.State.protections:type_name -> terroir.directory.Protection
+	3,  // 26: terroir.directory.State.nodes:type_name -> terroir.directory.NodeRecord
+	12, // 27: terroir.directory.Directory.Lookup:input_type -> terroir.directory.LookupRequest
+	14, // 28: terroir.directory.Directory.Update:input_type -> terroir.directory.UpdateRequest
+	16, // 29: terroir.directory.Directory.Allocate:input_type -> terroir.directory.AllocateRequest
+	18, // 30: terroir.directory.Directory.Placement:input_type -> terroir.directory.PlacementRequest
+	20, // 31: terroir.directory.Directory.List:input_type -> terroir.directory.ListRequest
+	22, // 32: terroir.directory.Directory.GCPolicy:input_type -> terroir.directory.GCPolicyRequest
+	25, // 33: terroir.directory.Directory.SetGCTTL:input_type -> terroir.directory.SetGCTTLRequest
+	27, // 34: terroir.directory.Directory.Protect:input_type -> terroir.directory.ProtectRequest
+	29, // 35: terroir.directory.Directory.Release:input_type -> terroir.directory.ReleaseRequest
+	31, // 36: terroir.directory.Directory.RegisterNode:input_type -> terroir.directory.RegisterNodeRequest
+	33, // 37: terroir.directory.Directory.Heartbeat:input_type -> terroir.directory.HeartbeatRequest
+	35, // 38: terroir.directory.Directory.Nodes:input_type -> terroir.directory.NodesRequest
+	38, // 39: terroir.directory.Directory.SetNodeState:input_type -> terroir.directory.SetNodeStateRequest
+	13, // 40: terroir.directory.Directory.Lookup:output_type -> terroir.directory.LookupResponse
+	15, // 41: terroir.directory.Directory.Update:output_type -> terroir.directory.UpdateResponse
+	17, // 42: terroir.directory.Directory.Allocate:output_type -> terroir.directory.AllocateResponse
+	19, // 43: terroir.directory.Directory.Placement:output_type -> terroir.directory.PlacementResponse
+	21, // 44: terroir.directory.Directory.List:output_type -> terroir.directory.ListResponse
+	24, // 45: terroir.directory.Directory.GCPolicy:output_type -> terroir.directory.GCPolicyResponse
+	26, // 46: terroir.directory.Directory.SetGCTTL:output_type -> terroir.directory.SetGCTTLResponse
+	28, // 47: terroir.directory.Directory.Protect:output_type -> terroir.directory.ProtectResponse
+	30, // 48: terroir.directory.Directory.Release:output_type -> terroir.directory.ReleaseResponse
+	32, // 49: terroir.directory.Directory.RegisterNode:output_type -> terroir.directory.RegisterNodeResponse
+	34, // 50: terroir.directory.Directory.Heartbeat:output_type -> terroir.directory.HeartbeatResponse
+	37, // 51: terroir.directory.Directory.Nodes:output_type -> terroir.directory.NodesResponse
+	39, // 52: terroir.directory.Directory.SetNodeState:output_type -> terroir.directory.SetNodeStateResponse
+	40, // [40:53] is the sub-list for method output_type
+	27, // [27:40] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_directory_proto_init() }
@@ -1707,19 +2468,22 @@ func file_directory_proto_init() {
 		(*Command_SetGcTtl)(nil),
 		(*Command_Protect)(nil),
 		(*Command_Release)(nil),
+		(*Command_RegisterNode)(nil),
+		(*Command_SetNodeState)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_directory_proto_rawDesc), len(file_directory_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   28,
+			NumEnums:      1,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_directory_proto_goTypes,
 		DependencyIndexes: file_directory_proto_depIdxs,
+		EnumInfos:         file_directory_proto_enumTypes,
 		MessageInfos:      file_directory_proto_msgTypes,
 	}.Build()
 	File_directory_proto = out.File

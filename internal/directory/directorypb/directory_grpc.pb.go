@@ -25,15 +25,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Directory_Lookup_FullMethodName    = "/terroir.directory.Directory/Lookup"
-	Directory_Update_FullMethodName    = "/terroir.directory.Directory/Update"
-	Directory_Allocate_FullMethodName  = "/terroir.directory.Directory/Allocate"
-	Directory_Placement_FullMethodName = "/terroir.directory.Directory/Placement"
-	Directory_List_FullMethodName      = "/terroir.directory.Directory/List"
-	Directory_GCPolicy_FullMethodName  = "/terroir.directory.Directory/GCPolicy"
-	Directory_SetGCTTL_FullMethodName  = "/terroir.directory.Directory/SetGCTTL"
-	Directory_Protect_FullMethodName   = "/terroir.directory.Directory/Protect"
-	Directory_Release_FullMethodName   = "/terroir.directory.Directory/Release"
+	Directory_Lookup_FullMethodName       = "/terroir.directory.Directory/Lookup"
+	Directory_Update_FullMethodName       = "/terroir.directory.Directory/Update"
+	Directory_Allocate_FullMethodName     = "/terroir.directory.Directory/Allocate"
+	Directory_Placement_FullMethodName    = "/terroir.directory.Directory/Placement"
+	Directory_List_FullMethodName         = "/terroir.directory.Directory/List"
+	Directory_GCPolicy_FullMethodName     = "/terroir.directory.Directory/GCPolicy"
+	Directory_SetGCTTL_FullMethodName     = "/terroir.directory.Directory/SetGCTTL"
+	Directory_Protect_FullMethodName      = "/terroir.directory.Directory/Protect"
+	Directory_Release_FullMethodName      = "/terroir.directory.Directory/Release"
+	Directory_RegisterNode_FullMethodName = "/terroir.directory.Directory/RegisterNode"
+	Directory_Heartbeat_FullMethodName    = "/terroir.directory.Directory/Heartbeat"
+	Directory_Nodes_FullMethodName        = "/terroir.directory.Directory/Nodes"
+	Directory_SetNodeState_FullMethodName = "/terroir.directory.Directory/SetNodeState"
 )
 
 // DirectoryClient is the client API for Directory service.
@@ -61,6 +65,22 @@ type DirectoryClient interface {
 	Protect(ctx context.Context, in *ProtectRequest, opts ...grpc.CallOption) (*ProtectResponse, error)
 	// Release drops a protection (none with that id: no error).
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// RegisterNode adds a node of the region to its registry, or records a
+	// registered node's new address (node-only). InvalidArgument for a
+	// malformed record or one of another region; AlreadyExists for an address
+	// another node has; FailedPrecondition for a gone node.
+	RegisterNode(ctx context.Context, in *RegisterNodeRequest, opts ...grpc.CallOption) (*RegisterNodeResponse, error)
+	// Heartbeat tells the leader that a node of the region is live (node-only;
+	// the leader keeps liveness in memory).
+	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// Nodes returns the region's registry with each node's liveness as the
+	// leader sees it. Served by the group's leader.
+	Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error)
+	// SetNodeState decommissions a node, recommissions it, or marks it gone
+	// (admin). FailedPrecondition when the region would keep fewer than three
+	// live nodes, or for a change its state does not allow; NotFound for an
+	// unknown node.
+	SetNodeState(ctx context.Context, in *SetNodeStateRequest, opts ...grpc.CallOption) (*SetNodeStateResponse, error)
 }
 
 type directoryClient struct {
@@ -161,6 +181,46 @@ func (c *directoryClient) Release(ctx context.Context, in *ReleaseRequest, opts 
 	return out, nil
 }
 
+func (c *directoryClient) RegisterNode(ctx context.Context, in *RegisterNodeRequest, opts ...grpc.CallOption) (*RegisterNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterNodeResponse)
+	err := c.cc.Invoke(ctx, Directory_RegisterNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *directoryClient) Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HeartbeatResponse)
+	err := c.cc.Invoke(ctx, Directory_Heartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *directoryClient) Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesResponse)
+	err := c.cc.Invoke(ctx, Directory_Nodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *directoryClient) SetNodeState(ctx context.Context, in *SetNodeStateRequest, opts ...grpc.CallOption) (*SetNodeStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetNodeStateResponse)
+	err := c.cc.Invoke(ctx, Directory_SetNodeState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DirectoryServer is the server API for Directory service.
 // All implementations must embed UnimplementedDirectoryServer
 // for forward compatibility.
@@ -186,6 +246,22 @@ type DirectoryServer interface {
 	Protect(context.Context, *ProtectRequest) (*ProtectResponse, error)
 	// Release drops a protection (none with that id: no error).
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// RegisterNode adds a node of the region to its registry, or records a
+	// registered node's new address (node-only). InvalidArgument for a
+	// malformed record or one of another region; AlreadyExists for an address
+	// another node has; FailedPrecondition for a gone node.
+	RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error)
+	// Heartbeat tells the leader that a node of the region is live (node-only;
+	// the leader keeps liveness in memory).
+	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// Nodes returns the region's registry with each node's liveness as the
+	// leader sees it. Served by the group's leader.
+	Nodes(context.Context, *NodesRequest) (*NodesResponse, error)
+	// SetNodeState decommissions a node, recommissions it, or marks it gone
+	// (admin). FailedPrecondition when the region would keep fewer than three
+	// live nodes, or for a change its state does not allow; NotFound for an
+	// unknown node.
+	SetNodeState(context.Context, *SetNodeStateRequest) (*SetNodeStateResponse, error)
 	mustEmbedUnimplementedDirectoryServer()
 }
 
@@ -222,6 +298,18 @@ func (UnimplementedDirectoryServer) Protect(context.Context, *ProtectRequest) (*
 }
 func (UnimplementedDirectoryServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedDirectoryServer) RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RegisterNode not implemented")
+}
+func (UnimplementedDirectoryServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedDirectoryServer) Nodes(context.Context, *NodesRequest) (*NodesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Nodes not implemented")
+}
+func (UnimplementedDirectoryServer) SetNodeState(context.Context, *SetNodeStateRequest) (*SetNodeStateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetNodeState not implemented")
 }
 func (UnimplementedDirectoryServer) mustEmbedUnimplementedDirectoryServer() {}
 func (UnimplementedDirectoryServer) testEmbeddedByValue()                   {}
@@ -406,6 +494,78 @@ func _Directory_Release_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Directory_RegisterNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).RegisterNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_RegisterNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).RegisterNode(ctx, req.(*RegisterNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Directory_Heartbeat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HeartbeatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).Heartbeat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_Heartbeat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).Heartbeat(ctx, req.(*HeartbeatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Directory_Nodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).Nodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_Nodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).Nodes(ctx, req.(*NodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Directory_SetNodeState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetNodeStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).SetNodeState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_SetNodeState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).SetNodeState(ctx, req.(*SetNodeStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Directory_ServiceDesc is the grpc.ServiceDesc for Directory service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -448,6 +608,22 @@ var Directory_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Directory_Release_Handler,
+		},
+		{
+			MethodName: "RegisterNode",
+			Handler:    _Directory_RegisterNode_Handler,
+		},
+		{
+			MethodName: "Heartbeat",
+			Handler:    _Directory_Heartbeat_Handler,
+		},
+		{
+			MethodName: "Nodes",
+			Handler:    _Directory_Nodes_Handler,
+		},
+		{
+			MethodName: "SetNodeState",
+			Handler:    _Directory_SetNodeState_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

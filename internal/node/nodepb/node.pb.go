@@ -417,6 +417,121 @@ func (*SetRegionExcludedResponse) Descriptor() ([]byte, []int) {
 	return file_node_proto_rawDescGZIP(), []int{5}
 }
 
+type JoinRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Region string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Addr   string                 `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	// fresh: the joining node's store is empty, so its id must be new.
+	Fresh         bool `protobuf:"varint,4,opt,name=fresh,proto3" json:"fresh,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *JoinRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *JoinRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetFresh() bool {
+	if x != nil {
+		return x.Fresh
+	}
+	return false
+}
+
+type JoinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// topology: the bootstrap file's settings, regions and groups, with every
+	// registered node (the joiner included), as YAML.
+	Topology      []byte `protobuf:"bytes,1,opt,name=topology,proto3" json:"topology,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *JoinResponse) GetTopology() []byte {
+	if x != nil {
+		return x.Topology
+	}
+	return nil
+}
+
 type AddRangeReplicaRequest struct {
 	state           protoimpl.MessageState   `protogen:"open.v1"`
 	RangeDescriptor *rangepb.RangeDescriptor `protobuf:"bytes,1,opt,name=range_descriptor,json=rangeDescriptor,proto3" json:"range_descriptor,omitempty"` // naming the node as a learner
@@ -426,7 +541,7 @@ type AddRangeReplicaRequest struct {
 
 func (x *AddRangeReplicaRequest) Reset() {
 	*x = AddRangeReplicaRequest{}
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +553,7 @@ func (x *AddRangeReplicaRequest) String() string {
 func (*AddRangeReplicaRequest) ProtoMessage() {}
 
 func (x *AddRangeReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +566,7 @@ func (x *AddRangeReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddRangeReplicaRequest.ProtoReflect.Descriptor instead.
 func (*AddRangeReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{6}
+	return file_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AddRangeReplicaRequest) GetRangeDescriptor() *rangepb.RangeDescriptor {
@@ -469,7 +584,7 @@ type AddRangeReplicaResponse struct {
 
 func (x *AddRangeReplicaResponse) Reset() {
 	*x = AddRangeReplicaResponse{}
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +596,7 @@ func (x *AddRangeReplicaResponse) String() string {
 func (*AddRangeReplicaResponse) ProtoMessage() {}
 
 func (x *AddRangeReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +609,7 @@ func (x *AddRangeReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddRangeReplicaResponse.ProtoReflect.Descriptor instead.
 func (*AddRangeReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{7}
+	return file_node_proto_rawDescGZIP(), []int{9}
 }
 
 type RemoveRangeReplicaRequest struct {
@@ -506,7 +621,7 @@ type RemoveRangeReplicaRequest struct {
 
 func (x *RemoveRangeReplicaRequest) Reset() {
 	*x = RemoveRangeReplicaRequest{}
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -518,7 +633,7 @@ func (x *RemoveRangeReplicaRequest) String() string {
 func (*RemoveRangeReplicaRequest) ProtoMessage() {}
 
 func (x *RemoveRangeReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -531,7 +646,7 @@ func (x *RemoveRangeReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRangeReplicaRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRangeReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{8}
+	return file_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RemoveRangeReplicaRequest) GetRangeId() uint64 {
@@ -549,7 +664,7 @@ type RemoveRangeReplicaResponse struct {
 
 func (x *RemoveRangeReplicaResponse) Reset() {
 	*x = RemoveRangeReplicaResponse{}
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +676,7 @@ func (x *RemoveRangeReplicaResponse) String() string {
 func (*RemoveRangeReplicaResponse) ProtoMessage() {}
 
 func (x *RemoveRangeReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +689,7 @@ func (x *RemoveRangeReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRangeReplicaResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRangeReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{9}
+	return file_node_proto_rawDescGZIP(), []int{11}
 }
 
 var File_node_proto protoreflect.FileDescriptor
@@ -611,18 +726,26 @@ const file_node_proto_rawDesc = "" +
 	"\x18SetRegionExcludedRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1a\n" +
 	"\bexcluded\x18\x02 \x01(\bR\bexcluded\"\x1b\n" +
-	"\x19SetRegionExcludedResponse\"c\n" +
+	"\x19SetRegionExcludedResponse\"h\n" +
+	"\vJoinRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\x12\x14\n" +
+	"\x05fresh\x18\x04 \x01(\bR\x05fresh\"*\n" +
+	"\fJoinResponse\x12\x1a\n" +
+	"\btopology\x18\x01 \x01(\fR\btopology\"c\n" +
 	"\x16AddRangeReplicaRequest\x12I\n" +
 	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\"\x19\n" +
 	"\x17AddRangeReplicaResponse\"6\n" +
 	"\x19RemoveRangeReplicaRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\"\x1c\n" +
-	"\x1aRemoveRangeReplicaResponse2\xfa\x02\n" +
+	"\x1aRemoveRangeReplicaResponse2\xb9\x03\n" +
 	"\x04Node\x12C\n" +
 	"\x06Status\x12\x1b.terroir.node.StatusRequest\x1a\x1c.terroir.node.StatusResponse\x12d\n" +
 	"\x11SetRegionExcluded\x12&.terroir.node.SetRegionExcludedRequest\x1a'.terroir.node.SetRegionExcludedResponse\x12^\n" +
 	"\x0fAddRangeReplica\x12$.terroir.node.AddRangeReplicaRequest\x1a%.terroir.node.AddRangeReplicaResponse\x12g\n" +
-	"\x12RemoveRangeReplica\x12'.terroir.node.RemoveRangeReplicaRequest\x1a(.terroir.node.RemoveRangeReplicaResponseB4Z2github.com/terroir-db/terroir/internal/node/nodepbb\x06proto3"
+	"\x12RemoveRangeReplica\x12'.terroir.node.RemoveRangeReplicaRequest\x1a(.terroir.node.RemoveRangeReplicaResponse\x12=\n" +
+	"\x04Join\x12\x19.terroir.node.JoinRequest\x1a\x1a.terroir.node.JoinResponseB4Z2github.com/terroir-db/terroir/internal/node/nodepbb\x06proto3"
 
 var (
 	file_node_proto_rawDescOnce sync.Once
@@ -636,7 +759,7 @@ func file_node_proto_rawDescGZIP() []byte {
 	return file_node_proto_rawDescData
 }
 
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_node_proto_goTypes = []any{
 	(*StatusRequest)(nil),              // 0: terroir.node.StatusRequest
 	(*ReplicaProgress)(nil),            // 1: terroir.node.ReplicaProgress
@@ -644,28 +767,32 @@ var file_node_proto_goTypes = []any{
 	(*StatusResponse)(nil),             // 3: terroir.node.StatusResponse
 	(*SetRegionExcludedRequest)(nil),   // 4: terroir.node.SetRegionExcludedRequest
 	(*SetRegionExcludedResponse)(nil),  // 5: terroir.node.SetRegionExcludedResponse
-	(*AddRangeReplicaRequest)(nil),     // 6: terroir.node.AddRangeReplicaRequest
-	(*AddRangeReplicaResponse)(nil),    // 7: terroir.node.AddRangeReplicaResponse
-	(*RemoveRangeReplicaRequest)(nil),  // 8: terroir.node.RemoveRangeReplicaRequest
-	(*RemoveRangeReplicaResponse)(nil), // 9: terroir.node.RemoveRangeReplicaResponse
-	(*rangepb.RangeStatus)(nil),        // 10: terroir.range.RangeStatus
-	(*rangepb.RangeDescriptor)(nil),    // 11: terroir.range.RangeDescriptor
+	(*JoinRequest)(nil),                // 6: terroir.node.JoinRequest
+	(*JoinResponse)(nil),               // 7: terroir.node.JoinResponse
+	(*AddRangeReplicaRequest)(nil),     // 8: terroir.node.AddRangeReplicaRequest
+	(*AddRangeReplicaResponse)(nil),    // 9: terroir.node.AddRangeReplicaResponse
+	(*RemoveRangeReplicaRequest)(nil),  // 10: terroir.node.RemoveRangeReplicaRequest
+	(*RemoveRangeReplicaResponse)(nil), // 11: terroir.node.RemoveRangeReplicaResponse
+	(*rangepb.RangeStatus)(nil),        // 12: terroir.range.RangeStatus
+	(*rangepb.RangeDescriptor)(nil),    // 13: terroir.range.RangeDescriptor
 }
 var file_node_proto_depIdxs = []int32{
 	1,  // 0: terroir.node.GroupStatus.progress:type_name -> terroir.node.ReplicaProgress
 	2,  // 1: terroir.node.StatusResponse.groups:type_name -> terroir.node.GroupStatus
-	10, // 2: terroir.node.StatusResponse.ranges:type_name -> terroir.range.RangeStatus
-	11, // 3: terroir.node.AddRangeReplicaRequest.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	12, // 2: terroir.node.StatusResponse.ranges:type_name -> terroir.range.RangeStatus
+	13, // 3: terroir.node.AddRangeReplicaRequest.range_descriptor:type_name -> terroir.range.RangeDescriptor
 	0,  // 4: terroir.node.Node.Status:input_type -> terroir.node.StatusRequest
 	4,  // 5: terroir.node.Node.SetRegionExcluded:input_type -> terroir.node.SetRegionExcludedRequest
-	6,  // 6: terroir.node.Node.AddRangeReplica:input_type -> terroir.node.AddRangeReplicaRequest
-	8,  // 7: terroir.node.Node.RemoveRangeReplica:input_type -> terroir.node.RemoveRangeReplicaRequest
-	3,  // 8: terroir.node.Node.Status:output_type -> terroir.node.StatusResponse
-	5,  // 9: terroir.node.Node.SetRegionExcluded:output_type -> terroir.node.SetRegionExcludedResponse
-	7,  // 10: terroir.node.Node.AddRangeReplica:output_type -> terroir.node.AddRangeReplicaResponse
-	9,  // 11: terroir.node.Node.RemoveRangeReplica:output_type -> terroir.node.RemoveRangeReplicaResponse
-	8,  // [8:12] is the sub-list for method output_type
-	4,  // [4:8] is the sub-list for method input_type
+	8,  // 6: terroir.node.Node.AddRangeReplica:input_type -> terroir.node.AddRangeReplicaRequest
+	10, // 7: terroir.node.Node.RemoveRangeReplica:input_type -> terroir.node.RemoveRangeReplicaRequest
+	6,  // 8: terroir.node.Node.Join:input_type -> terroir.node.JoinRequest
+	3,  // 9: terroir.node.Node.Status:output_type -> terroir.node.StatusResponse
+	5,  // 10: terroir.node.Node.SetRegionExcluded:output_type -> terroir.node.SetRegionExcludedResponse
+	9,  // 11: terroir.node.Node.AddRangeReplica:output_type -> terroir.node.AddRangeReplicaResponse
+	11, // 12: terroir.node.Node.RemoveRangeReplica:output_type -> terroir.node.RemoveRangeReplicaResponse
+	7,  // 13: terroir.node.Node.Join:output_type -> terroir.node.JoinResponse
+	9,  // [9:14] is the sub-list for method output_type
+	4,  // [4:9] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -682,7 +809,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	Node_SetRegionExcluded_FullMethodName  = "/terroir.node.Node/SetRegionExcluded"
 	Node_AddRangeReplica_FullMethodName    = "/terroir.node.Node/AddRangeReplica"
 	Node_RemoveRangeReplica_FullMethodName = "/terroir.node.Node/RemoveRangeReplica"
+	Node_Join_FullMethodName               = "/terroir.node.Node/Join"
 )
 
 // NodeClient is the client API for Node service.
@@ -46,6 +47,11 @@ type NodeClient interface {
 	// RemoveRangeReplica makes the node drop its replica of a range that no
 	// longer names it, once another replica confirms so (node-only).
 	RemoveRangeReplica(ctx context.Context, in *RemoveRangeReplicaRequest, opts ...grpc.CallOption) (*RemoveRangeReplicaResponse, error)
+	// Join registers a node that is not in the bootstrap file with its
+	// region's registry and returns the cluster's topology for it (node-only;
+	// DESIGN.md §12). InvalidArgument, with the registry's error text, for an
+	// unknown region, an address or id in use, or a gone node.
+	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 }
 
 type nodeClient struct {
@@ -96,6 +102,16 @@ func (c *nodeClient) RemoveRangeReplica(ctx context.Context, in *RemoveRangeRepl
 	return out, nil
 }
 
+func (c *nodeClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinResponse)
+	err := c.cc.Invoke(ctx, Node_Join_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServer is the server API for Node service.
 // All implementations must embed UnimplementedNodeServer
 // for forward compatibility.
@@ -114,6 +130,11 @@ type NodeServer interface {
 	// RemoveRangeReplica makes the node drop its replica of a range that no
 	// longer names it, once another replica confirms so (node-only).
 	RemoveRangeReplica(context.Context, *RemoveRangeReplicaRequest) (*RemoveRangeReplicaResponse, error)
+	// Join registers a node that is not in the bootstrap file with its
+	// region's registry and returns the cluster's topology for it (node-only;
+	// DESIGN.md §12). InvalidArgument, with the registry's error text, for an
+	// unknown region, an address or id in use, or a gone node.
+	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	mustEmbedUnimplementedNodeServer()
 }
 
@@ -135,6 +156,9 @@ func (UnimplementedNodeServer) AddRangeReplica(context.Context, *AddRangeReplica
 }
 func (UnimplementedNodeServer) RemoveRangeReplica(context.Context, *RemoveRangeReplicaRequest) (*RemoveRangeReplicaResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RemoveRangeReplica not implemented")
+}
+func (UnimplementedNodeServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Join not implemented")
 }
 func (UnimplementedNodeServer) mustEmbedUnimplementedNodeServer() {}
 func (UnimplementedNodeServer) testEmbeddedByValue()              {}
@@ -229,6 +253,24 @@ func _Node_RemoveRangeReplica_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_Join_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Join(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Join_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Join(ctx, req.(*JoinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Node_ServiceDesc is the grpc.ServiceDesc for Node service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -251,6 +293,10 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveRangeReplica",
 			Handler:    _Node_RemoveRangeReplica_Handler,
+		},
+		{
+			MethodName: "Join",
+			Handler:    _Node_Join_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -3282,9 +3282,13 @@ func (x *AdminSplitResponse) GetRight() *RangeDescriptor {
 }
 
 type TransferLeaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
-	Target        uint64                 `protobuf:"varint,2,opt,name=target,proto3" json:"target,omitempty"` // the node to hand the lease (and Raft leadership) to: a replica of the range
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RangeId uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Target  uint64                 `protobuf:"varint,2,opt,name=target,proto3" json:"target,omitempty"` // the node to hand the lease (and Raft leadership) to: a replica of the range
+	// if_idle: refuse (busy) while any transaction holds locks at the range,
+	// instead of aborting those that hold only unreplicated ones (the
+	// replicate queue's balancing, which can wait for a quiet moment).
+	IfIdle        bool `protobuf:"varint,3,opt,name=if_idle,json=ifIdle,proto3" json:"if_idle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3331,6 +3335,13 @@ func (x *TransferLeaseRequest) GetTarget() uint64 {
 		return x.Target
 	}
 	return 0
+}
+
+func (x *TransferLeaseRequest) GetIfIdle() bool {
+	if x != nil {
+		return x.IfIdle
+	}
+	return false
 }
 
 type TransferLeaseResponse struct {
@@ -3908,10 +3919,11 @@ const file_range_proto_rawDesc = "" +
 	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
 	"\x12AdminSplitResponse\x122\n" +
 	"\x04left\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x04left\x124\n" +
-	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\"I\n" +
+	"\x05right\x18\x02 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x05right\"b\n" +
 	"\x14TransferLeaseRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x16\n" +
-	"\x06target\x18\x02 \x01(\x04R\x06target\"C\n" +
+	"\x06target\x18\x02 \x01(\x04R\x06target\x12\x17\n" +
+	"\aif_idle\x18\x03 \x01(\bR\x06ifIdle\"C\n" +
 	"\x15TransferLeaseResponse\x12*\n" +
 	"\x05lease\x18\x01 \x01(\v2\x14.terroir.range.LeaseR\x05lease\"G\n" +
 	"\x11AdminMergeRequest\x12\x19\n" +

@@ -1,0 +1,184 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/admin"
+	"github.com/terroir-db/terroir/internal/directory"
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/node"
+	"github.com/terroir-db/terroir/internal/security"
+)
+
+// threeNodes is examples/one-region.yaml with a short liveness timeout, so
+// a stopped node is seen down within a second.
+const threeNodes = `local_epoch_interval: 10ms
+raft_tick: 10ms
+liveness_timeout: 1s
+regions: [us-east1]
+nodes:
+  - {id: 1, region: us-east1, addr: "127.0.0.1:7101"}
+  - {id: 2, region: us-east1, addr: "127.0.0.1:7102"}
+  - {id: 3, region: us-east1, addr: "127.0.0.1:7103"}
+groups:
+  - {id: 1, kind: local-epoch, region: us-east1, replicas: [1, 2, 3]}
+  - {id: 2, kind: txn-state, region: us-east1, replicas: [1, 2, 3]}
+  - {id: 3, kind: directory, region: us-east1, replicas: [1, 2, 3]}
+  - {id: 10, kind: range, region: us-east1, start: "", end: "m", replicas: [1, 2, 3]}
+  - {id: 11, kind: range, region: us-east1, start: "m", replicas: [1, 2, 3]}
+`
+
+// nodeRows reads the registry as `admin node list` does, by id.
+func nodeRows(t *testing.T, ctx context.Context, c *localcluster.Cluster) map[uint64]admin.NodeRow {
+	t.Helper()
+	d := c.Dialer("us-east1")
+	rows, err := admin.Nodes(ctx, d, c.Topology)
+	if err != nil {
+		t.Fatalf("listing nodes: %v", err)
+	}
+	out := map[uint64]admin.NodeRow{}
+	for _, r := range rows {
+		out[r.ID] = r
+	}
+	return out
+}
+
+// awaitRows polls the registry until ok holds of it.
+func awaitRows(t *testing.T, ctx context.Context, c *localcluster.Cluster, what string, ok func(map[uint64]admin.NodeRow) bool) map[uint64]admin.NodeRow {
+	t.Helper()
+	for {
+		rows := nodeRows(t, ctx, c)
+		if ok(rows) {
+			return rows
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s: never happened; nodes: %+v", what, rows)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestJoinRebalanceDecommission grows a one-region cluster from three nodes
+// to five under bank load (DESIGN.md §12): the joiners register and the
+// region's replicate queue fills them without an operator moving anything;
+// a joined node is decommissioned and drained until gone; joins and
+// decommissions that would break the cluster are refused, and a replica
+// cannot move to a gone or a stopped node. The load never stops and every
+// total read is right.
+func TestJoinRebalanceDecommission(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "three.yaml")
+	if err := os.WriteFile(path, []byte(threeNodes), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: 200 * time.Millisecond})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 150*time.Second)
+	fund(t, ctx, db)
+	load := startBankLoad(t, ctx, c)
+
+	// Grow to five: the queue moves replicas to the joiners.
+	for _, id := range []uint64{4, 5} {
+		if err := c.JoinNode(id, "us-east1"); err != nil {
+			t.Fatalf("joining node %d: %v", id, err)
+		}
+	}
+	began := time.Now()
+	rows := awaitRows(t, ctx, c, "replicas on both joiners", func(rows map[uint64]admin.NodeRow) bool {
+		return len(rows) == 5 && rows[4].Replicas > 0 && rows[5].Replicas > 0 && rows[4].Live && rows[5].Live
+	})
+	t.Logf("balanced %v after the joins: %+v", time.Since(began).Round(time.Millisecond), rows)
+
+	// Bad joins change nothing.
+	if err := c.JoinNode(6, "eu-west1"); !errors.Is(err, directory.ErrUnknownRegion) {
+		t.Errorf("join in an unknown region = %v; want ErrUnknownRegion", err)
+	}
+	n1, _ := c.Net.Node(1)
+	if _, err := node.Join(ctx, node.JoinConfig{Peers: []string{n1.Addr}, NodeID: 7, Region: "us-east1", Addr: n1.Addr,
+		DataDir: filepath.Join(t.TempDir(), "n7"), Certs: nodeCerts(t, c, 7)}); !errors.Is(err, directory.ErrDuplicateAddr) {
+		t.Errorf("join at node 1's address = %v; want ErrDuplicateAddr", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := node.Join(ctx, node.JoinConfig{Peers: []string{n1.Addr}, NodeID: 2, Region: "us-east1", Addr: l.Addr().String(),
+		DataDir: filepath.Join(t.TempDir(), "n2"), Certs: nodeCerts(t, c, 2)}); !errors.Is(err, directory.ErrNodeExists) {
+		t.Errorf("a fresh node joining as node 2 = %v; want ErrNodeExists", err)
+	}
+	if got := nodeRows(t, ctx, c); len(got) != 5 {
+		t.Errorf("after refused joins the registry has %d nodes: %+v", len(got), got)
+	}
+
+	// Decommission node 4: the queue drains it and marks it gone.
+	d := c.Dialer("us-east1")
+	if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", 4, directorypb.NodeState_NODE_DECOMMISSIONING); err != nil {
+		t.Fatalf("decommissioning node 4: %v", err)
+	}
+	began = time.Now()
+	awaitRows(t, ctx, c, "node 4 gone", func(rows map[uint64]admin.NodeRow) bool { return rows[4].State == "gone" })
+	t.Logf("node 4 drained and gone in %v", time.Since(began).Round(time.Millisecond))
+	for _, id := range []uint64{10, 11} {
+		if r := c.Node(4).Range(id); r != nil {
+			t.Errorf("gone node 4 still hosts range %d", id)
+		}
+	}
+	if _, err := db.AdminMoveReplica(ctx, account(0), 1, 4); !errors.Is(err, client.ErrMoveTarget) {
+		t.Errorf("moving a replica to gone node 4 = %v; want ErrMoveTarget", err)
+	}
+	if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", 4, directorypb.NodeState_NODE_LIVE); !errors.Is(err, directory.ErrNodeState) {
+		t.Errorf("recommissioning gone node 4 = %v; want ErrNodeState", err)
+	}
+
+	// Node 5 stops: once its region counts it down, nothing moves to it.
+	if err := c.StopNode(5); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "node 5 not live", func(rows map[uint64]admin.NodeRow) bool { return !rows[5].Live })
+	desc, err := db.AdminMoveReplica(ctx, account(0), 1, 5)
+	switch {
+	case err == nil && slices.Contains(desc.Replicas, 5):
+		t.Errorf("moved a replica to stopped node 5: %v", desc.Replicas)
+	case err != nil && !errors.Is(err, client.ErrMoveTarget):
+		t.Errorf("moving a replica to stopped node 5 = %v; want ErrMoveTarget", err)
+	}
+	// With node 5 down, decommissioning an original node would leave two
+	// live nodes: refused.
+	if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", 3, directorypb.NodeState_NODE_DECOMMISSIONING); !errors.Is(err, directory.ErrTooFewNodes) {
+		t.Errorf("decommissioning node 3 with node 5 down = %v; want ErrTooFewNodes", err)
+	}
+	if rows := nodeRows(t, ctx, c); rows[3].State != "live" {
+		t.Errorf("after a refused decommission node 3 is %s", rows[3].State)
+	}
+	if err := c.RestartNode(5); err != nil {
+		t.Fatal(err)
+	}
+
+	awaitLoad(t, ctx, load)
+	load.stop()
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Fatalf("final total %d, %v", sum, err)
+	}
+	t.Logf("%d transfers, %d total checks", load.transfers.Load(), load.checks.Load())
+}
+
+func nodeCerts(t *testing.T, c *localcluster.Cluster, id uint64) *security.Certs {
+	t.Helper()
+	certs, err := c.NodeCerts(id, "us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certs
+}

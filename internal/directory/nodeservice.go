@@ -1,0 +1,207 @@
+package directory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// registryErrors are the registry's refusals: each crosses the wire as
+// InvalidArgument (final: no replica would answer otherwise) with the
+// error's text, and the client wraps the sentinel again (typedRegistryError).
+var registryErrors = []error{ErrBadNode, ErrDuplicateAddr, ErrNodeGone, ErrUnknownNode, ErrTooFewNodes, ErrNodeState, ErrNodeExists, ErrUnknownRegion}
+
+// TypedError returns an RPC's err with the registry sentinel its message
+// starts with, if any, so errors.Is finds it on the caller's side.
+func TypedError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.InvalidArgument {
+		return err
+	}
+	for _, e := range registryErrors {
+		if rest, ok := strings.CutPrefix(st.Message(), e.Error()); ok {
+			return fmt.Errorf("%w%s", e, rest)
+		}
+	}
+	return err
+}
+
+// leaderTerm returns group id's replica and its term if it leads; else
+// FailedPrecondition, so the caller tries another replica.
+func (s *Server) leaderTerm(id uint64) (Replica, uint64, error) {
+	r, err := s.replica(id)
+	if err != nil {
+		return r, 0, err
+	}
+	st := r.Group.Status()
+	if st.Leader != st.Replica {
+		return r, 0, status.Errorf(codes.FailedPrecondition, "directory group %d: not the leader", id)
+	}
+	return r, st.Term, nil
+}
+
+func (s *Server) livenessOf(group uint64) *liveness {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.live[group]
+	if l == nil {
+		l = &liveness{}
+		s.live[group] = l
+	}
+	return l
+}
+
+// RegisterNode implements directorypb.DirectoryServer.
+func (s *Server) RegisterNode(ctx context.Context, req *directorypb.RegisterNodeRequest) (*directorypb.RegisterNodeResponse, error) {
+	r, err := s.replica(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	if cur, ok := r.SM.Node(req.GetNode().GetId()); ok && cur.GetAddr() == req.GetNode().GetAddr() && cur.GetRegion() == req.GetNode().GetRegion() {
+		if _, err := s.read(ctx, req.GetGroupId()); err != nil { // registered already, as of now?
+			return nil, err
+		}
+		if cur, ok := r.SM.Node(req.GetNode().GetId()); ok && cur.GetAddr() == req.GetNode().GetAddr() && cur.GetState() != directorypb.NodeState_NODE_GONE {
+			return &directorypb.RegisterNodeResponse{}, nil
+		}
+	}
+	_, err = s.propose(ctx, req.GetGroupId(), &directorypb.Command{Cmd: &directorypb.Command_RegisterNode{RegisterNode: &directorypb.RegisterNodeCmd{Node: req.GetNode()}}})
+	if err != nil {
+		return nil, err
+	}
+	return &directorypb.RegisterNodeResponse{}, nil
+}
+
+// Heartbeat implements directorypb.DirectoryServer.
+func (s *Server) Heartbeat(_ context.Context, req *directorypb.HeartbeatRequest) (*directorypb.HeartbeatResponse, error) {
+	_, term, err := s.leaderTerm(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	s.livenessOf(req.GetGroupId()).beat(term, req.GetNodeId(), time.Now())
+	return &directorypb.HeartbeatResponse{}, nil
+}
+
+// Nodes implements directorypb.DirectoryServer.
+func (s *Server) Nodes(ctx context.Context, req *directorypb.NodesRequest) (*directorypb.NodesResponse, error) {
+	if _, err := s.read(ctx, req.GetGroupId()); err != nil {
+		return nil, err
+	}
+	r, term, err := s.leaderTerm(req.GetGroupId())
+	if err != nil {
+		return nil, err
+	}
+	return &directorypb.NodesResponse{Nodes: s.livenessOf(req.GetGroupId()).view(term, time.Now(), s.livenessTimeout, r.SM.Nodes())}, nil
+}
+
+// SetNodeState implements directorypb.DirectoryServer. A live node leaves
+// the live state only while MinLiveNodes other nodes of the region are both
+// in the live state and live (heard from within the liveness timeout).
+func (s *Server) SetNodeState(ctx context.Context, req *directorypb.SetNodeStateRequest) (*directorypb.SetNodeStateResponse, error) {
+	nodes, err := s.Nodes(ctx, &directorypb.NodesRequest{GroupId: req.GetGroupId()})
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nodes.GetNodes() {
+		if n.GetNode().GetId() != req.GetNodeId() || n.GetNode().GetState() != directorypb.NodeState_NODE_LIVE || req.GetState() == directorypb.NodeState_NODE_LIVE {
+			continue
+		}
+		live := 0
+		for _, o := range nodes.GetNodes() {
+			if o.GetNode().GetId() != req.GetNodeId() && o.GetLive() && o.GetNode().GetState() == directorypb.NodeState_NODE_LIVE {
+				live++
+			}
+		}
+		if live < MinLiveNodes {
+			return nil, status.Error(codes.InvalidArgument, fmt.Errorf("%w: %s would keep %d live nodes, it needs %d", ErrTooFewNodes, n.GetNode().GetRegion(), live, MinLiveNodes).Error())
+		}
+	}
+	_, err = s.propose(ctx, req.GetGroupId(), &directorypb.Command{Cmd: &directorypb.Command_SetNodeState{SetNodeState: &directorypb.SetNodeStateCmd{Id: req.GetNodeId(), State: req.GetState()}}})
+	if err != nil {
+		return nil, err
+	}
+	return &directorypb.SetNodeStateResponse{}, nil
+}
+
+// RegisterNode adds node to the region's registry, or records its new
+// address. Errors: ErrBadNode, ErrDuplicateAddr (within the region),
+// ErrNodeGone; nothing changes.
+func (c *Client) RegisterNode(ctx context.Context, node *directorypb.NodeRecord) error {
+	return TypedError(c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := directorypb.NewDirectoryClient(conn).RegisterNode(ctx, &directorypb.RegisterNodeRequest{GroupId: c.group, Node: node})
+		return err
+	}))
+}
+
+// Heartbeat tells the region's directory leader that node is live.
+func (c *Client) Heartbeat(ctx context.Context, node uint64) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := directorypb.NewDirectoryClient(conn).Heartbeat(ctx, &directorypb.HeartbeatRequest{GroupId: c.group, NodeId: node})
+		return err
+	})
+}
+
+// Nodes returns the region's registry, by id, with each node's liveness as
+// the directory's leader sees it.
+func (c *Client) Nodes(ctx context.Context) ([]*directorypb.NodeLiveness, error) {
+	var out []*directorypb.NodeLiveness
+	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		resp, err := directorypb.NewDirectoryClient(conn).Nodes(ctx, &directorypb.NodesRequest{GroupId: c.group})
+		out = resp.GetNodes()
+		return err
+	})
+	return out, err
+}
+
+// SetNodeState moves node to state. Errors: ErrUnknownNode, ErrNodeState,
+// ErrTooFewNodes; nothing changes.
+func (c *Client) SetNodeState(ctx context.Context, node uint64, state directorypb.NodeState) error {
+	return TypedError(c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := directorypb.NewDirectoryClient(conn).SetNodeState(ctx, &directorypb.SetNodeStateRequest{GroupId: c.group, NodeId: node, State: state})
+		return err
+	}))
+}
+
+// IsRegistryError reports whether err is one of the registry's refusals.
+func IsRegistryError(err error) bool {
+	for _, e := range registryErrors {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// RegisteredNodes returns every node of the registries that answer, gone
+// ones included (transport.Network.AddLookup); it fails only when none
+// does.
+func (d *Directories) RegisteredNodes(ctx context.Context) ([]topology.Node, error) {
+	var out []topology.Node
+	var lastErr error
+	answered := false
+	for _, r := range d.regions {
+		nodes, err := d.byRegion[r].Nodes(ctx)
+		if err != nil {
+			lastErr = fmt.Errorf("region %s's registry: %w", r, err)
+			continue
+		}
+		answered = true
+		for _, l := range nodes {
+			rec := l.GetNode()
+			out = append(out, topology.Node{ID: rec.GetId(), Region: rec.GetRegion(), Addr: rec.GetAddr()})
+		}
+	}
+	if !answered && lastErr != nil {
+		return nil, lastErr
+	}
+	return out, nil
+}

@@ -1,0 +1,116 @@
+package nemesis
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/admin"
+	"github.com/terroir-db/terroir/internal/directory"
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// Membership faults (DESIGN.md §12): a node joins a data region under load
+// (the region's replicate queue fills it), or a node that hosts only range
+// replicas is decommissioned (the queue drains it until the registry marks
+// it gone) and stopped for good.
+
+// drainBound is how long a decommissioned node may take to be drained and
+// marked gone.
+const drainBound = 60 * time.Second
+
+// addNode joins a new node to a random data region; it returns its id (0:
+// the join failed, which is an anomaly unless the cluster was busy).
+func (cp *campaign) addNode(ctx context.Context, r *rand.Rand) uint64 {
+	region := cp.regions[r.IntN(len(cp.regions))]
+	cp.mu.Lock()
+	cp.nextNode++
+	id := cp.nextNode
+	cp.mu.Unlock()
+	if err := cp.c.JoinNode(id, region); err != nil {
+		if directory.IsRegistryError(err) {
+			cp.anomaly("node %d joining %s refused: %v", id, region, err)
+		}
+		return 0
+	}
+	return id
+}
+
+// drainable returns the running nodes of the data regions that host no
+// group but ranges (so they can be drained: spares and joiners), in
+// regions keeping more than directory.MinLiveNodes nodes.
+func (cp *campaign) drainable() []uint64 {
+	perRegion := map[string]int{}
+	var out []uint64
+	for _, id := range cp.c.NodeIDs() {
+		n, ok := cp.c.Net.Node(id)
+		if !ok {
+			continue
+		}
+		perRegion[n.Region]++
+		pinned := slices.ContainsFunc(cp.cfg.Topology.GroupsOn(id), func(g topology.Group) bool { return g.Kind != topology.KindRange })
+		if !pinned && slices.Contains(cp.regions, n.Region) {
+			out = append(out, id)
+		}
+	}
+	return slices.DeleteFunc(out, func(id uint64) bool {
+		n, _ := cp.c.Net.Node(id)
+		return perRegion[n.Region] <= directory.MinLiveNodes
+	})
+}
+
+// decommission decommissions a drainable node, waits until the registry
+// marks it gone and then stops it; it reports whether it did. A drain that
+// does not finish within drainBound, or a gone node that a range still
+// names, is an anomaly.
+func (cp *campaign) decommission(ctx context.Context, r *rand.Rand) bool {
+	cands := cp.drainable()
+	if len(cands) == 0 {
+		return false
+	}
+	id := cands[r.IntN(len(cands))]
+	n, _ := cp.c.Net.Node(id)
+	d := cp.c.Dialer(n.Region)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err := admin.SetNodeState(sctx, d, cp.c.Topology, n.Region, id, directorypb.NodeState_NODE_DECOMMISSIONING)
+	cancel()
+	switch {
+	case errors.Is(err, directory.ErrTooFewNodes):
+		return false // some node of the region is down meanwhile
+	case err != nil:
+		if ctx.Err() == nil && directory.IsRegistryError(err) {
+			cp.anomaly("decommissioning node %d: %v", id, err)
+		}
+		return false
+	}
+	deadline := time.Now().Add(drainBound)
+	for {
+		rows, err := admin.Nodes(ctx, d, cp.c.Topology)
+		gone := err == nil && slices.ContainsFunc(rows, func(row admin.NodeRow) bool { return row.ID == id && row.State == "gone" })
+		if gone {
+			break
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if time.Now().After(deadline) {
+			cp.anomaly("decommissioned node %d not drained within %v", id, drainBound)
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if nd := cp.c.Node(id); nd != nil {
+		for _, rid := range nd.RangeIDs() {
+			if rg := nd.Range(rid); rg != nil && slices.Contains(rg.Desc().GetReplicas(), id) {
+				cp.anomaly("gone node %d is still a replica of range %d (%v)", id, rid, rg.Desc().GetReplicas())
+			}
+		}
+	}
+	if err := cp.c.StopNode(id); err != nil {
+		cp.anomaly("stopping gone node %d: %v", id, err)
+	}
+	return true
+}

@@ -1,0 +1,136 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/terroir-db/terroir/internal/coordinator"
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/rebalance"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// regionCluster is the node's region as its replicate queue sees it
+// (rebalance.Cluster): the queue runs where the region's directory leads.
+type regionCluster struct {
+	n      *Node
+	region string
+
+	mu    sync.Mutex
+	coord *coordinator.Coordinator // for the queue's moves and transfers; made on first use
+}
+
+var _ rebalance.Cluster = (*regionCluster)(nil)
+
+// Leads implements rebalance.Cluster.
+func (c *regionCluster) Leads() bool {
+	for _, g := range c.n.cfg.Topology.GroupsOfKind(topology.KindDirectory, c.region) {
+		if rg := c.n.Group(g.ID); rg != nil && rg.IsLeader() {
+			return true
+		}
+	}
+	return false
+}
+
+// View implements rebalance.Cluster: the registry and descriptors from the
+// region's directory, the leases from each live node's own report.
+func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
+	dir := c.n.dirs.Of(c.region)
+	nodes, err := dir.Nodes(ctx)
+	if err != nil {
+		return rebalance.View{}, err
+	}
+	ranges, err := dir.List(ctx)
+	if err != nil {
+		return rebalance.View{}, err
+	}
+	v := rebalance.View{Nodes: nodes, Ranges: ranges, Leases: map[uint64]uint64{}, Pinned: map[uint64]string{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, l := range nodes {
+		id := l.GetNode().GetId()
+		for _, g := range c.n.cfg.Topology.GroupsOn(id) {
+			if g.Kind != topology.KindRange {
+				v.Pinned[id] = fmt.Sprintf("group %d (%s)", g.ID, g.Kind)
+				break
+			}
+		}
+		if !l.GetLive() || l.GetNode().GetState() == directorypb.NodeState_NODE_GONE {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := c.n.dialer.Conn(id)
+			if err != nil {
+				return
+			}
+			resp, err := pb.NewRangeClient(conn).Ranges(ctx, &pb.RangesRequest{})
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, st := range resp.GetRanges() {
+				if st.GetLeader() {
+					v.Leases[st.GetRangeDescriptor().GetRangeId()] = id
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return v, nil
+}
+
+func (c *regionCluster) coordinator() (*coordinator.Coordinator, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.coord == nil {
+		co, err := coordinator.New(c.n.cfg.Topology, c.region, c.n.dialer)
+		if err != nil {
+			return nil, err
+		}
+		c.coord = co
+	}
+	return c.coord, nil
+}
+
+// MoveReplica implements rebalance.Cluster.
+func (c *regionCluster) MoveReplica(ctx context.Context, key []byte, from, to uint64) error {
+	co, err := c.coordinator()
+	if err != nil {
+		return err
+	}
+	_, err = co.MoveReplica(ctx, key, from, to)
+	return err
+}
+
+// TransferLease implements rebalance.Cluster.
+func (c *regionCluster) TransferLease(ctx context.Context, key []byte, to uint64, ifIdle bool) error {
+	co, err := c.coordinator()
+	if err != nil {
+		return err
+	}
+	if ifIdle {
+		_, _, err = co.TransferLeaseIfIdle(ctx, key, to)
+	} else {
+		_, _, err = co.TransferLease(ctx, key, to)
+	}
+	return err
+}
+
+// MarkGone implements rebalance.Cluster.
+func (c *regionCluster) MarkGone(ctx context.Context, id uint64) error {
+	return c.n.dirs.Of(c.region).SetNodeState(ctx, id, directorypb.NodeState_NODE_GONE)
+}
+
+// close stops the queue's coordinator, if it made one.
+func (c *regionCluster) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.coord != nil {
+		c.coord.Close()
+	}
+}

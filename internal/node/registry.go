@@ -1,0 +1,130 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/directory"
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// The node registry from a node's side (DESIGN.md §12): each node registers
+// its address with its region's directory when it starts (a restart at a
+// new address records it), heartbeats the directory's leader, and keeps the
+// network's node book current from every region's registry, so nodes that
+// joined or moved are reachable.
+
+// bookRefresh is how often a node reads every region's registry into the
+// network's node book.
+const bookRefresh = 2 * time.Second
+
+// keepRegistered registers the node, then heartbeats its region's
+// directory every liveness timeout / 4 and refreshes the node book every
+// bookRefresh, until the node stops.
+func (n *Node) keepRegistered() {
+	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
+	dir := n.dirs.Of(self.Region)
+	if dir == nil {
+		return // a region without a directory homes no data and takes no replicas
+	}
+	every := n.cfg.Topology.LivenessTimeout / 4
+	rec := &directorypb.NodeRecord{Id: n.cfg.NodeID, Region: self.Region, Addr: self.Addr}
+	registered, lastRefresh := false, time.Time{}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(n.stopped, every)
+		if !registered {
+			err := dir.RegisterNode(ctx, rec)
+			switch {
+			case err == nil:
+				registered = true
+			case directory.IsRegistryError(err):
+				slog.Error("node: the registry refuses this node", "node", n.cfg.NodeID, "addr", self.Addr, "err", err)
+				registered = true // it will not change its mind; heartbeats still tell who is up
+			}
+		}
+		_ = dir.Heartbeat(ctx, n.cfg.NodeID)
+		cancel()
+		if time.Since(lastRefresh) >= bookRefresh {
+			lastRefresh = time.Now()
+			n.refreshBook()
+		}
+		select {
+		case <-n.stopped.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// refreshBook reads every region's registry into the network's node book.
+func (n *Node) refreshBook() {
+	ctx, cancel := context.WithTimeout(n.stopped, 2*time.Second)
+	defer cancel()
+	if nodes, err := n.dirs.RegisteredNodes(ctx); err == nil {
+		n.cfg.Network.SetNodes(nodes)
+	}
+}
+
+// liveTarget checks that node may take a replica: registered in region,
+// in the live state, and live by its region's directory leader. Errors
+// wrap directory.ErrUnknownNode, ErrNodeState or ErrNodeNotLive.
+func (n *Node) liveTarget(ctx context.Context, node uint64, region string) error {
+	dir := n.dirs.Of(region)
+	if dir == nil {
+		return fmt.Errorf("%w: region %s has no registry", directory.ErrUnknownRegion, region)
+	}
+	nodes, err := dir.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, l := range nodes {
+		switch rec := l.GetNode(); {
+		case rec.GetId() != node:
+		case rec.GetState() != directorypb.NodeState_NODE_LIVE:
+			return fmt.Errorf("%w: node %d is %s", directory.ErrNodeState, node, directory.StateName(rec.GetState()))
+		case !l.GetLive():
+			return fmt.Errorf("%w: node %d has not heartbeated for %v", ErrNodeNotLive, node, time.Duration(l.GetSinceHeartbeatMs())*time.Millisecond)
+		default:
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: node %d (region %s)", directory.ErrUnknownNode, node, region)
+}
+
+// ErrNodeNotLive: the node's region has not heard from it within the
+// liveness timeout.
+var ErrNodeNotLive = errors.New("node: the node is not live")
+
+// registeredTopology returns top with the registry's addresses for its
+// nodes and the registry's other nodes added (gone ones left out).
+func registeredTopology(top *topology.Topology, recs []*directorypb.NodeRecord) (*topology.Topology, error) {
+	addrs := map[uint64]string{}
+	var added []topology.Node
+	seen := map[uint64]bool{}
+	for _, r := range recs {
+		if seen[r.GetId()] {
+			continue
+		}
+		seen[r.GetId()] = true
+		switch _, ok := top.Node(r.GetId()); {
+		case ok:
+			addrs[r.GetId()] = r.GetAddr()
+		case r.GetState() != directorypb.NodeState_NODE_GONE:
+			added = append(added, topology.Node{ID: r.GetId(), Region: r.GetRegion(), Addr: r.GetAddr()})
+		}
+	}
+	top = top.WithAddrs(addrs)
+	for _, nd := range added {
+		var err error
+		if top, err = top.WithNode(nd); err != nil {
+			return nil, err
+		}
+	}
+	return top, nil
+}

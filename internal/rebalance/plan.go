@@ -1,0 +1,289 @@
+// Package rebalance is a region's replicate queue (DESIGN.md §12): it
+// drains the ranges' replicas and leases off decommissioning nodes and
+// nodes down past a bound, marks a drained node gone, and keeps replica and
+// lease counts within one of each other across the region's live nodes, so
+// a node that joins fills without an operator moving anything. Plan is
+// pure (a function of the registry, the descriptors and the leases); Queue
+// runs it at the region's directory leader.
+package rebalance
+
+import (
+	"bytes"
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+)
+
+// Kind names what an Action does.
+type Kind int
+
+const (
+	// Move moves the range's replica on From to To.
+	Move Kind = iota
+	// Transfer moves the range's lease from From to To.
+	Transfer
+	// Gone marks node From gone: it hosts nothing any more.
+	Gone
+)
+
+// Action is one step of a plan.
+type Action struct {
+	Kind     Kind
+	Range    *pb.RangeDescriptor // nil for Gone
+	From, To uint64
+	// Why says what the step is for, for the log.
+	Why string
+	// Balance: the step evens counts out (rather than draining a node);
+	// a lease transfer for balance waits for a moment the range holds no
+	// locks, and only once the imbalance has lasted (QueueConfig.LeaseSettle).
+	Balance bool
+}
+
+// View is what a plan is made from: the region's registry with liveness,
+// its ranges' descriptors, and which node holds each range's lease.
+type View struct {
+	Nodes  []*directorypb.NodeLiveness
+	Ranges []*pb.RangeDescriptor
+	Leases map[uint64]uint64 // range ID → leaseholder (absent: unknown)
+	// Pinned: nodes hosting groups that cannot move (they are never marked
+	// gone), with what they host.
+	Pinned map[uint64]string
+}
+
+// Config bounds a plan.
+type Config struct {
+	// ReplaceAfter: a node in the live state but not live for this long
+	// has its replicas rebuilt on other nodes (0: never).
+	ReplaceAfter time.Duration
+	// MaxMoves: at most this many replica moves per plan (each streams
+	// one snapshot).
+	MaxMoves int
+}
+
+// node is one registered node's standing in a plan.
+type node struct {
+	id               uint64
+	target           bool // live and in the live state: takes replicas and leases
+	drain            bool // decommissioning, or down past ReplaceAfter
+	decommissioning  bool
+	replicas, leases int
+}
+
+// Plan returns the steps that bring v closer to balance, most urgent
+// first: replicas off draining nodes, leases off draining nodes, marking
+// drained decommissioning nodes gone, then one replica move and one lease
+// transfer from the fullest target to the emptiest while they differ by
+// more than one. A range already moving (learners, or a joint
+// configuration) is left alone.
+func Plan(v View, cfg Config) []Action {
+	byID := map[uint64]*node{}
+	var targets []*node
+	for _, l := range v.Nodes {
+		rec := l.GetNode()
+		n := &node{id: rec.GetId()}
+		switch rec.GetState() {
+		case directorypb.NodeState_NODE_LIVE:
+			n.target = l.GetLive()
+			n.drain = !l.GetLive() && cfg.ReplaceAfter > 0 && time.Duration(l.GetSinceHeartbeatMs())*time.Millisecond >= cfg.ReplaceAfter
+		case directorypb.NodeState_NODE_DECOMMISSIONING:
+			n.drain, n.decommissioning = true, true
+		}
+		byID[n.id] = n
+		if n.target {
+			targets = append(targets, n)
+		}
+	}
+	ranges := slices.Clone(v.Ranges)
+	slices.SortFunc(ranges, func(a, b *pb.RangeDescriptor) int { return bytes.Compare(a.GetStartKey(), b.GetStartKey()) })
+	for _, d := range ranges {
+		for _, r := range d.GetReplicas() {
+			if n := byID[r]; n != nil {
+				n.replicas++
+			}
+		}
+		if n := byID[v.Leases[d.GetRangeId()]]; n != nil {
+			n.leases++
+		}
+	}
+	var out []Action
+	moves := 0
+	// emptiest returns the target with the fewest replicas (then leases)
+	// that d does not name and that is not excluded.
+	emptiest := func(d *pb.RangeDescriptor, count func(*node) int) *node {
+		var best *node
+		for _, t := range targets {
+			if slices.Contains(d.GetReplicas(), t.id) {
+				continue
+			}
+			if best == nil || count(t) < count(best) || count(t) == count(best) && t.id < best.id {
+				best = t
+			}
+		}
+		return best
+	}
+	replicaCount := func(n *node) int { return n.replicas }
+	settled := func(d *pb.RangeDescriptor) bool { return len(d.GetLearners()) == 0 && !d.GetSubsumed() }
+
+	// Replicas off draining nodes.
+	for _, d := range ranges {
+		if !settled(d) {
+			continue
+		}
+		for _, r := range d.GetReplicas() {
+			n := byID[r]
+			if n == nil || !n.drain || moves >= cfg.MaxMoves {
+				continue
+			}
+			if t := emptiest(d, replicaCount); t != nil {
+				out = append(out, Action{Kind: Move, Range: d, From: r, To: t.id, Why: drainWhy(n)})
+				t.replicas++
+				n.replicas--
+				moves++
+				break // one change per range per plan
+			}
+		}
+	}
+	// Leases off draining nodes (a replica that moves hands its lease
+	// over by itself; this covers a lease whose replica waits its turn).
+	for _, d := range ranges {
+		n := byID[v.Leases[d.GetRangeId()]]
+		if n == nil || !n.drain || !settled(d) {
+			continue
+		}
+		if t := leastLeased(d, byID, n.id); t != nil {
+			out = append(out, Action{Kind: Transfer, Range: d, From: n.id, To: t.id, Why: drainWhy(n)})
+			t.leases++
+			n.leases--
+		}
+	}
+	// Drained decommissioning nodes are gone.
+	for _, l := range v.Nodes {
+		n := byID[l.GetNode().GetId()]
+		if n.decommissioning && v.Pinned[n.id] == "" && !namedAnywhere(ranges, n.id) && !holdsLease(v.Leases, n.id) {
+			out = append(out, Action{Kind: Gone, From: n.id, Why: "drained"})
+		}
+	}
+	if len(out) > 0 || len(targets) < 2 {
+		return out
+	}
+	// Balance replicas: one move from the fullest target to the emptiest.
+	full, empty := extremes(targets, replicaCount)
+	if moves < cfg.MaxMoves && full.replicas-empty.replicas > 1 {
+		for _, d := range ranges {
+			if settled(d) && slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id) {
+				out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
+				return out
+			}
+		}
+	}
+	// Balance leases: one transfer from the target with the most leases
+	// that can give one to a replica of the same range with at least two
+	// fewer.
+	byLeases := slices.Clone(targets)
+	slices.SortFunc(byLeases, func(a, b *node) int { return cmp.Or(cmp.Compare(b.leases, a.leases), cmp.Compare(a.id, b.id)) })
+	for _, from := range byLeases {
+		for _, d := range ranges {
+			if v.Leases[d.GetRangeId()] != from.id || !settled(d) {
+				continue
+			}
+			if t := leastLeased(d, byID, from.id); t != nil && from.leases-t.leases > 1 {
+				out = append(out, Action{Kind: Transfer, Range: d, From: from.id, To: t.id, Why: "balance leases", Balance: true})
+				return out
+			}
+		}
+	}
+	// No direct transfer helps (the emptiest nodes are no replicas of the
+	// fullest's ranges): hand one lease to a replica with one fewer that
+	// can pass one of its own on to a replica with two fewer, which the
+	// next plan does. Each pair of steps lowers the sum of squared lease
+	// counts, so plans settle.
+	for _, from := range byLeases {
+		for _, d := range ranges {
+			if v.Leases[d.GetRangeId()] != from.id || !settled(d) {
+				continue
+			}
+			for _, m := range d.GetReplicas() {
+				mid := byID[m]
+				if mid == nil || !mid.target || mid.leases != from.leases-1 {
+					continue
+				}
+				for _, d2 := range ranges {
+					if d2 == d || v.Leases[d2.GetRangeId()] != m || !settled(d2) {
+						continue
+					}
+					if t := leastLeased(d2, byID, m); t != nil && t.id != from.id && from.leases-t.leases > 1 {
+						out = append(out, Action{Kind: Transfer, Range: d, From: from.id, To: m, Why: "balance leases (by way of the next hop)", Balance: true})
+						return out
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func drainWhy(n *node) string {
+	if n.decommissioning {
+		return "decommissioning"
+	}
+	return "down past replace_after"
+}
+
+// leastLeased returns d's replica other than holder that is a target with
+// the fewest leases, or nil.
+func leastLeased(d *pb.RangeDescriptor, byID map[uint64]*node, holder uint64) *node {
+	var best *node
+	for _, r := range d.GetReplicas() {
+		n := byID[r]
+		if r == holder || n == nil || !n.target {
+			continue
+		}
+		if best == nil || n.leases < best.leases || n.leases == best.leases && n.id < best.id {
+			best = n
+		}
+	}
+	return best
+}
+
+// extremes returns the targets with the most and the fewest by count
+// (ties: the lowest id).
+func extremes(targets []*node, count func(*node) int) (full, empty *node) {
+	full = slices.MaxFunc(targets, func(a, b *node) int { return cmp.Or(cmp.Compare(count(a), count(b)), cmp.Compare(b.id, a.id)) })
+	empty = slices.MinFunc(targets, func(a, b *node) int { return cmp.Or(cmp.Compare(count(a), count(b)), cmp.Compare(a.id, b.id)) })
+	return full, empty
+}
+
+// namedAnywhere reports whether any range names id as a replica or learner.
+func namedAnywhere(ranges []*pb.RangeDescriptor, id uint64) bool {
+	for _, d := range ranges {
+		if slices.Contains(d.GetReplicas(), id) || slices.Contains(d.GetLearners(), id) {
+			return true
+		}
+	}
+	return false
+}
+
+func holdsLease(leases map[uint64]uint64, id uint64) bool {
+	for _, h := range leases {
+		if h == id {
+			return true
+		}
+	}
+	return false
+}
+
+// String names the kind for logs.
+func (k Kind) String() string {
+	switch k {
+	case Move:
+		return "move"
+	case Transfer:
+		return "transfer"
+	case Gone:
+		return "gone"
+	}
+	return "unknown"
+}

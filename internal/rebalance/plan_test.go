@@ -1,0 +1,204 @@
+package rebalance
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+)
+
+func live(id uint64) *directorypb.NodeLiveness {
+	return &directorypb.NodeLiveness{Node: &directorypb.NodeRecord{Id: id}, Live: true}
+}
+
+func rng(id uint64, start string, replicas ...uint64) *pb.RangeDescriptor {
+	return &pb.RangeDescriptor{RangeId: id, StartKey: []byte(start), Replicas: replicas, Generation: 1}
+}
+
+func show(plan []Action) []string {
+	var out []string
+	for _, a := range plan {
+		out = append(out, fmt.Sprintf("%s r%d %d->%d", a.Kind, a.Range.GetRangeId(), a.From, a.To))
+	}
+	return out
+}
+
+// apply runs plan on v as the cluster would.
+func apply(v *View, plan []Action) {
+	for _, a := range plan {
+		switch a.Kind {
+		case Move:
+			for _, d := range v.Ranges {
+				if d.GetRangeId() == a.Range.GetRangeId() {
+					d.Replicas = append(slices.DeleteFunc(d.Replicas, func(n uint64) bool { return n == a.From }), a.To)
+					if v.Leases[d.GetRangeId()] == a.From {
+						v.Leases[d.GetRangeId()] = d.Replicas[0]
+					}
+				}
+			}
+		case Transfer:
+			v.Leases[a.Range.GetRangeId()] = a.To
+		case Gone:
+			for _, l := range v.Nodes {
+				if l.GetNode().GetId() == a.From {
+					l.Node.State = directorypb.NodeState_NODE_GONE
+				}
+			}
+		}
+	}
+}
+
+func counts(v View) (replicas, leases map[uint64]int) {
+	replicas, leases = map[uint64]int{}, map[uint64]int{}
+	for _, l := range v.Nodes {
+		if l.GetLive() && l.GetNode().GetState() == directorypb.NodeState_NODE_LIVE {
+			replicas[l.GetNode().GetId()], leases[l.GetNode().GetId()] = 0, 0
+		}
+	}
+	for _, d := range v.Ranges {
+		for _, r := range d.GetReplicas() {
+			replicas[r]++
+		}
+	}
+	for _, h := range v.Leases {
+		leases[h]++
+	}
+	return replicas, leases
+}
+
+func spread(m map[uint64]int) int {
+	lo, hi := -1, 0
+	for _, c := range m {
+		if lo < 0 || c < lo {
+			lo = c
+		}
+		hi = max(hi, c)
+	}
+	return hi - lo
+}
+
+// TestPlanFillsJoinersAndDrains: repeated plans bring a region whose two
+// nodes just joined to replica and lease counts within one; a
+// decommissioning node is drained and then marked gone; a node down past
+// ReplaceAfter is drained; ranges moving already are left alone; each plan
+// moves at most MaxMoves replicas.
+func TestPlanFillsJoinersAndDrains(t *testing.T) {
+	v := View{Nodes: []*directorypb.NodeLiveness{live(1), live(2), live(3), live(4), live(5)}, Leases: map[uint64]uint64{}, Pinned: map[uint64]string{1: "group 1 (local-epoch)"}}
+	for i := range 10 {
+		v.Ranges = append(v.Ranges, rng(uint64(10+i), fmt.Sprintf("k%02d", i), 1, 2, 3))
+		v.Leases[uint64(10+i)] = 1
+	}
+	cfg := Config{MaxMoves: 2, ReplaceAfter: time.Minute}
+	for round := 0; ; round++ {
+		plan := Plan(v, cfg)
+		if len(plan) == 0 {
+			break
+		}
+		moves := 0
+		for _, a := range plan {
+			if a.Kind == Move {
+				moves++
+			}
+		}
+		if moves > cfg.MaxMoves {
+			t.Fatalf("round %d moves %d replicas: %v", round, moves, show(plan))
+		}
+		apply(&v, plan)
+		if round > 100 {
+			t.Fatalf("no balance after 100 rounds: last plan %v", show(plan))
+		}
+	}
+	rep, lea := counts(v)
+	if spread(rep) > 1 || spread(lea) > 1 {
+		t.Fatalf("settled with replicas %v, leases %v", rep, lea)
+	}
+	t.Logf("balanced: replicas %v, leases %v", rep, lea)
+
+	// Node 4 decommissions: drained, then gone.
+	v.Nodes[3].Node.State = directorypb.NodeState_NODE_DECOMMISSIONING
+	for round := 0; v.Nodes[3].GetNode().GetState() != directorypb.NodeState_NODE_GONE; round++ {
+		plan := Plan(v, cfg)
+		for _, a := range plan {
+			if a.Kind == Move && a.To == 4 || a.Kind == Transfer && a.To == 4 {
+				t.Fatalf("plan gives decommissioning node 4 something: %v", show(plan))
+			}
+		}
+		apply(&v, plan)
+		if round > 100 {
+			t.Fatal("node 4 never gone")
+		}
+	}
+	for _, d := range v.Ranges {
+		if slices.Contains(d.GetReplicas(), 4) || len(d.GetReplicas()) != 3 {
+			t.Fatalf("after the drain range %d has replicas %v", d.GetRangeId(), d.GetReplicas())
+		}
+	}
+	// Node 1 is pinned (it hosts a group that cannot move): drained but never gone.
+	v.Nodes[0].Node.State = directorypb.NodeState_NODE_DECOMMISSIONING
+	for range 100 {
+		plan := Plan(v, cfg)
+		for _, a := range plan {
+			if a.Kind == Gone && a.From == 1 {
+				t.Fatal("pinned node 1 marked gone")
+			}
+		}
+		apply(&v, plan)
+	}
+	v.Nodes[0].Node.State = directorypb.NodeState_NODE_LIVE
+
+	// Node 5 goes down: nothing moves until ReplaceAfter, then it drains.
+	v.Nodes[4].Live, v.Nodes[4].SinceHeartbeatMs = false, 30_000
+	for _, a := range Plan(v, cfg) {
+		if a.From == 5 {
+			t.Fatalf("moved off node 5 after 30 s down: %v", a)
+		}
+	}
+	v.Nodes[4].SinceHeartbeatMs = 61_000
+	plan := Plan(v, cfg)
+	if len(plan) == 0 || plan[0].Kind != Move || plan[0].From != 5 {
+		t.Fatalf("node 5 down past ReplaceAfter: plan %v; want moves off it", show(plan))
+	}
+	// A range with a learner (a move under way) is left alone.
+	for _, d := range v.Ranges {
+		d.Learners = []uint64{9}
+	}
+	if plan := Plan(v, cfg); len(plan) != 0 {
+		t.Fatalf("ranges with learners: plan %v; want none", show(plan))
+	}
+}
+
+// TestPlanSettlesFromAnyPlacement: from random placements, plans settle
+// (an empty plan) within a bounded number of rounds, with replica and lease
+// counts within one across the nodes.
+func TestPlanSettlesFromAnyPlacement(t *testing.T) {
+	for seed := range uint64(200) {
+		r := rand.New(rand.NewPCG(seed, 0))
+		nodes := 3 + r.IntN(5)
+		v := View{Leases: map[uint64]uint64{}}
+		for id := 1; id <= nodes; id++ {
+			v.Nodes = append(v.Nodes, live(uint64(id)))
+		}
+		for i := range 1 + r.IntN(20) {
+			perm := r.Perm(nodes)[:3]
+			d := rng(uint64(10+i), fmt.Sprintf("k%02d", i), uint64(perm[0]+1), uint64(perm[1]+1), uint64(perm[2]+1))
+			v.Ranges = append(v.Ranges, d)
+			v.Leases[d.GetRangeId()] = d.Replicas[r.IntN(3)]
+		}
+		rounds := 0
+		for ; rounds < 500; rounds++ {
+			plan := Plan(v, Config{MaxMoves: 2})
+			if len(plan) == 0 {
+				break
+			}
+			apply(&v, plan)
+		}
+		rep, lea := counts(v)
+		if rounds == 500 || spread(rep) > 1 || spread(lea) > 1 {
+			t.Errorf("seed %d (%d nodes, %d ranges): after %d rounds replicas %v, leases %v", seed, nodes, len(v.Ranges), rounds, rep, lea)
+		}
+	}
+}
