@@ -30,17 +30,17 @@ func adminNodeCmd(with withCluster) *cobra.Command {
 					return err
 				}
 				w := tabwriter.NewWriter(c.OutOrStdout(), 2, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "id\tregion\taddress\tstate\tliveness\treplicas\tleases")
+				fmt.Fprintln(w, "id\tregion\taddress\tstate\tliveness\treplicas\tranges\tleases")
 				for _, r := range rows {
 					live := "live"
 					if !r.Live {
 						live = fmt.Sprintf("not live (%v)", r.SinceHeartbeat.Round(time.Millisecond))
 					}
-					replicas, leases := strconv.Itoa(r.Replicas), strconv.Itoa(r.Leases)
+					replicas, ranges, leases := strconv.Itoa(r.Replicas), strconv.Itoa(r.Ranges), strconv.Itoa(r.Leases)
 					if r.Replicas < 0 {
-						replicas, leases = "-", "-"
+						replicas, ranges, leases = "-", "-", "-"
 					}
-					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Region, r.Addr, r.State, live, replicas, leases)
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Region, r.Addr, r.State, live, replicas, ranges, leases)
 				}
 				return w.Flush()
 			})

@@ -25,9 +25,11 @@ type NodeRow struct {
 	// liveness timeout; SinceHeartbeat is how long ago it last did.
 	Live           bool          `json:"live"`
 	SinceHeartbeat time.Duration `json:"since_heartbeat"`
-	// Replicas: the replicas it hosts, of every kind of group; Leases: the
-	// ranges it serves as leaseholder. Both -1 when it did not answer.
+	// Replicas: the replicas it hosts, of every kind of group; Ranges:
+	// those of ranges; Leases: the ranges it serves as leaseholder. All -1
+	// when it did not answer.
 	Replicas int `json:"replicas"`
+	Ranges   int `json:"ranges"`
 	Leases   int `json:"leases"`
 }
 
@@ -48,7 +50,7 @@ func Nodes(ctx context.Context, d *transport.Dialer, top *topology.Topology) ([]
 		for _, l := range nodes {
 			n := l.GetNode()
 			rows = append(rows, NodeRow{ID: n.GetId(), Region: n.GetRegion(), Addr: n.GetAddr(), State: directory.StateName(n.GetState()),
-				Live: l.GetLive(), SinceHeartbeat: time.Duration(l.GetSinceHeartbeatMs()) * time.Millisecond, Replicas: -1, Leases: -1})
+				Live: l.GetLive(), SinceHeartbeat: time.Duration(l.GetSinceHeartbeatMs()) * time.Millisecond, Replicas: -1, Ranges: -1, Leases: -1})
 			book = append(book, topology.Node{ID: n.GetId(), Region: n.GetRegion(), Addr: n.GetAddr()})
 		}
 	}
@@ -71,7 +73,7 @@ func Nodes(ctx context.Context, d *transport.Dialer, top *topology.Topology) ([]
 			if err != nil {
 				return
 			}
-			row.Replicas, row.Leases = len(st.GetGroups()), 0
+			row.Replicas, row.Ranges, row.Leases = len(st.GetGroups()), len(st.GetRanges()), 0
 			for _, r := range st.GetRanges() {
 				if r.GetLeader() {
 					row.Leases++

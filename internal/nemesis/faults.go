@@ -346,6 +346,7 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			continue
 		}
 		healed := time.Now()
+		cp.checkQuorums()
 		if err := cp.probe(dbs); err != nil {
 			cp.anomaly("no recovery within %v after %q: %v", recoveryBound, kind, err)
 			continue

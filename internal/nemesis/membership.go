@@ -114,3 +114,54 @@ func (cp *campaign) decommission(ctx context.Context, r *rand.Rand) bool {
 	}
 	return true
 }
+
+// checkQuorums records an anomaly for every group of which fewer than a
+// majority of voters run, as the group's replicas on running nodes see its
+// configuration (the leader's view first): once a fault is healed, every
+// group must be able to commit again.
+func (cp *campaign) checkQuorums() {
+	type view struct {
+		voters []uint64
+		leader bool
+	}
+	views := map[uint64]view{}
+	for _, id := range cp.c.NodeIDs() {
+		n := cp.c.Node(id)
+		if n == nil {
+			continue
+		}
+		ids := n.RangeIDs()
+		for _, g := range cp.cfg.Topology.GroupsOn(id) {
+			if g.Kind != topology.KindRange {
+				ids = append(ids, g.ID)
+			}
+		}
+		for _, gid := range ids {
+			g := n.Group(gid)
+			if g == nil {
+				continue
+			}
+			voters, _, joint := g.Members()
+			if joint || len(voters) == 0 {
+				continue // a change under way, or a replica waiting for its first snapshot
+			}
+			if v, ok := views[gid]; !ok || !v.leader && g.IsLeader() {
+				views[gid] = view{voters: voters, leader: g.IsLeader()}
+			}
+		}
+	}
+	cp.mu.Lock()
+	cp.sum.QuorumChecks++
+	cp.mu.Unlock()
+	for gid, v := range views {
+		running := 0
+		for _, id := range v.voters {
+			if cp.c.Node(id) != nil {
+				running++
+			}
+		}
+		if running <= len(v.voters)/2 {
+			cp.anomaly("group %d has %d of its voters %v running: no majority", gid, running, v.voters)
+		}
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -70,6 +71,9 @@ type Summary struct {
 	Released *latency.Histogram
 	// EpochReads counts the epoch reads the invariant checks covered.
 	EpochReads int
+	// QuorumChecks counts the checks, after each healed fault, that every
+	// group has a majority of its voters running.
+	QuorumChecks int
 	// Anomalies found; a correct system finds none.
 	Anomalies []string
 }
@@ -121,8 +125,10 @@ func (cp *campaign) countOutcome(what string, err error) outcome {
 }
 
 func (cp *campaign) anomaly(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	slog.Error("nemesis: anomaly", "what", msg) // as it happens, for whoever watches a long campaign
 	cp.mu.Lock()
-	cp.sum.Anomalies = append(cp.sum.Anomalies, fmt.Sprintf(format, args...))
+	cp.sum.Anomalies = append(cp.sum.Anomalies, msg)
 	cp.mu.Unlock()
 }
 
@@ -302,6 +308,7 @@ func (s *Summary) Write(w io.Writer) {
 			s.Released.Count(), latency.MS(s.Released.Quantile(50)), latency.MS(s.Released.Quantile(100)))
 	}
 	fmt.Fprintf(w, "epoch reads checked: %d\n", s.EpochReads)
+	fmt.Fprintf(w, "quorum checks (every group has a majority of its voters running once a fault is healed): %d\n", s.QuorumChecks)
 	fmt.Fprintf(w, "\nanomalies: %d\n", len(s.Anomalies))
 	for _, a := range s.Anomalies {
 		fmt.Fprintf(w, "  %s\n", a)

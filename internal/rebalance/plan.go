@@ -169,15 +169,29 @@ func Plan(v View, cfg Config) []Action {
 	if len(out) > 0 || len(targets) < 2 {
 		return out
 	}
-	// Balance replicas: one move from the fullest target to the emptiest.
-	full, empty := extremes(targets, replicaCount)
-	if moves < cfg.MaxMoves && full.replicas-empty.replicas > 1 {
-		for _, d := range ranges {
-			if settled(d) && slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id) {
-				out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
-				return out
-			}
+	// Balance replicas: moves from the fullest target to the emptiest, up
+	// to MaxMoves, each of another range.
+	moved := map[uint64]bool{}
+	for moves < cfg.MaxMoves {
+		full, empty := extremes(targets, replicaCount)
+		if full.replicas-empty.replicas <= 1 {
+			break
 		}
+		i := slices.IndexFunc(ranges, func(d *pb.RangeDescriptor) bool {
+			return settled(d) && !moved[d.GetRangeId()] && slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id)
+		})
+		if i < 0 {
+			break
+		}
+		d := ranges[i]
+		out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
+		moved[d.GetRangeId()] = true
+		full.replicas--
+		empty.replicas++
+		moves++
+	}
+	if len(out) > 0 {
+		return out
 	}
 	// Balance leases: one transfer from the target with the most leases
 	// that can give one to a replica of the same range with at least two

@@ -37,7 +37,11 @@ type QueueConfig struct {
 	ActionTimeout time.Duration
 	// LeaseSettle: lease counts must stay uneven this long before the
 	// queue evens them (default 30 s), so leases that a merge gathers on
-	// one node (DESIGN.md §11) are not pulled apart before it runs.
+	// one node (DESIGN.md §11) are not pulled apart before it runs. For as
+	// long again it waits for a moment a range holds no locks; after that
+	// it transfers anyway (transactions holding only unreplicated locks
+	// there abort and retry), or a range always under load would never
+	// move its lease.
 	LeaseSettle time.Duration
 }
 
@@ -122,7 +126,7 @@ func (q *Queue) Once(ctx context.Context) []Action {
 					actx, cancel = context.WithTimeout(actx, idleTransferTimeout)
 					defer cancel()
 				}
-				err = q.c.TransferLease(actx, a.Range.GetStartKey(), a.To, a.Balance)
+				err = q.c.TransferLease(actx, a.Range.GetStartKey(), a.To, a.Balance && !q.insist(time.Now()))
 			case Gone:
 				err = q.c.MarkGone(actx, a.From)
 			}
@@ -146,6 +150,14 @@ func (q *Queue) Once(ctx context.Context) []Action {
 	}
 	wg.Wait()
 	return plan
+}
+
+// insist reports whether lease counts have been uneven so long (twice
+// LeaseSettle) that a balancing transfer no longer waits for an idle range.
+func (q *Queue) insist(now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return !q.unevenSince.IsZero() && now.Sub(q.unevenSince) >= 2*q.cfg.LeaseSettle
 }
 
 // settle drops plan's balancing lease transfers until lease counts have
