@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,6 +123,33 @@ func TestJoinRebalanceDecommission(t *testing.T) {
 		t.Errorf("after refused joins the registry has %d nodes: %+v", len(got), got)
 	}
 
+	// A joiner stops: once its region counts it down, no replica moves to
+	// it. One of the two lacks a replica of one of the ranges (six
+	// replicas, balanced over five nodes).
+	var dead uint64
+	var lacking []byte
+	for _, j := range []uint64{4, 5} {
+		for id, key := range map[uint64][]byte{10: account(0), 11: []byte("x-acct-00")} {
+			if r := c.Node(1).Range(id); r != nil && dead == 0 && !slices.Contains(r.Desc().GetReplicas(), j) {
+				dead, lacking = j, key
+			}
+		}
+	}
+	if dead == 0 {
+		t.Fatal("both joiners host both ranges")
+	}
+	if err := c.StopNode(dead); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "the stopped joiner not live", func(rows map[uint64]admin.NodeRow) bool { return !rows[dead].Live })
+	if _, err := db.AdminMoveReplica(ctx, lacking, 1, dead); !errors.Is(err, client.ErrMoveTarget) || !strings.Contains(err.Error(), "not live") {
+		t.Errorf("moving a replica of the range at %q to stopped node %d = %v; want ErrMoveTarget (not live)", lacking, dead, err)
+	}
+	if err := c.RestartNode(dead); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "the joiner live again", func(rows map[uint64]admin.NodeRow) bool { return rows[dead].Live })
+
 	// Decommission node 4: the queue drains it and marks it gone.
 	d := c.Dialer("us-east1")
 	if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", 4, directorypb.NodeState_NODE_DECOMMISSIONING); err != nil {
@@ -142,21 +170,18 @@ func TestJoinRebalanceDecommission(t *testing.T) {
 		t.Errorf("recommissioning gone node 4 = %v; want ErrNodeState", err)
 	}
 
-	// Node 5 stops: once its region counts it down, nothing moves to it.
+	// Node 3 hosts the region's epoch, txn-state and directory groups,
+	// which cannot move yet: decommissioning it is refused.
+	if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", 3, directorypb.NodeState_NODE_DECOMMISSIONING); !errors.Is(err, admin.ErrNodePinned) {
+		t.Errorf("decommissioning node 3 = %v; want ErrNodePinned", err)
+	}
+	// With node 5 down, the region's registry refuses a decommission that
+	// would leave two live nodes.
 	if err := c.StopNode(5); err != nil {
 		t.Fatal(err)
 	}
 	awaitRows(t, ctx, c, "node 5 not live", func(rows map[uint64]admin.NodeRow) bool { return !rows[5].Live })
-	desc, err := db.AdminMoveReplica(ctx, account(0), 1, 5)
-	switch {
-	case err == nil && slices.Contains(desc.Replicas, 5):
-		t.Errorf("moved a replica to stopped node 5: %v", desc.Replicas)
-	case err != nil && !errors.Is(err, client.ErrMoveTarget):
-		t.Errorf("moving a replica to stopped node 5 = %v; want ErrMoveTarget", err)
-	}
-	// With node 5 down, decommissioning an original node would leave two
-	// live nodes: refused.
-	if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", 3, directorypb.NodeState_NODE_DECOMMISSIONING); !errors.Is(err, directory.ErrTooFewNodes) {
+	if err := directory.NewDirectories(c.Topology, d).Of("us-east1").SetNodeState(ctx, 3, directorypb.NodeState_NODE_DECOMMISSIONING); !errors.Is(err, directory.ErrTooFewNodes) {
 		t.Errorf("decommissioning node 3 with node 5 down = %v; want ErrTooFewNodes", err)
 	}
 	if rows := nodeRows(t, ctx, c); rows[3].State != "live" {

@@ -1,35 +1,21 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/latency"
-	"github.com/terroir-db/terroir/internal/topology"
-	"github.com/terroir-db/terroir/internal/transport"
 	"github.com/terroir-db/terroir/internal/ycsb"
 )
-
-// rebalanceRegion is the region `bench rebalance` runs in.
-const rebalanceRegion = "us-east1"
 
 func benchRebalanceCmd() *cobra.Command {
 	var duration, joinAt time.Duration
@@ -72,172 +58,37 @@ memory: right after they joined and at its peak.`,
 	return cmd
 }
 
-// benchNode is one node process of the bench.
-type benchNode struct {
-	id         uint64
-	addr, http string
-	cmd        *exec.Cmd
-	done       chan struct{} // closed once the process exited
-}
-
 // rebalanceBench is the cluster of node processes.
-type rebalanceBench struct {
-	dir   string
-	top   *topology.Topology
-	path  string
-	exe   string
-	nodes map[uint64]*benchNode
-	addrs []string // five RPC then five HTTP addresses
-}
+type rebalanceBench struct{ *procCluster }
 
 func newRebalanceBench(ranges int) (*rebalanceBench, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "terroir-bench-rebalance-")
-	if err != nil {
-		return nil, err
-	}
-	b := &rebalanceBench{dir: dir, exe: exe, nodes: map[uint64]*benchNode{}}
-	if b.addrs, err = freeLoopbackAddrs(10); err != nil {
-		return nil, err
-	}
-	yaml := "local_epoch_interval: 10ms\nraft_tick: 10ms\nsplit_size: off\nsplit_qps: off\nregions: [" + rebalanceRegion + "]\nnodes:\n"
-	for i := range 3 {
-		yaml += fmt.Sprintf("  - {id: %d, region: %s, addr: %q}\n", i+1, rebalanceRegion, b.addrs[i])
-	}
-	yaml += "groups:\n"
-	for i, kind := range []string{"local-epoch", "txn-state", "directory"} {
-		yaml += fmt.Sprintf("  - {id: %d, kind: %s, region: %s, replicas: [1, 2, 3]}\n", i+1, kind, rebalanceRegion)
-	}
-	// Ranges start at "", "c", "f", ...: each holds YCSB keys under its own prefix.
-	for i := range ranges {
-		start, end := "", string(rune('c'+3*i))
-		if i > 0 {
-			start = string(rune('c' + 3*(i-1)))
+	p, err := newProcCluster("rebalance", 5, func(addrs []string) string {
+		yaml := "local_epoch_interval: 10ms\nraft_tick: 10ms\nsplit_size: off\nsplit_qps: off\nregions: [" + benchRegion + "]\nnodes:\n"
+		for i := range 3 {
+			yaml += fmt.Sprintf("  - {id: %d, region: %s, addr: %q}\n", i+1, benchRegion, addrs[i])
 		}
-		if i == ranges-1 {
-			yaml += fmt.Sprintf("  - {id: %d, kind: range, region: %s, start: %q, replicas: [1, 2, 3]}\n", 10+i, rebalanceRegion, start)
-		} else {
-			yaml += fmt.Sprintf("  - {id: %d, kind: range, region: %s, start: %q, end: %q, replicas: [1, 2, 3]}\n", 10+i, rebalanceRegion, start, end)
+		yaml += "groups:\n"
+		for i, kind := range []string{"local-epoch", "txn-state", "directory"} {
+			yaml += fmt.Sprintf("  - {id: %d, kind: %s, region: %s, replicas: [1, 2, 3]}\n", i+1, kind, benchRegion)
 		}
-	}
-	if b.top, err = topology.Parse([]byte(yaml)); err != nil {
-		return nil, err
-	}
-	b.path = filepath.Join(dir, "topology.yaml")
-	return b, os.WriteFile(b.path, []byte(yaml), 0o644)
-}
-
-// freeLoopbackAddrs returns n 127.0.0.1 addresses whose ports were free.
-func freeLoopbackAddrs(n int) ([]string, error) {
-	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, l.Addr().String())
-		defer l.Close()
-	}
-	return out, nil
-}
-
-// start runs node id as a process: of the file, or joining through node 1.
-func (b *rebalanceBench) start(id uint64, join bool) error {
-	n := &benchNode{id: id, addr: b.addrs[id-1], http: b.addrs[4+id], done: make(chan struct{})}
-	args := []string{"start", "--log-level", "info", "--insecure", "--node", strconv.FormatUint(id, 10), "--data-dir", filepath.Join(b.dir, fmt.Sprint(id)), "--http-addr", n.http}
-	if join {
-		args = append(args, "--join", b.addrs[0], "--region", rebalanceRegion, "--addr", n.addr)
-	} else {
-		args = append(args, "--config", b.path)
-	}
-	n.cmd = exec.Command(b.exe, args...)
-	logf, err := os.Create(filepath.Join(b.dir, fmt.Sprintf("node-%d.log", id)))
-	if err != nil {
-		return err
-	}
-	n.cmd.Stdout, n.cmd.Stderr = logf, logf
-	if err := n.cmd.Start(); err != nil {
-		return err
-	}
-	go func() { _ = n.cmd.Wait(); logf.Close(); close(n.done) }()
-	b.nodes[id] = n
-	// Serving once /readyz answers (the process may first have to join).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + n.http + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			return nil
-		}
-		select {
-		case <-n.done:
-			return fmt.Errorf("node %d exited; see %s", id, filepath.Join(b.dir, fmt.Sprintf("node-%d.log", id)))
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("node %d did not serve within 30 s", id)
-		}
-	}
-}
-
-// close stops every node and removes the data unless keep.
-func (b *rebalanceBench) close(keep bool) {
-	for _, n := range b.nodes {
-		_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	for _, n := range b.nodes {
-		select {
-		case <-n.done:
-		case <-time.After(10 * time.Second):
-			_ = n.cmd.Process.Kill()
-			<-n.done
-		}
-	}
-	if keep {
-		fmt.Printf("data directories and node logs kept in %s\n", b.dir)
-		return
-	}
-	_ = os.RemoveAll(b.dir)
-}
-
-// rssBytes returns a process's resident set size (VmRSS), or 0.
-func rssBytes(pid int) uint64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
-			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
-
-// snapshotBytes sums terroir_raft_snapshot_sent_bytes_total over the nodes.
-func (b *rebalanceBench) snapshotBytes() float64 {
-	var sum float64
-	for _, n := range b.nodes {
-		resp, err := http.Get("http://" + n.http + "/metrics")
-		if err != nil {
-			continue
-		}
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for _, line := range strings.Split(string(data), "\n") {
-			if rest, ok := strings.CutPrefix(line, "terroir_raft_snapshot_sent_bytes_total "); ok {
-				v, _ := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-				sum += v
+		// Ranges start at "", "c", "f", ...: each holds YCSB keys under its own prefix.
+		for i := range ranges {
+			start, end := "", string(rune('c'+3*i))
+			if i > 0 {
+				start = string(rune('c' + 3*(i-1)))
+			}
+			if i == ranges-1 {
+				yaml += fmt.Sprintf("  - {id: %d, kind: range, region: %s, start: %q, replicas: [1, 2, 3]}\n", 10+i, benchRegion, start)
+			} else {
+				yaml += fmt.Sprintf("  - {id: %d, kind: range, region: %s, start: %q, end: %q, replicas: [1, 2, 3]}\n", 10+i, benchRegion, start, end)
 			}
 		}
+		return yaml
+	})
+	if err != nil {
+		return nil, err
 	}
-	return sum
+	return &rebalanceBench{p}, nil
 }
 
 // balanceSample is the registry's replica and lease counts at one moment.
@@ -249,28 +100,22 @@ type balanceSample struct {
 }
 
 func (b *rebalanceBench) run(ctx context.Context, records, clients int, duration, joinAt time.Duration) error {
-	for id := uint64(1); id <= 3; id++ {
-		if err := b.start(id, false); err != nil {
-			return err
-		}
-	}
-	d := transport.NewDialer(transport.NewNetwork(b.top), transport.Endpoint{Region: rebalanceRegion}, nil)
-	defer d.Close()
-	db, err := client.OpenWithDialer(b.top, rebalanceRegion, d)
+	db, d, err := b.startFile()
 	if err != nil {
 		return err
 	}
+	defer d.Close()
 	defer db.Close()
 	w, err := ycsb.Core("a")
 	if err != nil {
 		return err
 	}
 	w.RecordCount, w.OperationCount = records, 0
-	keys, err := ycsb.RegionKeys(b.top, rebalanceRegion)
+	keys, err := ycsb.RegionKeys(b.top, benchRegion)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("three nodes (processes) of %s, %d ranges; loading %d records\n", rebalanceRegion, len(keys.Prefixes), records)
+	fmt.Printf("three nodes (processes) of %s, %d ranges; loading %d records\n", benchRegion, len(keys.Prefixes), records)
 	if err := ycsb.Load(ctx, ycsb.Terroir(db), w, keys, 1); err != nil {
 		return err
 	}
@@ -317,14 +162,12 @@ loop:
 			}
 			joined = time.Now()
 			for id := uint64(4); id <= 5; id++ {
-				idleRSS = max(idleRSS, rssBytes(b.nodes[id].cmd.Process.Pid))
+				idleRSS = max(idleRSS, b.rss(id))
 			}
 			fmt.Printf("nodes 4 and 5 joined at %.1f s\n", joined.Sub(start).Seconds())
 		case now := <-sampleEvery.C:
 			for id := uint64(4); id <= 5; id++ {
-				if n := b.nodes[id]; n != nil {
-					peakRSS = max(peakRSS, rssBytes(n.cmd.Process.Pid))
-				}
+				peakRSS = max(peakRSS, b.rss(id))
 			}
 			sctx, cancel := context.WithTimeout(ctx, time.Second)
 			rows, err := admin.Nodes(sctx, d, b.top)
@@ -403,7 +246,7 @@ loop:
 	} else {
 		fmt.Printf("balanced (replica and lease counts within one across the 5 nodes) %.1f s after the joins\n", balancedAt.Sub(joined).Seconds())
 	}
-	fmt.Printf("snapshot bytes sent: %s\n", humanBytes(uint64(b.snapshotBytes())))
+	fmt.Printf("snapshot bytes sent: %s\n", humanBytes(b.snapshotBytes()))
 	fmt.Printf("joiners' resident memory: %s right after joining, peak %s\n", humanBytes(idleRSS), humanBytes(peakRSS))
 	return nil
 }

@@ -78,9 +78,7 @@ func startCmd() *cobra.Command {
 				if _, ok := top.Node(nodeID); !ok {
 					return fmt.Errorf("--node %d is not in %s (a node that is not joins with --join)", nodeID, configPath)
 				}
-				if addr != "" {
-					top = top.WithAddrs(map[uint64]string{nodeID: addr})
-				}
+
 			}
 			if orphanAfter != 0 && orphanAfter < top.OrphanAfter/2 {
 				// Coordinators heartbeat every orphan_after/4 of the topology.
@@ -88,12 +86,12 @@ func startCmd() *cobra.Command {
 			}
 			if httpAddr == "" {
 				self, _ := top.Node(nodeID)
-				if httpAddr, err = defaultHTTPAddr(self.Addr); err != nil {
+				if httpAddr, err = defaultHTTPAddr(cmp.Or(addr, self.Addr)); err != nil {
 					return err
 				}
 			}
 			n, err := node.Start(node.Config{Topology: top, NodeID: nodeID, DataDir: dataDir, OrphanAfter: orphanAfter,
-				Certs: certs, Insecure: insecure, HTTPAddr: httpAddr})
+				Certs: certs, Insecure: insecure, HTTPAddr: httpAddr, Addr: addr})
 			if err != nil {
 				return err
 			}

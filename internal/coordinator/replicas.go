@@ -22,7 +22,7 @@ var ErrMoveTarget = errors.New("terroir: the replica cannot move there")
 // (nothing changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown
 // (whether it moved is unknown: the range's descriptor tells).
 func (c *Coordinator) MoveReplica(ctx context.Context, key []byte, from, to uint64) (*pb.RangeDescriptor, error) {
-	if _, ok := c.dialer.Network().Node(to); !ok {
+	if _, ok := c.dialer.Network().Resolve(to); !ok {
 		return nil, fmt.Errorf("%w: node %d is not in the cluster", ErrMoveTarget, to)
 	}
 	var moved *pb.RangeDescriptor

@@ -13,9 +13,11 @@ import (
 const DefaultLivenessTimeout = 5 * time.Second
 
 // liveness is a directory leader's view of its region's nodes: when it last
-// heard from each. It is not replicated: a new leader (a new term) starts
-// with every node heard at the moment it took over, so a leader change
-// declares no node dead before a full timeout passes.
+// heard from each. It is not replicated: a new leader (a new term) knows
+// nothing, and counts a node live only once it heard from it (nodes
+// heartbeat four times a timeout), so a dead node never passes for live;
+// how long a node has gone unheard counts from the term's start at most,
+// so a leader change puts off replacing a dead node, never hastens it.
 type liveness struct {
 	mu    sync.Mutex
 	term  uint64               // the leader term the table belongs to
@@ -39,21 +41,20 @@ func (l *liveness) beat(term, node uint64, now time.Time) {
 }
 
 // view returns each node's liveness under term at now: live while its last
-// heartbeat (or the term's start, if none) is within timeout. Gone nodes
-// are never live.
+// heartbeat under term is within timeout. Gone nodes are never live.
 func (l *liveness) view(term uint64, now time.Time, timeout time.Duration, nodes []*directorypb.NodeRecord) []*directorypb.NodeLiveness {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.reset(term, now)
 	out := make([]*directorypb.NodeLiveness, len(nodes))
 	for i, n := range nodes {
-		last, ok := l.heard[n.GetId()]
-		if !ok {
+		last, heard := l.heard[n.GetId()]
+		if !heard {
 			last = l.since
 		}
 		ago := now.Sub(last)
 		out[i] = &directorypb.NodeLiveness{Node: n, SinceHeartbeatMs: uint64(ago.Milliseconds()),
-			Live: ago < timeout && n.GetState() != directorypb.NodeState_NODE_GONE}
+			Live: heard && ago < timeout && n.GetState() != directorypb.NodeState_NODE_GONE}
 	}
 	return out
 }

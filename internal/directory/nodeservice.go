@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/topology"
 )
 
@@ -60,12 +62,16 @@ func (s *Server) livenessOf(group uint64) *liveness {
 	return l
 }
 
-// RegisterNode implements directorypb.DirectoryServer.
+// RegisterNode implements directorypb.DirectoryServer. A node registers
+// itself (a new address included); another node may only register a new
+// one on its behalf (a join), never change a registered node's address.
 func (s *Server) RegisterNode(ctx context.Context, req *directorypb.RegisterNodeRequest) (*directorypb.RegisterNodeResponse, error) {
 	r, err := s.replica(req.GetGroupId())
 	if err != nil {
 		return nil, err
 	}
+	caller, secure := security.PeerIdentity(ctx)
+	proxied := secure && caller.Node != req.GetNode().GetId()
 	if cur, ok := r.SM.Node(req.GetNode().GetId()); ok && cur.GetAddr() == req.GetNode().GetAddr() && cur.GetRegion() == req.GetNode().GetRegion() {
 		if _, err := s.read(ctx, req.GetGroupId()); err != nil { // registered already, as of now?
 			return nil, err
@@ -74,15 +80,20 @@ func (s *Server) RegisterNode(ctx context.Context, req *directorypb.RegisterNode
 			return &directorypb.RegisterNodeResponse{}, nil
 		}
 	}
-	_, err = s.propose(ctx, req.GetGroupId(), &directorypb.Command{Cmd: &directorypb.Command_RegisterNode{RegisterNode: &directorypb.RegisterNodeCmd{Node: req.GetNode()}}})
+	_, err = s.propose(ctx, req.GetGroupId(), &directorypb.Command{Cmd: &directorypb.Command_RegisterNode{RegisterNode: &directorypb.RegisterNodeCmd{
+		Node: req.GetNode(), NewNode: proxied || req.GetNewNode()}}})
 	if err != nil {
 		return nil, err
 	}
 	return &directorypb.RegisterNodeResponse{}, nil
 }
 
-// Heartbeat implements directorypb.DirectoryServer.
-func (s *Server) Heartbeat(_ context.Context, req *directorypb.HeartbeatRequest) (*directorypb.HeartbeatResponse, error) {
+// Heartbeat implements directorypb.DirectoryServer: a node heartbeats for
+// itself only.
+func (s *Server) Heartbeat(ctx context.Context, req *directorypb.HeartbeatRequest) (*directorypb.HeartbeatResponse, error) {
+	if caller, ok := security.PeerIdentity(ctx); ok && caller.Node != req.GetNodeId() {
+		return nil, status.Errorf(codes.PermissionDenied, "%s may not heartbeat for node %d", caller, req.GetNodeId())
+	}
 	_, term, err := s.leaderTerm(req.GetGroupId())
 	if err != nil {
 		return nil, err
@@ -91,11 +102,10 @@ func (s *Server) Heartbeat(_ context.Context, req *directorypb.HeartbeatRequest)
 	return &directorypb.HeartbeatResponse{}, nil
 }
 
-// Nodes implements directorypb.DirectoryServer.
-func (s *Server) Nodes(ctx context.Context, req *directorypb.NodesRequest) (*directorypb.NodesResponse, error) {
-	if _, err := s.read(ctx, req.GetGroupId()); err != nil {
-		return nil, err
-	}
+// Nodes implements directorypb.DirectoryServer: the leader answers from
+// its applied state, without a ReadIndex round (address books and liveness
+// need no linearizable read; the registry's own checks run in Apply).
+func (s *Server) Nodes(_ context.Context, req *directorypb.NodesRequest) (*directorypb.NodesResponse, error) {
 	r, term, err := s.leaderTerm(req.GetGroupId())
 	if err != nil {
 		return nil, err
@@ -107,6 +117,10 @@ func (s *Server) Nodes(ctx context.Context, req *directorypb.NodesRequest) (*dir
 // the live state only while MinLiveNodes other nodes of the region are both
 // in the live state and live (heard from within the liveness timeout).
 func (s *Server) SetNodeState(ctx context.Context, req *directorypb.SetNodeStateRequest) (*directorypb.SetNodeStateResponse, error) {
+	if caller, ok := security.PeerIdentity(ctx); ok && !caller.IsNode() && req.GetState() == directorypb.NodeState_NODE_GONE {
+		// Gone means drained: the replicate queue (a node) decides it.
+		return nil, status.Error(codes.InvalidArgument, fmt.Errorf("%w: node %d: only the replicate queue marks a drained node gone; decommission it", ErrNodeState, req.GetNodeId()).Error())
+	}
 	nodes, err := s.Nodes(ctx, &directorypb.NodesRequest{GroupId: req.GetGroupId()})
 	if err != nil {
 		return nil, err
@@ -133,11 +147,12 @@ func (s *Server) SetNodeState(ctx context.Context, req *directorypb.SetNodeState
 }
 
 // RegisterNode adds node to the region's registry, or records its new
-// address. Errors: ErrBadNode, ErrDuplicateAddr (within the region),
-// ErrNodeGone; nothing changes.
-func (c *Client) RegisterNode(ctx context.Context, node *directorypb.NodeRecord) error {
+// address; newNode (a join) refuses an id registered at another address.
+// Errors: ErrBadNode, ErrDuplicateAddr (within the region), ErrNodeGone,
+// ErrNodeExists; nothing changes.
+func (c *Client) RegisterNode(ctx context.Context, node *directorypb.NodeRecord, newNode bool) error {
 	return TypedError(c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
-		_, err := directorypb.NewDirectoryClient(conn).RegisterNode(ctx, &directorypb.RegisterNodeRequest{GroupId: c.group, Node: node})
+		_, err := directorypb.NewDirectoryClient(conn).RegisterNode(ctx, &directorypb.RegisterNodeRequest{GroupId: c.group, Node: node, NewNode: newNode})
 		return err
 	}))
 }
@@ -181,27 +196,35 @@ func IsRegistryError(err error) bool {
 	return false
 }
 
-// RegisteredNodes returns every node of the registries that answer, gone
-// ones included (transport.Network.AddLookup); it fails only when none
-// does.
+// RegisteredNodes returns every node of the registries that answer (all
+// asked at once), gone ones included (transport.Network.AddLookup); it
+// fails only when none does.
 func (d *Directories) RegisteredNodes(ctx context.Context) ([]topology.Node, error) {
+	lists := make([][]*directorypb.NodeLiveness, len(d.regions))
+	errs := make([]error, len(d.regions))
+	var wg sync.WaitGroup
+	for i, r := range d.regions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lists[i], errs[i] = d.byRegion[r].Nodes(ctx)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("region %s's registry: %w", r, errs[i])
+			}
+		}()
+	}
+	wg.Wait()
 	var out []topology.Node
-	var lastErr error
 	answered := false
-	for _, r := range d.regions {
-		nodes, err := d.byRegion[r].Nodes(ctx)
-		if err != nil {
-			lastErr = fmt.Errorf("region %s's registry: %w", r, err)
-			continue
-		}
-		answered = true
+	for i, nodes := range lists {
+		answered = answered || errs[i] == nil
 		for _, l := range nodes {
 			rec := l.GetNode()
 			out = append(out, topology.Node{ID: rec.GetId(), Region: rec.GetRegion(), Addr: rec.GetAddr()})
 		}
 	}
-	if !answered && lastErr != nil {
-		return nil, lastErr
+	if !answered && len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return out, nil
 }

@@ -131,10 +131,16 @@ func (sm *StateMachine) applyRegister(b *pebble.Batch, c *directorypb.RegisterNo
 	}
 	rec := &directorypb.NodeRecord{Id: n.GetId(), Region: sm.region, Addr: n.GetAddr()}
 	if found {
-		if sm.nodes[i].GetState() == directorypb.NodeState_NODE_GONE {
+		cur := sm.nodes[i]
+		switch {
+		case cur.GetState() == directorypb.NodeState_NODE_GONE:
 			return fmt.Errorf("%w: node %d was decommissioned", ErrNodeGone, n.GetId())
+		case c.GetNewNode() && cur.GetAddr() == n.GetAddr():
+			return nil // a join repeated: registered already
+		case c.GetNewNode():
+			return fmt.Errorf("%w: node %d is registered at %s", ErrNodeExists, n.GetId(), cur.GetAddr())
 		}
-		rec.State = sm.nodes[i].GetState()
+		rec.State = cur.GetState()
 	}
 	nodes := slices.Clone(sm.nodes)
 	if found {
@@ -181,6 +187,9 @@ func (sm *StateMachine) applySetNodeState(b *pebble.Batch, c *directorypb.SetNod
 // checkTransition vets a state change: live ⇄ decommissioning → gone; the
 // same state again is not an error.
 func checkTransition(id uint64, cur, next directorypb.NodeState) error {
+	if _, known := directorypb.NodeState_name[int32(next)]; !known {
+		return fmt.Errorf("%w: node %d cannot become state %d", ErrNodeState, id, next)
+	}
 	ok := cur == next ||
 		cur == directorypb.NodeState_NODE_LIVE && next == directorypb.NodeState_NODE_DECOMMISSIONING ||
 		cur == directorypb.NodeState_NODE_DECOMMISSIONING && next != directorypb.NodeState_NODE_DECOMMISSIONING

@@ -187,14 +187,16 @@ func (s *statusServer) Join(ctx context.Context, req *nodepb.JoinRequest) (*node
 		switch {
 		case rec.GetId() == req.GetNodeId() && rec.GetState() == directorypb.NodeState_NODE_GONE:
 			return refuse(fmt.Errorf("%w: node %d was decommissioned; join with a new id", directory.ErrNodeGone, rec.GetId()))
-		case rec.GetId() == req.GetNodeId() && (req.GetFresh() || rec.GetRegion() != req.GetRegion()):
+		case rec.GetId() == req.GetNodeId() && (rec.GetRegion() != req.GetRegion() || req.GetFresh() && rec.GetAddr() != req.GetAddr()):
+			// (The same id, region and address again is a join repeated
+			// after a lost reply.)
 			return refuse(fmt.Errorf("%w: node %d is registered in %s at %s; a node with an empty store joins with a new id", directory.ErrNodeExists, rec.GetId(), rec.GetRegion(), rec.GetAddr()))
 		case rec.GetId() != req.GetNodeId() && rec.GetAddr() == req.GetAddr() && rec.GetState() != directorypb.NodeState_NODE_GONE:
 			return refuse(fmt.Errorf("%w: node %d is registered at %s", directory.ErrDuplicateAddr, rec.GetId(), rec.GetAddr()))
 		}
 	}
 	rec := &directorypb.NodeRecord{Id: req.GetNodeId(), Region: req.GetRegion(), Addr: req.GetAddr()}
-	if err := dir.RegisterNode(ctx, rec); err != nil {
+	if err := dir.RegisterNode(ctx, rec, true); err != nil {
 		if directory.IsRegistryError(err) {
 			return refuse(err)
 		}

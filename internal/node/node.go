@@ -66,10 +66,16 @@ type Config struct {
 	// web console ("": not at all; port 0: any free port). Start fails when
 	// it cannot be bound.
 	HTTPAddr string
-	// RebalanceInterval is how often the region's replicate queue plans,
-	// on the node leading its region's directory (0: every 2 s; below 0:
-	// never, for tests that place replicas themselves).
+	// RebalanceInterval overrides the topology's rebalance_interval: how
+	// often the region's replicate queue plans, on the node leading its
+	// region's directory (0: the topology's; below 0: never, for tests
+	// that place replicas themselves).
 	RebalanceInterval time.Duration
+	// Addr, if set, is the node's RPC address instead of the topology's:
+	// a node of the file restarted elsewhere; the registry records it
+	// (DESIGN.md §12). The topology, which seeds the registry, stays as
+	// every node has it.
+	Addr string
 	// Crashable opens the store so that Kill can lose what a power loss
 	// would (storage.OpenCrashable); for fault campaigns.
 	Crashable bool
@@ -142,6 +148,9 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	if cfg.Network == nil {
 		cfg.Network = transport.NewNetwork(top)
+	}
+	if cfg.Addr != "" {
+		cfg.Network.SetNodes([]topology.Node{{ID: cfg.NodeID, Region: self.Region, Addr: cfg.Addr}})
 	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
@@ -288,8 +297,8 @@ func Start(cfg Config) (_ *Node, err error) {
 
 	n.listener = cfg.Listener
 	if n.listener == nil {
-		if n.listener, err = net.Listen("tcp", self.Addr); err != nil {
-			return nil, fmt.Errorf("node %d: listen on %s: %w", cfg.NodeID, self.Addr, err)
+		if n.listener, err = net.Listen("tcp", n.addr()); err != nil {
+			return nil, fmt.Errorf("node %d: listen on %s: %w", cfg.NodeID, n.addr(), err)
 		}
 	}
 	go func() {
@@ -312,15 +321,20 @@ func Start(cfg Config) (_ *Node, err error) {
 	if n.httpListener != nil {
 		n.serveHTTP()
 	}
-	n.bg.Add(2)
+	n.bg.Add(3)
 	go n.reconcile()
 	go func() {
 		defer n.bg.Done()
 		n.keepRegistered()
 	}()
-	if g := top.GroupsOfKind(topology.KindDirectory, self.Region); cfg.RebalanceInterval >= 0 && len(g) > 0 && n.Group(g[0].ID) != nil {
+	go func() {
+		defer n.bg.Done()
+		n.refreshBook()
+	}()
+	every := cmp.Or(cfg.RebalanceInterval, top.RebalanceInterval)
+	if g := top.GroupsOfKind(topology.KindDirectory, self.Region); every > 0 && len(g) > 0 && n.Group(g[0].ID) != nil {
 		n.queueRegion = &regionCluster{n: n, region: self.Region}
-		n.queue = rebalance.NewQueue(n.queueRegion, rebalance.QueueConfig{Interval: cfg.RebalanceInterval,
+		n.queue = rebalance.NewQueue(n.queueRegion, rebalance.QueueConfig{Interval: every,
 			Config: rebalance.Config{ReplaceAfter: top.ReplaceAfter, MaxMoves: top.MaxSnapshots}})
 		n.background(func() { n.queue.Run(n.stopped) })
 	}
@@ -645,3 +659,9 @@ func (n *Node) closeParts() error {
 // epochs (50 ms by default), far inside the lease's renewal margin (half of
 // 100 epochs), and seldom enough that idle ranges cost little.
 func rangeTick(top *topology.Topology) time.Duration { return 5 * top.LocalEpochInterval }
+
+// addr is the node's RPC address: Config.Addr, else the topology's.
+func (n *Node) addr() string {
+	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
+	return cmp.Or(n.cfg.Addr, self.Addr)
+}

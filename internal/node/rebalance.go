@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/terroir-db/terroir/internal/coordinator"
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
@@ -121,8 +122,18 @@ func (c *regionCluster) TransferLease(ctx context.Context, key []byte, to uint64
 	return err
 }
 
-// MarkGone implements rebalance.Cluster.
+// MarkGone implements rebalance.Cluster: once the node itself, if it
+// answers, hosts no range replica (the directory's descriptors may lag a
+// change under way).
 func (c *regionCluster) MarkGone(ctx context.Context, id uint64) error {
+	if conn, err := c.n.dialer.Conn(id); err == nil {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := pb.NewRangeClient(conn).Ranges(rctx, &pb.RangesRequest{})
+		cancel()
+		if err == nil && len(resp.GetRanges()) > 0 {
+			return fmt.Errorf("node %d still hosts range %d", id, resp.GetRanges()[0].GetRangeDescriptor().GetRangeId())
+		}
+	}
 	return c.n.dirs.Of(c.region).SetNodeState(ctx, id, directorypb.NodeState_NODE_GONE)
 }
 

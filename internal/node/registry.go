@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // The node registry from a node's side (DESIGN.md §12): each node registers
@@ -20,11 +22,10 @@ import (
 
 // bookRefresh is how often a node reads every region's registry into the
 // network's node book.
-const bookRefresh = 2 * time.Second
+const bookRefresh = 5 * time.Second
 
 // keepRegistered registers the node, then heartbeats its region's
-// directory every liveness timeout / 4 and refreshes the node book every
-// bookRefresh, until the node stops.
+// directory every liveness timeout / 4, until the node stops.
 func (n *Node) keepRegistered() {
 	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
 	dir := n.dirs.Of(self.Region)
@@ -32,14 +33,14 @@ func (n *Node) keepRegistered() {
 		return // a region without a directory homes no data and takes no replicas
 	}
 	every := n.cfg.Topology.LivenessTimeout / 4
-	rec := &directorypb.NodeRecord{Id: n.cfg.NodeID, Region: self.Region, Addr: self.Addr}
-	registered, lastRefresh := false, time.Time{}
+	rec := &directorypb.NodeRecord{Id: n.cfg.NodeID, Region: self.Region, Addr: n.addr()}
+	registered := false
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(n.stopped, every)
 		if !registered {
-			err := dir.RegisterNode(ctx, rec)
+			err := dir.RegisterNode(ctx, rec, false)
 			switch {
 			case err == nil:
 				registered = true
@@ -50,10 +51,6 @@ func (n *Node) keepRegistered() {
 		}
 		_ = dir.Heartbeat(ctx, n.cfg.NodeID)
 		cancel()
-		if time.Since(lastRefresh) >= bookRefresh {
-			lastRefresh = time.Now()
-			n.refreshBook()
-		}
 		select {
 		case <-n.stopped.Done():
 			return
@@ -62,39 +59,55 @@ func (n *Node) keepRegistered() {
 	}
 }
 
-// refreshBook reads every region's registry into the network's node book.
+// refreshBook reads every region's registry into the network's node book
+// every bookRefresh, until the node stops (apart from the heartbeats: a
+// region that does not answer delays no heartbeat).
 func (n *Node) refreshBook() {
-	ctx, cancel := context.WithTimeout(n.stopped, 2*time.Second)
-	defer cancel()
-	if nodes, err := n.dirs.RegisteredNodes(ctx); err == nil {
-		n.cfg.Network.SetNodes(nodes)
+	for transport.SleepCtx(n.stopped, bookRefresh) {
+		ctx, cancel := context.WithTimeout(n.stopped, bookRefresh)
+		if nodes, err := n.dirs.RegisteredNodes(ctx); err == nil {
+			n.cfg.Network.SetNodes(nodes)
+		}
+		cancel()
 	}
 }
 
 // liveTarget checks that node may take a replica: registered in region,
-// in the live state, and live by its region's directory leader. Errors
-// wrap directory.ErrUnknownNode, ErrNodeState or ErrNodeNotLive.
+// in the live state, and live by its region's directory leader. A leader
+// that has not heard from the node since it took over (within the
+// liveness timeout) hears from it within a heartbeat interval if it is up:
+// liveTarget waits that long before it refuses. Errors wrap
+// directory.ErrUnknownNode, ErrNodeState or ErrNodeNotLive.
 func (n *Node) liveTarget(ctx context.Context, node uint64, region string) error {
 	dir := n.dirs.Of(region)
 	if dir == nil {
 		return fmt.Errorf("%w: region %s has no registry", directory.ErrUnknownRegion, region)
 	}
-	nodes, err := dir.Nodes(ctx)
-	if err != nil {
-		return err
-	}
-	for _, l := range nodes {
-		switch rec := l.GetNode(); {
-		case rec.GetId() != node:
-		case rec.GetState() != directorypb.NodeState_NODE_LIVE:
-			return fmt.Errorf("%w: node %d is %s", directory.ErrNodeState, node, directory.StateName(rec.GetState()))
-		case !l.GetLive():
-			return fmt.Errorf("%w: node %d has not heartbeated for %v", ErrNodeNotLive, node, time.Duration(l.GetSinceHeartbeatMs())*time.Millisecond)
-		default:
+	timeout := n.cfg.Topology.LivenessTimeout
+	deadline := time.Now().Add(timeout/4 + timeout/8) // a heartbeat interval, and some
+	for {
+		nodes, err := dir.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(nodes, func(l *directorypb.NodeLiveness) bool { return l.GetNode().GetId() == node })
+		if i < 0 {
+			return fmt.Errorf("%w: node %d (region %s)", directory.ErrUnknownNode, node, region)
+		}
+		l := nodes[i]
+		since := time.Duration(l.GetSinceHeartbeatMs()) * time.Millisecond
+		switch {
+		case l.GetNode().GetState() != directorypb.NodeState_NODE_LIVE:
+			return fmt.Errorf("%w: node %d is %s", directory.ErrNodeState, node, directory.StateName(l.GetNode().GetState()))
+		case l.GetLive():
 			return nil
+		case since >= timeout || time.Now().After(deadline):
+			return fmt.Errorf("%w: node %d has not heartbeated for %v", ErrNodeNotLive, node, since)
+		}
+		if !transport.SleepCtx(ctx, 50*time.Millisecond) {
+			return ctx.Err()
 		}
 	}
-	return fmt.Errorf("%w: node %d (region %s)", directory.ErrUnknownNode, node, region)
 }
 
 // ErrNodeNotLive: the node's region has not heard from it within the

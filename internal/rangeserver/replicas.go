@@ -60,19 +60,6 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 	if _, _, joint := r.group.Members(); joint {
 		return nil, fmt.Errorf("%w: range %d is leaving a joint configuration", ErrMoveBusy, r.id)
 	}
-	if len(d.GetLearners()) > 0 {
-		// A move cut short (its leader failed) left a learner: take it out
-		// before anything else.
-		// One at a time: several at once would enter a joint configuration.
-		learners := d.GetLearners()
-		for i, n := range learners {
-			if _, err := r.changeConf(ctx, d.GetReplicas(), learners[i+1:], single(raftpb.ConfChangeRemoveNode, n)); err != nil {
-				return nil, fmt.Errorf("%w: removing the learner on node %d a failed move left: %v", ErrMoveBusy, n, err)
-			}
-			_ = r.cfg.RemoveReplica(ctx, n, r.id)
-		}
-		d = r.sm.Descriptor()
-	}
 	if from == r.self {
 		// A leaseholder moves its lease before it removes itself: to the
 		// replica furthest along its log.
@@ -96,6 +83,26 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMoveBusy, r.id)
 	}
 	defer release()
+	// Another move may have finished while this one waited for the claim.
+	switch d = r.sm.Descriptor(); {
+	case !slices.Contains(d.GetReplicas(), from):
+		return nil, fmt.Errorf("%w: node %d is no longer a replica of range %d (replicas %v)", ErrMoveTarget, from, r.id, d.GetReplicas())
+	case slices.Contains(d.GetReplicas(), to):
+		return nil, fmt.Errorf("%w: node %d already hosts range %d (replicas %v)", ErrMoveTarget, to, r.id, d.GetReplicas())
+	}
+	if len(d.GetLearners()) > 0 {
+		// A move cut short (its leader failed) left a learner: take it out
+		// before anything else (under the claim: no other move is adding it).
+		// One at a time: several at once would enter a joint configuration.
+		learners := d.GetLearners()
+		for i, n := range learners {
+			if _, err := r.changeConf(ctx, d.GetReplicas(), learners[i+1:], single(raftpb.ConfChangeRemoveNode, n)); err != nil {
+				return nil, fmt.Errorf("%w: removing the learner on node %d a failed move left: %v", ErrMoveBusy, n, err)
+			}
+			_ = r.cfg.RemoveReplica(ctx, n, r.id)
+		}
+		d = r.sm.Descriptor()
+	}
 	withLearner := proto.CloneOf(d)
 	withLearner.Learners = []uint64{to}
 	if err := r.cfg.AddReplica(ctx, to, withLearner); err != nil {
@@ -174,6 +181,9 @@ func (r *Replica) awaitCatchUp(ctx context.Context, node uint64) error {
 		}
 		if match[node] >= target {
 			return nil
+		}
+		if _, learners, _ := r.group.Members(); !slices.Contains(learners, node) {
+			return fmt.Errorf("node %d is no longer a learner of range %d", node, r.id)
 		}
 		if !transport.SleepCtx(ctx, catchUpPoll) {
 			return ctx.Err()

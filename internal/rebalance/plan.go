@@ -63,6 +63,10 @@ type Config struct {
 	MaxMoves int
 }
 
+// maxDrainTransfers bounds the lease transfers off draining nodes in one
+// plan (they run at once).
+const maxDrainTransfers = 4
+
 // node is one registered node's standing in a plan.
 type node struct {
 	id               uint64
@@ -127,6 +131,7 @@ func Plan(v View, cfg Config) []Action {
 	replicaCount := func(n *node) int { return n.replicas }
 	settled := func(d *pb.RangeDescriptor) bool { return len(d.GetLearners()) == 0 && !d.GetSubsumed() }
 
+	moving := map[uint64]bool{} // ranges this plan changes already: one change per range
 	// Replicas off draining nodes.
 	for _, d := range ranges {
 		if !settled(d) {
@@ -142,21 +147,24 @@ func Plan(v View, cfg Config) []Action {
 				t.replicas++
 				n.replicas--
 				moves++
+				moving[d.GetRangeId()] = true
 				break // one change per range per plan
 			}
 		}
 	}
 	// Leases off draining nodes (a replica that moves hands its lease
 	// over by itself; this covers a lease whose replica waits its turn).
+	transfers := 0
 	for _, d := range ranges {
 		n := byID[v.Leases[d.GetRangeId()]]
-		if n == nil || !n.drain || !settled(d) {
+		if n == nil || !n.drain || !settled(d) || moving[d.GetRangeId()] || transfers >= maxDrainTransfers {
 			continue
 		}
 		if t := leastLeased(d, byID, n.id); t != nil {
 			out = append(out, Action{Kind: Transfer, Range: d, From: n.id, To: t.id, Why: drainWhy(n)})
 			t.leases++
 			n.leases--
+			transfers++
 		}
 	}
 	// Drained decommissioning nodes are gone.

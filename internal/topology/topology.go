@@ -108,6 +108,9 @@ const (
 	// DefaultReplaceAfter is how long a node may be down before its
 	// replicas are rebuilt elsewhere (DESIGN.md §12).
 	DefaultReplaceAfter = 5 * time.Minute
+	// DefaultRebalanceInterval is how often a region's replicate queue
+	// plans.
+	DefaultRebalanceInterval = 2 * time.Second
 	// DefaultMaxSnapshots is how many replica moves a region's replicate
 	// queue runs at once.
 	DefaultMaxSnapshots = 2
@@ -203,6 +206,11 @@ type Topology struct {
 	// §12). File: replace_after, default 5m, "off" for never, at least
 	// liveness_timeout.
 	ReplaceAfter time.Duration
+	// RebalanceInterval is how often a region's replicate queue plans
+	// (DESIGN.md §12); 0 turns it off (operators who place replicas by
+	// hand, benchmarks that move one replica). File: rebalance_interval,
+	// default 2s, or off.
+	RebalanceInterval time.Duration
 	// MaxSnapshots bounds a region's replicate queue: at most this many
 	// replica moves (each streams one snapshot) at once. File:
 	// rebalance_snapshots, default 2.
@@ -268,6 +276,7 @@ type fileTopology struct {
 	LivenessTimeout    string      `yaml:"liveness_timeout,omitempty"`
 	ReplaceAfter       string      `yaml:"replace_after,omitempty"`
 	MaxSnapshots       int         `yaml:"rebalance_snapshots,omitempty"`
+	RebalanceInterval  string      `yaml:"rebalance_interval,omitempty"`
 	RaftTick           string      `yaml:"raft_tick"`
 	Regions            []string    `yaml:"regions"`
 	RTT                []fileRTT   `yaml:"rtt"`
@@ -382,6 +391,16 @@ func (t *Topology) parseMerges(f *fileTopology) (err error) {
 	return err
 }
 
+// ParseSize reads a size as the file writes them: bytes with an optional
+// B, KiB, MiB or GiB suffix (64MiB). Errors wrap ErrInvalid for anything
+// else, or 0.
+func ParseSize(s string) (uint64, error) {
+	if s == "" || s == "off" {
+		return 0, invalid("size: %q is not a size such as 64MiB", s)
+	}
+	return parseSize("size", s, 0)
+}
+
 func parseSize(field, s string, def uint64) (uint64, error) {
 	switch s {
 	case "":
@@ -479,6 +498,14 @@ func build(f *fileTopology) (*Topology, error) {
 		}
 		if t.ReplaceAfter < t.LivenessTimeout {
 			return nil, invalid("replace_after: %v is below liveness_timeout (%v); say off for never", t.ReplaceAfter, t.LivenessTimeout)
+		}
+	}
+	if f.RebalanceInterval != "off" {
+		if t.RebalanceInterval, err = parseDuration("rebalance_interval", f.RebalanceInterval, DefaultRebalanceInterval); err != nil {
+			return nil, err
+		}
+		if t.RebalanceInterval < 100*time.Millisecond {
+			return nil, invalid("rebalance_interval: %v is below 100ms; say off to turn the replicate queue off", t.RebalanceInterval)
 		}
 	}
 	if t.MaxSnapshots = cmp.Or(f.MaxSnapshots, DefaultMaxSnapshots); t.MaxSnapshots < 1 {
@@ -816,6 +843,10 @@ func (t *Topology) Marshal() ([]byte, error) {
 		LivenessTimeout:    t.LivenessTimeout.String(),
 		ReplaceAfter:       "off",
 		MaxSnapshots:       t.MaxSnapshots,
+		RebalanceInterval:  "off",
+	}
+	if t.RebalanceInterval > 0 {
+		f.RebalanceInterval = t.RebalanceInterval.String()
 	}
 	if t.ReplaceAfter > 0 {
 		f.ReplaceAfter = t.ReplaceAfter.String()

@@ -84,7 +84,8 @@ func (n *Network) AddLookup(f func(ctx context.Context) ([]topology.Node, error)
 // is known afterwards.
 func (n *Network) lookUp(id uint64) bool {
 	if !n.lookupMu.TryLock() {
-		return false
+		_, ok := n.Node(id) // another lookup may just have found it
+		return ok
 	}
 	if time.Since(n.lastLookup) >= lookupEvery {
 		n.lastLookup = time.Now()
@@ -120,6 +121,16 @@ func (n *Network) Node(id uint64) (topology.Node, bool) {
 	defer n.bookMu.RUnlock()
 	nd, ok := n.book[id]
 	return nd, ok
+}
+
+// Resolve returns node id's region and address, reading the registry
+// (AddLookup) if the book does not know the node yet.
+func (n *Network) Resolve(id uint64) (topology.Node, bool) {
+	if nd, ok := n.Node(id); ok {
+		return nd, true
+	}
+	n.lookUp(id)
+	return n.Node(id)
 }
 
 // Nodes returns every node the network knows, by id.

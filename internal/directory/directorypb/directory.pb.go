@@ -389,8 +389,12 @@ func (x *NodeRecord) GetState() NodeState {
 }
 
 type RegisterNodeCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *NodeRecord            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *NodeRecord            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// new_node: the node joins (another node registers it on its behalf), so
+	// its id must not be registered yet, unless at the same address (a join
+	// repeated after a lost reply).
+	NewNode       bool `protobuf:"varint,2,opt,name=new_node,json=newNode,proto3" json:"new_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +434,13 @@ func (x *RegisterNodeCmd) GetNode() *NodeRecord {
 		return x.Node
 	}
 	return nil
+}
+
+func (x *RegisterNodeCmd) GetNewNode() bool {
+	if x != nil {
+		return x.NewNode
+	}
+	return false
 }
 
 type SetNodeStateCmd struct {
@@ -1676,6 +1687,7 @@ type RegisterNodeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
 	Node          *NodeRecord            `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	NewNode       bool                   `protobuf:"varint,3,opt,name=new_node,json=newNode,proto3" json:"new_node,omitempty"` // a join: see RegisterNodeCmd.new_node
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1722,6 +1734,13 @@ func (x *RegisterNodeRequest) GetNode() *NodeRecord {
 		return x.Node
 	}
 	return nil
+}
+
+func (x *RegisterNodeRequest) GetNewNode() bool {
+	if x != nil {
+		return x.NewNode
+	}
+	return false
 }
 
 type RegisterNodeResponse struct {
@@ -2212,9 +2231,10 @@ const file_directory_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
 	"\x04addr\x18\x03 \x01(\tR\x04addr\x122\n" +
-	"\x05state\x18\x04 \x01(\x0e2\x1c.terroir.directory.NodeStateR\x05state\"D\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x1c.terroir.directory.NodeStateR\x05state\"_\n" +
 	"\x0fRegisterNodeCmd\x121\n" +
-	"\x04node\x18\x01 \x01(\v2\x1d.terroir.directory.NodeRecordR\x04node\"U\n" +
+	"\x04node\x18\x01 \x01(\v2\x1d.terroir.directory.NodeRecordR\x04node\x12\x19\n" +
+	"\bnew_node\x18\x02 \x01(\bR\anewNode\"U\n" +
 	"\x0fSetNodeStateCmd\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.terroir.directory.NodeStateR\x05state\"\x87\x01\n" +
@@ -2287,10 +2307,11 @@ const file_directory_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"\x11\n" +
-	"\x0fReleaseResponse\"c\n" +
+	"\x0fReleaseResponse\"~\n" +
 	"\x13RegisterNodeRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x121\n" +
-	"\x04node\x18\x02 \x01(\v2\x1d.terroir.directory.NodeRecordR\x04node\"\x16\n" +
+	"\x04node\x18\x02 \x01(\v2\x1d.terroir.directory.NodeRecordR\x04node\x12\x19\n" +
+	"\bnew_node\x18\x03 \x01(\bR\anewNode\"\x16\n" +
 	"\x14RegisterNodeResponse\"F\n" +
 	"\x10HeartbeatRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x17\n" +
