@@ -5,10 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/terroir-db/terroir/client"
+	adminpkg "github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/backup"
 	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/localcluster"
@@ -167,6 +170,43 @@ func TestKVAgainstACluster(t *testing.T) {
 	}
 	if _, err := rangeCmd("move", "p", "1", "x"); err == nil || !strings.Contains(err.Error(), "not a node id") {
 		t.Errorf("admin range move p 1 x = %v, want a bad node id", err)
+	}
+
+	// admin node: the registry lists the file's three nodes, live; the
+	// decommission of a node that hosts the region's epoch, txn-state and
+	// directory groups, of an unknown node or a bad id is refused.
+	nodeCmd := func(args ...string) (string, error) {
+		cmd := rootCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(append([]string{"admin", "--config", cfg, "--certs-dir", certs, "node"}, args...))
+		err := cmd.Execute()
+		return out.String(), err
+	}
+	var nodes string
+	for deadline := time.Now().Add(10 * time.Second); ; { // every node heard from by the directory's leader
+		if nodes, err = nodeCmd("list"); err != nil || strings.Count(nodes, "not live") == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if lines := strings.Split(strings.TrimSpace(nodes), "\n"); err != nil || len(lines) != 4 || !strings.HasPrefix(lines[0], "id") {
+		t.Fatalf("admin node list printed:\n%s(%v)\nwant a header and three nodes", nodes, err)
+	} else {
+		for i, l := range lines[1:] {
+			if f := strings.Fields(l); len(f) < 7 || f[0] != strconv.Itoa(i+1) || f[1] != "us-east1" || f[3] != "live" || f[4] != "live" {
+				t.Errorf("admin node list line %q: want node %d of us-east1, live and live", l, i+1)
+			}
+		}
+	}
+	t.Logf("node list:\n%s", nodes)
+	if _, err := nodeCmd("decommission", "1"); !errors.Is(err, adminpkg.ErrNodePinned) {
+		t.Errorf("admin node decommission 1 = %v, want ErrNodePinned", err)
+	}
+	for _, bad := range []string{"9", "x"} {
+		if _, err := nodeCmd("decommission", bad); !errors.Is(err, directory.ErrUnknownNode) {
+			t.Errorf("admin node decommission %s = %v, want ErrUnknownNode", bad, err)
+		}
 	}
 
 	// admin gc: gc_ttl set at run time shows in every region; a bad one is

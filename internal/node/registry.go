@@ -35,29 +35,36 @@ func (n *Node) keepRegistered() {
 	every := n.cfg.Topology.LivenessTimeout / 4
 	rec := &directorypb.NodeRecord{Id: n.cfg.NodeID, Region: self.Region, Addr: n.addr()}
 	registered := false
-	t := time.NewTicker(every)
-	defer t.Stop()
 	for {
-		ctx, cancel := context.WithTimeout(n.stopped, every)
 		if !registered {
+			ctx, cancel := context.WithTimeout(n.stopped, every)
 			err := dir.RegisterNode(ctx, rec, false)
+			cancel()
 			switch {
 			case err == nil:
 				registered = true
 			case directory.IsRegistryError(err):
-				slog.Error("node: the registry refuses this node", "node", n.cfg.NodeID, "addr", self.Addr, "err", err)
+				slog.Error("node: the registry refuses this node", "node", n.cfg.NodeID, "addr", rec.GetAddr(), "err", err)
 				registered = true // it will not change its mind; heartbeats still tell who is up
 			}
 		}
-		_ = dir.Heartbeat(ctx, n.cfg.NodeID)
+		ctx, cancel := context.WithTimeout(n.stopped, every)
+		err := dir.Heartbeat(ctx, n.cfg.NodeID)
 		cancel()
-		select {
-		case <-n.stopped.Done():
+		wait := every
+		if err != nil {
+			// The region counts this node live only once its leader heard
+			// from it: try again soon (a leader being elected, at start).
+			wait = min(every, heartbeatRetry)
+		}
+		if !transport.SleepCtx(n.stopped, wait) {
 			return
-		case <-t.C:
 		}
 	}
 }
+
+// heartbeatRetry is how soon a node heartbeats again after one failed.
+const heartbeatRetry = 100 * time.Millisecond
 
 // refreshBook reads every region's registry into the network's node book
 // every bookRefresh, until the node stops (apart from the heartbeats: a
