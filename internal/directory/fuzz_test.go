@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/storage"
 )
 
@@ -18,7 +19,8 @@ import (
 func FuzzDirectoryCommands(f *testing.F) {
 	for _, c := range []proto.Message{update(desc(10, "", "c", 2), desc(1_000_000_000, "c", "g", 2)), allocate,
 		update(desc(11, "g", "m", 3)), update(desc(0, "a", "b", 1)), setTTL(time.Hour), protect("a", 3, time.Minute),
-		protect("", 3, time.Minute), release("a")} {
+		protect("", 3, time.Minute), release("a"), register(3, "east", "127.0.0.1:3"), register(0, "east", "x"),
+		setState(1, directorypb.NodeState_NODE_DECOMMISSIONING), setState(1, directorypb.NodeState(7))} {
 		b, _ := proto.Marshal(c)
 		f.Add(b)
 	}
@@ -34,14 +36,16 @@ func FuzzDirectoryCommands(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		state := func() string { return fmt.Sprintf("%s | %s | %v", spans(sm), protections(sm), sm.GCTTL()) }
+		state := func() string {
+			return fmt.Sprintf("%s | %s | %v | %v", spans(sm), protections(sm), sm.GCTTL(), states(sm))
+		}
 		before := state()
 		b := e.NewIndexedBatch()
 		defer b.Close()
 		res := sm.Apply(b, 1, cmd)
 		if err, ok := res.(error); ok {
 			if !errors.Is(err, ErrBadCommand) && !errors.Is(err, ErrBadDescriptor) && !errors.Is(err, ErrIDsExhausted) &&
-				!errors.Is(err, ErrBadGCTTL) && !errors.Is(err, ErrBadProtection) {
+				!errors.Is(err, ErrBadGCTTL) && !errors.Is(err, ErrBadProtection) && !IsRegistryError(err) {
 				t.Fatalf("untyped refusal: %v", err)
 			}
 			if state() != before {
