@@ -43,17 +43,15 @@ func Nodes(ctx context.Context, d *transport.Dialer, top *topology.Topology) ([]
 	dirs := directory.NewDirectories(top, d)
 	var rows []NodeRow
 	var book []topology.Node
-	for _, r := range dirs.Regions() {
-		nodes, err := dirs.Of(r).Nodes(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("region %s's registry: %w", r, err)
-		}
-		for _, l := range nodes {
-			n := l.GetNode()
-			rows = append(rows, NodeRow{ID: n.GetId(), Region: n.GetRegion(), Addr: n.GetAddr(), State: directory.StateName(n.GetState()),
-				Live: l.GetLive(), SinceHeartbeat: time.Duration(l.GetSinceHeartbeatMs()) * time.Millisecond, Replicas: -1, Ranges: -1, Leases: -1})
-			book = append(book, topology.Node{ID: n.GetId(), Region: n.GetRegion(), Addr: n.GetAddr()})
-		}
+	registry, err := dirs.Registry(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range registry {
+		n := l.GetNode()
+		rows = append(rows, NodeRow{ID: n.GetId(), Region: n.GetRegion(), Addr: n.GetAddr(), State: directory.StateName(n.GetState()),
+			Live: l.GetLive(), SinceHeartbeat: time.Duration(l.GetSinceHeartbeatMs()) * time.Millisecond, Replicas: -1, Ranges: -1, Leases: -1})
+		book = append(book, topology.Node{ID: n.GetId(), Region: n.GetRegion(), Addr: n.GetAddr()})
 	}
 	d.Network().SetNodes(book)
 	var wg sync.WaitGroup

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -196,10 +197,10 @@ func IsRegistryError(err error) bool {
 	return false
 }
 
-// RegisteredNodes returns every node of the registries that answer (all
-// asked at once), gone ones included (transport.Network.AddLookup); it
-// fails only when none does.
-func (d *Directories) RegisteredNodes(ctx context.Context) ([]topology.Node, error) {
+// Registry reads every region's registry at once and returns the records
+// of those that answered, by region then id, with one error per region
+// that did not (joined).
+func (d *Directories) Registry(ctx context.Context) ([]*directorypb.NodeLiveness, error) {
 	lists := make([][]*directorypb.NodeLiveness, len(d.regions))
 	errs := make([]error, len(d.regions))
 	var wg sync.WaitGroup
@@ -207,24 +208,27 @@ func (d *Directories) RegisteredNodes(ctx context.Context) ([]topology.Node, err
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			lists[i], errs[i] = d.byRegion[r].Nodes(ctx)
-			if errs[i] != nil {
+			if lists[i], errs[i] = d.byRegion[r].Nodes(ctx); errs[i] != nil {
 				errs[i] = fmt.Errorf("region %s's registry: %w", r, errs[i])
 			}
 		}()
 	}
 	wg.Wait()
-	var out []topology.Node
-	answered := false
-	for i, nodes := range lists {
-		answered = answered || errs[i] == nil
-		for _, l := range nodes {
-			rec := l.GetNode()
-			out = append(out, topology.Node{ID: rec.GetId(), Region: rec.GetRegion(), Addr: rec.GetAddr()})
-		}
+	return slices.Concat(lists...), errors.Join(errs...)
+}
+
+// RegisteredNodes returns every node of the registries that answer, gone
+// ones included (transport.Network.AddLookup); it fails only when none
+// does.
+func (d *Directories) RegisteredNodes(ctx context.Context) ([]topology.Node, error) {
+	recs, err := d.Registry(ctx)
+	if len(recs) == 0 && err != nil {
+		return nil, err
 	}
-	if !answered && len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	out := make([]topology.Node, 0, len(recs))
+	for _, l := range recs {
+		rec := l.GetNode()
+		out = append(out, topology.Node{ID: rec.GetId(), Region: rec.GetRegion(), Addr: rec.GetAddr()})
 	}
 	return out, nil
 }

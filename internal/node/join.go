@@ -173,15 +173,13 @@ func (s *statusServer) Join(ctx context.Context, req *nodepb.JoinRequest) (*node
 	if dir == nil {
 		return refuse(fmt.Errorf("%w: %q (regions with a directory: %v)", directory.ErrUnknownRegion, req.GetRegion(), n.dirs.Regions()))
 	}
+	registry, err := n.dirs.Registry(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "reading the registry: %v", err)
+	}
 	var all []*directorypb.NodeRecord
-	for _, r := range n.dirs.Regions() {
-		nodes, err := n.dirs.Of(r).Nodes(ctx)
-		if err != nil {
-			return nil, status.Errorf(codes.Unavailable, "reading region %s's registry: %v", r, err)
-		}
-		for _, l := range nodes {
-			all = append(all, l.GetNode())
-		}
+	for _, l := range registry {
+		all = append(all, l.GetNode())
 	}
 	for _, rec := range all {
 		switch {

@@ -81,13 +81,6 @@ func NewQueue(c Cluster, cfg QueueConfig) *Queue {
 	return &Queue{c: c, cfg: cfg}
 }
 
-// Stats returns what the queue did so far.
-func (q *Queue) Stats() Stats {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.stats
-}
-
 // Run plans every Interval while this node leads the region's directory,
 // and runs each plan's steps (at most MaxMoves replica moves, so as many
 // snapshots, at once), until ctx ends.
@@ -130,20 +123,9 @@ func (q *Queue) Once(ctx context.Context) []Action {
 			case Gone:
 				err = q.c.MarkGone(actx, a.From)
 			}
-			q.mu.Lock()
-			defer q.mu.Unlock()
 			if err != nil {
-				q.stats.Failed++
 				slog.Info("rebalance: step failed", "kind", a.Kind, "range", a.Range.GetRangeId(), "from", a.From, "to", a.To, "why", a.Why, "err", err)
 				return
-			}
-			switch a.Kind {
-			case Move:
-				q.stats.Moves++
-			case Transfer:
-				q.stats.Transfers++
-			case Gone:
-				q.stats.Gone++
 			}
 			slog.Info("rebalance: step done", "kind", a.Kind, "range", a.Range.GetRangeId(), "from", a.From, "to", a.To, "why", a.Why)
 		}()
