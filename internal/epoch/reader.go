@@ -32,16 +32,21 @@ const DefaultRoundTimeout = 2 * time.Second
 // through a Raft ReadIndex). A read
 // returns e only when a majority of replicas report exactly e (paper §2.2). Two
 // majorities share a replica, so a later read's majority value is at least e.
-// When the replies split, the reader asks again.
+// When the replies split, the reader asks again. The group's configuration
+// may change (replica moves, DESIGN.md §12): replies name the configuration
+// their epoch was applied under, the majority is counted in the newest one
+// named, in both halves of a joint one, and the reader follows the voters it
+// names (quorum.go gives the argument).
 //
 // Concurrent Read calls are batched: callers that arrive while a round is in
 // flight wait for the next round, which starts after they called, and that round
 // sends one request per replica for all of them.
 type Reader struct {
-	group    uint64
-	replicas []uint64
-	dialer   *transport.Dialer
-	timeout  time.Duration
+	group   uint64
+	boot    []uint64 // the voters the reader started from: the bootstrap configuration
+	known   config   // loop only: the newest configuration a reply named
+	dialer  *transport.Dialer
+	timeout time.Duration
 
 	mu      sync.Mutex
 	waiting []chan readResult
@@ -57,10 +62,12 @@ type readResult struct {
 	err   error
 }
 
-// NewReader returns a reader of epoch group `group` whose replicas live on the
-// given nodes, calling them through dialer.
+// NewReader returns a reader of epoch group `group` whose bootstrap voters
+// are replicas (node IDs), calling them through dialer; it follows the
+// group's configuration from the replies.
 func NewReader(dialer *transport.Dialer, group uint64, replicas []uint64) *Reader {
-	return &Reader{group: group, replicas: append([]uint64(nil), replicas...), dialer: dialer, timeout: DefaultRoundTimeout}
+	boot := append([]uint64(nil), replicas...)
+	return &Reader{group: group, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout}
 }
 
 // Read returns the current epoch. It fails with ErrUnavailable when no majority
@@ -147,37 +154,43 @@ func (r *Reader) round() (uint64, error) {
 // backoff is 100 µs doubling to 12.8 ms.
 func backoff(attempt int) time.Duration { return 100 * time.Microsecond << min(attempt, 7) }
 
-// attempt sends one request to every replica and returns as soon as a majority
-// reports the same epoch; ok is false if the replies split or too many failed.
+// attempt asks every voter of the newest configuration the reader knows,
+// and the voters of any newer one a reply names, and returns as soon as a
+// majority of each half of the newest configuration reports the same epoch
+// under it (quorum.go); ok is false if the replies split or too many failed.
 func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	type reply struct {
-		epoch uint64
-		err   error
-	}
-	replies := make(chan reply, len(r.replicas))
-	for _, id := range r.replicas {
-		r.wg.Add(1)
-		go func(id uint64) {
-			defer r.wg.Done()
-			conn, err := r.dialer.Conn(id)
-			if err != nil {
-				replies <- reply{err: err}
-				return
+	t := newTally(r.known)
+	replies := make(chan reply, 8)
+	asked := map[uint64]bool{}
+	ask := func(c config) {
+		for _, id := range c.members() {
+			if asked[id] {
+				continue
 			}
-			resp, err := epochpb.NewEpochClient(conn).ReadEpoch(ctx, &epochpb.ReadEpochRequest{GroupId: r.group})
-			if err != nil {
-				replies <- reply{err: err}
-				return
-			}
-			replies <- reply{epoch: resp.GetEpoch()}
-		}(id)
+			asked[id] = true
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				rep := reply{node: id}
+				if conn, err := r.dialer.Conn(id); err != nil {
+					rep.err = err
+				} else if resp, err := epochpb.NewEpochClient(conn).ReadEpoch(ctx, &epochpb.ReadEpochRequest{GroupId: r.group}); err != nil {
+					rep.err = err
+				} else {
+					rep.epoch, rep.conf = resp.GetEpoch(), replyConfig(resp, r.boot)
+				}
+				select {
+				case replies <- rep:
+				case <-ctx.Done():
+				}
+			}()
+		}
 	}
-	majority := len(r.replicas)/2 + 1
-	counts := map[uint64]int{}
+	ask(r.known)
 	var grace <-chan time.Time // runs once a majority has answered without agreeing
-	for n := 0; n < len(r.replicas); n++ {
+	for n := 0; n < len(asked); n++ {
 		var rep reply
 		select {
 		case rep = <-replies:
@@ -188,16 +201,18 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 		}
 		if rep.err != nil {
 			err = rep.err
-		} else {
-			counts[rep.epoch]++
-			if counts[rep.epoch] >= majority {
-				return rep.epoch, true, nil
-			}
 		}
-		if n+1 >= majority && grace == nil {
-			t := time.NewTimer(splitGrace)
-			defer t.Stop()
-			grace = t.C
+		if t.add(rep) {
+			r.known = t.newest // later rounds start from it
+			ask(t.newest)
+		}
+		if e, ok := t.decide(); ok {
+			return e, true, nil
+		}
+		if n+1 >= len(asked)/2+1 && grace == nil {
+			tm := time.NewTimer(splitGrace)
+			defer tm.Stop()
+			grace = tm.C
 		}
 	}
 	return 0, false, err

@@ -119,9 +119,11 @@ func (s *Server) lookup(id uint64) (served, error) {
 	return r, nil
 }
 
-// ReadEpoch implements epochpb.EpochServer. It fails with NotFound for a group the
-// node does not host, and Unavailable while the replica replays its log or, for
-// a publisher, once it has not been updated for its lease.
+// ReadEpoch implements epochpb.EpochServer: the replica's applied epoch with
+// the configuration it was applied under. It fails with NotFound for a group
+// the node does not host, and Unavailable while the replica replays its log,
+// while it applies a configuration change, or, for a publisher, once it has
+// not been updated for its lease.
 func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
 	r, err := s.lookup(req.GetGroupId())
 	if err != nil {
@@ -137,7 +139,19 @@ func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*e
 	if r.pub != nil && !r.pub.Fresh() {
 		return nil, status.Errorf(codes.Unavailable, "publisher %d replica %d: no global epoch update for %v", st.Group, st.Replica, r.pub.lease)
 	}
-	return &epochpb.ReadEpochResponse{Epoch: r.sm.Epoch(), ReplicaId: st.Replica}, nil
+	// The configuration, the epoch, then the configuration again: the same
+	// index both times shows the epoch was applied under that configuration
+	// (raftgroup.Group.Configuration). A configuration change in the log
+	// but not applied makes the replica abstain: a reader could otherwise
+	// count it in a majority of a configuration the group has left
+	// (DESIGN.md §12, epoch reads across configuration changes).
+	ci, voters, outgoing := r.group.Configuration()
+	e := r.sm.Epoch()
+	pending := r.group.ConfPending()
+	if again, _, _ := r.group.Configuration(); pending || again != ci {
+		return nil, status.Errorf(codes.Unavailable, "epoch group %d replica %d is applying a configuration change", st.Group, st.Replica)
+	}
+	return &epochpb.ReadEpochResponse{Epoch: e, ReplicaId: st.Replica, ConfIndex: ci, Voters: voters, VotersOutgoing: outgoing}, nil
 }
 
 // Publish implements epochpb.EpochServer.

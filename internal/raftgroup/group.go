@@ -131,7 +131,15 @@ type Group struct {
 	err    error // why the group stopped, if it failed
 
 	leaderChanged atomic.Pointer[chan struct{}]
-	members       atomic.Pointer[raftpb.ConfState] // the configuration as last applied
+	members       atomic.Pointer[configuration] // the configuration as last applied
+	confInLog     atomic.Uint64                 // the log's last configuration change (logStore.confInLog)
+	applied       atomic.Uint64                 // the applied index, stored after what it applied
+}
+
+// configuration is a conf state and the index of the change that made it.
+type configuration struct {
+	index uint64
+	cs    *raftpb.ConfState
 }
 
 // Config tunes a group. Zero fields take the defaults noted.
@@ -206,6 +214,7 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 		CheckQuorum:               true,
 		PreVote:                   true,
 		DisableProposalForwarding: true,
+		StepDownOnRemoval:         true, // a leader the configuration left stops leading (it could no longer propose)
 		Logger:                    raftLogger{group: id},
 	})
 	if err != nil {
@@ -232,14 +241,16 @@ func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachi
 	ch := make(chan struct{})
 	g.leaderChanged.Store(&ch)
 	g.status = Status{Group: id, Replica: self, Applied: ls.applied}
-	g.members.Store(proto.Clone(ls.cs).(*raftpb.ConfState))
+	g.members.Store(&configuration{ls.ci, proto.Clone(ls.cs).(*raftpb.ConfState)})
+	g.confInLog.Store(ls.confInLog)
+	g.applied.Store(ls.applied)
 	return g, nil
 }
 
 // uninitialized reports whether the replica has no configuration yet (one
 // being added, waiting for its first snapshot).
 func (g *Group) uninitialized() bool {
-	cs := g.members.Load()
+	cs := g.members.Load().cs
 	return len(cs.GetVoters()) == 0 && len(cs.GetLearners()) == 0
 }
 
@@ -247,8 +258,29 @@ func (g *Group) uninitialized() bool {
 // it: voters and learners (both empty for a replica not initialized yet),
 // and whether a joint change is under way.
 func (g *Group) Members() (voters, learners []uint64, joint bool) {
-	cs := g.members.Load()
+	cs := g.members.Load().cs
 	return slices.Clone(cs.GetVoters()), slices.Clone(cs.GetLearners()), len(cs.GetVotersOutgoing()) > 0
+}
+
+// Configuration returns the group's configuration as this replica last
+// applied it: the log index of the configuration change that made it (0
+// for the bootstrap configuration), its voters, and while a joint change
+// is under way the outgoing voters (both halves must agree, DESIGN.md
+// §12). A replica publishes a configuration after the effects of every
+// entry before it and before those of any entry after it, so reading the
+// configuration, then state, then the configuration again, and finding the
+// same index, shows state applied under that configuration.
+func (g *Group) Configuration() (index uint64, voters, outgoing []uint64) {
+	c := g.members.Load()
+	return c.index, slices.Clone(c.cs.GetVoters()), slices.Clone(c.cs.GetVotersOutgoing())
+}
+
+// ConfPending reports whether this replica's log holds a configuration
+// change it has not applied yet: until it has, what it reports under its
+// applied configuration may be older than a configuration the group has
+// already committed (epoch.Reader relies on such replicas not answering).
+func (g *Group) ConfPending() bool {
+	return g.confInLog.Load() > g.applied.Load()
 }
 
 // ID returns the group ID.
@@ -473,6 +505,7 @@ func (g *Group) runSnapshotReports() {
 // setApplied publishes the applied index and whether the replica has caught up.
 func (g *Group) setApplied(index uint64) {
 	g.catchUp.applied = index
+	g.applied.Store(index)
 	g.mu.Lock()
 	g.status.Applied = index
 	g.status.CaughtUp = g.catchUp.done()
@@ -660,7 +693,11 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	sync := rd.MustSync
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		b = g.e.NewIndexedBatch() // Restore may read back what it staged
-		if bytes.Equal(rd.Snapshot.GetData(), streamedMarker) {
+		ci, body, err := splitSnapshotData(rd.Snapshot.GetData())
+		if err != nil {
+			return err
+		}
+		if isStreamed(rd.Snapshot.GetData()) {
 			if err := g.installStreamed(rd.Snapshot.GetMetadata().GetIndex()); err != nil {
 				return err
 			}
@@ -668,9 +705,9 @@ func (g *Group) handleReady(rd raft.Ready) error {
 		if err := g.ls.installSnapshot(b, rd.Snapshot); err != nil {
 			return err
 		}
-		g.members.Store(proto.Clone(rd.Snapshot.GetMetadata().GetConfState()).(*raftpb.ConfState))
+		g.members.Store(&configuration{ci, proto.Clone(rd.Snapshot.GetMetadata().GetConfState()).(*raftpb.ConfState)})
 		if sm, ok := g.sm.(Snapshotter); ok {
-			if err := sm.Restore(b, rd.Snapshot.GetData()); err != nil {
+			if err := sm.Restore(b, body); err != nil {
 				return err
 			}
 		}
@@ -692,6 +729,7 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	if err := g.ls.append(b, rd.Entries); err != nil {
 		return err
 	}
+	g.confInLog.Store(g.ls.confInLog) // before the entries are acknowledged
 	if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
 		if err := g.ls.setHardState(b, rd.HardState); err != nil {
 			return err
@@ -782,10 +820,10 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 				return err
 			}
 			cs := g.rn.ApplyConfChange(cc)
-			if err := g.ls.setConfState(b, cs); err != nil {
+			if err := g.ls.setConfState(b, cs, ent.GetIndex()); err != nil {
 				return err
 			}
-			g.members.Store(proto.Clone(cs).(*raftpb.ConfState))
+			g.members.Store(&configuration{ent.GetIndex(), proto.Clone(cs).(*raftpb.ConfState)})
 			if c := cc.AsV2().GetContext(); len(c) >= 8 {
 				var val any
 				if ch, ok := g.sm.(ConfChanger); ok {

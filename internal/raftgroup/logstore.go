@@ -1,6 +1,7 @@
 package raftgroup
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 
@@ -17,6 +18,7 @@ const (
 	recEntry     byte = 'l' // log entry, followed by its index
 	recHardState byte = 'h'
 	recConfState byte = 'c'
+	recConfIndex byte = 'i' // the log index of the change that made the conf state (8 bytes)
 	recSnapshot  byte = 's' // the latest snapshot (metadata and state machine data)
 	recApplied   byte = 'a' // the applied index, written with the state it describes
 	recTruncated byte = 't' // index and term of the last entry dropped from the log
@@ -47,6 +49,13 @@ type logStore struct {
 	terms     []uint64 // terms[i] is the term of entry first+i
 	applied   uint64
 	streamed  bool // the state machine is Streamed: a snapshot is taken at the applied index when sent
+	// ci is the log index of the configuration change that made cs (0 for
+	// the bootstrap configuration), kept with it and carried in snapshots.
+	ci uint64
+	// confInLog is the index of the last configuration change this log
+	// held since it was opened (never lowered: an entry replaced by a
+	// conflicting append counts until the applied index passes it).
+	confInLog uint64
 
 	// cache holds the newest entries, cache[i] being entry cacheFirst+i, so
 	// that committed entries and appends to followers are served from memory.
@@ -115,9 +124,15 @@ func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, 
 		if err := s.put(b, recConfState, s.cs); err != nil {
 			return nil, err
 		}
+		if err := b.Set(recordKey(group, recConfIndex), binary.BigEndian.AppendUint64(nil, 0), nil); err != nil {
+			return nil, err
+		}
 		if err := e.Commit(b, true); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.loadConfIndex(); err != nil {
+		return nil, err
 	}
 	if v, err := e.Get(recordKey(group, recTruncated)); err != nil {
 		return nil, err
@@ -146,6 +161,9 @@ func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, 
 			return false, fmt.Errorf("%w: group %d log has a hole: want index %d, found %d", storage.ErrCorrupt, group, next, ent.GetIndex())
 		}
 		s.terms = append(s.terms, ent.GetTerm())
+		if ent.GetType() != raftpb.EntryNormal {
+			s.confInLog = ent.GetIndex()
+		}
 		next++
 		return true, nil
 	})
@@ -166,6 +184,59 @@ func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, 
 		return nil, fmt.Errorf("%w: group %d applied %d beyond commit %d", storage.ErrCorrupt, group, s.applied, s.hs.GetCommit())
 	}
 	return s, nil
+}
+
+// loadConfIndex reads the configuration's index. A store written before it
+// was recorded has none, and no group of it changed configuration by a
+// snapshot-carried index either: it starts at 0, and its stored snapshot's
+// data gains the index prefix every snapshot carries now.
+func (s *logStore) loadConfIndex() error {
+	v, err := s.e.Get(recordKey(s.group, recConfIndex))
+	switch {
+	case err != nil:
+		return err
+	case len(v) == 8:
+		s.ci = binary.BigEndian.Uint64(v)
+		return nil
+	case v != nil:
+		return fmt.Errorf("%w: group %d configuration index has %d bytes", storage.ErrCorrupt, s.group, len(v))
+	}
+	b := s.e.NewBatch()
+	snap := &raftpb.Snapshot{}
+	found, err := s.loadFound(recSnapshot, snap)
+	if err != nil {
+		return err
+	}
+	if found {
+		snap.Data = snapshotData(0, snap.GetData())
+		if err := s.put(b, recSnapshot, snap); err != nil {
+			return err
+		}
+	}
+	if err := b.Set(recordKey(s.group, recConfIndex), binary.BigEndian.AppendUint64(nil, 0), nil); err != nil {
+		return err
+	}
+	return s.e.Commit(b, true)
+}
+
+// snapshotData is a Raft snapshot's data: the index of the configuration
+// change that made the snapshot's configuration (8 bytes, big-endian), then
+// the state machine's snapshot, or streamedMarker.
+func snapshotData(confIndex uint64, body []byte) []byte {
+	return append(binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(body)), confIndex), body...)
+}
+
+// splitSnapshotData undoes snapshotData. Errors wrap storage.ErrCorrupt.
+func splitSnapshotData(data []byte) (confIndex uint64, body []byte, err error) {
+	if len(data) < 8 {
+		return 0, nil, fmt.Errorf("%w: snapshot data of %d bytes has no configuration index", storage.ErrCorrupt, len(data))
+	}
+	return binary.BigEndian.Uint64(data), data[8:], nil
+}
+
+// isStreamed reports whether snapshot data is a Streamed group's marker.
+func isStreamed(data []byte) bool {
+	return len(data) == 8+len(streamedMarker) && bytes.Equal(data[8:], streamedMarker)
 }
 
 // StoredConf returns the Raft configuration group's replica on e last
@@ -280,7 +351,7 @@ func (s *logStore) Snapshot() (*raftpb.Snapshot, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &raftpb.Snapshot{Data: streamedMarker, Metadata: &raftpb.SnapshotMetadata{
+		return &raftpb.Snapshot{Data: snapshotData(s.ci, streamedMarker), Metadata: &raftpb.SnapshotMetadata{
 			ConfState: proto.Clone(s.cs).(*raftpb.ConfState), Index: proto.Uint64(s.applied), Term: proto.Uint64(term)}}, nil
 	}
 	snap := &raftpb.Snapshot{}
@@ -321,6 +392,9 @@ func (s *logStore) append(b *pebble.Batch, ents []*raftpb.Entry) error {
 	s.terms = s.terms[:firstNew-s.first]
 	for _, ent := range ents {
 		s.terms = append(s.terms, ent.GetTerm())
+		if ent.GetType() != raftpb.EntryNormal {
+			s.confInLog = max(s.confInLog, ent.GetIndex())
+		}
 	}
 	s.cacheAppend(ents)
 	return nil
@@ -332,9 +406,12 @@ func (s *logStore) setHardState(b *pebble.Batch, hs *raftpb.HardState) error {
 	return s.put(b, recHardState, s.hs)
 }
 
-// setConfState stages cs into b.
-func (s *logStore) setConfState(b *pebble.Batch, cs *raftpb.ConfState) error {
-	s.cs = proto.Clone(cs).(*raftpb.ConfState)
+// setConfState stages cs, made by the configuration change at index, into b.
+func (s *logStore) setConfState(b *pebble.Batch, cs *raftpb.ConfState, index uint64) error {
+	s.cs, s.ci = proto.Clone(cs).(*raftpb.ConfState), index
+	if err := b.Set(recordKey(s.group, recConfIndex), binary.BigEndian.AppendUint64(nil, index), nil); err != nil {
+		return err
+	}
 	return s.put(b, recConfState, s.cs)
 }
 
@@ -354,7 +431,11 @@ func (s *logStore) installSnapshot(b *pebble.Batch, snap *raftpb.Snapshot) error
 		return err
 	}
 	md := snap.GetMetadata()
-	if err := s.setConfState(b, md.GetConfState()); err != nil {
+	ci, _, err := splitSnapshotData(snap.GetData())
+	if err != nil {
+		return err
+	}
+	if err := s.setConfState(b, md.GetConfState(), ci); err != nil {
 		return err
 	}
 	s.terms = s.terms[:0]
@@ -385,7 +466,7 @@ func (s *logStore) compact(b *pebble.Batch, index, truncateTo uint64, data []byt
 		return fmt.Errorf("raftgroup: group %d cannot truncate to %d (snapshot at %d): %v", s.group, truncateTo, index, err)
 	}
 	snap := &raftpb.Snapshot{
-		Data: data,
+		Data: snapshotData(s.ci, data),
 		Metadata: &raftpb.SnapshotMetadata{
 			ConfState: proto.Clone(s.cs).(*raftpb.ConfState),
 			Index:     proto.Uint64(index),

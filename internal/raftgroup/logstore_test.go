@@ -95,7 +95,7 @@ func TestLogStoreRecoversAndTruncates(t *testing.T) {
 		t.Fatalf("Term(5) at the snapshot = %d, %v; want 1", term, err)
 	}
 	snap, err := s.Snapshot()
-	if err != nil || string(snap.GetData()) != "state" || snap.GetMetadata().GetIndex() != 5 {
+	if err != nil || string(snap.GetData()) != string(snapshotData(0, []byte("state"))) || snap.GetMetadata().GetIndex() != 5 {
 		t.Fatalf("Snapshot = %v, %v", snap, err)
 	}
 }
@@ -168,7 +168,7 @@ func TestLogStoreCompactionKeepsATail(t *testing.T) {
 	if ents, err := s.Entries(6, 11, 1<<20); err != nil || len(ents) != 5 {
 		t.Fatalf("kept tail Entries(6, 11) = %d entries, %v", len(ents), err)
 	}
-	if snap, _ := s.Snapshot(); snap.GetMetadata().GetIndex() != 8 || string(snap.GetData()) != "at8" {
+	if snap, _ := s.Snapshot(); snap.GetMetadata().GetIndex() != 8 || string(snap.GetData()) != string(snapshotData(0, []byte("at8"))) {
 		t.Fatalf("snapshot = %v", snap)
 	}
 }
@@ -203,5 +203,75 @@ func TestLogStoreEntryCacheFollowsConflicts(t *testing.T) {
 	}
 	if _, err := s.Entries(8, 11, 1<<20); !errors.Is(err, raft.ErrUnavailable) {
 		t.Fatalf("Entries past the end = %v, want ErrUnavailable", err)
+	}
+}
+
+// The configuration's index is stored with it and survives a restart; the
+// log's last configuration change is found again when the store opens; a
+// store written before configuration indexes has its stored snapshot's
+// data given the index prefix (0) once.
+func TestLogStoreKeepsTheConfigurationIndex(t *testing.T) {
+	dir := t.TempDir()
+	writeLog(t, dir)
+	e, err := storage.Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := openLogStore(e, 7, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ci != 0 || s.confInLog != 0 {
+		t.Fatalf("fresh log: configuration index %d, last change in the log %d; want 0, 0", s.ci, s.confInLog)
+	}
+	b := e.NewBatch()
+	cc := &raftpb.Entry{Index: proto.Uint64(11), Term: proto.Uint64(1), Type: raftpb.EntryConfChangeV2.Enum()}
+	if err := s.append(b, []*raftpb.Entry{cc}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.setConfState(b, &raftpb.ConfState{Voters: []uint64{1, 2, 4}}, 6); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	if e, err = storage.Open(dir, 1); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = openLogStore(e, 7, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.ci != 6 || s.confInLog != 11 || len(s.cs.GetVoters()) != 3 || s.cs.GetVoters()[2] != 4 {
+		t.Fatalf("reopened: configuration %v at %d, last change in the log %d; want [1 2 4] at 6, 11", s.cs.GetVoters(), s.ci, s.confInLog)
+	}
+	// An older store: a snapshot without the prefix, no index record.
+	b = e.NewBatch()
+	if err := s.put(b, recSnapshot, &raftpb.Snapshot{Data: []byte("old"), Metadata: &raftpb.SnapshotMetadata{Index: proto.Uint64(3), Term: proto.Uint64(1)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(recordKey(7, recConfIndex), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	for range 2 { // converted once, then as written
+		if e, err = storage.Open(dir, 1); err != nil {
+			t.Fatal(err)
+		}
+		if s, err = openLogStore(e, 7, nil); err != nil {
+			t.Fatal(err)
+		}
+		snap := &raftpb.Snapshot{}
+		if err := s.load(recSnapshot, snap); err != nil {
+			t.Fatal(err)
+		}
+		ci, body, err := splitSnapshotData(snap.GetData())
+		if err != nil || ci != 0 || string(body) != "old" || s.ci != 0 {
+			t.Fatalf("older store: snapshot data %q (index %d, %v), configuration index %d; want \"old\" at 0", body, ci, err, s.ci)
+		}
+		e.Close()
 	}
 }

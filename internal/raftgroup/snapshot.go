@@ -79,7 +79,7 @@ type incoming struct {
 // route sends m, diverting a Streamed group's snapshot to a stream.
 func (h *Host) route(g *Group) func(group uint64, m *raftpb.Message) {
 	return func(group uint64, m *raftpb.Message) {
-		if m.GetType() == raftpb.MsgSnap && bytes.Equal(m.GetSnapshot().GetData(), streamedMarker) {
+		if m.GetType() == raftpb.MsgSnap && isStreamed(m.GetSnapshot().GetData()) {
 			h.streamSnapshot(g, m)
 			return
 		}
@@ -130,7 +130,7 @@ func (h *Host) sendSnapshot(g *Group, m *raftpb.Message) (uint64, error) {
 	sm := g.sm.(Streamed)
 	view := h.e.NewSnapshot()
 	defer view.Close()
-	md, err := snapshotMetadata(view, g.id)
+	md, ci, err := snapshotMetadata(view, g.id)
 	if err != nil {
 		return 0, err
 	}
@@ -139,7 +139,7 @@ func (h *Host) sendSnapshot(g *Group, m *raftpb.Message) (uint64, error) {
 		return 0, err
 	}
 	msg := proto.Clone(m).(*raftpb.Message)
-	msg.Snapshot = &raftpb.Snapshot{Metadata: md, Data: streamedMarker}
+	msg.Snapshot = &raftpb.Snapshot{Metadata: md, Data: snapshotData(ci, streamedMarker)}
 	first := &transportpb.SnapshotChunk{GroupId: g.id, Msg: msg}
 	for _, sp := range spans {
 		first.Spans = append(first.Spans, &transportpb.Span{Lo: sp[0], Hi: sp[1]})
@@ -192,38 +192,43 @@ func (h *Host) limit(n int) error {
 
 // snapshotMetadata reads group's Raft metadata from view: the applied
 // index, the term of the entry there, and the configuration.
-func snapshotMetadata(view *storage.Snapshot, group uint64) (*raftpb.SnapshotMetadata, error) {
+func snapshotMetadata(view *storage.Snapshot, group uint64) (md *raftpb.SnapshotMetadata, confIndex uint64, err error) {
 	v, err := view.Get(recordKey(group, recApplied))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(v) != 8 {
-		return nil, fmt.Errorf("raftgroup: group %d has applied nothing to snapshot", group)
+		return nil, 0, fmt.Errorf("raftgroup: group %d has applied nothing to snapshot", group)
 	}
 	applied := binary.BigEndian.Uint64(v)
 	var term uint64
 	if t, err := view.Get(recordKey(group, recTruncated)); err != nil {
-		return nil, err
+		return nil, 0, err
 	} else if len(t) == 16 && binary.BigEndian.Uint64(t) == applied {
 		term = binary.BigEndian.Uint64(t[8:])
 	} else {
 		ev, err := view.Get(entryKey(group, applied))
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		var ent raftpb.Entry
 		if ev == nil || proto.Unmarshal(ev, &ent) != nil {
-			return nil, fmt.Errorf("%w: group %d has no readable entry at its applied index %d", storage.ErrCorrupt, group, applied)
+			return nil, 0, fmt.Errorf("%w: group %d has no readable entry at its applied index %d", storage.ErrCorrupt, group, applied)
 		}
 		term = ent.GetTerm()
 	}
 	cs := &raftpb.ConfState{}
 	if cv, err := view.Get(recordKey(group, recConfState)); err != nil {
-		return nil, err
+		return nil, 0, err
 	} else if err := proto.Unmarshal(cv, cs); err != nil {
-		return nil, fmt.Errorf("%w: group %d conf state: %v", storage.ErrCorrupt, group, err)
+		return nil, 0, fmt.Errorf("%w: group %d conf state: %v", storage.ErrCorrupt, group, err)
 	}
-	return &raftpb.SnapshotMetadata{ConfState: cs, Index: proto.Uint64(applied), Term: proto.Uint64(term)}, nil
+	if v, err := view.Get(recordKey(group, recConfIndex)); err != nil {
+		return nil, 0, err
+	} else if len(v) == 8 {
+		confIndex = binary.BigEndian.Uint64(v)
+	}
+	return &raftpb.SnapshotMetadata{ConfState: cs, Index: proto.Uint64(applied), Term: proto.Uint64(term)}, confIndex, nil
 }
 
 // HandleSnapshot implements transport.RaftHandler: it writes the streamed
@@ -245,7 +250,7 @@ func (h *Host) HandleSnapshot(ctx context.Context, from uint64, first *transport
 		return status.Errorf(codes.InvalidArgument, "raftgroup: group %d does not take streamed snapshots", g.id)
 	}
 	md := m.GetSnapshot().GetMetadata()
-	if md.GetIndex() == 0 || !bytes.Equal(m.GetSnapshot().GetData(), streamedMarker) {
+	if md.GetIndex() == 0 || !isStreamed(m.GetSnapshot().GetData()) {
 		return status.Errorf(codes.InvalidArgument, "raftgroup: snapshot of group %d without an index or marker", g.id)
 	}
 	var spans [][2][]byte
@@ -269,7 +274,7 @@ func (h *Host) HandleSnapshot(ctx context.Context, from uint64, first *transport
 	if err != nil {
 		return err
 	}
-	meta, err := h.writeMeta(g.id, md)
+	meta, err := h.writeMeta(g.id, m.GetSnapshot())
 	if err != nil {
 		h.e.RemoveStaged([]string{data})
 		return err
@@ -345,7 +350,12 @@ func inSpans(k []byte, spans [][2][]byte) bool {
 // with the data is one atomic step. The hard state is left alone: Raft
 // writes it after, and opening a store whose hard state lags its applied
 // index (a crash in between) raises the commit index to it.
-func (h *Host) writeMeta(group uint64, md *raftpb.SnapshotMetadata) (string, error) {
+func (h *Host) writeMeta(group uint64, in *raftpb.Snapshot) (string, error) {
+	md := in.GetMetadata()
+	ci, _, err := splitSnapshotData(in.GetData())
+	if err != nil {
+		return "", err
+	}
 	w, err := h.e.NewSSTWriter()
 	if err != nil {
 		return "", err
@@ -353,11 +363,12 @@ func (h *Host) writeMeta(group uint64, md *raftpb.SnapshotMetadata) (string, err
 	cs, err := proto.Marshal(md.GetConfState())
 	if err == nil {
 		var snap []byte
-		snap, err = proto.Marshal(&raftpb.Snapshot{Metadata: md, Data: streamedMarker})
+		snap, err = proto.Marshal(&raftpb.Snapshot{Metadata: md, Data: snapshotData(ci, streamedMarker)})
 		index, term := md.GetIndex(), md.GetTerm()
-		for _, kv := range [][2][]byte{
+		for _, kv := range [][2][]byte{ // in key order, as the SST needs
 			{recordKey(group, recApplied), binary.BigEndian.AppendUint64(nil, index)},
 			{recordKey(group, recConfState), cs},
+			{recordKey(group, recConfIndex), binary.BigEndian.AppendUint64(nil, ci)},
 			{recordKey(group, recSnapshot), snap},
 			{recordKey(group, recTruncated), binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, index), term)},
 		} {

@@ -79,7 +79,8 @@ func TestOpenAfterIngestBeforeHardState(t *testing.T) {
 	}
 	h := NewHost(1, e, Config{}, nil)
 	cs := &raftpb.ConfState{Voters: []uint64{1, 2, 3}}
-	meta, err := h.writeMeta(7, &raftpb.SnapshotMetadata{ConfState: cs, Index: proto.Uint64(20), Term: proto.Uint64(2)})
+	meta, err := h.writeMeta(7, &raftpb.Snapshot{Data: snapshotData(15, streamedMarker),
+		Metadata: &raftpb.SnapshotMetadata{ConfState: cs, Index: proto.Uint64(20), Term: proto.Uint64(2)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +96,9 @@ func TestOpenAfterIngestBeforeHardState(t *testing.T) {
 	s, err := openLogStore(e, 7, nil)
 	if err != nil {
 		t.Fatalf("open after the ingest: %v", err)
+	}
+	if s.ci != 15 {
+		t.Fatalf("after the ingest: configuration index %d, want the snapshot's 15", s.ci)
 	}
 	if s.hs.GetCommit() != 20 || s.hs.GetTerm() < 2 || s.applied != 20 || s.first != 21 || s.lastIndex() != 20 {
 		t.Fatalf("after the ingest: hard state %v, applied %d, log [%d, %d]; want commit 20, applied 20, empty log after 20",

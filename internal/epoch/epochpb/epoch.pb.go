@@ -74,9 +74,19 @@ type ReadEpochResponse struct {
 	// epoch is this replica's applied epoch.
 	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// replica_id is the answering replica (its node ID).
-	ReplicaId     uint64 `protobuf:"varint,2,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ReplicaId uint64 `protobuf:"varint,2,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	// conf_index is the log index of the configuration change that made the
+	// group's configuration as this replica applied it, under which it
+	// applied `epoch` (0: the bootstrap configuration). A reader counts
+	// agreement only among replies of one configuration (DESIGN.md §12).
+	ConfIndex uint64 `protobuf:"varint,3,opt,name=conf_index,json=confIndex,proto3" json:"conf_index,omitempty"`
+	// voters are that configuration's voters; while a joint change is under
+	// way, voters_outgoing are the outgoing half's (both halves must agree).
+	// Empty from a node that predates them: the bootstrap configuration.
+	Voters         []uint64 `protobuf:"varint,4,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	VotersOutgoing []uint64 `protobuf:"varint,5,rep,packed,name=voters_outgoing,json=votersOutgoing,proto3" json:"voters_outgoing,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReadEpochResponse) Reset() {
@@ -121,6 +131,27 @@ func (x *ReadEpochResponse) GetReplicaId() uint64 {
 		return x.ReplicaId
 	}
 	return 0
+}
+
+func (x *ReadEpochResponse) GetConfIndex() uint64 {
+	if x != nil {
+		return x.ConfIndex
+	}
+	return 0
+}
+
+func (x *ReadEpochResponse) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+func (x *ReadEpochResponse) GetVotersOutgoing() []uint64 {
+	if x != nil {
+		return x.VotersOutgoing
+	}
+	return nil
 }
 
 type PublishRequest struct {
@@ -421,11 +452,15 @@ const file_epoch_proto_rawDesc = "" +
 	"\n" +
 	"\vepoch.proto\x12\rterroir.epoch\"-\n" +
 	"\x10ReadEpochRequest\x12\x19\n" +
-	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"H\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"\xa8\x01\n" +
 	"\x11ReadEpochResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1d\n" +
 	"\n" +
-	"replica_id\x18\x02 \x01(\x04R\treplicaId\"A\n" +
+	"replica_id\x18\x02 \x01(\x04R\treplicaId\x12\x1d\n" +
+	"\n" +
+	"conf_index\x18\x03 \x01(\x04R\tconfIndex\x12\x16\n" +
+	"\x06voters\x18\x04 \x03(\x04R\x06voters\x12'\n" +
+	"\x0fvoters_outgoing\x18\x05 \x03(\x04R\x0evotersOutgoing\"A\n" +
 	"\x0ePublishRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x11\n" +

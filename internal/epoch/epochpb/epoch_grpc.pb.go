@@ -34,7 +34,8 @@ const (
 type EpochClient interface {
 	// ReadEpoch returns one replica's applied epoch. A linearizable read needs a
 	// majority of replicas to agree (see epoch.Reader). Unavailable while the
-	// replica is still replaying its log after a restart.
+	// replica is still replaying its log after a restart, and while its log
+	// holds a configuration change it has not applied.
 	ReadEpoch(ctx context.Context, in *ReadEpochRequest, opts ...grpc.CallOption) (*ReadEpochResponse, error)
 	// Publish durably raises a publisher's epoch to at least `epoch` (through its
 	// Raft group; served by its leader, FailedPrecondition elsewhere). The global
@@ -101,7 +102,8 @@ func (c *epochClient) Membership(ctx context.Context, in *MembershipRequest, opt
 type EpochServer interface {
 	// ReadEpoch returns one replica's applied epoch. A linearizable read needs a
 	// majority of replicas to agree (see epoch.Reader). Unavailable while the
-	// replica is still replaying its log after a restart.
+	// replica is still replaying its log after a restart, and while its log
+	// holds a configuration change it has not applied.
 	ReadEpoch(context.Context, *ReadEpochRequest) (*ReadEpochResponse, error)
 	// Publish durably raises a publisher's epoch to at least `epoch` (through its
 	// Raft group; served by its leader, FailedPrecondition elsewhere). The global
