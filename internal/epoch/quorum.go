@@ -76,14 +76,15 @@ func replyConfig(resp *epochpb.ReadEpochResponse, boot []uint64) config {
 	return c
 }
 
-// tally collects one attempt's replies, at most one per node.
+// tally collects one attempt's replies, at most one per node. A handful
+// of replies at most: slices, no maps (it runs on every epoch read).
 type tally struct {
-	replies map[uint64]reply // by node, successful ones only
-	newest  config           // the newest configuration a reply named
+	replies []reply // successful ones only
+	newest  config  // the newest configuration a reply named
 }
 
 func newTally(known config) *tally {
-	return &tally{replies: map[uint64]reply{}, newest: known}
+	return &tally{replies: make([]reply, 0, 5), newest: known}
 }
 
 // add counts rep. It reports whether rep named a configuration newer than
@@ -92,7 +93,7 @@ func (t *tally) add(rep reply) (newer bool) {
 	if rep.err != nil {
 		return false
 	}
-	t.replies[rep.node] = rep
+	t.replies = append(t.replies, rep)
 	if rep.conf.index > t.newest.index {
 		t.newest = rep.conf
 		return true
@@ -103,17 +104,23 @@ func (t *tally) add(rep reply) (newer bool) {
 // decide returns the epoch a majority of each half of the newest
 // configuration reported under it, if there is one.
 func (t *tally) decide() (uint64, bool) {
-	counted := map[uint64]bool{}
-	for _, rep := range t.replies {
-		if rep.conf.index != t.newest.index || counted[rep.epoch] {
-			continue
-		}
-		counted[rep.epoch] = true
-		if t.agreed(rep.epoch) {
+	for i, rep := range t.replies {
+		if rep.conf.index == t.newest.index && !t.seen(i, rep.epoch) && t.agreed(rep.epoch) {
 			return rep.epoch, true
 		}
 	}
 	return 0, false
+}
+
+// seen reports whether a reply before the i-th under the newest
+// configuration reported e (and so was decided on already).
+func (t *tally) seen(i int, e uint64) bool {
+	for _, rep := range t.replies[:i] {
+		if rep.conf.index == t.newest.index && rep.epoch == e {
+			return true
+		}
+	}
+	return false
 }
 
 // agreed reports whether a majority of every half of the newest
@@ -121,8 +128,8 @@ func (t *tally) decide() (uint64, bool) {
 func (t *tally) agreed(e uint64) bool {
 	for _, half := range t.newest.halves {
 		n := 0
-		for _, id := range half {
-			if rep, ok := t.replies[id]; ok && rep.conf.index == t.newest.index && rep.epoch == e {
+		for _, rep := range t.replies {
+			if rep.conf.index == t.newest.index && rep.epoch == e && slices.Contains(half, rep.node) {
 				n++
 			}
 		}

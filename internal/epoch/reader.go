@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,29 +164,17 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 	defer cancel()
 	t := newTally(r.known)
 	replies := make(chan reply, 8)
-	asked := map[uint64]bool{}
+	asked := make([]uint64, 0, 5)
 	ask := func(c config) {
-		for _, id := range c.members() {
-			if asked[id] {
-				continue
+		for _, half := range c.halves {
+			for _, id := range half {
+				if slices.Contains(asked, id) {
+					continue
+				}
+				asked = append(asked, id)
+				r.wg.Add(1)
+				go r.ask(ctx, id, replies)
 			}
-			asked[id] = true
-			r.wg.Add(1)
-			go func() {
-				defer r.wg.Done()
-				rep := reply{node: id}
-				if conn, err := r.dialer.Conn(id); err != nil {
-					rep.err = err
-				} else if resp, err := epochpb.NewEpochClient(conn).ReadEpoch(ctx, &epochpb.ReadEpochRequest{GroupId: r.group}); err != nil {
-					rep.err = err
-				} else {
-					rep.epoch, rep.conf = resp.GetEpoch(), replyConfig(resp, r.boot)
-				}
-				select {
-				case replies <- rep:
-				case <-ctx.Done():
-				}
-			}()
 		}
 	}
 	ask(r.known)
@@ -216,6 +205,24 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 		}
 	}
 	return 0, false, err
+}
+
+// ask sends one ReadEpoch to node id and delivers the reply, unless ctx
+// ended (the attempt returned).
+func (r *Reader) ask(ctx context.Context, id uint64, replies chan<- reply) {
+	defer r.wg.Done()
+	rep := reply{node: id}
+	if conn, err := r.dialer.Conn(id); err != nil {
+		rep.err = err
+	} else if resp, err := epochpb.NewEpochClient(conn).ReadEpoch(ctx, &epochpb.ReadEpochRequest{GroupId: r.group}); err != nil {
+		rep.err = err
+	} else {
+		rep.epoch, rep.conf = resp.GetEpoch(), replyConfig(resp, r.boot)
+	}
+	select {
+	case replies <- rep:
+	case <-ctx.Done():
+	}
 }
 
 // splitGrace is how long an attempt waits for the remaining replicas once a

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"time"
 
-	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
-	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // Errors of MoveReplica. ErrMoveTarget leaves the range as it was; after
@@ -27,9 +25,6 @@ var (
 	// way, or the new replica did not catch up in time; retry later.
 	ErrMoveBusy = errors.New("rangeserver: the range cannot move a replica now")
 )
-
-// catchUpPoll is how often a move checks whether its learner caught up.
-const catchUpPoll = 10 * time.Millisecond
 
 // MoveReplica moves the range's replica on node from to node to, run at
 // the leaseholder (DESIGN.md §12): to hosts an empty replica and joins as a
@@ -90,107 +85,37 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 	case slices.Contains(d.GetReplicas(), to):
 		return nil, fmt.Errorf("%w: node %d already hosts range %d (replicas %v)", ErrMoveTarget, to, r.id, d.GetReplicas())
 	}
-	if len(d.GetLearners()) > 0 {
-		// A move cut short (its leader failed) left a learner: take it out
-		// before anything else (under the claim: no other move is adding it).
-		// One at a time: several at once would enter a joint configuration.
-		learners := d.GetLearners()
-		for i, n := range learners {
-			if _, err := r.changeConf(ctx, d.GetReplicas(), learners[i+1:], single(raftpb.ConfChangeRemoveNode, n)); err != nil {
-				return nil, fmt.Errorf("%w: removing the learner on node %d a failed move left: %v", ErrMoveBusy, n, err)
+	res, err := r.group.MoveReplica(ctx, from, to, raftgroup.MoveSteps{
+		Payload: func(replicas, learners []uint64) ([]byte, error) {
+			return proto.Marshal(&pb.ReplicasChange{Replicas: replicas, Learners: learners})
+		},
+		Host: func(ctx context.Context, node uint64, _, learners []uint64) error {
+			d := proto.CloneOf(r.sm.Descriptor())
+			d.Learners = learners
+			return r.cfg.AddReplica(ctx, node, d)
+		},
+		Drop: func(ctx context.Context, node uint64) error {
+			err := r.cfg.RemoveReplica(ctx, node, r.id)
+			if err != nil && node == from {
+				slog.Warn("moved replica not removed yet", "range", r.id, "node", from, "err", err)
 			}
-			_ = r.cfg.RemoveReplica(ctx, n, r.id)
-		}
-		d = r.sm.Descriptor()
-	}
-	withLearner := proto.CloneOf(d)
-	withLearner.Learners = []uint64{to}
-	if err := r.cfg.AddReplica(ctx, to, withLearner); err != nil {
-		return nil, fmt.Errorf("%w: node %d cannot host range %d: %v", ErrMoveTarget, to, r.id, err)
-	}
-	if _, err := r.changeConf(ctx, d.GetReplicas(), []uint64{to}, single(raftpb.ConfChangeAddLearnerNode, to)); err != nil {
+			return err
+		},
+	})
+	switch {
+	case errors.Is(err, raftgroup.ErrMoveTarget):
+		return nil, fmt.Errorf("%w: %w", ErrMoveTarget, err)
+	case errors.Is(err, raftgroup.ErrMoveStuck):
+		return nil, fmt.Errorf("%w: %w", ErrMoveBusy, err)
+	case errors.Is(err, raftgroup.ErrNotLeader):
+		return nil, fmt.Errorf("%w: %v", ErrNotLeaseholder, err)
+	case err != nil:
 		return nil, err
 	}
-	if err := r.awaitCatchUp(ctx, to); err != nil {
-		// Take the learner out again (best effort: a later move finds it
-		// in the descriptor and refuses until it is gone).
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
-		defer cancel()
-		if _, rerr := r.changeConf(rctx, d.GetReplicas(), nil, single(raftpb.ConfChangeRemoveNode, to)); rerr == nil {
-			_ = r.cfg.RemoveReplica(rctx, to, r.id)
-		}
-		return nil, fmt.Errorf("%w: node %d's replica of range %d did not catch up: %v", ErrMoveBusy, to, r.id, err)
-	}
-	replicas := append(slices.DeleteFunc(slices.Clone(d.GetReplicas()), func(n uint64) bool { return n == from }), to)
-	res, err := r.changeConf(ctx, replicas, nil,
-		single(raftpb.ConfChangeAddNode, to),
-		single(raftpb.ConfChangeRemoveNode, from))
-	if err != nil {
-		return nil, err
-	}
-	for { // Raft leaves the joint configuration by itself
-		if _, _, joint := r.group.Members(); !joint {
-			break
-		}
-		if !transport.SleepCtx(ctx, catchUpPoll) {
-			return nil, ctx.Err()
-		}
-	}
-	if err := r.cfg.RemoveReplica(ctx, from, r.id); err != nil {
-		slog.Warn("moved replica not removed yet", "range", r.id, "node", from, "err", err)
-	}
-	slog.Info("range replica moved", "range", r.id, "from", from, "to", to, "replicas", res.GetReplicas(), "generation", res.GetGeneration())
-	return res, nil
-}
-
-// changeConf proposes a configuration change whose descriptor names
-// replicas and learners, and waits until it applies here.
-func (r *Replica) changeConf(ctx context.Context, replicas, learners []uint64, changes ...*raftpb.ConfChangeSingle) (*pb.RangeDescriptor, error) {
-	payload, err := proto.Marshal(&pb.ReplicasChange{Replicas: replicas, Learners: learners})
-	if err != nil {
-		return nil, err
-	}
-	cc := &raftpb.ConfChangeV2{Changes: changes}
-	pctx, cancel := context.WithTimeout(ctx, proposeTimeout)
-	defer cancel()
-	res, err := r.group.ProposeConfChange(pctx, cc, payload)
-	if err != nil {
-		return nil, err
-	}
-	d, ok := res.(*pb.RangeDescriptor)
+	moved, ok := res.(*pb.RangeDescriptor)
 	if !ok {
 		return nil, fmt.Errorf("rangeserver: range %d configuration change: %v", r.id, res)
 	}
-	return d, nil
-}
-
-// awaitCatchUp waits until replica node has every entry the leader had
-// committed when the wait began.
-func (r *Replica) awaitCatchUp(ctx context.Context, node uint64) error {
-	var target uint64
-	for {
-		commit, match, ok, err := r.group.Progress(ctx)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return ErrNotLeaseholder
-		}
-		if target == 0 {
-			target = commit
-		}
-		if match[node] >= target {
-			return nil
-		}
-		if _, learners, _ := r.group.Members(); !slices.Contains(learners, node) {
-			return fmt.Errorf("node %d is no longer a learner of range %d", node, r.id)
-		}
-		if !transport.SleepCtx(ctx, catchUpPoll) {
-			return ctx.Err()
-		}
-	}
-}
-
-func single(t raftpb.ConfChangeType, node uint64) *raftpb.ConfChangeSingle {
-	return &raftpb.ConfChangeSingle{Type: t.Enum(), NodeId: proto.Uint64(node)}
+	slog.Info("range replica moved", "range", r.id, "from", from, "to", to, "replicas", moved.GetReplicas(), "generation", moved.GetGeneration())
+	return moved, nil
 }

@@ -1,0 +1,172 @@
+package raftgroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+// Replica moves (DESIGN.md §12), the same sequence for every kind of group:
+// the target hosts an empty replica and joins as a learner, catches up from
+// the leader's log or a snapshot, and one joint configuration change
+// promotes it and removes the source, which Raft then leaves by itself;
+// finally the source drops its replica. The group keeps its voters
+// throughout. The owner of the group supplies what differs by kind
+// (MoveSteps): the payload its state machine records with each change (a
+// range's descriptor), and how a node is asked to host or drop a replica.
+
+// Errors of MoveReplica. After ErrMoveStuck the group's voters are as they
+// were; a learner may have come and gone.
+var (
+	// ErrMoveTarget: the source is not a voter, or the target is one
+	// already.
+	ErrMoveTarget = errors.New("raftgroup: bad replica move")
+	// ErrMoveStuck: the group is in a joint configuration, or the learner
+	// did not catch up before ctx ended or left the group; retry later.
+	ErrMoveStuck = errors.New("raftgroup: the replica move did not complete")
+)
+
+// MoveSteps is what a replica move needs from the group's owner.
+type MoveSteps struct {
+	// Payload returns what the change to a configuration with voters and
+	// learners is proposed with (a ConfChanger's payload); nil for none.
+	Payload func(voters, learners []uint64) ([]byte, error)
+	// Host asks node to host an empty replica of the group, which joins as
+	// a learner with learners as the group's learners.
+	Host func(ctx context.Context, node uint64, voters, learners []uint64) error
+	// Drop asks node to drop its replica, which the group no longer names.
+	// Best effort: a node drops a replica by itself when it applies a
+	// configuration that leaves it out.
+	Drop func(ctx context.Context, node uint64) error
+}
+
+// movePoll is how often a move checks its learner's progress and whether
+// Raft left the joint configuration.
+const movePoll = 10 * time.Millisecond
+
+// changeTimeout bounds one configuration change's proposal.
+const changeTimeout = 5 * time.Second
+
+// MoveReplica moves the group's voter on node from to node to; it runs at
+// the leader, which must not be from (move leadership first). Learners a
+// move cut short left behind are removed first, one at a time. It returns
+// the state machine's result of the last change it proposed (nil for a
+// group that is not a ConfChanger). Errors: ErrMoveTarget, ErrMoveStuck,
+// ErrNotLeader, ctx's error, or those of the steps.
+func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveSteps) (any, error) {
+	voters, learners, joint := g.Members()
+	switch {
+	case !slices.Contains(voters, from):
+		return nil, fmt.Errorf("%w: node %d is not a voter of group %d (voters %v)", ErrMoveTarget, from, g.id, voters)
+	case to == 0 || slices.Contains(voters, to):
+		return nil, fmt.Errorf("%w: node %d is a voter of group %d already (voters %v)", ErrMoveTarget, to, g.id, voters)
+	case from == g.self:
+		return nil, fmt.Errorf("%w: the leader of group %d cannot move its own replica", ErrMoveTarget, g.id)
+	case joint:
+		return nil, fmt.Errorf("%w: group %d is leaving a joint configuration", ErrMoveStuck, g.id)
+	case !g.IsLeader():
+		return nil, ErrNotLeader
+	}
+	for i, n := range learners {
+		if _, err := g.changeVoters(ctx, steps, voters, learners[i+1:], confChange(raftpb.ConfChangeRemoveNode, n)); err != nil {
+			return nil, fmt.Errorf("%w: removing the learner on node %d a failed move left: %v", ErrMoveStuck, n, err)
+		}
+		if steps.Drop != nil {
+			_ = steps.Drop(ctx, n)
+		}
+	}
+	if err := steps.Host(ctx, to, voters, []uint64{to}); err != nil {
+		return nil, fmt.Errorf("%w: node %d cannot host group %d: %v", ErrMoveTarget, to, g.id, err)
+	}
+	if _, err := g.changeVoters(ctx, steps, voters, []uint64{to}, confChange(raftpb.ConfChangeAddLearnerNode, to)); err != nil {
+		return nil, err
+	}
+	if err := g.awaitCatchUp(ctx, to); err != nil {
+		// Take the learner out again (best effort: a later move finds it
+		// and removes it first).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), changeTimeout)
+		defer cancel()
+		if _, rerr := g.changeVoters(rctx, steps, voters, nil, confChange(raftpb.ConfChangeRemoveNode, to)); rerr == nil && steps.Drop != nil {
+			_ = steps.Drop(rctx, to)
+		}
+		return nil, fmt.Errorf("%w: node %d's replica of group %d did not catch up: %v", ErrMoveStuck, to, g.id, err)
+	}
+	next := append(slices.DeleteFunc(slices.Clone(voters), func(n uint64) bool { return n == from }), to)
+	res, err := g.changeVoters(ctx, steps, next, nil,
+		confChange(raftpb.ConfChangeAddNode, to), confChange(raftpb.ConfChangeRemoveNode, from))
+	if err != nil {
+		return nil, err
+	}
+	for { // Raft leaves the joint configuration by itself
+		if _, _, joint := g.Members(); !joint {
+			break
+		}
+		if !transport.SleepCtx(ctx, movePoll) {
+			return nil, ctx.Err()
+		}
+	}
+	if steps.Drop != nil {
+		_ = steps.Drop(ctx, from)
+	}
+	return res, nil
+}
+
+// changeVoters proposes a configuration change to voters and learners,
+// with the owner's payload for it, and waits until it applies here.
+func (g *Group) changeVoters(ctx context.Context, steps MoveSteps, voters, learners []uint64, changes ...*raftpb.ConfChangeSingle) (any, error) {
+	var payload []byte
+	if steps.Payload != nil {
+		var err error
+		if payload, err = steps.Payload(voters, learners); err != nil {
+			return nil, err
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, changeTimeout)
+	defer cancel()
+	res, err := g.ProposeConfChange(pctx, &raftpb.ConfChangeV2{Changes: changes}, payload)
+	if err != nil {
+		return nil, err
+	}
+	if err, ok := res.(error); ok {
+		return nil, err
+	}
+	return res, nil
+}
+
+// awaitCatchUp waits until node's replica has every entry the leader had
+// committed when the wait began.
+func (g *Group) awaitCatchUp(ctx context.Context, node uint64) error {
+	var target uint64
+	for {
+		commit, match, ok, err := g.Progress(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return ErrNotLeader
+		}
+		if target == 0 {
+			target = commit
+		}
+		if match[node] >= target {
+			return nil
+		}
+		if _, learners, _ := g.Members(); !slices.Contains(learners, node) {
+			return fmt.Errorf("node %d is no longer a learner of group %d", node, g.id)
+		}
+		if !transport.SleepCtx(ctx, movePoll) {
+			return ctx.Err()
+		}
+	}
+}
+
+func confChange(t raftpb.ConfChangeType, node uint64) *raftpb.ConfChangeSingle {
+	return &raftpb.ConfChangeSingle{Type: t.Enum(), NodeId: proto.Uint64(node)}
+}
