@@ -78,7 +78,7 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 		top: top, region: region, dialer: dialer,
 		epochs:     map[string]*epoch.Reader{},
 		publishers: map[string]*epoch.Reader{},
-		txnState:   txnstate.NewClient(dialer, tg[0].ID, tg[0].Replicas),
+		txnState:   txnstate.NewClient(dialer, tg[0]),
 		stateID:    tg[0].ID,
 		quiet:      top.QuietEpochs,
 	}
@@ -91,17 +91,17 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 	c.dropLookup = dialer.Network().AddLookup(dirs.RegisteredNodes)
 	for _, r := range top.Regions {
 		if g := top.GroupsOfKind(topology.KindLocalEpoch, r); len(g) > 0 {
-			c.epochs[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
+			c.epochs[r] = epoch.NewReader(dialer, g[0])
 		}
 		if g := top.GroupsOfKind(topology.KindPublisher, r); len(g) > 0 {
-			c.publishers[r] = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
+			c.publishers[r] = epoch.NewReader(dialer, g[0])
 		}
 	}
 	if p, ok := c.publishers[region]; ok {
 		c.global = p
 	}
 	if g := top.GroupsOfKind(topology.KindGlobalEpoch, ""); len(g) > 0 {
-		c.service = epoch.NewReader(dialer, g[0].ID, g[0].Replicas)
+		c.service = epoch.NewReader(dialer, g[0])
 	}
 	return c, nil
 }

@@ -21,8 +21,8 @@ type Client struct {
 
 // NewClient returns a client of directory group `group`, whose replicas
 // are on the given nodes.
-func NewClient(dialer *transport.Dialer, group uint64, replicas []uint64) *Client {
-	return &Client{group: group, lc: transport.NewLeaderClient(dialer, replicas)}
+func NewClient(dialer *transport.Dialer, g topology.Group) *Client {
+	return &Client{group: g.ID, lc: transport.NewGroupClient(dialer, g)}
 }
 
 // Lookup returns the descriptor of the range holding key and up to limit-1
@@ -136,7 +136,7 @@ func NewDirectories(top *topology.Topology, dialer *transport.Dialer) *Directori
 	d := &Directories{byRegion: map[string]*Client{}}
 	for _, r := range top.Regions {
 		if g := top.GroupsOfKind(topology.KindDirectory, r); len(g) > 0 {
-			d.byRegion[r] = NewClient(dialer, g[0].ID, g[0].Replicas)
+			d.byRegion[r] = NewClient(dialer, g[0])
 			d.regions = append(d.regions, r)
 		}
 	}

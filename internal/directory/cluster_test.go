@@ -58,7 +58,7 @@ func waitFor(t *testing.T, dir *directory.Client, want string) []*pb.RangeDescri
 func TestDirectoryFollowsSplitsMergesAndRestarts(t *testing.T) {
 	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{})
 	g := c.Topology.GroupsOfKind(topology.KindDirectory, "us-east1")[0]
-	dir := directory.NewClient(c.Dialer("us-east1"), g.ID, g.Replicas)
+	dir := directory.NewClient(c.Dialer("us-east1"), g)
 	waitFor(t, dir, "[,m) [m,)")
 	db, err := c.Client("us-east1")
 	if err != nil {
@@ -137,7 +137,7 @@ func TestReconciliationRepairsALostWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := directory.NewClient(d, g.ID, g.Replicas)
+	dir := directory.NewClient(d, g)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ds := waitFor(t, dir, "[,m) [m,)")

@@ -56,6 +56,15 @@ func (s *Server) Add(r Replica) {
 	s.mu.Unlock()
 }
 
+// Remove takes group id's replica out of the server (it left this node),
+// with the liveness its leader kept: later calls for it fail with NotFound.
+func (s *Server) Remove(id uint64) {
+	s.mu.Lock()
+	delete(s.replicas, id)
+	delete(s.live, id)
+	s.mu.Unlock()
+}
+
 // Register installs the Directory service on g.
 func (s *Server) Register(g *grpc.Server) { directorypb.RegisterDirectoryServer(g, s) }
 

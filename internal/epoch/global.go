@@ -119,7 +119,7 @@ func NewGlobal(group *raftgroup.Group, sm *StateMachine, dialer *transport.Diale
 	g := &Global{group: group, sm: sm, targets: targets, cfg: cfg, ctx: ctx, cancel: cancel,
 		lastSent: make([]time.Time, len(targets)), lastAcked: make([]time.Time, len(targets)), wasExcluded: make([]bool, len(targets))}
 	for _, t := range targets {
-		g.clients = append(g.clients, transport.NewLeaderClient(dialer, t.Replicas))
+		g.clients = append(g.clients, transport.NewLeaderClient(dialer, t.Replicas).Follow(t.Group, t.Region))
 	}
 	return g
 }

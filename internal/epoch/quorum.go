@@ -94,9 +94,12 @@ func (t *tally) add(rep reply) (newer bool) {
 		return false
 	}
 	t.replies = append(t.replies, rep)
-	if rep.conf.index > t.newest.index {
+	switch {
+	case rep.conf.index > t.newest.index:
 		t.newest = rep.conf
 		return true
+	case rep.conf.index == t.newest.index:
+		t.newest = rep.conf // a reply names its halves exactly; what the reader knew may not
 	}
 	return false
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/terroir-db/terroir/internal/epoch/epochpb"
+	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 )
 
@@ -44,8 +45,10 @@ const DefaultRoundTimeout = 2 * time.Second
 // sends one request per replica for all of them.
 type Reader struct {
 	group   uint64
+	region  string
 	boot    []uint64 // the voters the reader started from: the bootstrap configuration
 	known   config   // loop only: the newest configuration a reply named
+	lost    bool     // loop only: no voter it knows answered the last attempt
 	dialer  *transport.Dialer
 	timeout time.Duration
 
@@ -63,12 +66,14 @@ type readResult struct {
 	err   error
 }
 
-// NewReader returns a reader of epoch group `group` whose bootstrap voters
-// are replicas (node IDs), calling them through dialer; it follows the
-// group's configuration from the replies.
-func NewReader(dialer *transport.Dialer, group uint64, replicas []uint64) *Reader {
-	boot := append([]uint64(nil), replicas...)
-	return &Reader{group: group, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout}
+// NewReader returns a reader of epoch group g, calling its replicas through
+// dialer. It starts from the topology's replicas (the bootstrap
+// configuration) and follows the group's configuration from the replies;
+// when none of the voters it knows answers, it asks the nodes of g's region
+// where the group went (transport.LocateGroup).
+func NewReader(dialer *transport.Dialer, g topology.Group) *Reader {
+	boot := slices.Clone(g.Replicas)
+	return &Reader{group: g.ID, region: g.Region, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout}
 }
 
 // Read returns the current epoch. It fails with ErrUnavailable when no majority
@@ -142,6 +147,9 @@ func (r *Reader) round() (uint64, error) {
 			lastErr = err
 		}
 		r.splits.Add(1)
+		if r.lost {
+			r.relocate(ctx)
+		}
 		// Back off briefly: a split clears as soon as the lagging replica applies.
 		if !transport.SleepCtx(ctx, backoff(attempt)) {
 			if lastErr == nil {
@@ -204,7 +212,18 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 			grace = tm.C
 		}
 	}
+	r.lost = len(t.replies) == 0
 	return 0, false, err
+}
+
+// relocate asks the nodes of the group's region for its newest
+// configuration, whose voters the next attempt asks (the halves of a joint
+// one come with the replies).
+func (r *Reader) relocate(ctx context.Context) {
+	v, err := transport.LocateGroup(ctx, r.dialer, r.group, r.dialer.RegionNodes(r.region, r.known.members()))
+	if err == nil && v.ConfIndex >= r.known.index && len(v.Voters) > 0 {
+		r.known = config{index: v.ConfIndex, halves: [][]uint64{v.Voters}}
+	}
 }
 
 // ask sends one ReadEpoch to node id and delivers the reply, unless ctx

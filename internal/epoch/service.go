@@ -106,6 +106,14 @@ func (s *Server) AddPublisher(p *Publisher) {
 	s.mu.Unlock()
 }
 
+// Remove takes group id's replica out of the server (it left this node):
+// later calls for it fail with NotFound.
+func (s *Server) Remove(id uint64) {
+	s.mu.Lock()
+	delete(s.replicas, id)
+	s.mu.Unlock()
+}
+
 // Register installs the Epoch service on g.
 func (s *Server) Register(g *grpc.Server) { epochpb.RegisterEpochServer(g, s) }
 

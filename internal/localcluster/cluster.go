@@ -423,7 +423,7 @@ func (c *Cluster) Reader(kind topology.Kind, from, region string) (*epoch.Reader
 	if len(groups) == 0 {
 		return nil, fmt.Errorf("localcluster: no %s group in region %q", kind, region)
 	}
-	r := epoch.NewReader(c.Dialer(from), groups[0].ID, groups[0].Replicas)
+	r := epoch.NewReader(c.Dialer(from), groups[0])
 	c.mu.Lock()
 	c.readers = append(c.readers, r)
 	c.mu.Unlock()
@@ -448,7 +448,7 @@ func (c *Cluster) TxnStateClient(region string) (*txnstate.Client, error) {
 	if len(groups) == 0 {
 		return nil, fmt.Errorf("localcluster: region %q has no txn-state group", region)
 	}
-	return txnstate.NewClient(c.Dialer(region), groups[0].ID, groups[0].Replicas), nil
+	return txnstate.NewClient(c.Dialer(region), groups[0]), nil
 }
 
 // Close stops every node and client and removes a temporary data directory

@@ -364,7 +364,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 	d := sm.Descriptor()
 	if !named(d, n.cfg.NodeID) {
 		// Still a member while a joint change that removes it is under way.
-		if cs, err := raftgroup.StoredConf(n.engine, d.GetRangeId()); err != nil || !inConf(cs, n.cfg.NodeID) {
+		if cs, err := raftgroup.StoredConf(n.engine, d.GetRangeId()); err != nil || !raftgroup.InConf(cs, n.cfg.NodeID) {
 			return nil, fmt.Errorf("node %d: range %d (replicas %v, learners %v): %w", n.cfg.NodeID, d.GetRangeId(), d.GetReplicas(), d.GetLearners(), errNotNamed)
 		}
 	}
@@ -540,7 +540,7 @@ func (n *Node) reader(kind topology.Kind, region string) (*epoch.Reader, error) 
 	if len(groups) == 0 {
 		return nil, fmt.Errorf("node: region %q has ranges but no %s group", region, kind)
 	}
-	r := epoch.NewReader(n.dialer, groups[0].ID, groups[0].Replicas)
+	r := epoch.NewReader(n.dialer, groups[0])
 	n.readers[key] = r
 	return r, nil
 }
@@ -556,7 +556,7 @@ func (n *Node) decider(id uint64) rangeserver.Decider {
 	if !ok || g.Kind != topology.KindTxnState {
 		return nil
 	}
-	c := txnstate.NewClient(n.dialer, id, g.Replicas)
+	c := txnstate.NewClient(n.dialer, g)
 	n.deciders[id] = c
 	return c
 }

@@ -123,7 +123,7 @@ func TestCrashRestartKeepsEpoch(t *testing.T) {
 
 	dialer := transport.NewDialer(transport.NewNetwork(top), transport.Endpoint{Region: "r1"}, nil)
 	defer dialer.Close()
-	reader := epoch.NewReader(dialer, 1, []uint64{1, 2, 3})
+	reader := epoch.NewReader(dialer, topology.Group{ID: 1, Kind: topology.KindLocalEpoch, Region: "r1", Replicas: []uint64{1, 2, 3}})
 	defer reader.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -6,12 +6,12 @@ import (
 	"log/slog"
 	"slices"
 
-	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/terroir-db/terroir/internal/node/nodepb"
+	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
@@ -101,14 +101,9 @@ func (n *Node) onReplicasChanged(c rangeserver.ReplicasChanged) {
 	if r.LeaderHint() == n.cfg.NodeID {
 		n.publish(c.Desc)
 	}
-	if !inConf(c.Conf, n.cfg.NodeID) {
+	if !raftgroup.InConf(c.Conf, n.cfg.NodeID) {
 		n.removeReplica(r)
 	}
-}
-
-func inConf(cs *raftpb.ConfState, id uint64) bool {
-	return slices.Contains(cs.GetVoters(), id) || slices.Contains(cs.GetLearners(), id) ||
-		slices.Contains(cs.GetVotersOutgoing(), id) || slices.Contains(cs.GetLearnersNext(), id)
 }
 
 // removeReplica stops the node's replica r of a range that no longer names

@@ -134,7 +134,15 @@ type Group struct {
 	members       atomic.Pointer[configuration] // the configuration as last applied
 	confInLog     atomic.Uint64                 // the log's last configuration change (logStore.confInLog)
 	applied       atomic.Uint64                 // the applied index, stored after what it applied
+	onLeft        atomic.Pointer[func()]        // called once an applied configuration leaves this replica out
 }
+
+// OnLeft sets f to be called, on the group's goroutine, once a
+// configuration change that leaves this replica out (not a voter, learner
+// or outgoing voter) is applied and durable here; f must not block (stopping
+// the group waits for that goroutine). Groups whose state machine tracks
+// its configuration (a range's descriptor) act on it there instead.
+func (g *Group) OnLeft(f func()) { g.onLeft.Store(&f) }
 
 // configuration is a conf state and the index of the change that made it.
 type configuration struct {
@@ -802,6 +810,7 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 	}
 	b := g.e.NewIndexedBatch()
 	var results []delivered
+	left := false
 	for _, ent := range ents {
 		switch ent.GetType() {
 		case raftpb.EntryNormal:
@@ -824,6 +833,7 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 				return err
 			}
 			g.members.Store(&configuration{ent.GetIndex(), proto.Clone(cs).(*raftpb.ConfState)})
+			left = !InConf(cs, g.self)
 			if c := cc.AsV2().GetContext(); len(c) >= 8 {
 				var val any
 				if ch, ok := g.sm.(ConfChanger); ok {
@@ -849,10 +859,19 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 	if pa, ok := g.sm.(PostApplier); ok {
 		pa.PostApply()
 	}
+	if f := g.onLeft.Load(); left && f != nil {
+		(*f)()
+	}
 	for _, r := range results {
 		r.p.done <- proposalResult{val: r.val}
 	}
 	return nil
+}
+
+// InConf reports whether cs names id as a voter, learner or outgoing voter.
+func InConf(cs *raftpb.ConfState, id uint64) bool {
+	return slices.Contains(cs.GetVoters(), id) || slices.Contains(cs.GetLearners(), id) ||
+		slices.Contains(cs.GetVotersOutgoing(), id) || slices.Contains(cs.GetLearnersNext(), id)
 }
 
 func decodeConfChange(ent *raftpb.Entry) (raftpb.ConfChangeI, error) {

@@ -177,6 +177,18 @@ func (h *Host) Group(id uint64) *Group {
 	return h.groups[id]
 }
 
+// GroupView implements transport.RaftHandler: this node's replica's view
+// of group id's configuration, as it applied it.
+func (h *Host) GroupView(id uint64) *transportpb.GroupResponse {
+	g := h.Group(id)
+	if g == nil || g.uninitialized() {
+		return &transportpb.GroupResponse{}
+	}
+	c := g.members.Load()
+	return &transportpb.GroupResponse{Hosted: true, ConfIndex: c.index, Voters: c.cs.GetVoters(),
+		VotersOutgoing: c.cs.GetVotersOutgoing(), Learners: c.cs.GetLearners(), Leader: g.Status().Leader}
+}
+
 // HandleRaft implements transport.RaftHandler. It drops (and counts) a
 // message for a group not hosted here, addressed to another replica, not
 // from node `from` (whose certificate the transport checked), or from a

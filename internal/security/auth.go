@@ -65,6 +65,7 @@ var methodRoles = map[string]Role{
 	"/terroir.directory.Directory/Release":   RoleUser,
 	"/terroir.directory.Directory/Nodes":     RoleUser, // the node registry: addresses, states, liveness
 	"/terroir.transport.Transport/Ping":      RoleUser,
+	"/terroir.transport.Transport/Group":     RoleUser, // a group's configuration, to follow its moves
 	"/terroir.node.Node/Status":              RoleUser, // `terroir status`: the cluster's shape (range boundaries included), no values
 	// Operator actions: the admin user. (Excluding a region goes through a
 	// node, whose certificate alone may call Epoch/SetExcluded.)

@@ -61,6 +61,8 @@ var (
 var (
 	rangeIndexPrefix     = []byte{PrefixMeta, 'R'}
 	rangeTombstonePrefix = []byte{PrefixMeta, 'T'}
+	groupIndexPrefix     = []byte{PrefixMeta, 'G'}
+	groupTombstonePrefix = []byte{PrefixMeta, 'H'}
 	storeIdentKey        = []byte{PrefixMeta, 'i', 'd', 'e', 'n', 't'}
 	layoutVersionKey     = []byte{PrefixMeta, 'l', 'a', 'y', 'o', 'u', 't'}
 )
@@ -220,6 +222,32 @@ func RangeTombstoneKey(id uint64) []byte {
 // RemovedRanges returns the IDs recorded by RangeTombstoneKey, ascending.
 func (e *Engine) RemovedRanges() ([]uint64, error) {
 	return e.rangeIDs(rangeTombstonePrefix, "range tombstone")
+}
+
+// GroupIndexKey is the key recording that the store hosts a replica of
+// the non-range group id (an epoch, transaction-state or directory group)
+// though the topology file does not name this node among its replicas: a
+// replica move brought it (DESIGN.md §12). Its value is empty.
+func GroupIndexKey(id uint64) []byte {
+	return binary.BigEndian.AppendUint64(append([]byte{}, groupIndexPrefix...), id)
+}
+
+// IndexedGroups returns the IDs recorded by GroupIndexKey, ascending.
+func (e *Engine) IndexedGroups() ([]uint64, error) {
+	return e.rangeIDs(groupIndexPrefix, "group index")
+}
+
+// GroupTombstoneKey is the key recording that the non-range group id's
+// replica left this store (a move took it elsewhere): the node does not
+// host it at a restart though the topology file names it, until a move
+// brings it back. Its value is empty.
+func GroupTombstoneKey(id uint64) []byte {
+	return binary.BigEndian.AppendUint64(append([]byte{}, groupTombstonePrefix...), id)
+}
+
+// RemovedGroups returns the IDs recorded by GroupTombstoneKey, ascending.
+func (e *Engine) RemovedGroups() ([]uint64, error) {
+	return e.rangeIDs(groupTombstonePrefix, "group tombstone")
 }
 
 // DeleteState deletes group id's state machine sub-space (PrefixState and

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/terroir-db/terroir/internal/topology"
 )
 
 // ErrNoLeader is returned by a LeaderClient that reached no serving replica in time.
@@ -21,15 +24,47 @@ var ErrNoLeader = errors.New("transport: no replica of the group served the call
 // then tries the next.
 type LeaderClient struct {
 	dialer   *Dialer
-	replicas []uint64
-	leader   atomic.Uint64 // last replica that served; 0 if unknown
+	replicas atomic.Pointer[[]uint64] // the voters to try
+	leader   atomic.Uint64            // last replica that served; 0 if unknown
+	group    uint64                   // set by Follow: the group whose moves it follows
+	region   string                   // and the region whose nodes it asks
 	// AttemptTimeout bounds one call to one replica (default 1 s).
 	AttemptTimeout time.Duration
 }
 
 // NewLeaderClient returns a client of the group whose replicas are on the given nodes.
 func NewLeaderClient(dialer *Dialer, replicas []uint64) *LeaderClient {
-	return &LeaderClient{dialer: dialer, replicas: append([]uint64(nil), replicas...), AttemptTimeout: time.Second}
+	c := &LeaderClient{dialer: dialer, AttemptTimeout: time.Second}
+	rs := slices.Clone(replicas)
+	c.replicas.Store(&rs)
+	return c
+}
+
+// NewGroupClient returns a client of the non-range group g (an epoch,
+// transaction-state or directory group) that follows its replica moves.
+func NewGroupClient(dialer *Dialer, g topology.Group) *LeaderClient {
+	return NewLeaderClient(dialer, g.Replicas).Follow(g.ID, g.Region)
+}
+
+// Follow makes c follow group's replica moves (DESIGN.md §12): after a
+// round in which no replica served, c asks the nodes of region (and the
+// replicas it knows) for the group's newest configuration (LocateGroup)
+// and tries its voters and leader from then on. It returns c.
+func (c *LeaderClient) Follow(group uint64, region string) *LeaderClient {
+	c.group, c.region = group, region
+	return c
+}
+
+// relocate refreshes the voters and the leader from the nodes' views.
+func (c *LeaderClient) relocate(ctx context.Context) {
+	v, err := LocateGroup(ctx, c.dialer, c.group, c.dialer.RegionNodes(c.region, *c.replicas.Load()))
+	if err != nil || len(v.Voters) == 0 {
+		return
+	}
+	c.replicas.Store(&v.Voters)
+	if v.Leader != 0 {
+		c.leader.Store(v.Leader)
+	}
 }
 
 // Call runs f against the remembered leader first, then each replica in turn,
@@ -40,9 +75,9 @@ func NewLeaderClient(dialer *Dialer, replicas []uint64) *LeaderClient {
 func (c *LeaderClient) Call(ctx context.Context, f func(ctx context.Context, conn *grpc.ClientConn) error) error {
 	var lastErr error
 	for round := 0; ; round++ {
-		order := c.replicas
+		order := *c.replicas.Load()
 		if l := c.leader.Load(); l != 0 {
-			order = append([]uint64{l}, c.replicas...)
+			order = append([]uint64{l}, order...)
 		}
 		for _, id := range order {
 			conn, err := c.dialer.Conn(id)
@@ -64,6 +99,9 @@ func (c *LeaderClient) Call(ctx context.Context, f func(ctx context.Context, con
 			if ctx.Err() != nil {
 				return fmt.Errorf("%w: %v", ErrNoLeader, lastErr)
 			}
+		}
+		if c.group != 0 {
+			c.relocate(ctx)
 		}
 		if !SleepCtx(ctx, time.Duration(min(round+1, 10))*10*time.Millisecond) {
 			return fmt.Errorf("%w: %v", ErrNoLeader, lastErr)

@@ -31,6 +31,9 @@ type RaftHandler interface {
 	// after the last. An error refuses the snapshot (a gRPC status error is
 	// passed on as is, any other as FailedPrecondition).
 	HandleSnapshot(ctx context.Context, from uint64, first *transportpb.SnapshotChunk, next func() ([]byte, error)) error
+	// GroupView returns this node's view of group's configuration
+	// (hosted false when it has no replica of it).
+	GroupView(group uint64) *transportpb.GroupResponse
 }
 
 // maxQueuedPerPeer bounds the messages queued for one node; beyond it new messages
@@ -115,6 +118,12 @@ func (t *Raft) Raft(stream grpc.ClientStreamingServer[transportpb.RaftBatch, tra
 		}
 		t.handler.HandleRaft(b.GetFromNode(), b.GetMsgs())
 	}
+}
+
+// Group implements transportpb.TransportServer: this node's view of a
+// group's configuration.
+func (t *Raft) Group(_ context.Context, req *transportpb.GroupRequest) (*transportpb.GroupResponse, error) {
+	return t.handler.GroupView(req.GetGroupId()), nil
 }
 
 // Ping implements the echo RPC.

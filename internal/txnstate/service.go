@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/terroir-db/terroir/internal/raftgroup"
+	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
 )
@@ -35,6 +36,14 @@ func NewServer() *Server { return &Server{replicas: map[uint64]Replica{}} }
 func (s *Server) Add(r Replica) {
 	s.mu.Lock()
 	s.replicas[r.Group.ID()] = r
+	s.mu.Unlock()
+}
+
+// Remove takes group id's replica out of the server (it left this node):
+// later calls for it fail with NotFound.
+func (s *Server) Remove(id uint64) {
+	s.mu.Lock()
+	delete(s.replicas, id)
 	s.mu.Unlock()
 }
 
@@ -168,8 +177,8 @@ type Client struct {
 }
 
 // NewClient returns a client of group whose replicas are on the given nodes.
-func NewClient(dialer *transport.Dialer, group uint64, replicas []uint64) *Client {
-	return &Client{group: group, lc: transport.NewLeaderClient(dialer, replicas)}
+func NewClient(dialer *transport.Dialer, g topology.Group) *Client {
+	return &Client{group: g.ID, lc: transport.NewGroupClient(dialer, g)}
 }
 
 // Decide records rec's outcome unless another was recorded first, and returns

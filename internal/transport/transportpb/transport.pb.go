@@ -430,6 +430,141 @@ func (x *PingResponse) GetPayload() []byte {
 	return nil
 }
 
+// GroupRequest asks a node for its view of one Raft group's configuration.
+type GroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupRequest) Reset() {
+	*x = GroupRequest{}
+	mi := &file_transport_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupRequest) ProtoMessage() {}
+
+func (x *GroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupRequest.ProtoReflect.Descriptor instead.
+func (*GroupRequest) Descriptor() ([]byte, []int) {
+	return file_transport_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *GroupRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+// GroupResponse is the answering node's replica's view of the group's
+// configuration, as it applied it; hosted is false (and the rest empty)
+// when the node has no replica of the group.
+type GroupResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Hosted bool                   `protobuf:"varint,1,opt,name=hosted,proto3" json:"hosted,omitempty"`
+	// conf_index is the log index of the configuration change that made the
+	// configuration (0: the bootstrap configuration); the highest among
+	// several nodes' answers is the newest.
+	ConfIndex      uint64   `protobuf:"varint,2,opt,name=conf_index,json=confIndex,proto3" json:"conf_index,omitempty"`
+	Voters         []uint64 `protobuf:"varint,3,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	VotersOutgoing []uint64 `protobuf:"varint,4,rep,packed,name=voters_outgoing,json=votersOutgoing,proto3" json:"voters_outgoing,omitempty"` // during a joint change
+	Learners       []uint64 `protobuf:"varint,5,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	Leader         uint64   `protobuf:"varint,6,opt,name=leader,proto3" json:"leader,omitempty"` // the leader this replica knows of (0: none)
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GroupResponse) Reset() {
+	*x = GroupResponse{}
+	mi := &file_transport_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupResponse) ProtoMessage() {}
+
+func (x *GroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupResponse.ProtoReflect.Descriptor instead.
+func (*GroupResponse) Descriptor() ([]byte, []int) {
+	return file_transport_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GroupResponse) GetHosted() bool {
+	if x != nil {
+		return x.Hosted
+	}
+	return false
+}
+
+func (x *GroupResponse) GetConfIndex() uint64 {
+	if x != nil {
+		return x.ConfIndex
+	}
+	return 0
+}
+
+func (x *GroupResponse) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+func (x *GroupResponse) GetVotersOutgoing() []uint64 {
+	if x != nil {
+		return x.VotersOutgoing
+	}
+	return nil
+}
+
+func (x *GroupResponse) GetLearners() []uint64 {
+	if x != nil {
+		return x.Learners
+	}
+	return nil
+}
+
+func (x *GroupResponse) GetLeader() uint64 {
+	if x != nil {
+		return x.Leader
+	}
+	return 0
+}
+
 var File_transport_proto protoreflect.FileDescriptor
 
 const file_transport_proto_rawDesc = "" +
@@ -457,11 +592,22 @@ const file_transport_proto_rawDesc = "" +
 	"\vPingRequest\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\"(\n" +
 	"\fPingResponse\x12\x18\n" +
-	"\apayload\x18\x01 \x01(\fR\apayload2\xe8\x01\n" +
+	"\apayload\x18\x01 \x01(\fR\apayload\")\n" +
+	"\fGroupRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"\xbb\x01\n" +
+	"\rGroupResponse\x12\x16\n" +
+	"\x06hosted\x18\x01 \x01(\bR\x06hosted\x12\x1d\n" +
+	"\n" +
+	"conf_index\x18\x02 \x01(\x04R\tconfIndex\x12\x16\n" +
+	"\x06voters\x18\x03 \x03(\x04R\x06voters\x12'\n" +
+	"\x0fvoters_outgoing\x18\x04 \x03(\x04R\x0evotersOutgoing\x12\x1a\n" +
+	"\blearners\x18\x05 \x03(\x04R\blearners\x12\x16\n" +
+	"\x06leader\x18\x06 \x01(\x04R\x06leader2\xb4\x02\n" +
 	"\tTransport\x12B\n" +
 	"\x04Raft\x12\x1c.terroir.transport.RaftBatch\x1a\x1a.terroir.transport.RaftAck(\x01\x12N\n" +
 	"\bSnapshot\x12 .terroir.transport.SnapshotChunk\x1a\x1e.terroir.transport.SnapshotAck(\x01\x12G\n" +
-	"\x04Ping\x12\x1e.terroir.transport.PingRequest\x1a\x1f.terroir.transport.PingResponseB>Z<github.com/terroir-db/terroir/internal/transport/transportpbb\x06proto3"
+	"\x04Ping\x12\x1e.terroir.transport.PingRequest\x1a\x1f.terroir.transport.PingResponse\x12J\n" +
+	"\x05Group\x12\x1f.terroir.transport.GroupRequest\x1a .terroir.transport.GroupResponseB>Z<github.com/terroir-db/terroir/internal/transport/transportpbb\x06proto3"
 
 var (
 	file_transport_proto_rawDescOnce sync.Once
@@ -475,7 +621,7 @@ func file_transport_proto_rawDescGZIP() []byte {
 	return file_transport_proto_rawDescData
 }
 
-var file_transport_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_transport_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_transport_proto_goTypes = []any{
 	(*RaftEnvelope)(nil),   // 0: terroir.transport.RaftEnvelope
 	(*RaftBatch)(nil),      // 1: terroir.transport.RaftBatch
@@ -485,24 +631,28 @@ var file_transport_proto_goTypes = []any{
 	(*SnapshotAck)(nil),    // 5: terroir.transport.SnapshotAck
 	(*PingRequest)(nil),    // 6: terroir.transport.PingRequest
 	(*PingResponse)(nil),   // 7: terroir.transport.PingResponse
-	(*raftpb.Message)(nil), // 8: raftpb.Message
+	(*GroupRequest)(nil),   // 8: terroir.transport.GroupRequest
+	(*GroupResponse)(nil),  // 9: terroir.transport.GroupResponse
+	(*raftpb.Message)(nil), // 10: raftpb.Message
 }
 var file_transport_proto_depIdxs = []int32{
-	8, // 0: terroir.transport.RaftEnvelope.msg:type_name -> raftpb.Message
-	0, // 1: terroir.transport.RaftBatch.msgs:type_name -> terroir.transport.RaftEnvelope
-	8, // 2: terroir.transport.SnapshotChunk.msg:type_name -> raftpb.Message
-	3, // 3: terroir.transport.SnapshotChunk.spans:type_name -> terroir.transport.Span
-	1, // 4: terroir.transport.Transport.Raft:input_type -> terroir.transport.RaftBatch
-	4, // 5: terroir.transport.Transport.Snapshot:input_type -> terroir.transport.SnapshotChunk
-	6, // 6: terroir.transport.Transport.Ping:input_type -> terroir.transport.PingRequest
-	2, // 7: terroir.transport.Transport.Raft:output_type -> terroir.transport.RaftAck
-	5, // 8: terroir.transport.Transport.Snapshot:output_type -> terroir.transport.SnapshotAck
-	7, // 9: terroir.transport.Transport.Ping:output_type -> terroir.transport.PingResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	10, // 0: terroir.transport.RaftEnvelope.msg:type_name -> raftpb.Message
+	0,  // 1: terroir.transport.RaftBatch.msgs:type_name -> terroir.transport.RaftEnvelope
+	10, // 2: terroir.transport.SnapshotChunk.msg:type_name -> raftpb.Message
+	3,  // 3: terroir.transport.SnapshotChunk.spans:type_name -> terroir.transport.Span
+	1,  // 4: terroir.transport.Transport.Raft:input_type -> terroir.transport.RaftBatch
+	4,  // 5: terroir.transport.Transport.Snapshot:input_type -> terroir.transport.SnapshotChunk
+	6,  // 6: terroir.transport.Transport.Ping:input_type -> terroir.transport.PingRequest
+	8,  // 7: terroir.transport.Transport.Group:input_type -> terroir.transport.GroupRequest
+	2,  // 8: terroir.transport.Transport.Raft:output_type -> terroir.transport.RaftAck
+	5,  // 9: terroir.transport.Transport.Snapshot:output_type -> terroir.transport.SnapshotAck
+	7,  // 10: terroir.transport.Transport.Ping:output_type -> terroir.transport.PingResponse
+	9,  // 11: terroir.transport.Transport.Group:output_type -> terroir.transport.GroupResponse
+	8,  // [8:12] is the sub-list for method output_type
+	4,  // [4:8] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_transport_proto_init() }
@@ -516,7 +666,7 @@ func file_transport_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transport_proto_rawDesc), len(file_transport_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

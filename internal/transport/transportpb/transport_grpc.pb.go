@@ -24,6 +24,7 @@ const (
 	Transport_Raft_FullMethodName     = "/terroir.transport.Transport/Raft"
 	Transport_Snapshot_FullMethodName = "/terroir.transport.Transport/Snapshot"
 	Transport_Ping_FullMethodName     = "/terroir.transport.Transport/Ping"
+	Transport_Group_FullMethodName    = "/terroir.transport.Transport/Group"
 )
 
 // TransportClient is the client API for Transport service.
@@ -36,6 +37,10 @@ type TransportClient interface {
 	Snapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotAck], error)
 	// Ping echoes its payload; benchmarks use it for the loopback round trip.
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
+	// Group returns the node's view of a group's configuration: clients of
+	// a group whose replicas moved find its voters and leader through it
+	// (DESIGN.md §12).
+	Group(ctx context.Context, in *GroupRequest, opts ...grpc.CallOption) (*GroupResponse, error)
 }
 
 type transportClient struct {
@@ -82,6 +87,16 @@ func (c *transportClient) Ping(ctx context.Context, in *PingRequest, opts ...grp
 	return out, nil
 }
 
+func (c *transportClient) Group(ctx context.Context, in *GroupRequest, opts ...grpc.CallOption) (*GroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GroupResponse)
+	err := c.cc.Invoke(ctx, Transport_Group_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TransportServer is the server API for Transport service.
 // All implementations must embed UnimplementedTransportServer
 // for forward compatibility.
@@ -92,6 +107,10 @@ type TransportServer interface {
 	Snapshot(grpc.ClientStreamingServer[SnapshotChunk, SnapshotAck]) error
 	// Ping echoes its payload; benchmarks use it for the loopback round trip.
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
+	// Group returns the node's view of a group's configuration: clients of
+	// a group whose replicas moved find its voters and leader through it
+	// (DESIGN.md §12).
+	Group(context.Context, *GroupRequest) (*GroupResponse, error)
 	mustEmbedUnimplementedTransportServer()
 }
 
@@ -110,6 +129,9 @@ func (UnimplementedTransportServer) Snapshot(grpc.ClientStreamingServer[Snapshot
 }
 func (UnimplementedTransportServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ping not implemented")
+}
+func (UnimplementedTransportServer) Group(context.Context, *GroupRequest) (*GroupResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Group not implemented")
 }
 func (UnimplementedTransportServer) mustEmbedUnimplementedTransportServer() {}
 func (UnimplementedTransportServer) testEmbeddedByValue()                   {}
@@ -164,6 +186,24 @@ func _Transport_Ping_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Transport_Group_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TransportServer).Group(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Transport_Group_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TransportServer).Group(ctx, req.(*GroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Transport_ServiceDesc is the grpc.ServiceDesc for Transport service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -174,6 +214,10 @@ var Transport_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Ping",
 			Handler:    _Transport_Ping_Handler,
+		},
+		{
+			MethodName: "Group",
+			Handler:    _Transport_Group_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
