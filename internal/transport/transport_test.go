@@ -39,9 +39,9 @@ func (r *recorder) HandleRaft(_ uint64, msgs []*transportpb.RaftEnvelope) {
 		r.at = append(r.at, time.Now())
 	}
 }
-func (r *recorder) ReportUnreachable(group, to uint64)       { r.mu.Lock(); r.unreach++; r.mu.Unlock() }
-func (r *recorder) ReportSnapshot(group, to uint64, ok bool) {}
-func (r *recorder) GroupView(uint64) *transportpb.GroupResponse  { return &transportpb.GroupResponse{} }
+func (r *recorder) ReportUnreachable(group, to uint64)          { r.mu.Lock(); r.unreach++; r.mu.Unlock() }
+func (r *recorder) ReportSnapshot(group, to uint64, ok bool)    {}
+func (r *recorder) GroupView(uint64) *transportpb.GroupResponse { return &transportpb.GroupResponse{} }
 func (r *recorder) HandleSnapshot(context.Context, uint64, *transportpb.SnapshotChunk, func() ([]byte, error)) error {
 	return status.Error(codes.Unimplemented, "no snapshots here")
 }
