@@ -19,7 +19,7 @@ func adminCmd() *cobra.Command {
 	var configPath string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|list | gc show|ttl | node list|decommission|recommission",
+		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|list | gc show|ttl | node list|decommission|recommission | group move",
 		Short: "Operate a running cluster",
 	}
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
@@ -207,7 +207,7 @@ func adminCmd() *cobra.Command {
 			})
 		},
 	})
-	cmd.AddCommand(region, rng, adminGCCmd(with), adminNodeCmd(with))
+	cmd.AddCommand(region, rng, adminGCCmd(with), adminNodeCmd(with), adminGroupCmd(with))
 	return cmd
 }
 

@@ -3,55 +3,19 @@ package epoch_test
 import (
 	"context"
 	"errors"
-	"slices"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
-
-	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/admin"
 )
 
-// setVoters changes group's configuration at its leader, retrying until the
-// leader has applied one whose voters are want (a change Raft dropped, or
-// one proposed to a replica that lost leadership, is proposed again).
-func setVoters(t *testing.T, c *localcluster.Cluster, group uint64, want []uint64, changes ...*raftpb.ConfChangeSingle) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		l := c.Leader(group)
-		if l == 0 {
-			time.Sleep(20 * time.Millisecond)
-			continue
-		}
-		g := c.Node(l).Group(group)
-		voters, _, joint := g.Members()
-		slices.Sort(voters)
-		if !joint && slices.Equal(voters, want) {
-			return
-		}
-		if !joint {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, _ = g.ProposeConfChange(ctx, &raftpb.ConfChangeV2{Changes: changes}, nil)
-			cancel()
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("group %d did not reach voters %v in 20 s", group, want)
-}
-
-func change(typ raftpb.ConfChangeType, node uint64) *raftpb.ConfChangeSingle {
-	return &raftpb.ConfChangeSingle{Type: typ.Enum(), NodeId: proto.Uint64(node)}
-}
-
-// Epoch reads stay monotonic while the epoch group's configuration changes
-// under them (DESIGN.md §12): a voter removed (it keeps its stale replica
-// and answers under its old configuration), added back as a learner and
-// promoted in a joint change that removes another voter (the leader among
-// them, in turn). The readers started from the bootstrap voters and follow
-// the configurations the replies name.
+// Epoch reads stay monotonic while the epoch group's replicas move, one
+// joint configuration change at a time (DESIGN.md §12), to three nodes
+// that joined, the leader's among them: readers started from the
+// topology's replicas follow the configurations the replies name, and one
+// started once none of those hosts the group finds it.
 func TestMonotonicAcrossConfigurationChanges(t *testing.T) {
 	c := startCluster(t)
 	const group = 1
@@ -109,30 +73,44 @@ func TestMonotonicAcrossConfigurationChanges(t *testing.T) {
 		}
 	}
 	waitAdvance("start")
-	voters := []uint64{1, 2, 3}
-	for round := 0; round < 3; round++ {
-		// Take out the leader in round 0, followers after.
-		out := voters[2]
-		if round == 0 {
-			out = c.Leader(group)
+	for _, id := range []uint64{4, 5, 6} {
+		if err := c.JoinNode(id, "us-east1"); err != nil {
+			t.Fatal(err)
 		}
-		keep := slices.DeleteFunc(slices.Clone(voters), func(n uint64) bool { return n == out })
-		setVoters(t, c, group, keep, change(raftpb.ConfChangeRemoveNode, out))
-		waitAdvance("removing a voter")
-		setVoters(t, c, group, keep, change(raftpb.ConfChangeAddLearnerNode, out))
-		waitAdvance("adding it back as a learner")
-		// Promote it and remove another voter in one joint change.
-		gone := keep[0]
-		next := []uint64{keep[1], out}
-		slices.Sort(next)
-		setVoters(t, c, group, next, change(raftpb.ConfChangeAddNode, out), change(raftpb.ConfChangeRemoveNode, gone))
-		waitAdvance("a joint change")
-		voters = append(slices.Clone(next), gone)
-		slices.Sort(voters)
-		setVoters(t, c, group, voters, change(raftpb.ConfChangeAddNode, gone))
-		waitAdvance("adding the removed voter back")
-		voters = []uint64{next[0], next[1], gone}
 	}
+	d := c.Dialer("us-east1")
+	for i, to := range []uint64{4, 5, 6} {
+		from := uint64(i + 1)
+		if i == 1 {
+			from = c.Leader(group) // and the leader's, which hands leadership on first
+			if from >= 4 {
+				from = 2
+			}
+		}
+		mctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		voters, err := admin.MoveGroupReplica(mctx, d, c.Topology, group, from, to)
+		cancel()
+		if err != nil {
+			t.Fatalf("moving the epoch group's replica %d → %d: %v", from, to, err)
+		}
+		t.Logf("moved %d → %d: voters %v", from, to, voters)
+		waitAdvance(fmt.Sprintf("moving %d → %d", from, to))
+	}
+	// None of the topology's replicas hosts the group now: a reader that
+	// starts from them finds it.
+	fresh, err := c.EpochReader("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	start := time.Now()
+	e, err := fresh.Read(rctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("a reader starting from the topology's replicas: %v", err)
+	}
+	h.add(read{start, time.Now(), e})
+	waitAdvance("all moved")
 	stop()
 	wg.Wait()
 	if len(h.reads) < 100 {

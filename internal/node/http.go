@@ -14,6 +14,8 @@ import (
 
 	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/console"
+	"github.com/terroir-db/terroir/internal/raftgroup"
+	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/version"
 )
 
@@ -67,16 +69,20 @@ func (n *Node) HTTPAddr() string {
 // that has no leader or has not caught up with its group since it started.
 func (n *Node) notReady() []string {
 	var why []string
-	for _, g := range n.cfg.Topology.GroupsOn(n.cfg.NodeID) {
-		rg := n.Group(g.ID)
-		if rg == nil {
-			continue
-		}
+	check := func(rg *raftgroup.Group, kind topology.Kind) {
 		switch st := rg.Status(); {
 		case st.Leader == 0:
-			why = append(why, fmt.Sprintf("group %d (%s) has no leader", g.ID, g.Kind))
+			why = append(why, fmt.Sprintf("group %d (%s) has no leader", st.Group, kind))
 		case !st.CaughtUp:
-			why = append(why, fmt.Sprintf("group %d (%s) is catching up", g.ID, g.Kind))
+			why = append(why, fmt.Sprintf("group %d (%s) is catching up", st.Group, kind))
+		}
+	}
+	for _, h := range n.hostedGroups() {
+		check(h.rg, h.g.Kind)
+	}
+	for _, g := range n.cfg.Topology.GroupsOn(n.cfg.NodeID) {
+		if rg := n.Group(g.ID); rg != nil && g.Kind == topology.KindRange {
+			check(rg, g.Kind)
 		}
 	}
 	return why

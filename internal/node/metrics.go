@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
-	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
 )
 
@@ -235,23 +234,21 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	leaders := 0
 	kinds := map[string]int{}
-	for _, e := range n.epochGroups() {
-		labels := []string{strconv.FormatUint(e.group.ID, 10), string(e.group.Kind), e.group.Region}
-		ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(e.sm.Epoch()), labels...)
+	for _, h := range n.hostedGroups() {
+		kinds[string(h.g.Kind)]++
+		if h.rg.IsLeader() {
+			leaders++
+		}
+		if h.epoch == nil {
+			continue
+		}
+		labels := []string{strconv.FormatUint(h.g.ID, 10), string(h.g.Kind), h.g.Region}
+		ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(h.epoch.Epoch()), labels...)
 		age := math.NaN()
-		if t := e.sm.Changed(); !t.IsZero() {
+		if t := h.epoch.Changed(); !t.IsZero() {
 			age = now.Sub(t).Seconds()
 		}
 		ch <- prometheus.MustNewConstMetric(descEpochAge, prometheus.GaugeValue, age, labels...)
-	}
-	for _, g := range n.cfg.Topology.GroupsOn(n.cfg.NodeID) {
-		if g.Kind == topology.KindRange {
-			continue
-		}
-		kinds[string(g.Kind)]++
-		if rg := n.Group(g.ID); rg != nil && rg.IsLeader() {
-			leaders++
-		}
 	}
 	var locks, bytes float64
 	for _, r := range n.rangeReplicas() {

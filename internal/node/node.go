@@ -90,10 +90,12 @@ type Node struct {
 	raft         *transport.Raft
 	server       *grpc.Server
 	listener     net.Listener
-	epochs       map[uint64]*epoch.Replica
-	global       *epoch.Global // nil unless the node hosts a global epoch replica
+	groups       map[uint64]*hostedGroup // the non-range groups hosted here (groups.go), under mu
+	groupMoves   sync.Map                // group ID → struct{}: the moves this node leads, one per group
+	epochSrv     *epoch.Server
 	rangeSrv     *rangeserver.Server
 	txnSrv       *txnstate.Server
+	dirSrv       *directory.Server
 	dirs         *directory.Directories // every region's directory, for splits' IDs and descriptor changes
 	stop         context.CancelFunc     // ends publishing and reconciling
 	stopped      context.Context
@@ -112,22 +114,11 @@ type Node struct {
 	httpListener net.Listener
 	httpDone     chan struct{}
 	console      *console.Console
-	epochSMs     []hostedEpoch // every epoch group hosted here, for status and metrics
 	served       chan struct{}
 	dropLookup   func() // takes the registry lookup out of the network
 	queue        *rebalance.Queue
 	queueRegion  *regionCluster
 }
-
-// hostedEpoch is one epoch group (local epoch, publisher, global epoch)
-// hosted on the node.
-type hostedEpoch struct {
-	group topology.Group
-	sm    *epoch.StateMachine
-}
-
-// epochGroups returns the epoch groups hosted here.
-func (n *Node) epochGroups() []hostedEpoch { return n.epochSMs }
 
 // Start opens the store, recovers every hosted replica and starts serving.
 // Errors wrap storage.ErrCorrupt for a damaged data directory and
@@ -155,7 +146,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	n := &Node{cfg: cfg, epochs: map[uint64]*epoch.Replica{}, registry: cfg.Registry, served: make(chan struct{}),
+	n := &Node{cfg: cfg, groups: map[uint64]*hostedGroup{}, registry: cfg.Registry, served: make(chan struct{}),
 		readers: map[string]*epoch.Reader{}, deciders: map[uint64]*txnstate.Client{}, gcPolicies: map[string]*gcPolicy{}}
 	n.stopped, n.stop = context.WithCancel(context.Background())
 	n.started = time.Now()
@@ -183,64 +174,13 @@ func Start(cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	epochServer := epoch.NewServer()
-	txnServer := txnstate.NewServer()
-	n.txnSrv = txnServer
-	dirServer := directory.NewServer(top.LivenessTimeout)
+	n.epochSrv, n.txnSrv, n.dirSrv = epoch.NewServer(), txnstate.NewServer(), directory.NewServer(top.LivenessTimeout)
 	n.rangeSrv = rangeserver.NewServer()
+	if err := n.hostGroups(); err != nil {
+		return nil, err
+	}
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		switch g.Kind {
-		case topology.KindLocalEpoch, topology.KindPublisher, topology.KindGlobalEpoch:
-			sm, err := epoch.NewStateMachine(n.engine, g.ID)
-			if err != nil {
-				return nil, err
-			}
-			n.epochSMs = append(n.epochSMs, hostedEpoch{g, sm})
-			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
-			if err != nil {
-				return nil, err
-			}
-			changes := n.metrics.epochChange.WithLabelValues(string(g.Kind))
-			sm.OnChange(func() bool { return rg.Status().CaughtUp }, func(d time.Duration) { changes.Observe(d.Seconds()) })
-			switch g.Kind {
-			case topology.KindLocalEpoch:
-				n.epochs[g.ID] = epoch.NewReplica(rg, sm, top.LocalEpochInterval)
-				epochServer.Add(rg, sm)
-			case topology.KindPublisher:
-				quorum, err := n.reader(topology.KindPublisher, g.Region)
-				if err != nil {
-					return nil, err
-				}
-				epochServer.AddPublisher(epoch.NewPublisher(rg, sm, top.PublisherLease, quorum))
-			case topology.KindGlobalEpoch:
-				var targets []epoch.PublisherTarget
-				for _, p := range top.GroupsOfKind(topology.KindPublisher, "") {
-					targets = append(targets, epoch.PublisherTarget{Group: p.ID, Replicas: p.Replicas, Region: p.Region})
-				}
-				n.global = epoch.NewGlobal(rg, sm, n.dialer, targets, epoch.GlobalConfig{Tick: top.RaftTick,
-					MinInterval: top.GlobalEpochMinInterval, PublisherLease: top.PublisherLease, AutoExcludeAfter: top.AutoExcludeAfter})
-				epochServer.Add(rg, sm)
-			}
-		case topology.KindTxnState:
-			sm, err := txnstate.NewStateMachine(n.engine, g.ID)
-			if err != nil {
-				return nil, err
-			}
-			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
-			if err != nil {
-				return nil, err
-			}
-			txnServer.Add(txnstate.Replica{Group: rg, SM: sm})
-		case topology.KindDirectory:
-			sm, err := directory.NewStateMachine(n.engine, g.ID, directory.SeedFor(top, g.Region))
-			if err != nil {
-				return nil, err
-			}
-			rg, err := n.host.AddGroup(g.ID, g.Replicas, sm)
-			if err != nil {
-				return nil, err
-			}
-			dirServer.Add(directory.Replica{Group: rg, SM: sm})
 		case topology.KindRange:
 			if removed[g.ID] {
 				continue // merged away
@@ -254,8 +194,6 @@ func Start(cfg Config) (_ *Node, err error) {
 				}
 				return nil, err
 			}
-		default:
-			return nil, fmt.Errorf("node: group %d has kind %q this node cannot host", g.ID, g.Kind)
 		}
 	}
 
@@ -289,9 +227,9 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.raft = transport.NewRaft(n.dialer, n.host)
 	n.server = transport.NewServer(cfg.Certs, n.metrics.unary)
 	n.raft.Register(n.server)
-	epochServer.Register(n.server)
-	txnServer.Register(n.server)
-	dirServer.Register(n.server)
+	n.epochSrv.Register(n.server)
+	n.txnSrv.Register(n.server)
+	n.dirSrv.Register(n.server)
 	n.rangeSrv.Register(n.server)
 	(&statusServer{n: n}).register(n.server)
 
@@ -309,14 +247,11 @@ func Start(cfg Config) (_ *Node, err error) {
 	}()
 	ranges := n.rangeReplicas() // a split applied from now on starts its own
 	n.host.Start(n.raft)
-	for _, r := range n.epochs {
-		r.Start()
+	for _, h := range n.hostedGroups() {
+		h.start()
 	}
 	for _, r := range ranges {
 		r.Start()
-	}
-	if n.global != nil {
-		n.global.Start()
 	}
 	if n.httpListener != nil {
 		n.serveHTTP()
@@ -338,12 +273,7 @@ func Start(cfg Config) (_ *Node, err error) {
 			Config: rebalance.Config{ReplaceAfter: top.ReplaceAfter, MaxMoves: top.MaxSnapshots}})
 		n.background(func() { n.queue.Run(n.stopped) })
 	}
-	for _, g := range top.GroupsOn(cfg.NodeID) {
-		if g.Kind == topology.KindTxnState {
-			n.background(func() { n.cleanTxnRecords(txnServer, self.Region) })
-			break
-		}
-	}
+	n.background(func() { n.cleanTxnRecords(n.txnSrv, self.Region) })
 	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(top.GroupsOn(cfg.NodeID)))
 	return n, nil
 }
@@ -583,8 +513,15 @@ func (n *Node) DataStats() (storage.MVCCStats, error) {
 // Group returns the node's replica of group id, or nil.
 func (n *Node) Group(id uint64) *raftgroup.Group { return n.host.Group(id) }
 
-// EpochReplica returns the node's replica of epoch group id, or nil.
-func (n *Node) EpochReplica(id uint64) *epoch.Replica { return n.epochs[id] }
+// EpochReplica returns the node's replica of local epoch group id, or nil.
+func (n *Node) EpochReplica(id uint64) *epoch.Replica {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if h := n.groups[id]; h != nil {
+		return h.local
+	}
+	return nil
+}
 
 // Close stops serving, stops every replica and closes the store (Pebble writes
 // out its WAL on close, so this is a clean stop; abrupt kills are tested with
@@ -617,15 +554,12 @@ func (n *Node) closeParts() error {
 	if n.queueRegion != nil {
 		n.queueRegion.close()
 	}
-	if n.global != nil {
-		n.global.Close()
-	}
 	for _, r := range n.rangeReplicas() {
 		r.Close()
 	}
 	n.removing.Wait()
-	for _, r := range n.epochs {
-		r.Close()
+	for _, h := range n.hostedGroups() {
+		h.close()
 	}
 	for _, r := range n.readers {
 		r.Close()

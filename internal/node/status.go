@@ -7,7 +7,6 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/node/nodepb"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/topology"
@@ -38,10 +37,6 @@ func (n *Node) Status(ctx context.Context) *nodepb.StatusResponse {
 	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
 	resp := &nodepb.StatusResponse{NodeId: n.cfg.NodeID, Region: self.Region, Version: version.String(),
 		StartedUnixMs: n.started.UnixMilli(), HttpAddr: n.HTTPAddr()}
-	epochs := map[uint64]*epoch.StateMachine{}
-	for _, e := range n.epochGroups() {
-		epochs[e.group.ID] = e.sm
-	}
 	led := map[*nodepb.GroupStatus]*raftgroup.Group{}
 	add := func(rg *raftgroup.Group, kind, region string) *nodepb.GroupStatus {
 		st := rg.Status()
@@ -52,17 +47,12 @@ func (n *Node) Status(ctx context.Context) *nodepb.StatusResponse {
 		}
 		return gs
 	}
-	for _, g := range n.cfg.Topology.GroupsOn(n.cfg.NodeID) {
-		if g.Kind == topology.KindRange {
-			continue
-		}
-		if rg := n.Group(g.ID); rg != nil {
-			gs := add(rg, string(g.Kind), g.Region)
-			if sm := epochs[g.ID]; sm != nil {
-				gs.Epoch = sm.Epoch()
-				if t := sm.Changed(); !t.IsZero() {
-					gs.EpochAgeMs = uint64(max(time.Since(t).Milliseconds(), 1))
-				}
+	for _, h := range n.hostedGroups() {
+		gs := add(h.rg, string(h.g.Kind), h.g.Region)
+		if sm := h.epoch; sm != nil {
+			gs.Epoch = sm.Epoch()
+			if t := sm.Changed(); !t.IsZero() {
+				gs.EpochAgeMs = uint64(max(time.Since(t).Milliseconds(), 1))
 			}
 		}
 	}

@@ -810,7 +810,7 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 	}
 	b := g.e.NewIndexedBatch()
 	var results []delivered
-	left := false
+	left, changed := false, false
 	for _, ent := range ents {
 		switch ent.GetType() {
 		case raftpb.EntryNormal:
@@ -833,7 +833,7 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 				return err
 			}
 			g.members.Store(&configuration{ent.GetIndex(), proto.Clone(cs).(*raftpb.ConfState)})
-			left = !InConf(cs, g.self)
+			left, changed = !InConf(cs, g.self), true
 			if c := cc.AsV2().GetContext(); len(c) >= 8 {
 				var val any
 				if ch, ok := g.sm.(ConfChanger); ok {
@@ -858,6 +858,14 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 	g.setApplied(last)
 	if pa, ok := g.sm.(PostApplier); ok {
 		pa.PostApply()
+	}
+	if _, copied := g.sm.(Snapshotter); copied && changed && g.ls.truncIdx > 0 {
+		// The stored snapshot predates the new configuration: a learner it
+		// adds would refuse it (a snapshot must name its receiver). Take
+		// one now, keeping the log as it is.
+		if err := g.compact(last, g.ls.truncIdx); err != nil {
+			return err
+		}
 	}
 	if f := g.onLeft.Load(); left && f != nil {
 		(*f)()

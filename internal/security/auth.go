@@ -76,10 +76,12 @@ var methodRoles = map[string]Role{
 	"/terroir.range.Range/MoveReplica":          RoleAdmin,
 	"/terroir.directory.Directory/SetGCTTL":     RoleAdmin,
 	"/terroir.directory.Directory/SetNodeState": RoleAdmin, // decommission a node
+	"/terroir.node.Node/MoveGroupReplica":       RoleAdmin,
 	// Node-only, listed for the reader: Transport/Raft, Transport/Snapshot,
-	// Node/AddRangeReplica, Node/RemoveRangeReplica, Epoch/Publish,
-	// Epoch/SetExcluded, Directory/Update, Directory/Allocate,
-	// Directory/RegisterNode, Directory/Heartbeat, Node/Join.
+	// Node/AddRangeReplica, Node/RemoveRangeReplica, Node/AddGroupReplica,
+	// Node/RemoveGroupReplica, Epoch/Publish, Epoch/SetExcluded,
+	// Directory/Update, Directory/Allocate, Directory/RegisterNode,
+	// Directory/Heartbeat, Node/Join.
 }
 
 // RequiredRole returns the role method (a full gRPC method name) needs.

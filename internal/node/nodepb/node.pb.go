@@ -417,6 +417,278 @@ func (*SetRegionExcludedResponse) Descriptor() ([]byte, []int) {
 	return file_node_proto_rawDescGZIP(), []int{5}
 }
 
+type AddGroupReplicaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddGroupReplicaRequest) Reset() {
+	*x = AddGroupReplicaRequest{}
+	mi := &file_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddGroupReplicaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddGroupReplicaRequest) ProtoMessage() {}
+
+func (x *AddGroupReplicaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddGroupReplicaRequest.ProtoReflect.Descriptor instead.
+func (*AddGroupReplicaRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AddGroupReplicaRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+type AddGroupReplicaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddGroupReplicaResponse) Reset() {
+	*x = AddGroupReplicaResponse{}
+	mi := &file_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddGroupReplicaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddGroupReplicaResponse) ProtoMessage() {}
+
+func (x *AddGroupReplicaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddGroupReplicaResponse.ProtoReflect.Descriptor instead.
+func (*AddGroupReplicaResponse) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{7}
+}
+
+type RemoveGroupReplicaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	ConfIndex     uint64                 `protobuf:"varint,2,opt,name=conf_index,json=confIndex,proto3" json:"conf_index,omitempty"` // the configuration change that left the node out
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveGroupReplicaRequest) Reset() {
+	*x = RemoveGroupReplicaRequest{}
+	mi := &file_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveGroupReplicaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveGroupReplicaRequest) ProtoMessage() {}
+
+func (x *RemoveGroupReplicaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveGroupReplicaRequest.ProtoReflect.Descriptor instead.
+func (*RemoveGroupReplicaRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RemoveGroupReplicaRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *RemoveGroupReplicaRequest) GetConfIndex() uint64 {
+	if x != nil {
+		return x.ConfIndex
+	}
+	return 0
+}
+
+type RemoveGroupReplicaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveGroupReplicaResponse) Reset() {
+	*x = RemoveGroupReplicaResponse{}
+	mi := &file_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveGroupReplicaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveGroupReplicaResponse) ProtoMessage() {}
+
+func (x *RemoveGroupReplicaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveGroupReplicaResponse.ProtoReflect.Descriptor instead.
+func (*RemoveGroupReplicaResponse) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{9}
+}
+
+type MoveGroupReplicaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	FromNode      uint64                 `protobuf:"varint,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToNode        uint64                 `protobuf:"varint,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveGroupReplicaRequest) Reset() {
+	*x = MoveGroupReplicaRequest{}
+	mi := &file_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveGroupReplicaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveGroupReplicaRequest) ProtoMessage() {}
+
+func (x *MoveGroupReplicaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveGroupReplicaRequest.ProtoReflect.Descriptor instead.
+func (*MoveGroupReplicaRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *MoveGroupReplicaRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *MoveGroupReplicaRequest) GetFromNode() uint64 {
+	if x != nil {
+		return x.FromNode
+	}
+	return 0
+}
+
+func (x *MoveGroupReplicaRequest) GetToNode() uint64 {
+	if x != nil {
+		return x.ToNode
+	}
+	return 0
+}
+
+type MoveGroupReplicaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Voters        []uint64               `protobuf:"varint,1,rep,packed,name=voters,proto3" json:"voters,omitempty"` // the group's voters after the move
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveGroupReplicaResponse) Reset() {
+	*x = MoveGroupReplicaResponse{}
+	mi := &file_node_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveGroupReplicaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveGroupReplicaResponse) ProtoMessage() {}
+
+func (x *MoveGroupReplicaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveGroupReplicaResponse.ProtoReflect.Descriptor instead.
+func (*MoveGroupReplicaResponse) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *MoveGroupReplicaResponse) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
 type JoinRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -430,7 +702,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +714,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +727,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{6}
+	return file_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *JoinRequest) GetNodeId() uint64 {
@@ -497,7 +769,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +781,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +794,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{7}
+	return file_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *JoinResponse) GetTopology() []byte {
@@ -541,7 +813,7 @@ type AddRangeReplicaRequest struct {
 
 func (x *AddRangeReplicaRequest) Reset() {
 	*x = AddRangeReplicaRequest{}
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +825,7 @@ func (x *AddRangeReplicaRequest) String() string {
 func (*AddRangeReplicaRequest) ProtoMessage() {}
 
 func (x *AddRangeReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +838,7 @@ func (x *AddRangeReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddRangeReplicaRequest.ProtoReflect.Descriptor instead.
 func (*AddRangeReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{8}
+	return file_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AddRangeReplicaRequest) GetRangeDescriptor() *rangepb.RangeDescriptor {
@@ -584,7 +856,7 @@ type AddRangeReplicaResponse struct {
 
 func (x *AddRangeReplicaResponse) Reset() {
 	*x = AddRangeReplicaResponse{}
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +868,7 @@ func (x *AddRangeReplicaResponse) String() string {
 func (*AddRangeReplicaResponse) ProtoMessage() {}
 
 func (x *AddRangeReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +881,7 @@ func (x *AddRangeReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddRangeReplicaResponse.ProtoReflect.Descriptor instead.
 func (*AddRangeReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{9}
+	return file_node_proto_rawDescGZIP(), []int{15}
 }
 
 type RemoveRangeReplicaRequest struct {
@@ -621,7 +893,7 @@ type RemoveRangeReplicaRequest struct {
 
 func (x *RemoveRangeReplicaRequest) Reset() {
 	*x = RemoveRangeReplicaRequest{}
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +905,7 @@ func (x *RemoveRangeReplicaRequest) String() string {
 func (*RemoveRangeReplicaRequest) ProtoMessage() {}
 
 func (x *RemoveRangeReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +918,7 @@ func (x *RemoveRangeReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRangeReplicaRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRangeReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{10}
+	return file_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveRangeReplicaRequest) GetRangeId() uint64 {
@@ -664,7 +936,7 @@ type RemoveRangeReplicaResponse struct {
 
 func (x *RemoveRangeReplicaResponse) Reset() {
 	*x = RemoveRangeReplicaResponse{}
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +948,7 @@ func (x *RemoveRangeReplicaResponse) String() string {
 func (*RemoveRangeReplicaResponse) ProtoMessage() {}
 
 func (x *RemoveRangeReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +961,7 @@ func (x *RemoveRangeReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRangeReplicaResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRangeReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{11}
+	return file_node_proto_rawDescGZIP(), []int{17}
 }
 
 var File_node_proto protoreflect.FileDescriptor
@@ -726,7 +998,21 @@ const file_node_proto_rawDesc = "" +
 	"\x18SetRegionExcludedRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1a\n" +
 	"\bexcluded\x18\x02 \x01(\bR\bexcluded\"\x1b\n" +
-	"\x19SetRegionExcludedResponse\"h\n" +
+	"\x19SetRegionExcludedResponse\"3\n" +
+	"\x16AddGroupReplicaRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"\x19\n" +
+	"\x17AddGroupReplicaResponse\"U\n" +
+	"\x19RemoveGroupReplicaRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1d\n" +
+	"\n" +
+	"conf_index\x18\x02 \x01(\x04R\tconfIndex\"\x1c\n" +
+	"\x1aRemoveGroupReplicaResponse\"j\n" +
+	"\x17MoveGroupReplicaRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1b\n" +
+	"\tfrom_node\x18\x02 \x01(\x04R\bfromNode\x12\x17\n" +
+	"\ato_node\x18\x03 \x01(\x04R\x06toNode\"2\n" +
+	"\x18MoveGroupReplicaResponse\x12\x16\n" +
+	"\x06voters\x18\x01 \x03(\x04R\x06voters\"h\n" +
 	"\vJoinRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
@@ -739,13 +1025,16 @@ const file_node_proto_rawDesc = "" +
 	"\x17AddRangeReplicaResponse\"6\n" +
 	"\x19RemoveRangeReplicaRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\"\x1c\n" +
-	"\x1aRemoveRangeReplicaResponse2\xb9\x03\n" +
+	"\x1aRemoveRangeReplicaResponse2\xe5\x05\n" +
 	"\x04Node\x12C\n" +
 	"\x06Status\x12\x1b.terroir.node.StatusRequest\x1a\x1c.terroir.node.StatusResponse\x12d\n" +
 	"\x11SetRegionExcluded\x12&.terroir.node.SetRegionExcludedRequest\x1a'.terroir.node.SetRegionExcludedResponse\x12^\n" +
 	"\x0fAddRangeReplica\x12$.terroir.node.AddRangeReplicaRequest\x1a%.terroir.node.AddRangeReplicaResponse\x12g\n" +
 	"\x12RemoveRangeReplica\x12'.terroir.node.RemoveRangeReplicaRequest\x1a(.terroir.node.RemoveRangeReplicaResponse\x12=\n" +
-	"\x04Join\x12\x19.terroir.node.JoinRequest\x1a\x1a.terroir.node.JoinResponseB4Z2github.com/terroir-db/terroir/internal/node/nodepbb\x06proto3"
+	"\x04Join\x12\x19.terroir.node.JoinRequest\x1a\x1a.terroir.node.JoinResponse\x12^\n" +
+	"\x0fAddGroupReplica\x12$.terroir.node.AddGroupReplicaRequest\x1a%.terroir.node.AddGroupReplicaResponse\x12g\n" +
+	"\x12RemoveGroupReplica\x12'.terroir.node.RemoveGroupReplicaRequest\x1a(.terroir.node.RemoveGroupReplicaResponse\x12a\n" +
+	"\x10MoveGroupReplica\x12%.terroir.node.MoveGroupReplicaRequest\x1a&.terroir.node.MoveGroupReplicaResponseB4Z2github.com/terroir-db/terroir/internal/node/nodepbb\x06proto3"
 
 var (
 	file_node_proto_rawDescOnce sync.Once
@@ -759,7 +1048,7 @@ func file_node_proto_rawDescGZIP() []byte {
 	return file_node_proto_rawDescData
 }
 
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_node_proto_goTypes = []any{
 	(*StatusRequest)(nil),              // 0: terroir.node.StatusRequest
 	(*ReplicaProgress)(nil),            // 1: terroir.node.ReplicaProgress
@@ -767,32 +1056,44 @@ var file_node_proto_goTypes = []any{
 	(*StatusResponse)(nil),             // 3: terroir.node.StatusResponse
 	(*SetRegionExcludedRequest)(nil),   // 4: terroir.node.SetRegionExcludedRequest
 	(*SetRegionExcludedResponse)(nil),  // 5: terroir.node.SetRegionExcludedResponse
-	(*JoinRequest)(nil),                // 6: terroir.node.JoinRequest
-	(*JoinResponse)(nil),               // 7: terroir.node.JoinResponse
-	(*AddRangeReplicaRequest)(nil),     // 8: terroir.node.AddRangeReplicaRequest
-	(*AddRangeReplicaResponse)(nil),    // 9: terroir.node.AddRangeReplicaResponse
-	(*RemoveRangeReplicaRequest)(nil),  // 10: terroir.node.RemoveRangeReplicaRequest
-	(*RemoveRangeReplicaResponse)(nil), // 11: terroir.node.RemoveRangeReplicaResponse
-	(*rangepb.RangeStatus)(nil),        // 12: terroir.range.RangeStatus
-	(*rangepb.RangeDescriptor)(nil),    // 13: terroir.range.RangeDescriptor
+	(*AddGroupReplicaRequest)(nil),     // 6: terroir.node.AddGroupReplicaRequest
+	(*AddGroupReplicaResponse)(nil),    // 7: terroir.node.AddGroupReplicaResponse
+	(*RemoveGroupReplicaRequest)(nil),  // 8: terroir.node.RemoveGroupReplicaRequest
+	(*RemoveGroupReplicaResponse)(nil), // 9: terroir.node.RemoveGroupReplicaResponse
+	(*MoveGroupReplicaRequest)(nil),    // 10: terroir.node.MoveGroupReplicaRequest
+	(*MoveGroupReplicaResponse)(nil),   // 11: terroir.node.MoveGroupReplicaResponse
+	(*JoinRequest)(nil),                // 12: terroir.node.JoinRequest
+	(*JoinResponse)(nil),               // 13: terroir.node.JoinResponse
+	(*AddRangeReplicaRequest)(nil),     // 14: terroir.node.AddRangeReplicaRequest
+	(*AddRangeReplicaResponse)(nil),    // 15: terroir.node.AddRangeReplicaResponse
+	(*RemoveRangeReplicaRequest)(nil),  // 16: terroir.node.RemoveRangeReplicaRequest
+	(*RemoveRangeReplicaResponse)(nil), // 17: terroir.node.RemoveRangeReplicaResponse
+	(*rangepb.RangeStatus)(nil),        // 18: terroir.range.RangeStatus
+	(*rangepb.RangeDescriptor)(nil),    // 19: terroir.range.RangeDescriptor
 }
 var file_node_proto_depIdxs = []int32{
 	1,  // 0: terroir.node.GroupStatus.progress:type_name -> terroir.node.ReplicaProgress
 	2,  // 1: terroir.node.StatusResponse.groups:type_name -> terroir.node.GroupStatus
-	12, // 2: terroir.node.StatusResponse.ranges:type_name -> terroir.range.RangeStatus
-	13, // 3: terroir.node.AddRangeReplicaRequest.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	18, // 2: terroir.node.StatusResponse.ranges:type_name -> terroir.range.RangeStatus
+	19, // 3: terroir.node.AddRangeReplicaRequest.range_descriptor:type_name -> terroir.range.RangeDescriptor
 	0,  // 4: terroir.node.Node.Status:input_type -> terroir.node.StatusRequest
 	4,  // 5: terroir.node.Node.SetRegionExcluded:input_type -> terroir.node.SetRegionExcludedRequest
-	8,  // 6: terroir.node.Node.AddRangeReplica:input_type -> terroir.node.AddRangeReplicaRequest
-	10, // 7: terroir.node.Node.RemoveRangeReplica:input_type -> terroir.node.RemoveRangeReplicaRequest
-	6,  // 8: terroir.node.Node.Join:input_type -> terroir.node.JoinRequest
-	3,  // 9: terroir.node.Node.Status:output_type -> terroir.node.StatusResponse
-	5,  // 10: terroir.node.Node.SetRegionExcluded:output_type -> terroir.node.SetRegionExcludedResponse
-	9,  // 11: terroir.node.Node.AddRangeReplica:output_type -> terroir.node.AddRangeReplicaResponse
-	11, // 12: terroir.node.Node.RemoveRangeReplica:output_type -> terroir.node.RemoveRangeReplicaResponse
-	7,  // 13: terroir.node.Node.Join:output_type -> terroir.node.JoinResponse
-	9,  // [9:14] is the sub-list for method output_type
-	4,  // [4:9] is the sub-list for method input_type
+	14, // 6: terroir.node.Node.AddRangeReplica:input_type -> terroir.node.AddRangeReplicaRequest
+	16, // 7: terroir.node.Node.RemoveRangeReplica:input_type -> terroir.node.RemoveRangeReplicaRequest
+	12, // 8: terroir.node.Node.Join:input_type -> terroir.node.JoinRequest
+	6,  // 9: terroir.node.Node.AddGroupReplica:input_type -> terroir.node.AddGroupReplicaRequest
+	8,  // 10: terroir.node.Node.RemoveGroupReplica:input_type -> terroir.node.RemoveGroupReplicaRequest
+	10, // 11: terroir.node.Node.MoveGroupReplica:input_type -> terroir.node.MoveGroupReplicaRequest
+	3,  // 12: terroir.node.Node.Status:output_type -> terroir.node.StatusResponse
+	5,  // 13: terroir.node.Node.SetRegionExcluded:output_type -> terroir.node.SetRegionExcludedResponse
+	15, // 14: terroir.node.Node.AddRangeReplica:output_type -> terroir.node.AddRangeReplicaResponse
+	17, // 15: terroir.node.Node.RemoveRangeReplica:output_type -> terroir.node.RemoveRangeReplicaResponse
+	13, // 16: terroir.node.Node.Join:output_type -> terroir.node.JoinResponse
+	7,  // 17: terroir.node.Node.AddGroupReplica:output_type -> terroir.node.AddGroupReplicaResponse
+	9,  // 18: terroir.node.Node.RemoveGroupReplica:output_type -> terroir.node.RemoveGroupReplicaResponse
+	11, // 19: terroir.node.Node.MoveGroupReplica:output_type -> terroir.node.MoveGroupReplicaResponse
+	12, // [12:20] is the sub-list for method output_type
+	4,  // [4:12] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -809,7 +1110,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,9 @@ const (
 	Node_AddRangeReplica_FullMethodName    = "/terroir.node.Node/AddRangeReplica"
 	Node_RemoveRangeReplica_FullMethodName = "/terroir.node.Node/RemoveRangeReplica"
 	Node_Join_FullMethodName               = "/terroir.node.Node/Join"
+	Node_AddGroupReplica_FullMethodName    = "/terroir.node.Node/AddGroupReplica"
+	Node_RemoveGroupReplica_FullMethodName = "/terroir.node.Node/RemoveGroupReplica"
+	Node_MoveGroupReplica_FullMethodName   = "/terroir.node.Node/MoveGroupReplica"
 )
 
 // NodeClient is the client API for Node service.
@@ -52,6 +55,20 @@ type NodeClient interface {
 	// DESIGN.md §12). InvalidArgument, with the registry's error text, for an
 	// unknown region, an address or id in use, or a gone node.
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
+	// AddGroupReplica makes the node host an empty replica of a non-range
+	// group of its region (an epoch, transaction-state or directory group)
+	// that is adding it as a learner, to be filled by a snapshot (node-only).
+	AddGroupReplica(ctx context.Context, in *AddGroupReplicaRequest, opts ...grpc.CallOption) (*AddGroupReplicaResponse, error)
+	// RemoveGroupReplica makes the node drop its replica of a non-range group
+	// whose configuration at conf_index leaves it out (node-only: the group's
+	// leader, once a move removed it).
+	RemoveGroupReplica(ctx context.Context, in *RemoveGroupReplicaRequest, opts ...grpc.CallOption) (*RemoveGroupReplicaResponse, error)
+	// MoveGroupReplica moves a non-range group's replica from one node to
+	// another of its region (the admin user's; DESIGN.md §12), served by the
+	// group's leader: FailedPrecondition elsewhere, Unavailable when it
+	// handed leadership on first because it was the replica to move.
+	// InvalidArgument for a bad move (not a voter, already one, a range).
+	MoveGroupReplica(ctx context.Context, in *MoveGroupReplicaRequest, opts ...grpc.CallOption) (*MoveGroupReplicaResponse, error)
 }
 
 type nodeClient struct {
@@ -112,6 +129,36 @@ func (c *nodeClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *nodeClient) AddGroupReplica(ctx context.Context, in *AddGroupReplicaRequest, opts ...grpc.CallOption) (*AddGroupReplicaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddGroupReplicaResponse)
+	err := c.cc.Invoke(ctx, Node_AddGroupReplica_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) RemoveGroupReplica(ctx context.Context, in *RemoveGroupReplicaRequest, opts ...grpc.CallOption) (*RemoveGroupReplicaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveGroupReplicaResponse)
+	err := c.cc.Invoke(ctx, Node_RemoveGroupReplica_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) MoveGroupReplica(ctx context.Context, in *MoveGroupReplicaRequest, opts ...grpc.CallOption) (*MoveGroupReplicaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveGroupReplicaResponse)
+	err := c.cc.Invoke(ctx, Node_MoveGroupReplica_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServer is the server API for Node service.
 // All implementations must embed UnimplementedNodeServer
 // for forward compatibility.
@@ -135,6 +182,20 @@ type NodeServer interface {
 	// DESIGN.md §12). InvalidArgument, with the registry's error text, for an
 	// unknown region, an address or id in use, or a gone node.
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
+	// AddGroupReplica makes the node host an empty replica of a non-range
+	// group of its region (an epoch, transaction-state or directory group)
+	// that is adding it as a learner, to be filled by a snapshot (node-only).
+	AddGroupReplica(context.Context, *AddGroupReplicaRequest) (*AddGroupReplicaResponse, error)
+	// RemoveGroupReplica makes the node drop its replica of a non-range group
+	// whose configuration at conf_index leaves it out (node-only: the group's
+	// leader, once a move removed it).
+	RemoveGroupReplica(context.Context, *RemoveGroupReplicaRequest) (*RemoveGroupReplicaResponse, error)
+	// MoveGroupReplica moves a non-range group's replica from one node to
+	// another of its region (the admin user's; DESIGN.md §12), served by the
+	// group's leader: FailedPrecondition elsewhere, Unavailable when it
+	// handed leadership on first because it was the replica to move.
+	// InvalidArgument for a bad move (not a voter, already one, a range).
+	MoveGroupReplica(context.Context, *MoveGroupReplicaRequest) (*MoveGroupReplicaResponse, error)
 	mustEmbedUnimplementedNodeServer()
 }
 
@@ -159,6 +220,15 @@ func (UnimplementedNodeServer) RemoveRangeReplica(context.Context, *RemoveRangeR
 }
 func (UnimplementedNodeServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Join not implemented")
+}
+func (UnimplementedNodeServer) AddGroupReplica(context.Context, *AddGroupReplicaRequest) (*AddGroupReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AddGroupReplica not implemented")
+}
+func (UnimplementedNodeServer) RemoveGroupReplica(context.Context, *RemoveGroupReplicaRequest) (*RemoveGroupReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveGroupReplica not implemented")
+}
+func (UnimplementedNodeServer) MoveGroupReplica(context.Context, *MoveGroupReplicaRequest) (*MoveGroupReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MoveGroupReplica not implemented")
 }
 func (UnimplementedNodeServer) mustEmbedUnimplementedNodeServer() {}
 func (UnimplementedNodeServer) testEmbeddedByValue()              {}
@@ -271,6 +341,60 @@ func _Node_Join_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_AddGroupReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddGroupReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).AddGroupReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_AddGroupReplica_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).AddGroupReplica(ctx, req.(*AddGroupReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_RemoveGroupReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveGroupReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).RemoveGroupReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_RemoveGroupReplica_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).RemoveGroupReplica(ctx, req.(*RemoveGroupReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_MoveGroupReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveGroupReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).MoveGroupReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_MoveGroupReplica_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).MoveGroupReplica(ctx, req.(*MoveGroupReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Node_ServiceDesc is the grpc.ServiceDesc for Node service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -297,6 +421,18 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Join",
 			Handler:    _Node_Join_Handler,
+		},
+		{
+			MethodName: "AddGroupReplica",
+			Handler:    _Node_AddGroupReplica_Handler,
+		},
+		{
+			MethodName: "RemoveGroupReplica",
+			Handler:    _Node_RemoveGroupReplica_Handler,
+		},
+		{
+			MethodName: "MoveGroupReplica",
+			Handler:    _Node_MoveGroupReplica_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
