@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/node"
 	"github.com/terroir-db/terroir/internal/security"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // threeNodes is examples/one-region.yaml with a short liveness timeout, so
@@ -170,11 +173,6 @@ func TestJoinRebalanceDecommission(t *testing.T) {
 		t.Errorf("recommissioning gone node 4 = %v; want ErrNodeState", err)
 	}
 
-	// Node 3 hosts the region's epoch, txn-state and directory groups,
-	// which cannot move yet: decommissioning it is refused.
-	if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", 3, directorypb.NodeState_NODE_DECOMMISSIONING); !errors.Is(err, admin.ErrNodePinned) {
-		t.Errorf("decommissioning node 3 = %v; want ErrNodePinned", err)
-	}
 	// With node 5 down, the region's registry refuses a decommission that
 	// would leave two live nodes.
 	if err := c.StopNode(5); err != nil {
@@ -206,4 +204,75 @@ func nodeCerts(t *testing.T, c *localcluster.Cluster, id uint64) *security.Certs
 		t.Fatal(err)
 	}
 	return certs
+}
+
+// A one-region cluster of three grows to five under load, then two of the
+// original nodes — hosts of the region's epoch, transaction-state and
+// directory groups — are decommissioned and stopped, one after the other
+// (DESIGN.md §12): the replicate queue moves every replica of every group
+// off them. The bank load never stops and its total never changes, and
+// porcupine accepts the history of the random transactions run meanwhile.
+func TestGrowThenDecommissionOriginals(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "three.yaml")
+	if err := os.WriteFile(path, []byte(threeNodes+"rebalance_interval: 200ms\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	checkStrictSerializability(t, ssRun{topology: path, regions: []string{"us-east1"}, ks: oneRegionKeys,
+		clients: 4, perClient: 150, chaos: func(c *localcluster.Cluster) {
+			ctx := ctxT(t, 150*time.Second)
+			db, err := c.Client("us-east1")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			fund(t, ctx, db)
+			load := startBankLoad(t, ctx, c)
+			defer func() {
+				load.stop()
+				if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+					t.Errorf("final total %d, %v", sum, err)
+				}
+				t.Logf("%d transfers, %d total checks", load.transfers.Load(), load.checks.Load())
+			}()
+			for _, id := range []uint64{4, 5} {
+				if err := c.JoinNode(id, "us-east1"); err != nil {
+					t.Errorf("joining node %d: %v", id, err)
+					return
+				}
+			}
+			awaitRows(t, ctx, c, "replicas on both joiners", func(rows map[uint64]admin.NodeRow) bool {
+				return len(rows) == 5 && rows[4].Replicas > 0 && rows[5].Replicas > 0
+			})
+			awaitLoad(t, ctx, load)
+			d := c.Dialer("us-east1")
+			for _, id := range []uint64{1, 2} {
+				began := time.Now()
+				if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", id, directorypb.NodeState_NODE_DECOMMISSIONING); err != nil {
+					t.Errorf("decommissioning node %d: %v", id, err)
+					return
+				}
+				awaitRows(t, ctx, c, fmt.Sprintf("node %d gone", id), func(rows map[uint64]admin.NodeRow) bool { return rows[id].State == "gone" })
+				if n := c.Node(id); n != nil {
+					if st := n.Status(ctx); len(st.GetGroups()) > 0 {
+						t.Errorf("gone node %d still hosts %d groups: %v", id, len(st.GetGroups()), st.GetGroups())
+					}
+				}
+				if err := c.StopNode(id); err != nil {
+					t.Error(err)
+					return
+				}
+				t.Logf("node %d drained, gone and stopped in %v", id, time.Since(began).Round(time.Millisecond))
+				awaitLoad(t, ctx, load)
+			}
+			// Every group has three voters, none on the stopped nodes.
+			for _, g := range c.Topology.Groups {
+				if g.Kind == topology.KindRange {
+					continue
+				}
+				v, err := transport.LocateGroup(ctx, d, g.ID, []uint64{3, 4, 5})
+				if err != nil || len(v.Voters) != 3 || slices.Contains(v.Voters, 1) || slices.Contains(v.Voters, 2) {
+					t.Errorf("group %d (%s) after the decommissions: voters %v, %v", g.ID, g.Kind, v.Voters, err)
+				}
+			}
+		}})
 }

@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -84,23 +83,12 @@ func Nodes(ctx context.Context, d *transport.Dialer, top *topology.Topology) ([]
 	return rows, ctx.Err()
 }
 
-// ErrNodePinned: the node hosts a replica of a group that cannot move yet
-// (a region's epoch, publisher, txn-state or directory group, or the
-// global epoch service): decommissioning it would never finish.
-var ErrNodePinned = errors.New("admin: the node hosts a group whose replicas cannot move yet")
-
 // SetNodeState moves node id of region through the registry's states
-// (directorypb.NodeState). Errors: directory.ErrUnknownRegion,
-// ErrNodePinned for a decommission, and the registry's refusals
+// (directorypb.NodeState); a decommissioned node's replicas of ranges and
+// of every other group are moved off by the region's replicate queue.
+// Errors: directory.ErrUnknownRegion, and the registry's refusals
 // (ErrUnknownNode, ErrNodeState, ErrTooFewNodes); nothing changes.
 func SetNodeState(ctx context.Context, d *transport.Dialer, top *topology.Topology, region string, id uint64, state directorypb.NodeState) error {
-	if state == directorypb.NodeState_NODE_DECOMMISSIONING {
-		for _, g := range top.GroupsOn(id) {
-			if g.Kind != topology.KindRange {
-				return fmt.Errorf("%w: node %d hosts group %d (%s)", ErrNodePinned, id, g.ID, g.Kind)
-			}
-		}
-	}
 	dir := directory.NewDirectories(top, d).Of(region)
 	if dir == nil {
 		return fmt.Errorf("%w: %q", directory.ErrUnknownRegion, region)

@@ -42,13 +42,14 @@ const (
 	faultMoveKill      = "kill a range's leader during a replica move"
 	faultAddNode       = "add a node to a region under load"
 	faultDecommission  = "decommission a node under load and stop it once gone"
+	faultMoveGroup     = "move an epoch, transaction-state or directory group's replica under load"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
-	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission}
+	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -311,6 +312,11 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			heal = func() error { return nil }
 		case faultDecommission:
 			if !cp.decommission(ctx, r) {
+				continue
+			}
+			heal = func() error { return nil }
+		case faultMoveGroup:
+			if !cp.moveGroup(ctx, r) {
 				continue
 			}
 			heal = func() error { return nil }

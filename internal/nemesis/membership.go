@@ -11,12 +11,14 @@ import (
 	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // Membership faults (DESIGN.md §12): a node joins a data region under load
-// (the region's replicate queue fills it), or a node that hosts only range
-// replicas is decommissioned (the queue drains it until the registry marks
-// it gone) and stopped for good.
+// (the region's replicate queue fills it), a node is decommissioned (the
+// queue drains its replicas of ranges and of every other group until the
+// registry marks it gone) and stopped for good, or a replica of an epoch,
+// transaction-state or directory group moves to another node.
 
 // drainBound is how long a decommissioned node may take to be drained and
 // marked gone.
@@ -51,8 +53,7 @@ func (cp *campaign) drainable() []uint64 {
 			continue
 		}
 		perRegion[n.Region]++
-		pinned := slices.ContainsFunc(cp.cfg.Topology.GroupsOn(id), func(g topology.Group) bool { return g.Kind != topology.KindRange })
-		if !pinned && slices.Contains(cp.regions, n.Region) {
+		if slices.Contains(cp.regions, n.Region) {
 			out = append(out, id)
 		}
 	}
@@ -131,9 +132,9 @@ func (cp *campaign) checkQuorums() {
 			continue
 		}
 		ids := n.RangeIDs()
-		for _, g := range cp.cfg.Topology.GroupsOn(id) {
+		for _, g := range cp.cfg.Topology.Groups {
 			if g.Kind != topology.KindRange {
-				ids = append(ids, g.ID)
+				ids = append(ids, g.ID) // hosted here or not: moves change it
 			}
 		}
 		for _, gid := range ids {
@@ -164,4 +165,44 @@ func (cp *campaign) checkQuorums() {
 			cp.anomaly("group %d has %d of its voters %v running: no majority", gid, running, v.voters)
 		}
 	}
+}
+
+// moveGroup moves the replica of a random non-range group on one of its
+// voters to a running node of the group's region that is not one, through
+// the operator's path (admin.MoveGroupReplica); it reports whether it did.
+// A move refused as bad is an anomaly: the campaign picked it from the
+// group's own view.
+func (cp *campaign) moveGroup(ctx context.Context, r *rand.Rand) bool {
+	var groups []topology.Group
+	for _, g := range cp.cfg.Topology.Groups {
+		if g.Kind != topology.KindRange {
+			groups = append(groups, g)
+		}
+	}
+	g := groups[r.IntN(len(groups))]
+	d := cp.c.Dialer(g.Region)
+	var running []uint64
+	for _, id := range cp.c.NodeIDs() {
+		if n, ok := cp.c.Net.Node(id); ok && n.Region == g.Region {
+			running = append(running, id)
+		}
+	}
+	v, err := transport.LocateGroup(ctx, d, g.ID, running)
+	if err != nil || !v.Settled {
+		return false
+	}
+	targets := slices.DeleteFunc(slices.Clone(running), func(id uint64) bool { return slices.Contains(v.Voters, id) })
+	if len(targets) == 0 {
+		return false
+	}
+	from, to := v.Voters[r.IntN(len(v.Voters))], targets[r.IntN(len(targets))]
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := admin.MoveGroupReplica(mctx, d, cp.cfg.Topology, g.ID, from, to); err != nil {
+		if errors.Is(err, admin.ErrBadGroupMove) {
+			cp.anomaly("moving group %d's replica %d → %d refused: %v", g.ID, from, to, err)
+		}
+		return false
+	}
+	return true
 }

@@ -6,11 +6,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/coordinator"
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	"github.com/terroir-db/terroir/internal/node/nodepb"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/rebalance"
 	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // regionCluster is the node's region as its replicate queue sees it
@@ -47,17 +50,28 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 	if err != nil {
 		return rebalance.View{}, err
 	}
-	v := rebalance.View{Nodes: nodes, Ranges: ranges, Leases: map[uint64]uint64{}, Pinned: map[uint64]string{}}
+	v := rebalance.View{Nodes: nodes, Ranges: ranges, Leases: map[uint64]uint64{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	for _, g := range c.n.cfg.Topology.Groups {
+		if g.Kind == topology.KindRange || g.Region != c.region {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gv, err := transport.LocateGroup(ctx, c.n.dialer, g.ID, c.n.dialer.RegionNodes(c.region, g.Replicas))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil { // unknown placement: not settled, so left alone
+				v.Groups = append(v.Groups, rebalance.Group{ID: g.ID})
+				return
+			}
+			v.Groups = append(v.Groups, rebalance.Group{ID: g.ID, Voters: gv.Voters, Settled: gv.Settled})
+		}()
+	}
 	for _, l := range nodes {
 		id := l.GetNode().GetId()
-		for _, g := range c.n.cfg.Topology.GroupsOn(id) {
-			if g.Kind != topology.KindRange {
-				v.Pinned[id] = fmt.Sprintf("group %d (%s)", g.ID, g.Kind)
-				break
-			}
-		}
 		if !l.GetLive() || l.GetNode().GetState() == directorypb.NodeState_NODE_GONE {
 			continue
 		}
@@ -108,6 +122,12 @@ func (c *regionCluster) MoveReplica(ctx context.Context, key []byte, from, to ui
 	return err
 }
 
+// MoveGroupReplica implements rebalance.Cluster.
+func (c *regionCluster) MoveGroupReplica(ctx context.Context, group, from, to uint64) error {
+	_, err := admin.MoveGroupReplica(ctx, c.n.dialer, c.n.cfg.Topology, group, from, to)
+	return err
+}
+
 // TransferLease implements rebalance.Cluster.
 func (c *regionCluster) TransferLease(ctx context.Context, key []byte, to uint64, ifIdle bool) error {
 	co, err := c.coordinator()
@@ -132,6 +152,14 @@ func (c *regionCluster) MarkGone(ctx context.Context, id uint64) error {
 		cancel()
 		if err == nil && len(resp.GetRanges()) > 0 {
 			return fmt.Errorf("node %d still hosts range %d", id, resp.GetRanges()[0].GetRangeDescriptor().GetRangeId())
+		}
+		rctx, cancel = context.WithTimeout(ctx, time.Second)
+		st, err := nodepb.NewNodeClient(conn).Status(rctx, &nodepb.StatusRequest{})
+		cancel()
+		for _, g := range st.GetGroups() {
+			if err == nil && g.GetKind() != string(topology.KindRange) {
+				return fmt.Errorf("node %d still hosts group %d (%s)", id, g.GetGroupId(), g.GetKind())
+			}
 		}
 	}
 	return c.n.dirs.Of(c.region).SetNodeState(ctx, id, directorypb.NodeState_NODE_GONE)

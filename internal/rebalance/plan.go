@@ -27,12 +27,15 @@ const (
 	Transfer
 	// Gone marks node From gone: it hosts nothing any more.
 	Gone
+	// MoveGroup moves the non-range group's replica on From to To.
+	MoveGroup
 )
 
 // Action is one step of a plan.
 type Action struct {
 	Kind     Kind
-	Range    *pb.RangeDescriptor // nil for Gone
+	Range    *pb.RangeDescriptor // nil for Gone and MoveGroup
+	Group    uint64              // MoveGroup's group
 	From, To uint64
 	// Why says what the step is for, for the log.
 	Why string
@@ -48,9 +51,17 @@ type View struct {
 	Nodes  []*directorypb.NodeLiveness
 	Ranges []*pb.RangeDescriptor
 	Leases map[uint64]uint64 // range ID → leaseholder (absent: unknown)
-	// Pinned: nodes hosting groups that cannot move (they are never marked
-	// gone), with what they host.
-	Pinned map[uint64]string
+	// Groups are the region's non-range groups (epoch, transaction-state,
+	// directory) with their voters.
+	Groups []Group
+}
+
+// Group is a non-range group's placement as its replicas report it.
+type Group struct {
+	ID     uint64
+	Voters []uint64
+	// Settled: no joint configuration or learner (no move under way).
+	Settled bool
 }
 
 // Config bounds a plan.
@@ -167,10 +178,45 @@ func Plan(v View, cfg Config) []Action {
 			transfers++
 		}
 	}
+	// Non-range groups' replicas off draining nodes, to the target with
+	// the fewest of them (they are few and small: not counted against
+	// MaxMoves, nor balanced beyond that).
+	groupCount := map[uint64]int{}
+	for _, g := range v.Groups {
+		for _, r := range g.Voters {
+			groupCount[r]++
+		}
+	}
+	for _, g := range v.Groups {
+		if !g.Settled {
+			continue
+		}
+		for _, r := range g.Voters {
+			n := byID[r]
+			if n == nil || !n.drain {
+				continue
+			}
+			var best *node
+			for _, t := range targets {
+				if !slices.Contains(g.Voters, t.id) && (best == nil || groupCount[t.id] < groupCount[best.id] ||
+					groupCount[t.id] == groupCount[best.id] && (t.replicas < best.replicas || t.replicas == best.replicas && t.id < best.id)) {
+					best = t
+				}
+			}
+			if best != nil {
+				out = append(out, Action{Kind: MoveGroup, Group: g.ID, From: r, To: best.id, Why: drainWhy(n)})
+				groupCount[best.id]++
+				groupCount[r]--
+				break // one change per group per plan
+			}
+		}
+	}
 	// Drained decommissioning nodes are gone.
 	for _, l := range v.Nodes {
 		n := byID[l.GetNode().GetId()]
-		if n.decommissioning && v.Pinned[n.id] == "" && !namedAnywhere(ranges, n.id) && !holdsLease(v.Leases, n.id) {
+		// A group moving, or whose placement is unknown, may still name it.
+		if n.decommissioning && !slices.ContainsFunc(v.Groups, func(g Group) bool { return !g.Settled || slices.Contains(g.Voters, n.id) }) &&
+			!namedAnywhere(ranges, n.id) && !holdsLease(v.Leases, n.id) {
 			out = append(out, Action{Kind: Gone, From: n.id, Why: "drained"})
 		}
 	}
@@ -306,6 +352,8 @@ func (k Kind) String() string {
 		return "transfer"
 	case Gone:
 		return "gone"
+	case MoveGroup:
+		return "move group"
 	}
 	return "unknown"
 }

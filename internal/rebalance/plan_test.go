@@ -42,6 +42,12 @@ func apply(v *View, plan []Action) {
 			}
 		case Transfer:
 			v.Leases[a.Range.GetRangeId()] = a.To
+		case MoveGroup:
+			for i, g := range v.Groups {
+				if g.ID == a.Group {
+					v.Groups[i].Voters = append(slices.DeleteFunc(slices.Clone(g.Voters), func(n uint64) bool { return n == a.From }), a.To)
+				}
+			}
 		case Gone:
 			for _, l := range v.Nodes {
 				if l.GetNode().GetId() == a.From {
@@ -87,7 +93,8 @@ func spread(m map[uint64]int) int {
 // ReplaceAfter is drained; ranges moving already are left alone; each plan
 // moves at most MaxMoves replicas.
 func TestPlanFillsJoinersAndDrains(t *testing.T) {
-	v := View{Nodes: []*directorypb.NodeLiveness{live(1), live(2), live(3), live(4), live(5)}, Leases: map[uint64]uint64{}, Pinned: map[uint64]string{1: "group 1 (local-epoch)"}}
+	v := View{Nodes: []*directorypb.NodeLiveness{live(1), live(2), live(3), live(4), live(5)}, Leases: map[uint64]uint64{},
+		Groups: []Group{{ID: 1, Voters: []uint64{1, 2, 3}, Settled: true}, {ID: 2, Voters: []uint64{1, 2, 3}, Settled: true}}}
 	for i := range 10 {
 		v.Ranges = append(v.Ranges, rng(uint64(10+i), fmt.Sprintf("k%02d", i), 1, 2, 3))
 		v.Leases[uint64(10+i)] = 1
@@ -137,20 +144,39 @@ func TestPlanFillsJoinersAndDrains(t *testing.T) {
 			t.Fatalf("after the drain range %d has replicas %v", d.GetRangeId(), d.GetReplicas())
 		}
 	}
-	// Node 1 is pinned (it hosts a group that cannot move): drained but never gone.
+	// Node 1 decommissions: its ranges' and groups' replicas move (one
+	// change per group per plan, to the node with the fewest group
+	// replicas), and it is gone only once no group names it; a group in
+	// the middle of a move is left alone until it settles.
 	v.Nodes[0].Node.State = directorypb.NodeState_NODE_DECOMMISSIONING
-	for range 100 {
+	v.Groups[1].Settled = false
+	for round := 0; round < 100; round++ {
 		plan := Plan(v, cfg)
 		for _, a := range plan {
-			if a.Kind == Gone && a.From == 1 {
-				t.Fatal("pinned node 1 marked gone")
+			switch {
+			case a.Kind == Gone && slices.ContainsFunc(v.Groups, func(g Group) bool { return slices.Contains(g.Voters, 1) }):
+				t.Fatalf("node 1 marked gone while a group names it: %v", v.Groups)
+			case a.Kind == MoveGroup && (a.Group == 2 && !v.Groups[1].Settled || a.To == 1 || a.To == 4 || slices.Contains(v.Groups[a.Group-1].Voters, a.To)):
+				t.Fatalf("bad group move %v with groups %v", a, v.Groups)
 			}
 		}
 		apply(&v, plan)
+		if round == 10 {
+			v.Groups[1].Settled = true
+		}
 	}
-	v.Nodes[0].Node.State = directorypb.NodeState_NODE_LIVE
+	if st := v.Nodes[0].GetNode().GetState(); st != directorypb.NodeState_NODE_GONE {
+		t.Fatalf("node 1 is %v after its drain; groups %v", st, v.Groups)
+	}
+	for _, g := range v.Groups {
+		if slices.Contains(g.Voters, 1) || len(g.Voters) != 3 {
+			t.Fatalf("after the drain group %d has voters %v", g.ID, g.Voters)
+		}
+	}
 
-	// Node 5 goes down: nothing moves until ReplaceAfter, then it drains.
+	// Node 6 joins; node 5 goes down: nothing moves until ReplaceAfter,
+	// then it drains.
+	v.Nodes = append(v.Nodes, live(6))
 	v.Nodes[4].Live, v.Nodes[4].SinceHeartbeatMs = false, 30_000
 	for _, a := range Plan(v, cfg) {
 		if a.From == 5 {
@@ -162,12 +188,15 @@ func TestPlanFillsJoinersAndDrains(t *testing.T) {
 	if len(plan) == 0 || plan[0].Kind != Move || plan[0].From != 5 {
 		t.Fatalf("node 5 down past ReplaceAfter: plan %v; want moves off it", show(plan))
 	}
-	// A range with a learner (a move under way) is left alone.
+	// A range with a learner, or a group (a move under way), is left alone.
 	for _, d := range v.Ranges {
 		d.Learners = []uint64{9}
 	}
+	for i := range v.Groups {
+		v.Groups[i].Settled = false
+	}
 	if plan := Plan(v, cfg); len(plan) != 0 {
-		t.Fatalf("ranges with learners: plan %v; want none", show(plan))
+		t.Fatalf("ranges and groups moving: plan %v; want none", show(plan))
 	}
 }
 

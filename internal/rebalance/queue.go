@@ -24,6 +24,8 @@ type Cluster interface {
 	// A transfer ifIdle is refused while the range holds locks.
 	MoveReplica(ctx context.Context, key []byte, from, to uint64) error
 	TransferLease(ctx context.Context, key []byte, to uint64, ifIdle bool) error
+	// MoveGroupReplica: at the non-range group's leader.
+	MoveGroupReplica(ctx context.Context, group, from, to uint64) error
 	// MarkGone marks a drained node gone in the registry.
 	MarkGone(ctx context.Context, id uint64) error
 }
@@ -122,12 +124,14 @@ func (q *Queue) Once(ctx context.Context) []Action {
 				err = q.c.TransferLease(actx, a.Range.GetStartKey(), a.To, a.Balance && !q.insist(time.Now()))
 			case Gone:
 				err = q.c.MarkGone(actx, a.From)
+			case MoveGroup:
+				err = q.c.MoveGroupReplica(actx, a.Group, a.From, a.To)
 			}
 			if err != nil {
-				slog.Info("rebalance: step failed", "kind", a.Kind, "range", a.Range.GetRangeId(), "from", a.From, "to", a.To, "why", a.Why, "err", err)
+				slog.Info("rebalance: step failed", "kind", a.Kind, "range", a.Range.GetRangeId(), "group", a.Group, "from", a.From, "to", a.To, "why", a.Why, "err", err)
 				return
 			}
-			slog.Info("rebalance: step done", "kind", a.Kind, "range", a.Range.GetRangeId(), "from", a.From, "to", a.To, "why", a.Why)
+			slog.Info("rebalance: step done", "kind", a.Kind, "range", a.Range.GetRangeId(), "group", a.Group, "from", a.From, "to", a.To, "why", a.Why)
 		}()
 	}
 	wg.Wait()
