@@ -276,3 +276,67 @@ func TestGrowThenDecommissionOriginals(t *testing.T) {
 			}
 		}})
 }
+
+// A node whose data directory is lost is replaced (DESIGN.md §12): node 3
+// is killed and its directory deleted; a new node joins with a new id and
+// address, and once node 3 has been down for replace_after the replicate
+// queue rebuilds every replica it held — of the ranges and of the epoch,
+// transaction-state and directory groups — on the new node. The cluster
+// returns to three voters of every group, none on node 3, and the bank
+// load goes on with its total intact.
+func TestReplaceWipedNode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "three.yaml")
+	if err := os.WriteFile(path, []byte(threeNodes+"rebalance_interval: 200ms\nreplace_after: 2s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := localcluster.StartT(t, path, localcluster.Options{})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 150*time.Second)
+	fund(t, ctx, db)
+	load := startBankLoad(t, ctx, c)
+
+	if err := c.KillNode(3); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(c.DataDir(), "node-3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.JoinNode(6, "us-east1"); err != nil {
+		t.Fatalf("the replacement joining: %v", err)
+	}
+	began := time.Now()
+	d := c.Dialer("us-east1")
+	for {
+		done := true
+		for _, g := range c.Topology.Groups {
+			var voters []uint64
+			if g.Kind == topology.KindRange {
+				if r := c.Node(1).Range(g.ID); r != nil {
+					voters = r.Desc().GetReplicas()
+				}
+			} else if v, err := transport.LocateGroup(ctx, d, g.ID, []uint64{1, 2, 6}); err == nil && v.Settled {
+				voters = v.Voters
+			}
+			if len(voters) != 3 || slices.Contains(voters, 3) || !slices.Contains(voters, 6) {
+				done = false
+			}
+		}
+		if done {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("node 3's replicas were not rebuilt on the replacement")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("every group has three voters, one on the replacement, %v after it joined", time.Since(began).Round(time.Millisecond))
+	awaitLoad(t, ctx, load)
+	load.stop()
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Fatalf("final total %d, %v", sum, err)
+	}
+	t.Logf("%d transfers, %d total checks", load.transfers.Load(), load.checks.Load())
+}

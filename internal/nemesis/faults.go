@@ -42,7 +42,7 @@ const (
 	faultMoveKill      = "kill a range's leader during a replica move"
 	faultAddNode       = "add a node to a region under load"
 	faultDecommission  = "decommission a node under load and stop it once gone"
-	faultMoveGroup     = "move an epoch, transaction-state or directory group's replica under load"
+	faultMoveGroup     = "move an epoch/txn-state/directory group's replica under load"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
