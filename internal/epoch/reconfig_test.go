@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -79,14 +80,13 @@ func TestMonotonicAcrossConfigurationChanges(t *testing.T) {
 		}
 	}
 	d := c.Dialer("us-east1")
+	originals := []uint64{1, 2, 3}
 	for i, to := range []uint64{4, 5, 6} {
-		from := uint64(i + 1)
-		if i == 1 {
-			from = c.Leader(group) // and the leader's, which hands leadership on first
-			if from >= 4 {
-				from = 2
-			}
+		from := originals[0]
+		if l := c.Leader(group); i == 1 && slices.Contains(originals, l) {
+			from = l // the leader's, which hands leadership on first
 		}
+		originals = slices.DeleteFunc(originals, func(n uint64) bool { return n == from })
 		mctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		voters, err := admin.MoveGroupReplica(mctx, d, c.Topology, group, from, to)
 		cancel()
