@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -37,11 +35,7 @@ func awaitHosting(t *testing.T, ctx context.Context, c *localcluster.Cluster, no
 // group whose leader is a node the topology never named. Bad moves are
 // refused and change nothing.
 func TestMoveNonRangeGroups(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "three.yaml")
-	if err := os.WriteFile(path, []byte(threeNodes), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: -1})
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1})
 	db, err := c.Client("us-east1")
 	if err != nil {
 		t.Fatal(err)

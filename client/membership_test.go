@@ -41,6 +41,17 @@ groups:
   - {id: 11, kind: range, region: us-east1, start: "m", replicas: [1, 2, 3]}
 `
 
+// threeNodesFile writes threeNodes, with extra lines, to a file and
+// returns its path.
+func threeNodesFile(t *testing.T, extra string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "three.yaml")
+	if err := os.WriteFile(path, []byte(threeNodes+extra), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // nodeRows reads the registry as `admin node list` does, by id.
 func nodeRows(t *testing.T, ctx context.Context, c *localcluster.Cluster) map[uint64]admin.NodeRow {
 	t.Helper()
@@ -79,11 +90,7 @@ func awaitRows(t *testing.T, ctx context.Context, c *localcluster.Cluster, what 
 // cannot move to a gone or a stopped node. The load never stops and every
 // total read is right.
 func TestJoinRebalanceDecommission(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "three.yaml")
-	if err := os.WriteFile(path, []byte(threeNodes), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: 200 * time.Millisecond})
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: 200 * time.Millisecond})
 	db, err := c.Client("us-east1")
 	if err != nil {
 		t.Fatal(err)
@@ -213,11 +220,7 @@ func nodeCerts(t *testing.T, c *localcluster.Cluster, id uint64) *security.Certs
 // off them. The bank load never stops and its total never changes, and
 // porcupine accepts the history of the random transactions run meanwhile.
 func TestGrowThenDecommissionOriginals(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "three.yaml")
-	if err := os.WriteFile(path, []byte(threeNodes+"rebalance_interval: 200ms\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	checkStrictSerializability(t, ssRun{topology: path, regions: []string{"us-east1"}, ks: oneRegionKeys,
+	checkStrictSerializability(t, ssRun{topology: threeNodesFile(t, "rebalance_interval: 200ms\n"), regions: []string{"us-east1"}, ks: oneRegionKeys,
 		clients: 4, perClient: 150, chaos: func(c *localcluster.Cluster) {
 			ctx := ctxT(t, 150*time.Second)
 			db, err := c.Client("us-east1")
@@ -285,11 +288,7 @@ func TestGrowThenDecommissionOriginals(t *testing.T) {
 // returns to three voters of every group, none on node 3, and the bank
 // load goes on with its total intact.
 func TestReplaceWipedNode(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "three.yaml")
-	if err := os.WriteFile(path, []byte(threeNodes+"rebalance_interval: 200ms\nreplace_after: 2s\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := localcluster.StartT(t, path, localcluster.Options{})
+	c := localcluster.StartT(t, threeNodesFile(t, "rebalance_interval: 200ms\nreplace_after: 2s\n"), localcluster.Options{})
 	db, err := c.Client("us-east1")
 	if err != nil {
 		t.Fatal(err)

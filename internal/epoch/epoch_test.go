@@ -23,10 +23,47 @@ type read struct {
 
 // history collects reads from concurrent clients.
 type history struct {
-	mu     sync.Mutex
-	reads  []read
-	fails  int
-	newest uint64 // the largest epoch read so far
+	mu      sync.Mutex
+	reads   []read
+	fails   int
+	lastErr error  // the last failed read's
+	newest  uint64 // the largest epoch read so far
+}
+
+// readContinuously starts `each` goroutines on each of `clients` epoch
+// readers of us-east1, recording every read in h until ctx ends; wg counts
+// them.
+func readContinuously(t *testing.T, ctx context.Context, c *localcluster.Cluster, h *history, clients, each int, wg *sync.WaitGroup) {
+	t.Helper()
+	for client := 0; client < clients; client++ {
+		r, err := c.EpochReader("us-east1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for g := 0; g < each; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					rctx, cancel := context.WithTimeout(ctx, time.Second)
+					start := time.Now()
+					e, err := r.Read(rctx)
+					end := time.Now()
+					cancel()
+					if err != nil {
+						if !errors.Is(err, context.Canceled) {
+							h.mu.Lock()
+							h.fails++
+							h.lastErr = err
+							h.mu.Unlock()
+						}
+						continue
+					}
+					h.add(read{start, end, e})
+				}
+			}()
+		}
+	}
 }
 
 func (h *history) add(r read) {
@@ -105,34 +142,7 @@ func TestMonotonicUnderFaults(t *testing.T) {
 	h := &history{}
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for client := 0; client < 2; client++ {
-		r, err := c.EpochReader("us-east1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for g := 0; g < 8; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					rctx, cancel := context.WithTimeout(ctx, time.Second)
-					start := time.Now()
-					e, err := r.Read(rctx)
-					end := time.Now()
-					cancel()
-					if err != nil {
-						if !errors.Is(err, context.Canceled) {
-							h.mu.Lock()
-							h.fails++
-							h.mu.Unlock()
-						}
-						continue
-					}
-					h.add(read{start, end, e})
-				}
-			}()
-		}
-	}
+	readContinuously(t, ctx, c, h, 2, 8, &wg)
 	epochNow := func() uint64 {
 		h.mu.Lock()
 		defer h.mu.Unlock()

@@ -2,7 +2,6 @@ package epoch_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -25,36 +24,7 @@ func TestMonotonicAcrossConfigurationChanges(t *testing.T) {
 	h := &history{}
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	var lastErr error // under h.mu
-	for client := 0; client < 2; client++ {
-		r, err := c.EpochReader("us-east1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for g := 0; g < 4; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					rctx, cancel := context.WithTimeout(ctx, time.Second)
-					start := time.Now()
-					e, err := r.Read(rctx)
-					end := time.Now()
-					cancel()
-					if err != nil {
-						if !errors.Is(err, context.Canceled) {
-							h.mu.Lock()
-							h.fails++
-							lastErr = err
-							h.mu.Unlock()
-						}
-						continue
-					}
-					h.add(read{start, end, e})
-				}
-			}()
-		}
-	}
+	readContinuously(t, ctx, c, h, 2, 4, &wg)
 	epochNow := func() uint64 {
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -66,7 +36,7 @@ func TestMonotonicAcrossConfigurationChanges(t *testing.T) {
 		for epochNow() < from+10 || time.Since(since) < 200*time.Millisecond {
 			if time.Since(since) > 10*time.Second {
 				h.mu.Lock()
-				err := lastErr
+				err := h.lastErr
 				h.mu.Unlock()
 				t.Fatalf("after %s the epoch read did not advance 10 times in 10 s (stuck at %d; last error %v)", what, epochNow(), err)
 			}
