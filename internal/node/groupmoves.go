@@ -105,7 +105,7 @@ func (s *statusServer) MoveGroupReplica(ctx context.Context, req *nodepb.MoveGro
 // AddGroupReplica implements nodepb.NodeServer: the node hosts an empty
 // replica of a non-range group of its region, which joins as a learner and
 // waits for the leader's snapshot. Hosting it already is not an error.
-func (s *statusServer) AddGroupReplica(_ context.Context, req *nodepb.AddGroupReplicaRequest) (*nodepb.AddGroupReplicaResponse, error) {
+func (s *statusServer) AddGroupReplica(ctx context.Context, req *nodepb.AddGroupReplicaRequest) (*nodepb.AddGroupReplicaResponse, error) {
 	n := s.n
 	id := req.GetGroupId()
 	g, ok := n.cfg.Topology.Group(id)
@@ -116,9 +116,21 @@ func (s *statusServer) AddGroupReplica(_ context.Context, req *nodepb.AddGroupRe
 	case g.Region != self.Region:
 		return nil, status.Errorf(codes.InvalidArgument, "group %d lives in %s, node %d is in %s", id, g.Region, n.cfg.NodeID, self.Region)
 	}
+	n.hosting.Lock()
+	defer n.hosting.Unlock()
 	n.mu.Lock()
-	hosted, closing := n.groups[id] != nil, n.closing
+	hosted, closing, dropping := n.groups[id] != nil, n.closing, n.dropping[id]
 	n.mu.Unlock()
+	if dropping != nil { // a replica that left moments ago: let its drop finish first
+		select {
+		case <-dropping:
+		case <-ctx.Done():
+			return nil, status.Errorf(codes.Unavailable, "node %d is still dropping its earlier replica of group %d", n.cfg.NodeID, id)
+		}
+		n.mu.Lock()
+		hosted, closing = n.groups[id] != nil, n.closing
+		n.mu.Unlock()
+	}
 	switch {
 	case closing:
 		return nil, status.Errorf(codes.Unavailable, "node %d is stopping", n.cfg.NodeID)

@@ -186,6 +186,8 @@ func (n *Node) dropGroup(id uint64) {
 		return
 	}
 	delete(n.groups, id)
+	gone := make(chan struct{})
+	n.dropping[id] = gone
 	n.removing.Add(1)
 	n.mu.Unlock()
 	switch h.g.Kind {
@@ -198,6 +200,12 @@ func (n *Node) dropGroup(id uint64) {
 	}
 	go func() {
 		defer n.removing.Done()
+		defer func() {
+			n.mu.Lock()
+			delete(n.dropping, id)
+			n.mu.Unlock()
+			close(gone)
+		}()
 		h.close()
 		err := n.tombstoneGroup(id)
 		if err == nil {

@@ -90,8 +90,10 @@ type Node struct {
 	raft         *transport.Raft
 	server       *grpc.Server
 	listener     net.Listener
-	groups       map[uint64]*hostedGroup // the non-range groups hosted here (groups.go), under mu
-	groupMoves   sync.Map                // group ID → struct{}: the moves this node leads, one per group
+	groups       map[uint64]*hostedGroup  // the non-range groups hosted here (groups.go), under mu
+	groupMoves   sync.Map                 // group ID → struct{}: the moves this node leads, one per group
+	dropping     map[uint64]chan struct{} // groups being dropped (closed once gone), under mu
+	hosting      sync.Mutex               // one AddGroupReplica at a time (a duplicated call must not undo the first)
 	epochSrv     *epoch.Server
 	rangeSrv     *rangeserver.Server
 	txnSrv       *txnstate.Server
@@ -146,7 +148,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	n := &Node{cfg: cfg, groups: map[uint64]*hostedGroup{}, registry: cfg.Registry, served: make(chan struct{}),
+	n := &Node{cfg: cfg, groups: map[uint64]*hostedGroup{}, dropping: map[uint64]chan struct{}{}, registry: cfg.Registry, served: make(chan struct{}),
 		readers: map[string]*epoch.Reader{}, deciders: map[uint64]*txnstate.Client{}, gcPolicies: map[string]*gcPolicy{}}
 	n.stopped, n.stop = context.WithCancel(context.Background())
 	n.started = time.Now()
