@@ -316,7 +316,7 @@ func TestReplaceWipedNode(t *testing.T) {
 				if r := c.Node(1).Range(g.ID); r != nil {
 					voters = r.Desc().GetReplicas()
 				}
-			} else if v, err := transport.LocateGroup(ctx, d, g.ID, []uint64{1, 2, 6}); err == nil && v.Settled {
+			} else if v, err := transport.LocateGroup(ctx, d, g.ID, []uint64{1, 2, 6}); err == nil && !v.Joint {
 				voters = v.Voters
 			}
 			if len(voters) != 3 || slices.Contains(voters, 3) || !slices.Contains(voters, 6) {

@@ -212,7 +212,10 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 			grace = tm.C
 		}
 	}
-	r.lost = len(t.replies) == 0
+	// Lost: no voter of the newest configuration answered (a replica that
+	// left may still answer, under a configuration whose voters moved on).
+	members := t.newest.members()
+	r.lost = !slices.ContainsFunc(t.replies, func(rep reply) bool { return slices.Contains(members, rep.node) })
 	return 0, false, err
 }
 

@@ -188,7 +188,7 @@ func (cp *campaign) moveGroup(ctx context.Context, r *rand.Rand) bool {
 		}
 	}
 	v, err := transport.LocateGroup(ctx, d, g.ID, running)
-	if err != nil || !v.Settled {
+	if err != nil || v.Joint {
 		return false
 	}
 	targets := slices.DeleteFunc(slices.Clone(running), func(id uint64) bool { return slices.Contains(v.Voters, id) })

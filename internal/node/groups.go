@@ -113,8 +113,11 @@ func (n *Node) hostGroup(g topology.Group, voters []uint64) (*hostedGroup, error
 	id := g.ID
 	h.rg.OnLeft(func() { n.dropGroup(id) })
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closing {
+		return nil, raftgroup.ErrStopped // the host stops the group; its drivers never started
+	}
 	n.groups[id] = h
-	n.mu.Unlock()
 	return h, nil
 }
 
@@ -136,27 +139,32 @@ func (n *Node) hostGroups() error {
 		return err
 	}
 	for _, g := range n.cfg.Topology.Groups {
-		switch {
-		case g.Kind == topology.KindRange, slices.Contains(removed, g.ID):
+		moved := slices.Contains(indexed, g.ID)
+		if g.Kind == topology.KindRange || slices.Contains(removed, g.ID) || !moved && !slices.Contains(g.Replicas, n.cfg.NodeID) {
 			continue
-		case slices.Contains(indexed, g.ID):
-			if _, err := n.hostGroup(g, nil); err != nil {
+		}
+		cs, err := raftgroup.StoredConf(n.engine, g.ID)
+		if err != nil {
+			return err
+		}
+		// Moved away, the drop cut short (or never told: the node was
+		// stopping); or moved here but its first snapshot never came (the
+		// move that added it failed, or fails now and removes the learner).
+		if len(cs.GetVoters()) > 0 && !raftgroup.InConf(cs, n.cfg.NodeID) || moved && len(cs.GetVoters()) == 0 {
+			if err := n.tombstoneGroup(g.ID); err != nil {
 				return err
 			}
-		case slices.Contains(g.Replicas, n.cfg.NodeID):
-			cs, err := raftgroup.StoredConf(n.engine, g.ID)
-			if err != nil {
+			if err := n.deleteGroup(g.ID); err != nil {
 				return err
 			}
-			if len(cs.GetVoters()) > 0 && !raftgroup.InConf(cs, n.cfg.NodeID) { // moved away; the drop was cut short
-				if err := n.tombstoneGroup(g.ID); err != nil {
-					return err
-				}
-				continue
-			}
-			if _, err := n.hostGroup(g, g.Replicas); err != nil {
-				return err
-			}
+			continue
+		}
+		voters := g.Replicas
+		if moved {
+			voters = nil
+		}
+		if _, err := n.hostGroup(g, voters); err != nil {
+			return err
 		}
 	}
 	return nil

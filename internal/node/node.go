@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -560,10 +561,15 @@ func (n *Node) closeParts() error {
 		r.Close()
 	}
 	n.removing.Wait()
+	n.hosting.Lock() // a group being added is started before it is closed
 	for _, h := range n.hostedGroups() {
 		h.close()
 	}
-	for _, r := range n.readers {
+	n.hosting.Unlock()
+	n.mu.Lock()
+	readers := slices.Collect(maps.Values(n.readers))
+	n.mu.Unlock()
+	for _, r := range readers {
 		r.Close()
 	}
 	if n.server != nil {

@@ -67,7 +67,7 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 				v.Groups = append(v.Groups, rebalance.Group{ID: g.ID})
 				return
 			}
-			v.Groups = append(v.Groups, rebalance.Group{ID: g.ID, Voters: gv.Voters, Settled: gv.Settled})
+			v.Groups = append(v.Groups, rebalance.Group{ID: g.ID, Voters: gv.Voters, Settled: !gv.Joint})
 		}()
 	}
 	for _, l := range nodes {

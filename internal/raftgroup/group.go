@@ -713,6 +713,12 @@ func (g *Group) handleReady(rd raft.Ready) error {
 		if err := g.ls.installSnapshot(b, rd.Snapshot); err != nil {
 			return err
 		}
+		// Until the snapshot's index counts as applied (the deferred
+		// setApplied), the replica shows a configuration change pending: a
+		// reply between the new configuration and the restored state must
+		// not pair one with the other.
+		g.ls.confInLog = max(g.ls.confInLog, rd.Snapshot.GetMetadata().GetIndex())
+		g.confInLog.Store(g.ls.confInLog)
 		g.members.Store(&configuration{ci, proto.Clone(rd.Snapshot.GetMetadata().GetConfState()).(*raftpb.ConfState)})
 		if sm, ok := g.sm.(Snapshotter); ok {
 			if err := sm.Restore(b, body); err != nil {

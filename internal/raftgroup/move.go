@@ -86,6 +86,11 @@ func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveStep
 		return nil, fmt.Errorf("%w: node %d cannot host group %d: %v", ErrMoveTarget, to, g.id, err)
 	}
 	if _, err := g.changeVoters(ctx, steps, voters, []uint64{to}, confChange(raftpb.ConfChangeAddLearnerNode, to)); err != nil {
+		if steps.Drop != nil && !errors.Is(err, ErrOutcomeUnknown) { // the empty replica hosted for nothing
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), changeTimeout)
+			defer cancel()
+			_ = steps.Drop(dctx, to)
+		}
 		return nil, err
 	}
 	if err := g.awaitCatchUp(ctx, to); err != nil {

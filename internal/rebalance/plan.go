@@ -60,7 +60,8 @@ type View struct {
 type Group struct {
 	ID     uint64
 	Voters []uint64
-	// Settled: no joint configuration or learner (no move under way).
+	// Settled: no joint configuration (a learner a failed move left is
+	// removed by the group's next move).
 	Settled bool
 }
 
@@ -221,7 +222,8 @@ func Plan(v View, cfg Config) []Action {
 	// Drained decommissioning nodes are gone.
 	for _, l := range v.Nodes {
 		n := byID[l.GetNode().GetId()]
-		// A group moving, or whose placement is unknown, may still name it.
+		// A group whose placement is unknown, or in a joint change, may
+		// still name it as a voter.
 		if n.decommissioning && !slices.ContainsFunc(v.Groups, func(g Group) bool { return !g.Settled || slices.Contains(g.Voters, n.id) }) &&
 			!namedAnywhere(ranges, n.id) && !holdsLease(v.Leases, n.id) {
 			out = append(out, Action{Kind: Gone, From: n.id, Why: "drained"})

@@ -29,8 +29,8 @@ type GroupView struct {
 	// Leader is the leader a replica with this configuration knows of (0:
 	// none).
 	Leader uint64
-	// Settled: no joint configuration and no learner (no move under way).
-	Settled bool
+	// Joint: a joint configuration (a move between its two halves).
+	Joint bool
 }
 
 // LocateGroup asks every candidate node, in parallel, for its view of
@@ -72,7 +72,7 @@ func LocateGroup(ctx context.Context, d *Dialer, group uint64, candidates []uint
 		return GroupView{}, fmt.Errorf("%w: no node of %v hosts group %d (last error: %v)", ErrNoLeader, candidates, group, lastErr)
 	}
 	v := GroupView{ConfIndex: best.GetConfIndex(), Leader: best.GetLeader(), Voters: slices.Clone(best.GetVoters()),
-		Settled: len(best.GetVotersOutgoing()) == 0 && len(best.GetLearners()) == 0}
+		Joint: len(best.GetVotersOutgoing()) > 0}
 	for _, id := range best.GetVotersOutgoing() {
 		if !slices.Contains(v.Voters, id) {
 			v.Voters = append(v.Voters, id)
