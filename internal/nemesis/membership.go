@@ -42,8 +42,12 @@ func (cp *campaign) addNode(ctx context.Context, r *rand.Rand) uint64 {
 }
 
 // drainable returns the running nodes of the data regions that host no
-// group but ranges (so they can be drained: spares and joiners), in
-// regions keeping more than directory.MinLiveNodes nodes.
+// replica of a non-range group now, in regions keeping more than
+// directory.MinLiveNodes nodes. (Draining a node that hosts epoch,
+// txn-state or directory replicas works — TestGrowThenDecommissionOriginals
+// — but under this campaign's faults it sometimes outlasts drainBound:
+// a queue round waits for its slowest step. Until that is found, those
+// nodes are drained only in tests; the group-move fault moves them.)
 func (cp *campaign) drainable() []uint64 {
 	perRegion := map[string]int{}
 	var out []uint64
@@ -53,7 +57,11 @@ func (cp *campaign) drainable() []uint64 {
 			continue
 		}
 		perRegion[n.Region]++
-		if slices.Contains(cp.regions, n.Region) {
+		node := cp.c.Node(id)
+		hostsGroup := node != nil && slices.ContainsFunc(cp.cfg.Topology.Groups, func(g topology.Group) bool {
+			return g.Kind != topology.KindRange && node.Group(g.ID) != nil
+		})
+		if !hostsGroup && slices.Contains(cp.regions, n.Region) {
 			out = append(out, id)
 		}
 	}

@@ -148,7 +148,9 @@ func Plan(v View, cfg Config) []Action {
 		return best
 	}
 	replicaCount := func(n *node) int { return n.replicas }
-	settled := func(d *pb.RangeDescriptor) bool { return len(d.GetLearners()) == 0 && !d.GetSubsumed() }
+	// A learner a failed move left does not hold a range back: its next
+	// move removes it first (a move under way refuses, and is retried).
+	settled := func(d *pb.RangeDescriptor) bool { return !d.GetSubsumed() }
 
 	moving := map[uint64]bool{} // ranges this plan changes already: one change per range
 	// Replicas off draining nodes.

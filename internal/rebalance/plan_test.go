@@ -193,15 +193,23 @@ func TestPlanFillsJoinersAndDrains(t *testing.T) {
 	if len(plan) == 0 || plan[0].Kind != Move || plan[0].From != 5 {
 		t.Fatalf("node 5 down past ReplaceAfter: plan %v; want moves off it", show(plan))
 	}
-	// A range with a learner, or a group (a move under way), is left alone.
+	// A range with a learner a failed move left still drains (its move
+	// removes the learner first); a subsumed range, or a group in a joint
+	// change, is left alone.
 	for _, d := range v.Ranges {
 		d.Learners = []uint64{9}
+	}
+	if plan := Plan(v, cfg); len(plan) == 0 || plan[0].Kind != Move || plan[0].From != 5 {
+		t.Fatalf("ranges with leftover learners on a node to drain: plan %v; want moves off node 5", show(plan))
+	}
+	for _, d := range v.Ranges {
+		d.Subsumed = true
 	}
 	for i := range v.Groups {
 		v.Groups[i].Settled = false
 	}
 	if plan := Plan(v, cfg); len(plan) != 0 {
-		t.Fatalf("ranges and groups moving: plan %v; want none", show(plan))
+		t.Fatalf("subsumed ranges and groups in joint changes: plan %v; want none", show(plan))
 	}
 }
 
