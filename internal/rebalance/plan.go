@@ -124,13 +124,6 @@ func Plan(v View, cfg Config) []Action {
 			n.leases++
 		}
 	}
-	for _, g := range v.Groups { // a replica is a replica, of a range or another group
-		for _, r := range g.Voters {
-			if n := byID[r]; n != nil {
-				n.replicas++
-			}
-		}
-	}
 	var out []Action
 	moves := 0
 	// emptiest returns the target with the fewest replicas (then leases)
@@ -234,30 +227,23 @@ func Plan(v View, cfg Config) []Action {
 	if len(out) > 0 || len(targets) < 2 {
 		return out
 	}
-	// Balance replicas (of ranges and of the other groups together): moves
-	// from the fullest target to the emptiest, up to MaxMoves, each of
-	// another range, or of a group when no range can go.
+	// Balance replicas: moves from the fullest target to the emptiest, up
+	// to MaxMoves, each of another range.
 	moved := map[uint64]bool{}
-	movedGroup := map[uint64]bool{}
 	for moves < cfg.MaxMoves {
 		full, empty := extremes(targets, replicaCount)
 		if full.replicas-empty.replicas <= 1 {
 			break
 		}
-		if i := slices.IndexFunc(ranges, func(d *pb.RangeDescriptor) bool {
+		i := slices.IndexFunc(ranges, func(d *pb.RangeDescriptor) bool {
 			return settled(d) && !moved[d.GetRangeId()] && slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id)
-		}); i >= 0 {
-			d := ranges[i]
-			out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
-			moved[d.GetRangeId()] = true
-		} else if i := slices.IndexFunc(v.Groups, func(g Group) bool {
-			return g.Settled && !movedGroup[g.ID] && slices.Contains(g.Voters, full.id) && !slices.Contains(g.Voters, empty.id)
-		}); i >= 0 {
-			out = append(out, Action{Kind: MoveGroup, Group: v.Groups[i].ID, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
-			movedGroup[v.Groups[i].ID] = true
-		} else {
+		})
+		if i < 0 {
 			break
 		}
+		d := ranges[i]
+		out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
+		moved[d.GetRangeId()] = true
 		full.replicas--
 		empty.replicas++
 		moves++
