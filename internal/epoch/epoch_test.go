@@ -30,6 +30,25 @@ type history struct {
 	newest  uint64 // the largest epoch read so far
 }
 
+// waitAdvance waits until the reads in h show 10 more advances and hold
+// has passed (so reads meet the state a test set up), failing after 10 s.
+func (h *history) waitAdvance(t *testing.T, what string, hold time.Duration) {
+	t.Helper()
+	newest := func() (uint64, error) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.newest, h.lastErr
+	}
+	from, _ := newest()
+	since := time.Now()
+	for e, err := newest(); e < from+10 || time.Since(since) < hold; e, err = newest() {
+		if time.Since(since) > 10*time.Second {
+			t.Fatalf("after %s the epoch read did not advance 10 times in 10 s (stuck at %d; last error %v)", what, e, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // readContinuously starts `each` goroutines on each of `clients` epoch
 // readers of us-east1, recording every read in h until ctx ends; wg counts
 // them.
@@ -143,24 +162,7 @@ func TestMonotonicUnderFaults(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	readContinuously(t, ctx, c, h, 2, 8, &wg)
-	epochNow := func() uint64 {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.newest
-	}
-	waitAdvance := func(what string) {
-		t.Helper()
-		from, since := epochNow(), time.Now()
-		deadline := since.Add(10 * time.Second)
-		// Hold each state for at least 300 ms and 10 advances, so reads meet it.
-		for epochNow() < from+10 || time.Since(since) < 300*time.Millisecond {
-			if time.Now().After(deadline) {
-				t.Fatalf("after %s the epoch did not advance 10 times in 10s (stuck at %d)", what, epochNow())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-
+	waitAdvance := func(what string) { t.Helper(); h.waitAdvance(t, what, 300*time.Millisecond) }
 	waitAdvance("start")
 	if err := c.StopNode(leader); err != nil {
 		t.Fatal(err)

@@ -25,24 +25,7 @@ func TestMonotonicAcrossConfigurationChanges(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	readContinuously(t, ctx, c, h, 2, 4, &wg)
-	epochNow := func() uint64 {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.newest
-	}
-	waitAdvance := func(what string) {
-		t.Helper()
-		from, since := epochNow(), time.Now()
-		for epochNow() < from+10 || time.Since(since) < 200*time.Millisecond {
-			if time.Since(since) > 10*time.Second {
-				h.mu.Lock()
-				err := h.lastErr
-				h.mu.Unlock()
-				t.Fatalf("after %s the epoch read did not advance 10 times in 10 s (stuck at %d; last error %v)", what, epochNow(), err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	waitAdvance := func(what string) { t.Helper(); h.waitAdvance(t, what, 200*time.Millisecond) }
 	waitAdvance("start")
 	for _, id := range []uint64{4, 5, 6} {
 		if err := c.JoinNode(id, "us-east1"); err != nil {

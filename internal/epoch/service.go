@@ -156,7 +156,7 @@ func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*e
 	ci, voters, outgoing := r.group.Configuration()
 	e := r.sm.Epoch()
 	pending := r.group.ConfPending()
-	if again, _, _ := r.group.Configuration(); pending || again != ci {
+	if pending || r.group.ConfIndex() != ci {
 		return nil, status.Errorf(codes.Unavailable, "epoch group %d replica %d is applying a configuration change", st.Group, st.Replica)
 	}
 	return &epochpb.ReadEpochResponse{Epoch: e, ReplicaId: st.Replica, ConfIndex: ci, Voters: voters, VotersOutgoing: outgoing}, nil

@@ -283,6 +283,11 @@ func (g *Group) Configuration() (index uint64, voters, outgoing []uint64) {
 	return c.index, slices.Clone(c.cs.GetVoters()), slices.Clone(c.cs.GetVotersOutgoing())
 }
 
+// ConfIndex returns the index of the configuration change that made the
+// configuration this replica applied last (Configuration's, without
+// copying the voters).
+func (g *Group) ConfIndex() uint64 { return g.members.Load().index }
+
 // ConfPending reports whether this replica's log holds a configuration
 // change it has not applied yet: until it has, what it reports under its
 // applied configuration may be older than a configuration the group has
