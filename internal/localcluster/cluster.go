@@ -51,6 +51,8 @@ type Options struct {
 	// region's replicate queue plans (0: every 2 s; below 0: never, for
 	// tests that place replicas and leases themselves).
 	RebalanceInterval time.Duration
+	// ReplicaGCInterval is node.Config.ReplicaGCInterval (0: every 10 s).
+	ReplicaGCInterval time.Duration
 	// Crashable opens every store so KillNode loses what a power loss would
 	// (node.Config.Crashable).
 	Crashable bool
@@ -243,7 +245,7 @@ func (c *Cluster) startNode(id uint64, l net.Listener) error {
 		Topology: top, NodeID: id, DataDir: c.nodeDir(id),
 		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter,
 		Crashable: c.opts.Crashable, Certs: certs, Insecure: c.opts.Insecure, HTTPAddr: "127.0.0.1:0",
-		RebalanceInterval: c.opts.RebalanceInterval,
+		RebalanceInterval: c.opts.RebalanceInterval, ReplicaGCInterval: c.opts.ReplicaGCInterval,
 	})
 	if err != nil {
 		return err

@@ -189,7 +189,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	c, err := localcluster.Start(cfg.Topology, localcluster.Options{DataDir: dir, Keep: true, OrphanAfter: orphanAfter, TxnRecordGrace: txnRecordGrace, Crashable: true})
+	c, err := localcluster.Start(cfg.Topology, localcluster.Options{DataDir: dir, Keep: true, OrphanAfter: orphanAfter, TxnRecordGrace: txnRecordGrace, Crashable: true,
+		ReplicaGCInterval: replicaGCInterval})
 	if err != nil {
 		return nil, err
 	}

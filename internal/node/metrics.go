@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/rebalance"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
 )
 
@@ -188,6 +189,8 @@ var (
 	descReplicas   = prometheus.NewDesc("terroir_replicas", "Replicas hosted by this node, by group kind.", []string{"kind"}, nil)
 	descLocks      = prometheus.NewDesc("terroir_locks_held", "Locks held in the lock tables of the ranges this node leads.", nil, nil)
 	descRangeBytes = prometheus.NewDesc("terroir_range_bytes", "Estimated bytes on disk of the ranges hosted here.", nil, nil)
+	descQueueSteps = prometheus.NewDesc("terroir_rebalance_steps_total", "Steps the region's replicate queue ran from this node (while it led the region's directory), by kind (move, transfer, gone, move group) and outcome (done, failed).", []string{"kind", "outcome"}, nil)
+	descQueueBusy  = prometheus.NewDesc("terroir_rebalance_steps_in_flight", "Steps of the region's replicate queue under way at this node.", nil, nil)
 	pebbleGauges   = []struct {
 		d *prometheus.Desc
 		f func(s pebbleStats) float64
@@ -218,7 +221,7 @@ type pebbleStats struct {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEpoch, descEpochAge, descLeaders, descReplicas, descLocks, descRangeBytes} {
+	for _, d := range []*prometheus.Desc{descEpoch, descEpochAge, descLeaders, descReplicas, descLocks, descRangeBytes, descQueueSteps, descQueueBusy} {
 		ch <- d
 	}
 	for _, g := range pebbleGauges {
@@ -266,6 +269,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descLocks, prometheus.GaugeValue, locks)
 	ch <- prometheus.MustNewConstMetric(descRangeBytes, prometheus.GaugeValue, bytes)
+	if n.queue != nil {
+		st := n.queue.Stats()
+		for _, k := range rebalance.Kinds {
+			ch <- prometheus.MustNewConstMetric(descQueueSteps, prometheus.CounterValue, float64(st.Done[k]), k.String(), "done")
+			ch <- prometheus.MustNewConstMetric(descQueueSteps, prometheus.CounterValue, float64(st.Failed[k]), k.String(), "failed")
+		}
+		ch <- prometheus.MustNewConstMetric(descQueueBusy, prometheus.GaugeValue, float64(st.InFlight))
+	}
 	pm := n.engine.Metrics()
 	s := pebbleStats{
 		readAmp: float64(pm.ReadAmp()), l0Files: float64(pm.Levels[0].TablesCount), disk: float64(pm.DiskSpaceUsage()),

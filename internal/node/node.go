@@ -72,6 +72,10 @@ type Config struct {
 	// region's directory (0: the topology's; below 0: never, for tests
 	// that place replicas themselves).
 	RebalanceInterval time.Duration
+	// ReplicaGCInterval: how often the node looks for replicas of its own
+	// that a change left out while it was down (replicagc.go; 0: every
+	// 10 s; below 0: never).
+	ReplicaGCInterval time.Duration
 	// Addr, if set, is the node's RPC address instead of the topology's:
 	// a node of the file restarted elsewhere; the registry records it
 	// (DESIGN.md §12). The topology, which seeds the registry, stays as
@@ -270,11 +274,16 @@ func Start(cfg Config) (_ *Node, err error) {
 		n.refreshBook()
 	}()
 	every := cmp.Or(cfg.RebalanceInterval, top.RebalanceInterval)
-	if g := top.GroupsOfKind(topology.KindDirectory, self.Region); every > 0 && len(g) > 0 && n.Group(g[0].ID) != nil {
+	// Every node runs its region's queue; it plans only while the node
+	// leads the region's directory, wherever moves took that group.
+	if every > 0 && len(top.GroupsOfKind(topology.KindDirectory, self.Region)) > 0 {
 		n.queueRegion = &regionCluster{n: n, region: self.Region}
 		n.queue = rebalance.NewQueue(n.queueRegion, rebalance.QueueConfig{Interval: every,
 			Config: rebalance.Config{ReplaceAfter: top.ReplaceAfter, MaxMoves: top.MaxSnapshots}})
 		n.background(func() { n.queue.Run(n.stopped) })
+	}
+	if gcEvery := cmp.Or(cfg.ReplicaGCInterval, defaultReplicaGCInterval); gcEvery > 0 {
+		n.background(func() { n.collectReplicas(self.Region, gcEvery) })
 	}
 	n.background(func() { n.cleanTxnRecords(n.txnSrv, self.Region) })
 	slog.Info("node started", "node", cfg.NodeID, "region", self.Region, "addr", n.listener.Addr().String(), "groups", len(top.GroupsOn(cfg.NodeID)))

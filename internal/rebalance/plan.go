@@ -29,7 +29,12 @@ const (
 	Gone
 	// MoveGroup moves the non-range group's replica on From to To.
 	MoveGroup
+
+	numKinds = iota
 )
+
+// Kinds lists every Kind.
+var Kinds = []Kind{Move, Transfer, Gone, MoveGroup}
 
 // Action is one step of a plan.
 type Action struct {
@@ -54,6 +59,20 @@ type View struct {
 	// Groups are the region's non-range groups (epoch, transaction-state,
 	// directory) with their voters.
 	Groups []Group
+	// InFlight is what the queue is changing now.
+	InFlight InFlight
+}
+
+// InFlight is what the queue's earlier plans are still changing: a plan
+// leaves those ranges, groups and nodes alone, and counts the replica
+// moves under way against Config.MaxMoves.
+type InFlight struct {
+	Ranges map[uint64]bool // range ID → a move or lease transfer is under way
+	Groups map[uint64]bool // group ID → a move is under way
+	Gone   map[uint64]bool // node ID → being marked gone
+	// Moves counts the replica moves under way that count against
+	// MaxMoves (see Action.streams).
+	Moves int
 }
 
 // Group is a non-range group's placement as its replicas report it.
@@ -70,8 +89,8 @@ type Config struct {
 	// ReplaceAfter: a node in the live state but not live for this long
 	// has its replicas rebuilt on other nodes (0: never).
 	ReplaceAfter time.Duration
-	// MaxMoves: at most this many replica moves per plan (each streams
-	// one snapshot).
+	// MaxMoves: at most this many range replica moves at once (each
+	// streams one snapshot), those under way included.
 	MaxMoves int
 }
 
@@ -125,7 +144,7 @@ func Plan(v View, cfg Config) []Action {
 		}
 	}
 	var out []Action
-	moves := 0
+	moves := v.InFlight.Moves
 	// emptiest returns the target with the fewest replicas (then leases)
 	// that d does not name and that is not excluded.
 	emptiest := func(d *pb.RangeDescriptor, count func(*node) int) *node {
@@ -142,8 +161,8 @@ func Plan(v View, cfg Config) []Action {
 	}
 	replicaCount := func(n *node) int { return n.replicas }
 	// A learner a failed move left does not hold a range back: its next
-	// move removes it first (a move under way refuses, and is retried).
-	settled := func(d *pb.RangeDescriptor) bool { return !d.GetSubsumed() }
+	// move removes it first. A range the queue changes already waits.
+	settled := func(d *pb.RangeDescriptor) bool { return !d.GetSubsumed() && !v.InFlight.Ranges[d.GetRangeId()] }
 
 	moving := map[uint64]bool{} // ranges this plan changes already: one change per range
 	// Replicas off draining nodes.
@@ -191,7 +210,7 @@ func Plan(v View, cfg Config) []Action {
 		}
 	}
 	for _, g := range v.Groups {
-		if !g.Settled {
+		if !g.Settled || v.InFlight.Groups[g.ID] {
 			continue
 		}
 		for _, r := range g.Voters {
@@ -219,7 +238,7 @@ func Plan(v View, cfg Config) []Action {
 		n := byID[l.GetNode().GetId()]
 		// A group whose placement is unknown, or in a joint change, may
 		// still name it as a voter.
-		if n.decommissioning && !slices.ContainsFunc(v.Groups, func(g Group) bool { return !g.Settled || slices.Contains(g.Voters, n.id) }) &&
+		if n.decommissioning && !v.InFlight.Gone[n.id] && !slices.ContainsFunc(v.Groups, func(g Group) bool { return !g.Settled || slices.Contains(g.Voters, n.id) }) &&
 			!namedAnywhere(ranges, n.id) && !holdsLease(v.Leases, n.id) {
 			out = append(out, Action{Kind: Gone, From: n.id, Why: "drained"})
 		}
@@ -296,6 +315,10 @@ func Plan(v View, cfg Config) []Action {
 	}
 	return out
 }
+
+// streams reports whether a counts against Config.MaxMoves: a range's
+// replica move (a group's moves to drain are few and small).
+func (a Action) streams() bool { return a.Kind == Move }
 
 func drainWhy(n *node) string {
 	if n.decommissioning {

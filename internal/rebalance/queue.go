@@ -3,6 +3,7 @@ package rebalance
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -59,11 +60,15 @@ type Queue struct {
 	mu          sync.Mutex
 	stats       Stats
 	unevenSince time.Time // when plans began to even lease counts out (zero: they do not)
+	inFlight    InFlight  // steps started and not yet done
+	steps       sync.WaitGroup
 }
 
-// Stats counts what a queue did.
+// Stats counts a queue's steps since it started, by Kind.
 type Stats struct {
-	Moves, Transfers, Gone, Failed int
+	Done, Failed [numKinds]int
+	// InFlight: steps started and not yet ended.
+	InFlight int
 }
 
 // NewQueue returns a queue over c.
@@ -80,13 +85,15 @@ func NewQueue(c Cluster, cfg QueueConfig) *Queue {
 	if cfg.LeaseSettle <= 0 {
 		cfg.LeaseSettle = 30 * time.Second
 	}
-	return &Queue{c: c, cfg: cfg}
+	return &Queue{c: c, cfg: cfg, inFlight: InFlight{Ranges: map[uint64]bool{}, Groups: map[uint64]bool{}, Gone: map[uint64]bool{}}}
 }
 
-// Run plans every Interval while this node leads the region's directory,
-// and runs each plan's steps (at most MaxMoves replica moves, so as many
-// snapshots, at once), until ctx ends.
+// Run plans every Interval while this node leads the region's directory
+// and starts each plan's steps (at most MaxMoves replica moves, so as many
+// snapshots, under way at once), until ctx ends; it returns once the steps
+// it started have ended.
 func (q *Queue) Run(ctx context.Context) {
+	defer q.steps.Wait()
 	for transport.SleepCtx(ctx, q.cfg.Interval) {
 		if !q.c.Leads() {
 			continue
@@ -95,7 +102,11 @@ func (q *Queue) Run(ctx context.Context) {
 	}
 }
 
-// Once plans and runs one round; it returns the steps it ran.
+// Once plans one round and starts its steps, each bounded by
+// ActionTimeout; it returns the steps it started without waiting for
+// them: a slow step (a snapshot to stream, a range whose leader is cut
+// off) holds back only its own range or group, and the next rounds plan
+// around it. Wait waits for the steps.
 func (q *Queue) Once(ctx context.Context) []Action {
 	vctx, cancel := context.WithTimeout(ctx, q.cfg.ActionTimeout)
 	v, err := q.c.View(vctx)
@@ -103,39 +114,99 @@ func (q *Queue) Once(ctx context.Context) []Action {
 	if err != nil {
 		return nil
 	}
+	q.mu.Lock()
+	v.InFlight = InFlight{Ranges: maps.Clone(q.inFlight.Ranges), Groups: maps.Clone(q.inFlight.Groups),
+		Gone: maps.Clone(q.inFlight.Gone), Moves: q.inFlight.Moves}
+	q.mu.Unlock()
 	plan := q.settle(Plan(v, q.cfg.Config), time.Now())
-	var wg sync.WaitGroup
 	for _, a := range plan {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			actx, cancel := context.WithTimeout(ctx, q.cfg.ActionTimeout)
-			defer cancel()
-			var err error
-			switch a.Kind {
-			case Move:
-				err = q.c.MoveReplica(actx, a.Range.GetStartKey(), a.From, a.To)
-			case Transfer:
-				if a.Balance {
-					var cancel context.CancelFunc
-					actx, cancel = context.WithTimeout(actx, idleTransferTimeout)
-					defer cancel()
-				}
-				err = q.c.TransferLease(actx, a.Range.GetStartKey(), a.To, a.Balance && !q.insist(time.Now()))
-			case Gone:
-				err = q.c.MarkGone(actx, a.From)
-			case MoveGroup:
-				err = q.c.MoveGroupReplica(actx, a.Group, a.From, a.To)
-			}
-			if err != nil {
-				slog.Info("rebalance: step failed", "kind", a.Kind, "range", a.Range.GetRangeId(), "group", a.Group, "from", a.From, "to", a.To, "why", a.Why, "err", err)
-				return
-			}
-			slog.Info("rebalance: step done", "kind", a.Kind, "range", a.Range.GetRangeId(), "group", a.Group, "from", a.From, "to", a.To, "why", a.Why)
-		}()
+		q.start(ctx, a)
 	}
-	wg.Wait()
 	return plan
+}
+
+// Wait waits until every step started so far has ended.
+func (q *Queue) Wait() { q.steps.Wait() }
+
+// start runs a in its own goroutine, marked in flight until it ends.
+func (q *Queue) start(ctx context.Context, a Action) {
+	q.track(a, true)
+	q.mu.Lock()
+	q.stats.InFlight++
+	q.mu.Unlock()
+	q.steps.Add(1)
+	go func() {
+		defer q.steps.Done()
+		defer q.track(a, false)
+		actx, cancel := context.WithTimeout(ctx, q.cfg.ActionTimeout)
+		defer cancel()
+		var err error
+		switch a.Kind {
+		case Move:
+			err = q.c.MoveReplica(actx, a.Range.GetStartKey(), a.From, a.To)
+		case Transfer:
+			if a.Balance {
+				var cancel context.CancelFunc
+				actx, cancel = context.WithTimeout(actx, idleTransferTimeout)
+				defer cancel()
+			}
+			err = q.c.TransferLease(actx, a.Range.GetStartKey(), a.To, a.Balance && !q.insist(time.Now()))
+		case Gone:
+			err = q.c.MarkGone(actx, a.From)
+		case MoveGroup:
+			err = q.c.MoveGroupReplica(actx, a.Group, a.From, a.To)
+		}
+		q.count(a, err)
+		if err != nil {
+			slog.Info("rebalance: step failed", "kind", a.Kind, "range", a.Range.GetRangeId(), "group", a.Group, "from", a.From, "to", a.To, "why", a.Why, "err", err)
+			return
+		}
+		slog.Info("rebalance: step done", "kind", a.Kind, "range", a.Range.GetRangeId(), "group", a.Group, "from", a.From, "to", a.To, "why", a.Why)
+	}()
+}
+
+// track marks a in flight (on) or done.
+func (q *Queue) track(a Action, on bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	f := &q.inFlight
+	switch a.Kind {
+	case Move, Transfer:
+		f.Ranges[a.Range.GetRangeId()] = on
+	case MoveGroup:
+		f.Groups[a.Group] = on
+	case Gone:
+		f.Gone[a.From] = on
+	}
+	if a.streams() {
+		if on {
+			f.Moves++
+		} else {
+			f.Moves--
+		}
+	}
+	maps.DeleteFunc(f.Ranges, func(_ uint64, v bool) bool { return !v })
+	maps.DeleteFunc(f.Groups, func(_ uint64, v bool) bool { return !v })
+	maps.DeleteFunc(f.Gone, func(_ uint64, v bool) bool { return !v })
+}
+
+// count adds a's outcome to the queue's stats.
+func (q *Queue) count(a Action, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.stats.InFlight--
+	if err != nil {
+		q.stats.Failed[a.Kind]++
+	} else {
+		q.stats.Done[a.Kind]++
+	}
+}
+
+// Stats returns what the queue did so far.
+func (q *Queue) Stats() Stats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.stats
 }
 
 // insist reports whether lease counts have been uneven so long (twice

@@ -1,0 +1,124 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
+)
+
+// Replica GC (DESIGN.md §12). A replica drops itself when it applies a
+// configuration that leaves it out (onReplicasChanged, Group.OnLeft), and
+// a move asks the old node to drop its replica (RemoveRangeReplica,
+// RemoveGroupReplica). A replica whose node was down or cut off while a
+// change removed it gets neither: the group's leader no longer sends it
+// entries, and the move's request failed. It would be hosted for good,
+// and its node could never be marked gone. So every node, every
+// Config.ReplicaGCInterval, asks the other nodes of its
+// region for their descriptors and group configurations, and drops each
+// replica of its own that a newer one leaves out.
+
+// defaultReplicaGCInterval is Config.ReplicaGCInterval's default.
+const defaultReplicaGCInterval = 10 * time.Second
+
+// replicaGCTimeout bounds one node's answer to the replica GC.
+const replicaGCTimeout = 2 * time.Second
+
+// collectReplicas runs the replica GC of this node, in region, every
+// interval until the node stops.
+func (n *Node) collectReplicas(region string, interval time.Duration) {
+	for transport.SleepCtx(n.stopped, interval) {
+		n.gcRangeReplicas(n.stopped, region)
+		n.gcGroupReplicas(n.stopped)
+	}
+}
+
+// gcRangeReplicas drops this node's range replicas that a newer descriptor,
+// as any other node of the region holds it, leaves out; it returns the
+// ranges dropped. A replica that is its range's leader, takes part in a
+// merge, or changed since it was examined is kept.
+func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
+	self := n.cfg.NodeID
+	var mu sync.Mutex
+	newest := map[uint64]*pb.RangeDescriptor{}
+	var wg sync.WaitGroup
+	for _, peer := range n.dialer.RegionNodes(region, nil) {
+		if peer == self {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := n.dialer.Conn(peer)
+			if err != nil {
+				return
+			}
+			rctx, cancel := context.WithTimeout(ctx, replicaGCTimeout)
+			defer cancel()
+			resp, err := pb.NewRangeClient(conn).Ranges(rctx, &pb.RangesRequest{})
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, st := range resp.GetRanges() {
+				d := st.GetRangeDescriptor()
+				if cur := newest[d.GetRangeId()]; cur == nil || d.GetGeneration() > cur.GetGeneration() {
+					newest[d.GetRangeId()] = d
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var dropped []uint64
+	for _, r := range n.rangeReplicas() {
+		d := r.Desc()
+		nd := newest[d.GetRangeId()]
+		if nd == nil || nd.GetGeneration() <= d.GetGeneration() || named(nd, self) || d.GetSubsumed() || r.LeaderHint() == self {
+			continue
+		}
+		if r.Desc().GetGeneration() != d.GetGeneration() {
+			continue // a snapshot (a move bringing it back) just arrived
+		}
+		slog.Info("replica GC: dropping a range replica a newer descriptor leaves out", "node", self, "range", d.GetRangeId(),
+			"generation", d.GetGeneration(), "newer_generation", nd.GetGeneration(), "replicas", nd.GetReplicas())
+		n.removeReplica(r)
+		dropped = append(dropped, d.GetRangeId())
+	}
+	return dropped
+}
+
+// gcGroupReplicas drops this node's replicas of non-range groups whose
+// configuration, newer on another node of the group's region, leaves this
+// node out; it returns the groups dropped. A replica with no configuration
+// yet (a learner waiting for its snapshot), a leader, or one whose
+// configuration changed since it was examined is kept.
+func (n *Node) gcGroupReplicas(ctx context.Context) []uint64 {
+	self := n.cfg.NodeID
+	var dropped []uint64
+	for _, h := range n.hostedGroups() {
+		if h.g.Kind == topology.KindRange || h.rg.IsLeader() {
+			continue
+		}
+		index, voters, outgoing := h.rg.Configuration()
+		if !slices.Contains(voters, self) && !slices.Contains(outgoing, self) {
+			continue // no configuration yet, or a learner: its leader still sends to it
+		}
+		lctx, cancel := context.WithTimeout(ctx, replicaGCTimeout)
+		v, err := transport.LocateGroup(lctx, n.dialer, h.g.ID, n.dialer.RegionNodes(h.g.Region, h.g.Replicas))
+		cancel()
+		if err != nil || v.ConfIndex <= index || slices.Contains(v.Voters, self) || h.rg.ConfIndex() != index {
+			continue
+		}
+		slog.Info("replica GC: dropping a group replica a newer configuration leaves out", "node", self, "group", h.g.ID,
+			"kind", h.g.Kind, "conf_index", index, "newer_conf_index", v.ConfIndex, "voters", v.Voters)
+		n.dropGroup(h.g.ID)
+		dropped = append(dropped, h.g.ID)
+	}
+	return dropped
+}

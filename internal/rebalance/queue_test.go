@@ -1,0 +1,157 @@
+package rebalance
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+)
+
+// fakeCluster applies the queue's steps to a View, except moves of the
+// ranges in stuck, which wait until their context ends (a range whose
+// leader is cut off, a snapshot that streams slowly).
+type fakeCluster struct {
+	mu    sync.Mutex
+	v     View
+	stuck map[string]bool // range start key → its moves hang
+	moves []string        // start keys moved, in order (stuck ones too)
+}
+
+func (f *fakeCluster) Leads() bool { return true }
+
+func (f *fakeCluster) View(context.Context) (View, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v := f.v
+	v.Ranges = nil
+	for _, d := range f.v.Ranges {
+		c := rng(d.GetRangeId(), string(d.GetStartKey()), d.GetReplicas()...)
+		v.Ranges = append(v.Ranges, c)
+	}
+	v.Leases = map[uint64]uint64{}
+	for k, h := range f.v.Leases {
+		v.Leases[k] = h
+	}
+	v.Groups = slices.Clone(f.v.Groups)
+	return v, nil
+}
+
+func (f *fakeCluster) step(a Action) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	apply(&f.v, []Action{a})
+}
+
+func (f *fakeCluster) MoveReplica(ctx context.Context, key []byte, from, to uint64) error {
+	f.mu.Lock()
+	f.moves = append(f.moves, string(key))
+	stuck := f.stuck[string(key)]
+	d := f.v.Ranges[slices.IndexFunc(f.v.Ranges, func(d *pb.RangeDescriptor) bool { return string(d.GetStartKey()) == string(key) })]
+	f.mu.Unlock()
+	if stuck {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	f.step(Action{Kind: Move, Range: d, From: from, To: to})
+	return nil
+}
+
+func (f *fakeCluster) TransferLease(_ context.Context, key []byte, to uint64, _ bool) error {
+	f.mu.Lock()
+	d := f.v.Ranges[slices.IndexFunc(f.v.Ranges, func(d *pb.RangeDescriptor) bool { return string(d.GetStartKey()) == string(key) })]
+	f.mu.Unlock()
+	f.step(Action{Kind: Transfer, Range: d, To: to})
+	return nil
+}
+
+func (f *fakeCluster) MoveGroupReplica(_ context.Context, group, from, to uint64) error {
+	f.step(Action{Kind: MoveGroup, Group: group, From: from, To: to})
+	return nil
+}
+
+func (f *fakeCluster) MarkGone(_ context.Context, id uint64) error {
+	f.step(Action{Kind: Gone, From: id})
+	return nil
+}
+
+func (f *fakeCluster) state(id uint64) directorypb.NodeState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, l := range f.v.Nodes {
+		if l.GetNode().GetId() == id {
+			return l.GetNode().GetState()
+		}
+	}
+	return directorypb.NodeState_NODE_GONE
+}
+
+// TestQueueStepsDoNotWaitForEachOther: one range's move hangs (until the
+// step's timeout); meanwhile the queue's next rounds drain the node's other
+// ranges and its group replica, never start a second move of the hanging
+// range, and never count more moves under way than MaxMoves. The node is
+// marked gone only once the hanging range has moved too.
+func TestQueueStepsDoNotWaitForEachOther(t *testing.T) {
+	decom := live(4)
+	decom.Node.State = directorypb.NodeState_NODE_DECOMMISSIONING
+	f := &fakeCluster{
+		v: View{
+			Nodes:  []*directorypb.NodeLiveness{live(1), live(2), live(3), decom, live(5)},
+			Ranges: []*pb.RangeDescriptor{rng(1, "a", 1, 2, 4), rng(2, "b", 1, 3, 4), rng(3, "c", 2, 3, 4), rng(4, "d", 1, 4, 5)},
+			Leases: map[uint64]uint64{1: 1, 2: 1, 3: 2, 4: 1},
+			Groups: []Group{{ID: 9, Voters: []uint64{1, 2, 4}, Settled: true}},
+		},
+		stuck: map[string]bool{"a": true},
+	}
+	const timeout = 2 * time.Second
+	q := NewQueue(f, QueueConfig{Config: Config{MaxMoves: 2}, ActionTimeout: timeout})
+	ctx := t.Context()
+	began := time.Now()
+	for f.state(4) != directorypb.NodeState_NODE_GONE {
+		if time.Since(began) > 10*timeout {
+			t.Fatalf("node 4 not gone after %v; moves %v", time.Since(began), f.moves)
+		}
+		q.Once(ctx)
+		if st := q.Stats(); st.InFlight > 0 {
+			q.mu.Lock()
+			if q.inFlight.Moves > 2 {
+				t.Errorf("%d moves under way; MaxMoves is 2", q.inFlight.Moves)
+			}
+			q.mu.Unlock()
+		}
+		if f.state(4) == directorypb.NodeState_NODE_GONE {
+			break
+		}
+		// Before the hanging move times out, the rest is drained.
+		if time.Since(began) > timeout/2 && time.Since(began) < timeout*9/10 {
+			f.mu.Lock()
+			v := f.v
+			rest := 0
+			for _, d := range v.Ranges[1:] {
+				if slices.Contains(d.GetReplicas(), 4) {
+					rest++
+				}
+			}
+			if slices.Contains(v.Groups[0].Voters, 4) {
+				rest++
+			}
+			twice := len(slices.DeleteFunc(slices.Clone(f.moves), func(k string) bool { return k != "a" })) > 1
+			f.stuck = nil // its retry, after the timeout, goes through
+			f.mu.Unlock()
+			if rest > 0 {
+				t.Fatalf("%v after the queue began, node 4 still hosts %d replicas besides the hanging range's: steps wait for each other", time.Since(began).Round(time.Millisecond), rest)
+			}
+			if twice {
+				t.Fatalf("the hanging range's move started twice while under way: %v", f.moves)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	q.Wait()
+	if st := q.Stats(); st.InFlight != 0 || st.Failed[Move] != 1 || st.Done[Gone] != 1 || st.Done[MoveGroup] != 1 {
+		t.Errorf("stats %+v; want nothing in flight, one failed move (the hang), one gone, one group move", st)
+	}
+}
