@@ -18,6 +18,7 @@ import (
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/node"
+	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/security"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -99,6 +100,7 @@ func TestJoinRebalanceDecommission(t *testing.T) {
 	fund(t, ctx, db)
 	load := startBankLoad(t, ctx, c)
 
+	d := c.Dialer("us-east1")
 	// Grow to five: the queue moves replicas to the joiners.
 	for _, id := range []uint64{4, 5} {
 		if err := c.JoinNode(id, "us-east1"); err != nil {
@@ -133,27 +135,47 @@ func TestJoinRebalanceDecommission(t *testing.T) {
 		t.Errorf("after refused joins the registry has %d nodes: %+v", len(got), got)
 	}
 
-	// A joiner stops: once its region counts it down, no replica moves to
-	// it. One of the two lacks a replica of one of the ranges (six
-	// replicas, balanced over five nodes).
-	var dead uint64
-	var lacking []byte
-	for _, j := range []uint64{4, 5} {
-		for id, key := range map[uint64][]byte{10: account(0), 11: []byte("x-acct-00")} {
-			if r := c.Node(1).Range(id); r != nil && dead == 0 && !slices.Contains(r.Desc().GetReplicas(), j) {
-				dead, lacking = j, key
-			}
+	// The queue settles: replica counts, of ranges and groups together
+	// (15 replicas), within one across the five nodes.
+	rows = awaitRows(t, ctx, c, "replica counts within one", func(rows map[uint64]admin.NodeRow) bool {
+		lo, hi := 1<<30, -1
+		for _, id := range []uint64{1, 2, 3, 4, 5} {
+			lo, hi = min(lo, rows[id].Replicas), max(hi, rows[id].Replicas)
 		}
-	}
-	if dead == 0 {
-		t.Fatal("both joiners host both ranges")
-	}
+		return lo >= 0 && hi-lo <= 1
+	})
+	t.Logf("settled: %+v", rows)
+
+	// A joiner stops: once its region counts it down, no replica of a
+	// range or a group it lacks (it hosts three of the five) moves to it.
+	const dead = 5
 	if err := c.StopNode(dead); err != nil {
 		t.Fatal(err)
 	}
 	awaitRows(t, ctx, c, "the stopped joiner not live", func(rows map[uint64]admin.NodeRow) bool { return !rows[dead].Live })
-	if _, err := db.AdminMoveReplica(ctx, lacking, 1, dead); !errors.Is(err, client.ErrMoveTarget) || !strings.Contains(err.Error(), "not live") {
-		t.Errorf("moving a replica of the range at %q to stopped node %d = %v; want ErrMoveTarget (not live)", lacking, dead, err)
+	refused := 0
+	for id, key := range map[uint64][]byte{10: account(0), 11: []byte("x-acct-00")} {
+		if d := newestDesc(c, id); d != nil && !slices.Contains(d.GetReplicas(), dead) {
+			_, err := db.AdminMoveReplica(ctx, key, d.GetReplicas()[0], dead)
+			if !errors.Is(err, client.ErrMoveTarget) || !strings.Contains(err.Error(), "not live") {
+				t.Errorf("moving a replica of range %d to stopped node %d = %v; want ErrMoveTarget (not live)", id, dead, err)
+			}
+			refused++
+		}
+	}
+	for _, g := range []uint64{1, 2, 3} {
+		v, err := transport.LocateGroup(ctx, d, g, []uint64{1, 2, 3, 4})
+		if err != nil || slices.Contains(v.Voters, dead) {
+			continue
+		}
+		_, err = admin.MoveGroupReplica(ctx, d, c.Topology, g, v.Voters[0], dead)
+		if !errors.Is(err, admin.ErrBadGroupMove) || !strings.Contains(err.Error(), "not live") {
+			t.Errorf("moving group %d's replica to stopped node %d = %v; want ErrBadGroupMove (not live)", g, dead, err)
+		}
+		refused++
+	}
+	if refused == 0 {
+		t.Fatalf("stopped node %d hosts every range and group: nothing to refuse", dead)
 	}
 	if err := c.RestartNode(dead); err != nil {
 		t.Fatal(err)
@@ -161,7 +183,6 @@ func TestJoinRebalanceDecommission(t *testing.T) {
 	awaitRows(t, ctx, c, "the joiner live again", func(rows map[uint64]admin.NodeRow) bool { return rows[dead].Live })
 
 	// Decommission node 4: the queue drains it and marks it gone.
-	d := c.Dialer("us-east1")
 	if err := admin.SetNodeState(ctx, d, c.Topology, "us-east1", 4, directorypb.NodeState_NODE_DECOMMISSIONING); err != nil {
 		t.Fatalf("decommissioning node 4: %v", err)
 	}
@@ -202,6 +223,20 @@ func TestJoinRebalanceDecommission(t *testing.T) {
 		t.Fatalf("final total %d, %v", sum, err)
 	}
 	t.Logf("%d transfers, %d total checks", load.transfers.Load(), load.checks.Load())
+}
+
+// newestDesc returns the newest descriptor of range id among the running
+// nodes' replicas (nil: none hosts it).
+func newestDesc(c *localcluster.Cluster, id uint64) *rangepb.RangeDescriptor {
+	var out *rangepb.RangeDescriptor
+	for _, n := range c.NodeIDs() {
+		if nd := c.Node(n); nd != nil {
+			if r := nd.Range(id); r != nil && (out == nil || r.Desc().GetGeneration() > out.GetGeneration()) {
+				out = r.Desc()
+			}
+		}
+	}
+	return out
 }
 
 func nodeCerts(t *testing.T, c *localcluster.Cluster, id uint64) *security.Certs {

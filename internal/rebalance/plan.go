@@ -1,7 +1,8 @@
 // Package rebalance is a region's replicate queue (DESIGN.md §12): it
-// drains the ranges' replicas and leases off decommissioning nodes and
-// nodes down past a bound, marks a drained node gone, and keeps replica and
-// lease counts within one of each other across the region's live nodes, so
+// drains the replicas of ranges and other groups, and the leases, off
+// decommissioning nodes and nodes down past a bound, marks a drained node
+// gone, and keeps replica counts (ranges and groups together) and lease
+// counts within one of each other across the region's live nodes, so
 // a node that joins fills without an operator moving anything. Plan is
 // pure (a function of the registry, the descriptors and the leases); Queue
 // runs it at the region's directory leader.
@@ -109,10 +110,11 @@ type node struct {
 
 // Plan returns the steps that bring v closer to balance, most urgent
 // first: replicas off draining nodes, leases off draining nodes, marking
-// drained decommissioning nodes gone, then one replica move and one lease
-// transfer from the fullest target to the emptiest while they differ by
-// more than one. A range already moving (learners, or a joint
-// configuration) is left alone.
+// drained decommissioning nodes gone, then replica moves (of a range, or
+// of a group when no range can go) and one lease transfer from the fullest
+// target to the emptiest while they differ by more than one. A group in a
+// joint configuration, and a range or group the queue changes already
+// (v.InFlight), are left alone.
 func Plan(v View, cfg Config) []Action {
 	byID := map[uint64]*node{}
 	var targets []*node
@@ -141,6 +143,13 @@ func Plan(v View, cfg Config) []Action {
 		}
 		if n := byID[v.Leases[d.GetRangeId()]]; n != nil {
 			n.leases++
+		}
+	}
+	for _, g := range v.Groups { // a replica is a replica, of a range or of another group
+		for _, r := range g.Voters {
+			if n := byID[r]; n != nil {
+				n.replicas++
+			}
 		}
 	}
 	var out []Action
@@ -202,7 +211,7 @@ func Plan(v View, cfg Config) []Action {
 	}
 	// Non-range groups' replicas off draining nodes, to the target with
 	// the fewest of them (they are few and small: not counted against
-	// MaxMoves, nor balanced beyond that).
+	// MaxMoves).
 	groupCount := map[uint64]int{}
 	for _, g := range v.Groups {
 		for _, r := range g.Voters {
@@ -246,23 +255,30 @@ func Plan(v View, cfg Config) []Action {
 	if len(out) > 0 || len(targets) < 2 {
 		return out
 	}
-	// Balance replicas: moves from the fullest target to the emptiest, up
-	// to MaxMoves, each of another range.
+	// Balance replicas (of ranges and of the other groups together): moves
+	// from the fullest target to the emptiest, up to MaxMoves, each of
+	// another range, or of a group when no range can go.
 	moved := map[uint64]bool{}
+	movedGroup := map[uint64]bool{}
 	for moves < cfg.MaxMoves {
 		full, empty := extremes(targets, replicaCount)
 		if full.replicas-empty.replicas <= 1 {
 			break
 		}
-		i := slices.IndexFunc(ranges, func(d *pb.RangeDescriptor) bool {
+		if i := slices.IndexFunc(ranges, func(d *pb.RangeDescriptor) bool {
 			return settled(d) && !moved[d.GetRangeId()] && slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id)
-		})
-		if i < 0 {
+		}); i >= 0 {
+			d := ranges[i]
+			out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
+			moved[d.GetRangeId()] = true
+		} else if i := slices.IndexFunc(v.Groups, func(g Group) bool {
+			return g.Settled && !v.InFlight.Groups[g.ID] && !movedGroup[g.ID] && slices.Contains(g.Voters, full.id) && !slices.Contains(g.Voters, empty.id)
+		}); i >= 0 {
+			out = append(out, Action{Kind: MoveGroup, Group: v.Groups[i].ID, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
+			movedGroup[v.Groups[i].ID] = true
+		} else {
 			break
 		}
-		d := ranges[i]
-		out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
-		moved[d.GetRangeId()] = true
 		full.replicas--
 		empty.replicas++
 		moves++
@@ -317,8 +333,9 @@ func Plan(v View, cfg Config) []Action {
 }
 
 // streams reports whether a counts against Config.MaxMoves: a range's
-// replica move (a group's moves to drain are few and small).
-func (a Action) streams() bool { return a.Kind == Move }
+// replica move, or a group's for balance (a group's moves to drain are
+// few and small, and go first).
+func (a Action) streams() bool { return a.Kind == Move || a.Kind == MoveGroup && a.Balance }
 
 func drainWhy(n *node) string {
 	if n.decommissioning {

@@ -70,6 +70,11 @@ func counts(v View) (replicas, leases map[uint64]int) {
 			replicas[r]++
 		}
 	}
+	for _, g := range v.Groups {
+		for _, r := range g.Voters {
+			replicas[r]++
+		}
+	}
 	for _, h := range v.Leases {
 		leases[h]++
 	}
@@ -208,9 +213,10 @@ func TestPlanFillsJoinersAndDrains(t *testing.T) {
 	}
 }
 
-// TestPlanSettlesFromAnyPlacement: from random placements, plans settle
-// (an empty plan) within a bounded number of rounds, with replica and lease
-// counts within one across the nodes.
+// TestPlanSettlesFromAnyPlacement: from random placements of ranges, with
+// up to four other groups on the first three nodes, plans settle (an empty
+// plan) within a bounded number of rounds, with replica counts (ranges and
+// groups together) and lease counts within one across the nodes.
 func TestPlanSettlesFromAnyPlacement(t *testing.T) {
 	for seed := range uint64(200) {
 		r := rand.New(rand.NewPCG(seed, 0))
@@ -224,6 +230,9 @@ func TestPlanSettlesFromAnyPlacement(t *testing.T) {
 			d := rng(uint64(10+i), fmt.Sprintf("k%02d", i), uint64(perm[0]+1), uint64(perm[1]+1), uint64(perm[2]+1))
 			v.Ranges = append(v.Ranges, d)
 			v.Leases[d.GetRangeId()] = d.Replicas[r.IntN(3)]
+		}
+		for i := range r.IntN(5) { // epoch, txn-state, directory groups: on the first three nodes, as bootstrapped
+			v.Groups = append(v.Groups, Group{ID: uint64(1 + i), Voters: []uint64{1, 2, 3}, Settled: true})
 		}
 		rounds := 0
 		for ; rounds < 500; rounds++ {
