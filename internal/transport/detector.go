@@ -158,7 +158,7 @@ func (p *peerHealth) interceptor(ctx context.Context, method string, req, reply 
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	p.inflight.Add(-1)
-	if dialFailed(err) {
+	if err != nil && dialFailed(err) {
 		return &notSentError{status.Convert(err)}
 	}
 	if answered(err) {
