@@ -94,7 +94,8 @@ var (
 	ErrMergeLast = coordinator.ErrMergeLast
 	// ErrMergeRegions: AdminMerge of two ranges homed in different regions.
 	ErrMergeRegions = coordinator.ErrMergeRegions
-	// ErrMergeReplicas: AdminMerge of two ranges on different nodes.
+	// ErrMergeReplicas: AdminMerge of two ranges on different nodes whose
+	// right one could not be moved onto the left's nodes.
 	ErrMergeReplicas = coordinator.ErrMergeReplicas
 	// ErrLeaseTarget: AdminTransferLease to a node that is not a replica of
 	// the range, or that holds its lease already.
@@ -499,8 +500,9 @@ func (db *DB) AdminSplit(ctx context.Context, key []byte) error {
 // AdminMerge merges the range holding key with its right neighbour, which
 // it absorbs (DESIGN.md §11): an operator's action (`terroir admin range
 // merge`). It returns the merged range. Transactions in flight on the
-// absorbed range commit or abort cleanly. Errors: ErrMergeLast,
-// ErrMergeRegions, ErrMergeReplicas (nothing changed), ErrKeyTooLarge,
+// absorbed range commit or abort cleanly. A neighbour on other nodes is
+// moved onto the range's nodes first. Errors: ErrMergeLast,
+// ErrMergeRegions, ErrMergeReplicas (not merged), ErrKeyTooLarge,
 // ErrUnavailable, ErrCommitUnknown (whether it merged is unknown).
 func (db *DB) AdminMerge(ctx context.Context, key []byte) (RangeInfo, error) {
 	d, err := db.coord.MergeRange(ctx, key)

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/localcluster"
 )
 
@@ -188,4 +190,39 @@ func TestNodeDownDuringAMerge(t *testing.T) {
 		}
 	}
 	expectValues(t, ctx, db, map[string]string{"b": "1", "d": "2", "x": "3"})
+}
+
+// TestMergeColocatesNeighbours: an operator's merge of two neighbours on
+// different nodes moves the right one's replica onto the left's nodes
+// first, then merges; the bank total holds throughout.
+func TestMergeColocatesNeighbours(t *testing.T) {
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	fund(t, ctx, db)
+	if err := c.JoinNode(4, "us-east1"); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "node 4 live", func(rows map[uint64]admin.NodeRow) bool { return rows[4].Live })
+	if ri, err := db.AdminMoveReplica(ctx, []byte("m"), 3, 4); err != nil || !slices.Contains(ri.Replicas, 4) {
+		t.Fatalf("moving range 11's replica to node 4 = %+v, %v", ri, err)
+	}
+	load := startBankLoad(t, ctx, c)
+	awaitLoad(t, ctx, load)
+	merged, err := db.AdminMerge(ctx, account(0))
+	if err != nil {
+		t.Fatalf("merging ranges on [1 2 3] and [1 2 4]: %v", err)
+	}
+	got := slices.Sorted(slices.Values(merged.Replicas))
+	if merged.ID != 10 || len(merged.End) != 0 || !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Errorf("merged range %+v; want range 10 to the end of the key space on [1 2 3]", merged)
+	}
+	awaitLoad(t, ctx, load)
+	load.stop()
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Errorf("total %d, %v after the merge", sum, err)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -549,16 +550,18 @@ var (
 	// different regions.
 	ErrMergeRegions = errors.New("terroir: the range and its right neighbour have different home regions")
 	// ErrMergeReplicas: the range and its right neighbour are not on the
-	// same nodes.
+	// same nodes, and moving the neighbour's replicas onto the range's
+	// nodes failed (a target not live, the moves raced the replicate queue).
 	ErrMergeReplicas = errors.New("terroir: the range and its right neighbour are on different nodes")
 )
 
 // MergeRange merges the range holding key with its right neighbour, which
 // it absorbs (DESIGN.md §11), and returns the merged descriptor; the routing
 // cache learns it at once. Transactions in flight on the right-hand range
-// commit or abort cleanly. Errors: ErrMergeLast, ErrMergeRegions,
-// ErrMergeReplicas (nothing changed), ErrUnavailable, ErrCommitUnknown
-// (whether it merged is unknown). While the right-hand range is not ready
+// commit or abort cleanly. A neighbour on other nodes is first moved onto
+// the range's nodes (colocate). Errors: ErrMergeLast, ErrMergeRegions,
+// ErrMergeReplicas (not merged; the neighbour may have moved), ErrUnavailable,
+// ErrCommitUnknown (whether it merged is unknown). While the right-hand range is not ready
 // (its leadership moving, transactions committing) or a range changed
 // first, the call retries until ctx ends.
 func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDescriptor, error) {
@@ -566,6 +569,7 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
 	}
 	var first *pb.RangeDescriptor // the range holding key when first asked
+	colocations := 0
 	for {
 		// The checks below read the routing cache: refresh it from the
 		// nodes first, so a stale descriptor (a range that split since)
@@ -583,6 +587,10 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 				first = d
 			}
 			if err := c.mergeable(ctx, d); err != nil {
+				if right := (*misplaced)(nil); errors.As(err, &right) && colocations < maxColocations {
+					colocations++
+					return c.colocate(ctx, d, right.right)
+				}
 				return err
 			}
 			return c.rangeCall(ctx, d, false, func(ctx context.Context, rc pb.RangeClient) error {
@@ -604,6 +612,8 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 					return d, nil
 				}
 			}
+		case errors.Is(err, errColocated):
+			// The neighbour moved onto the range's nodes: ask again.
 		case errors.Is(err, ErrConflict) && ctx.Err() == nil:
 			// A range changed first: route and ask again.
 			if !routeBackoff(ctx, 5) {
@@ -649,9 +659,55 @@ func (c *Coordinator) mergeable(ctx context.Context, d *pb.RangeDescriptor) erro
 	slices.Sort(a)
 	slices.Sort(b)
 	if !slices.Equal(a, b) {
-		return fmt.Errorf("%w: range %d on nodes %v, range %d on %v", ErrMergeReplicas, d.GetRangeId(), d.GetReplicas(), right.GetRangeId(), right.GetReplicas())
+		return &misplaced{right: right, err: fmt.Errorf("%w: range %d on nodes %v, range %d on %v", ErrMergeReplicas, d.GetRangeId(), d.GetReplicas(), right.GetRangeId(), right.GetReplicas())}
 	}
 	return nil
+}
+
+// misplaced is mergeable's refusal of neighbours on different nodes
+// (ErrMergeReplicas), with the right one's descriptor for colocate.
+type misplaced struct {
+	right *pb.RangeDescriptor
+	err   error
+}
+
+func (m *misplaced) Error() string { return m.err.Error() }
+func (m *misplaced) Unwrap() error { return m.err }
+
+// maxColocations bounds how often one merge moves its right-hand range onto
+// the left's nodes (the replicate queue may move one away meanwhile).
+const maxColocations = 3
+
+// errColocated: colocate moved the right-hand range; route and ask again.
+var errColocated = errors.New("coordinator: the right-hand range moved onto the left's nodes")
+
+// colocate moves right's replicas onto left's nodes, one replica move
+// (DESIGN.md §12) per node of right's that left lacks, as CockroachDB's
+// merge queue relocates a right-hand range before it merges. It returns
+// errColocated once they match, or ErrMergeReplicas when a move fails.
+func (c *Coordinator) colocate(ctx context.Context, left, right *pb.RangeDescriptor) error {
+	var extra, missing []uint64
+	for _, n := range right.GetReplicas() {
+		if !slices.Contains(left.GetReplicas(), n) {
+			extra = append(extra, n)
+		}
+	}
+	for _, n := range left.GetReplicas() {
+		if !slices.Contains(right.GetReplicas(), n) {
+			missing = append(missing, n)
+		}
+	}
+	if len(extra) != len(missing) {
+		return fmt.Errorf("%w: range %d on nodes %v, range %d on %v (not as many)", ErrMergeReplicas, left.GetRangeId(), left.GetReplicas(), right.GetRangeId(), right.GetReplicas())
+	}
+	for i := range extra {
+		if _, err := c.MoveReplica(ctx, right.GetStartKey(), extra[i], missing[i]); err != nil {
+			return fmt.Errorf("%w: moving range %d's replica from node %d to node %d, to join range %d's: %v",
+				ErrMergeReplicas, right.GetRangeId(), extra[i], missing[i], left.GetRangeId(), err)
+		}
+	}
+	slog.Info("merge: right-hand range moved onto the left's nodes", "left", left.GetRangeId(), "right", right.GetRangeId(), "replicas", left.GetReplicas())
+	return errColocated
 }
 
 // mergeRefusal types a leader's refusal of a merge by its message.

@@ -50,7 +50,7 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 	if err != nil {
 		return rebalance.View{}, err
 	}
-	v := rebalance.View{Nodes: nodes, Ranges: ranges, Leases: map[uint64]uint64{}}
+	v := rebalance.View{Nodes: nodes, Ranges: ranges, Leases: map[uint64]uint64{}, Load: map[uint64]rebalance.Load{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, g := range c.n.cfg.Topology.Groups {
@@ -91,6 +91,7 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 			for _, st := range resp.GetRanges() {
 				if st.GetLeader() {
 					v.Leases[st.GetRangeDescriptor().GetRangeId()] = id
+					v.Load[st.GetRangeDescriptor().GetRangeId()] = rebalance.Load{Bytes: st.GetSizeBytes(), QPS: st.GetQps()}
 				}
 			}
 		}()

@@ -11,6 +11,7 @@ package rebalance
 import (
 	"bytes"
 	"cmp"
+	"fmt"
 	"slices"
 	"time"
 
@@ -62,6 +63,16 @@ type View struct {
 	Groups []Group
 	// InFlight is what the queue is changing now.
 	InFlight InFlight
+	// Load is each range's size and request rate, as its leader reports
+	// them (absent: unknown, so never a merge candidate).
+	Load map[uint64]Load
+}
+
+// Load is a range's size (bytes, estimated on disk) and request rate
+// (requests/s at its leader).
+type Load struct {
+	Bytes uint64
+	QPS   float64
 }
 
 // InFlight is what the queue's earlier plans are still changing: a plan
@@ -93,6 +104,12 @@ type Config struct {
 	// MaxMoves: at most this many range replica moves at once (each
 	// streams one snapshot), those under way included.
 	MaxMoves int
+	// MergeSize, MergeQPS: the ranges' automatic merge thresholds
+	// (topology merge_size in bytes, merge_qps in requests/s; MergeSize 0:
+	// no automatic merges). Neighbours under them together are moved onto
+	// the same nodes, where their leader merges them (DESIGN.md §11).
+	MergeSize uint64
+	MergeQPS  float64
 }
 
 // maxDrainTransfers bounds the lease transfers off draining nodes in one
@@ -110,7 +127,8 @@ type node struct {
 
 // Plan returns the steps that bring v closer to balance, most urgent
 // first: replicas off draining nodes, leases off draining nodes, marking
-// drained decommissioning nodes gone, then replica moves (of a range, or
+// drained decommissioning nodes gone, then moves that put merge
+// candidates (mergePairs) on the same nodes, then replica moves (of a range, or
 // of a group when no range can go) and one lease transfer from the fullest
 // target to the emptiest while they differ by more than one. A group in a
 // joint configuration, and a range or group the queue changes already
@@ -255,6 +273,44 @@ func Plan(v View, cfg Config) []Action {
 	if len(out) > 0 || len(targets) < 2 {
 		return out
 	}
+	// Colocate merge candidates: the right-hand range's replicas move to
+	// its left neighbour's nodes, one per pair per plan.
+	pairs := mergePairs(ranges, v.Load, cfg)
+	for _, p := range pairs {
+		l, r := p[0], p[1]
+		if moves >= cfg.MaxMoves || !settled(l) || !settled(r) || sameNodes(l.GetReplicas(), r.GetReplicas()) {
+			continue
+		}
+		from, to := uint64(0), uint64(0)
+		for _, x := range r.GetReplicas() {
+			if !slices.Contains(l.GetReplicas(), x) {
+				from = x
+				break
+			}
+		}
+		for _, y := range l.GetReplicas() {
+			if n := byID[y]; n != nil && n.target && !slices.Contains(r.GetReplicas(), y) {
+				to = y
+				break
+			}
+		}
+		if from == 0 || to == 0 {
+			continue
+		}
+		out = append(out, Action{Kind: Move, Range: r, From: from, To: to, Balance: true,
+			Why: fmt.Sprintf("colocate with range %d for a merge", l.GetRangeId())})
+		moves++
+	}
+	if len(out) > 0 {
+		return out
+	}
+	// Neighbours on the same nodes about to merge stay where they are.
+	colocated := map[uint64]bool{}
+	for _, p := range pairs {
+		if sameNodes(p[0].GetReplicas(), p[1].GetReplicas()) {
+			colocated[p[0].GetRangeId()], colocated[p[1].GetRangeId()] = true, true
+		}
+	}
 	// Balance replicas (of ranges and of the other groups together): moves
 	// from the fullest target to the emptiest, up to MaxMoves, each of
 	// another range, or of a group when no range can go.
@@ -266,7 +322,8 @@ func Plan(v View, cfg Config) []Action {
 			break
 		}
 		if i := slices.IndexFunc(ranges, func(d *pb.RangeDescriptor) bool {
-			return settled(d) && !moved[d.GetRangeId()] && slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id)
+			return settled(d) && !moved[d.GetRangeId()] && !colocated[d.GetRangeId()] &&
+				slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id)
 		}); i >= 0 {
 			d := ranges[i]
 			out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
@@ -330,6 +387,34 @@ func Plan(v View, cfg Config) []Action {
 		}
 	}
 	return out
+}
+
+// mergePairs returns the neighbours (ranges in key order) that the
+// leader would merge once on the same nodes: together under MergeSize
+// bytes and MergeQPS requests/s, the boundary not an operator's (sticky).
+func mergePairs(ranges []*pb.RangeDescriptor, load map[uint64]Load, cfg Config) [][2]*pb.RangeDescriptor {
+	if cfg.MergeSize == 0 {
+		return nil
+	}
+	var out [][2]*pb.RangeDescriptor
+	for i := 0; i+1 < len(ranges); i++ {
+		l, r := ranges[i], ranges[i+1]
+		ll, ok1 := load[l.GetRangeId()]
+		rl, ok2 := load[r.GetRangeId()]
+		if !ok1 || !ok2 || r.GetSticky() || !bytes.Equal(l.GetEndKey(), r.GetStartKey()) || l.GetRegion() != r.GetRegion() ||
+			ll.Bytes+rl.Bytes >= cfg.MergeSize || cfg.MergeQPS > 0 && ll.QPS+rl.QPS >= cfg.MergeQPS {
+			continue
+		}
+		out = append(out, [2]*pb.RangeDescriptor{l, r})
+	}
+	return out
+}
+
+func sameNodes(a, b []uint64) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // streams reports whether a counts against Config.MaxMoves: a range's

@@ -248,3 +248,48 @@ func TestPlanSettlesFromAnyPlacement(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanColocatesMergeCandidates: two small, cold neighbours on
+// different nodes get the right one's replica moved to the left's nodes
+// (where their leader merges them); once colocated, balance leaves them
+// together; neighbours too large, too busy, or split by an operator are
+// not colocated.
+func TestPlanColocatesMergeCandidates(t *testing.T) {
+	cfg := Config{MaxMoves: 2, MergeSize: 1000, MergeQPS: 10}
+	view := func(right *pb.RangeDescriptor, load Load) View {
+		return View{
+			Nodes:  []*directorypb.NodeLiveness{live(1), live(2), live(3), live(4)},
+			Ranges: []*pb.RangeDescriptor{{RangeId: 1, StartKey: nil, EndKey: []byte("m"), Replicas: []uint64{1, 2, 3}, Generation: 1}, right},
+			Leases: map[uint64]uint64{1: 1, 2: 2},
+			Load:   map[uint64]Load{1: {Bytes: 100}, 2: load},
+		}
+	}
+	right := func(sticky bool, replicas ...uint64) *pb.RangeDescriptor {
+		return &pb.RangeDescriptor{RangeId: 2, StartKey: []byte("m"), Replicas: replicas, Generation: 1, Sticky: sticky}
+	}
+	plan := Plan(view(right(false, 2, 3, 4), Load{Bytes: 100, QPS: 1}), cfg)
+	if got := show(plan); len(got) != 1 || got[0] != "move r2 4->1" {
+		t.Errorf("small neighbours on [1 2 3] and [2 3 4]: plan %v; want move r2 4->1", got)
+	}
+	for name, v := range map[string]View{
+		"too large":           view(right(false, 2, 3, 4), Load{Bytes: 900}),
+		"too busy":            view(right(false, 2, 3, 4), Load{Bytes: 100, QPS: 10}),
+		"an operator's split": view(right(true, 2, 3, 4), Load{Bytes: 100}),
+		"load unknown":        {Nodes: view(nil, Load{}).Nodes, Ranges: view(right(false, 2, 3, 4), Load{}).Ranges, Leases: map[uint64]uint64{1: 1, 2: 2}},
+	} {
+		for _, a := range Plan(v, cfg) {
+			if a.Kind == Move && a.Range.GetRangeId() == 2 || a.Kind == Move && a.Range.GetRangeId() == 1 {
+				t.Errorf("%s: plan moves %s r%d %d->%d (%s)", name, a.Kind, a.Range.GetRangeId(), a.From, a.To, a.Why)
+			}
+		}
+	}
+	// Colocated candidates stay together even while node 4 is empty
+	// (six replicas on three nodes, none on the fourth).
+	if plan := Plan(view(right(false, 1, 2, 3), Load{Bytes: 100}), cfg); len(plan) != 0 {
+		t.Errorf("colocated merge candidates: plan %v; want none", show(plan))
+	}
+	// Too large to merge, the same placement balances onto node 4.
+	if plan := Plan(view(right(false, 1, 2, 3), Load{Bytes: 2000}), cfg); len(plan) == 0 {
+		t.Error("neighbours too large to merge, node 4 empty: no balancing move")
+	}
+}
