@@ -66,14 +66,14 @@ func (s *statusServer) MoveGroupReplica(ctx context.Context, req *nodepb.MoveGro
 	_, err := h.rg.MoveReplica(ctx, from, to, raftgroup.MoveSteps{
 		Host: func(ctx context.Context, node uint64, _, _ []uint64) error {
 			if err := n.liveTarget(ctx, node, region); err != nil {
-				return err
+				return refusedTarget(err)
 			}
 			conn, err := n.dialer.Conn(node)
 			if err != nil {
 				return err
 			}
 			_, err = nodepb.NewNodeClient(conn).AddGroupReplica(ctx, &nodepb.AddGroupReplicaRequest{GroupId: id})
-			return err
+			return refusedHost(err)
 		},
 		Drop: func(ctx context.Context, node uint64) error {
 			conn, err := n.dialer.Conn(node)

@@ -88,43 +88,46 @@ type Config struct {
 
 // Node is a running node. Close stops it.
 type Node struct {
-	cfg          Config
-	engine       *storage.Engine
-	host         *raftgroup.Host
-	dialer       *transport.Dialer
-	raft         *transport.Raft
-	server       *grpc.Server
-	listener     net.Listener
-	groups       map[uint64]*hostedGroup  // the non-range groups hosted here (groups.go), under mu
-	groupMoves   sync.Map                 // group ID → struct{}: the moves this node leads, one per group
-	dropping     map[uint64]chan struct{} // groups being dropped (closed once gone), under mu
-	hosting      sync.Mutex               // one AddGroupReplica at a time (a duplicated call must not undo the first)
-	epochSrv     *epoch.Server
-	rangeSrv     *rangeserver.Server
-	txnSrv       *txnstate.Server
-	dirSrv       *directory.Server
-	dirs         *directory.Directories // every region's directory, for splits' IDs and descriptor changes
-	stop         context.CancelFunc     // ends publishing and reconciling
-	stopped      context.Context
-	bg           sync.WaitGroup // descriptor publishing and the reconciliation loop
-	mu           sync.Mutex
-	ranges       []*rangeserver.Replica   // grows when a split creates a range here
-	readers      map[string]*epoch.Reader // epoch and publisher readers, by kind/region
-	deciders     map[uint64]*txnstate.Client
-	gcPolicies   map[string]*gcPolicy // by region, for the range leaders' GC
-	closing      bool                 // no range is added once Close began
-	removing     sync.WaitGroup       // replicas of merged-away ranges being removed
-	registry     *prometheus.Registry
-	metrics      *metrics
-	started      time.Time
-	http         *http.Server // nil unless Config.HTTPAddr is set
-	httpListener net.Listener
-	httpDone     chan struct{}
-	console      *console.Console
-	served       chan struct{}
-	dropLookup   func() // takes the registry lookup out of the network
-	queue        *rebalance.Queue
-	queueRegion  *regionCluster
+	cfg        Config
+	engine     *storage.Engine
+	host       *raftgroup.Host
+	dialer     *transport.Dialer
+	raft       *transport.Raft
+	server     *grpc.Server
+	listener   net.Listener
+	groups     map[uint64]*hostedGroup  // the non-range groups hosted here (groups.go), under mu
+	groupMoves sync.Map                 // group ID → struct{}: the moves this node leads, one per group
+	dropping   map[uint64]chan struct{} // groups being dropped (closed once gone), under mu
+	hosting    sync.Mutex               // one AddGroupReplica at a time (a duplicated call must not undo the first)
+	epochSrv   *epoch.Server
+	rangeSrv   *rangeserver.Server
+	txnSrv     *txnstate.Server
+	dirSrv     *directory.Server
+	dirs       *directory.Directories // every region's directory, for splits' IDs and descriptor changes
+	stop       context.CancelFunc     // ends publishing and reconciling
+	stopped    context.Context
+	bg         sync.WaitGroup // descriptor publishing and the reconciliation loop
+	mu         sync.Mutex
+	ranges     []*rangeserver.Replica   // grows when a split creates a range here
+	readers    map[string]*epoch.Reader // epoch and publisher readers, by kind/region
+	deciders   map[uint64]*txnstate.Client
+	gcPolicies map[string]*gcPolicy // by region, for the range leaders' GC
+	closing    bool                 // no range is added once Close began
+	removing   sync.WaitGroup       // replicas of merged-away ranges being removed
+	// removingRanges: range replicas being removed (their spans' data
+	// not deleted yet), by range ID, under mu.
+	removingRanges map[uint64]*pb.RangeDescriptor
+	registry       *prometheus.Registry
+	metrics        *metrics
+	started        time.Time
+	http           *http.Server // nil unless Config.HTTPAddr is set
+	httpListener   net.Listener
+	httpDone       chan struct{}
+	console        *console.Console
+	served         chan struct{}
+	dropLookup     func() // takes the registry lookup out of the network
+	queue          *rebalance.Queue
+	queueRegion    *regionCluster
 }
 
 // Start opens the store, recovers every hosted replica and starts serving.
@@ -153,7 +156,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	n := &Node{cfg: cfg, groups: map[uint64]*hostedGroup{}, dropping: map[uint64]chan struct{}{}, registry: cfg.Registry, served: make(chan struct{}),
+	n := &Node{cfg: cfg, groups: map[uint64]*hostedGroup{}, dropping: map[uint64]chan struct{}{}, removingRanges: map[uint64]*pb.RangeDescriptor{}, registry: cfg.Registry, served: make(chan struct{}),
 		readers: map[string]*epoch.Reader{}, deciders: map[uint64]*txnstate.Client{}, gcPolicies: map[string]*gcPolicy{}}
 	n.stopped, n.stop = context.WithCancel(context.Background())
 	n.started = time.Now()

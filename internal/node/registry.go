@@ -10,6 +10,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/directory"
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
+	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 )
@@ -115,6 +116,16 @@ func (n *Node) liveTarget(ctx context.Context, node uint64, region string) error
 			return ctx.Err()
 		}
 	}
+}
+
+// refusedTarget marks liveTarget's verdicts on the node (unknown, not in
+// the live state, not live) as raftgroup.ErrMoveTarget: a move to it is
+// refused, not retried. Its other errors (the registry unreadable) stay.
+func refusedTarget(err error) error {
+	if errors.Is(err, ErrNodeNotLive) || errors.Is(err, directory.ErrUnknownNode) || errors.Is(err, directory.ErrNodeState) || errors.Is(err, directory.ErrUnknownRegion) {
+		return fmt.Errorf("%w: %w", raftgroup.ErrMoveTarget, err)
+	}
+	return err
 }
 
 // ErrNodeNotLive: the node's region has not heard from it within the

@@ -21,7 +21,9 @@ import (
 // and its node could never be marked gone. So every node, every
 // Config.ReplicaGCInterval, asks the other nodes of its
 // region for their descriptors and group configurations, and drops each
-// replica of its own that a newer one leaves out.
+// replica of its own that a newer one leaves out. Dropping a range replica
+// deletes its span's data on this node, so no replica whose span overlaps
+// it is hosted here meanwhile (AddRangeReplica waits: awaitNoOverlap).
 
 // defaultReplicaGCInterval is Config.ReplicaGCInterval's default.
 const defaultReplicaGCInterval = 10 * time.Second
@@ -95,7 +97,8 @@ func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 
 // gcGroupReplicas drops this node's replicas of non-range groups whose
 // configuration, newer on another node of the group's region, leaves this
-// node out; it returns the groups dropped. A replica with no configuration
+// node out (neither voter nor learner: a move bringing it back makes it a
+// learner first); it returns the groups dropped. A replica with no configuration
 // yet (a learner waiting for its snapshot), a leader, or one whose
 // configuration changed since it was examined is kept.
 func (n *Node) gcGroupReplicas(ctx context.Context) []uint64 {
@@ -112,7 +115,7 @@ func (n *Node) gcGroupReplicas(ctx context.Context) []uint64 {
 		lctx, cancel := context.WithTimeout(ctx, replicaGCTimeout)
 		v, err := transport.LocateGroup(lctx, n.dialer, h.g.ID, n.dialer.RegionNodes(h.g.Region, h.g.Replicas))
 		cancel()
-		if err != nil || v.ConfIndex <= index || slices.Contains(v.Voters, self) || h.rg.ConfIndex() != index {
+		if err != nil || v.ConfIndex <= index || slices.Contains(v.Voters, self) || slices.Contains(v.Learners, self) || h.rg.ConfIndex() != index {
 			continue
 		}
 		slog.Info("replica GC: dropping a group replica a newer configuration leaves out", "node", self, "group", h.g.ID,

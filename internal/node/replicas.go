@@ -1,10 +1,13 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,7 +31,7 @@ import (
 // replica of the range, which names it as a learner, with no Raft
 // configuration until the leader's snapshot brings one. Hosting it already
 // is not an error.
-func (s *statusServer) AddRangeReplica(_ context.Context, req *nodepb.AddRangeReplicaRequest) (*nodepb.AddRangeReplicaResponse, error) {
+func (s *statusServer) AddRangeReplica(ctx context.Context, req *nodepb.AddRangeReplicaRequest) (*nodepb.AddRangeReplicaResponse, error) {
 	n := s.n
 	d := req.GetRangeDescriptor()
 	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
@@ -38,8 +41,19 @@ func (s *statusServer) AddRangeReplica(_ context.Context, req *nodepb.AddRangeRe
 	case d.GetRegion() != self.Region:
 		return nil, status.Errorf(codes.InvalidArgument, "range %d is homed in %s, node %d is in %s", d.GetRangeId(), d.GetRegion(), n.cfg.NodeID, self.Region)
 	}
-	if n.Range(d.GetRangeId()) != nil {
-		return &nodepb.AddRangeReplicaResponse{}, nil
+	if r := n.Range(d.GetRangeId()); r != nil {
+		hd := r.Desc()
+		if hd.GetGeneration() >= d.GetGeneration() || slices.Contains(d.GetReplicas(), n.cfg.NodeID) {
+			return &nodepb.AddRangeReplicaResponse{}, nil
+		}
+		// A replica an earlier change left behind here (it never applied
+		// its removal): it goes before the new one comes.
+		slog.Info("dropping a left-behind replica before hosting the range again", "node", n.cfg.NodeID, "range", d.GetRangeId(),
+			"generation", hd.GetGeneration(), "new_generation", d.GetGeneration())
+		n.removeReplica(r)
+	}
+	if err := n.awaitNoOverlap(ctx, d); err != nil {
+		return nil, err
 	}
 	// Hosted again after it left: its tombstone goes; it is indexed so the
 	// node hosts it after a restart.
@@ -121,9 +135,15 @@ func (n *Node) removeReplica(r *rangeserver.Replica) {
 	}
 	n.ranges = slices.Delete(n.ranges, i, i+1)
 	n.rangeSrv.Remove(id)
+	n.removingRanges[id] = r.Desc()
 	n.removing.Add(1)
 	go func() { // not on the range's apply loop: stopping r waits for it
 		defer n.removing.Done()
+		defer func() {
+			n.mu.Lock()
+			delete(n.removingRanges, id)
+			n.mu.Unlock()
+		}()
 		r.Close()
 		err := n.tombstone(id, r.Desc())
 		if err == nil {
@@ -135,6 +155,49 @@ func (n *Node) removeReplica(r *rangeserver.Replica) {
 		}
 		slog.Info("range replica removed", "node", n.cfg.NodeID, "range", id)
 	}()
+}
+
+// overlapWait bounds AddRangeReplica's wait for a replica in the way to
+// go (removal takes a Raft group's stop and one batch).
+const overlapWait = 5 * time.Second
+
+// awaitNoOverlap waits until no replica this node hosts or is removing
+// overlaps d's span (other than d's own range, hosted), so that a removal's
+// deletion of its span cannot take data of d's new replica. Errors:
+// codes.Unavailable when one stays in the way (a replica a change left
+// behind, until the replica GC drops it) past overlapWait or ctx.
+func (n *Node) awaitNoOverlap(ctx context.Context, d *pb.RangeDescriptor) error {
+	deadline := time.Now().Add(overlapWait)
+	for {
+		var clash *pb.RangeDescriptor
+		n.mu.Lock()
+		for _, r := range n.ranges {
+			if od := r.Desc(); od.GetRangeId() != d.GetRangeId() && overlaps(od, d) {
+				clash = od
+			}
+		}
+		for _, od := range n.removingRanges {
+			if overlaps(od, d) {
+				clash = od
+			}
+		}
+		n.mu.Unlock()
+		if clash == nil {
+			return nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return status.Errorf(codes.Unavailable, "node %d still holds range %d over [%q, %q), which range %d's span overlaps (a replica left behind, until the replica GC drops it)",
+				n.cfg.NodeID, clash.GetRangeId(), clash.GetStartKey(), clash.GetEndKey(), d.GetRangeId())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// overlaps reports whether a's and b's spans share a key (an empty end key:
+// the end of the key space).
+func overlaps(a, b *pb.RangeDescriptor) bool {
+	before := func(end, start []byte) bool { return len(end) > 0 && bytes.Compare(end, start) <= 0 }
+	return !before(a.GetEndKey(), b.GetStartKey()) && !before(b.GetEndKey(), a.GetStartKey())
 }
 
 // tombstone durably records that range id left this node, and deletes its
@@ -183,13 +246,23 @@ func dataSpans(d *pb.RangeDescriptor) [][2][]byte {
 // (liveTarget's errors).
 func (n *Node) addReplica(ctx context.Context, node uint64, d *pb.RangeDescriptor) error {
 	if err := n.liveTarget(ctx, node, d.GetRegion()); err != nil {
-		return err
+		return refusedTarget(err)
 	}
 	conn, err := n.dialer.Conn(node)
 	if err != nil {
 		return err
 	}
 	_, err = nodepb.NewNodeClient(conn).AddRangeReplica(ctx, &nodepb.AddRangeReplicaRequest{RangeDescriptor: proto.CloneOf(d)})
+	return refusedHost(err)
+}
+
+// refusedHost marks a node's refusal to host a replica (InvalidArgument:
+// the request does not fit it) as raftgroup.ErrMoveTarget; other errors
+// stay as they are.
+func refusedHost(err error) error {
+	if status.Code(err) == codes.InvalidArgument {
+		return fmt.Errorf("%w: %w", raftgroup.ErrMoveTarget, err)
+	}
 	return err
 }
 

@@ -39,7 +39,9 @@ type MoveSteps struct {
 	// learners is proposed with (a ConfChanger's payload); nil for none.
 	Payload func(voters, learners []uint64) ([]byte, error)
 	// Host asks node to host an empty replica of the group, which joins as
-	// a learner with learners as the group's learners.
+	// a learner with learners as the group's learners. An error wrapping
+	// ErrMoveTarget refuses the move (the node cannot take replicas);
+	// others are passed on as they are (the move may be tried again).
 	Host func(ctx context.Context, node uint64, voters, learners []uint64) error
 	// Drop asks node to drop its replica, which the group no longer names.
 	// Best effort: a node drops a replica by itself when it applies a
@@ -83,7 +85,7 @@ func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveStep
 		}
 	}
 	if err := steps.Host(ctx, to, voters, []uint64{to}); err != nil {
-		return nil, fmt.Errorf("%w: node %d cannot host group %d: %v", ErrMoveTarget, to, g.id, err)
+		return nil, fmt.Errorf("node %d cannot host group %d: %w", to, g.id, err)
 	}
 	if _, err := g.changeVoters(ctx, steps, voters, []uint64{to}, confChange(raftpb.ConfChangeAddLearnerNode, to)); err != nil {
 		if steps.Drop != nil && !errors.Is(err, ErrOutcomeUnknown) { // the empty replica hosted for nothing

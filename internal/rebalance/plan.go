@@ -273,12 +273,18 @@ func Plan(v View, cfg Config) []Action {
 	if len(out) > 0 || len(targets) < 2 {
 		return out
 	}
-	// Colocate merge candidates: the right-hand range's replicas move to
-	// its left neighbour's nodes, one per pair per plan.
+	// Merge candidates: the right-hand range's replicas move to its left
+	// neighbour's nodes, one per pair per plan (in a chain, a range that
+	// moves now is no pair's left until it has); once on the same nodes,
+	// the right one's lease joins the left's, where the leader merges
+	// them. Until they merge, balance leaves both alone.
 	pairs := mergePairs(ranges, v.Load, cfg)
+	candidate := map[uint64]bool{}
+	colocating := map[uint64]bool{}
 	for _, p := range pairs {
 		l, r := p[0], p[1]
-		if moves >= cfg.MaxMoves || !settled(l) || !settled(r) || sameNodes(l.GetReplicas(), r.GetReplicas()) {
+		candidate[l.GetRangeId()], candidate[r.GetRangeId()] = true, true
+		if moves >= cfg.MaxMoves || !settled(l) || !settled(r) || colocating[l.GetRangeId()] || sameNodes(l.GetReplicas(), r.GetReplicas()) {
 			continue
 		}
 		from, to := uint64(0), uint64(0)
@@ -299,17 +305,22 @@ func Plan(v View, cfg Config) []Action {
 		}
 		out = append(out, Action{Kind: Move, Range: r, From: from, To: to, Balance: true,
 			Why: fmt.Sprintf("colocate with range %d for a merge", l.GetRangeId())})
+		colocating[r.GetRangeId()] = true
 		moves++
 	}
 	if len(out) > 0 {
 		return out
 	}
-	// Neighbours on the same nodes about to merge stay where they are.
-	colocated := map[uint64]bool{}
 	for _, p := range pairs {
-		if sameNodes(p[0].GetReplicas(), p[1].GetReplicas()) {
-			colocated[p[0].GetRangeId()], colocated[p[1].GetRangeId()] = true, true
+		l, r := p[0], p[1]
+		lh, rh := v.Leases[l.GetRangeId()], v.Leases[r.GetRangeId()]
+		if n := byID[lh]; n != nil && n.target && rh != 0 && rh != lh && settled(r) && sameNodes(l.GetReplicas(), r.GetReplicas()) {
+			out = append(out, Action{Kind: Transfer, Range: r, From: rh, To: lh,
+				Why: fmt.Sprintf("gather the lease with range %d's for a merge", l.GetRangeId())})
 		}
+	}
+	if len(out) > 0 {
+		return out
 	}
 	// Balance replicas (of ranges and of the other groups together): moves
 	// from the fullest target to the emptiest, up to MaxMoves, each of
@@ -322,7 +333,7 @@ func Plan(v View, cfg Config) []Action {
 			break
 		}
 		if i := slices.IndexFunc(ranges, func(d *pb.RangeDescriptor) bool {
-			return settled(d) && !moved[d.GetRangeId()] && !colocated[d.GetRangeId()] &&
+			return settled(d) && !moved[d.GetRangeId()] && !candidate[d.GetRangeId()] &&
 				slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id)
 		}); i >= 0 {
 			d := ranges[i]
@@ -350,7 +361,7 @@ func Plan(v View, cfg Config) []Action {
 	slices.SortFunc(byLeases, func(a, b *node) int { return cmp.Or(cmp.Compare(b.leases, a.leases), cmp.Compare(a.id, b.id)) })
 	for _, from := range byLeases {
 		for _, d := range ranges {
-			if v.Leases[d.GetRangeId()] != from.id || !settled(d) {
+			if v.Leases[d.GetRangeId()] != from.id || !settled(d) || candidate[d.GetRangeId()] {
 				continue
 			}
 			if t := leastLeased(d, byID, from.id); t != nil && from.leases-t.leases > 1 {
@@ -366,7 +377,7 @@ func Plan(v View, cfg Config) []Action {
 	// counts, so plans settle.
 	for _, from := range byLeases {
 		for _, d := range ranges {
-			if v.Leases[d.GetRangeId()] != from.id || !settled(d) {
+			if v.Leases[d.GetRangeId()] != from.id || !settled(d) || candidate[d.GetRangeId()] {
 				continue
 			}
 			for _, m := range d.GetReplicas() {
@@ -375,7 +386,7 @@ func Plan(v View, cfg Config) []Action {
 					continue
 				}
 				for _, d2 := range ranges {
-					if d2 == d || v.Leases[d2.GetRangeId()] != m || !settled(d2) {
+					if d2 == d || v.Leases[d2.GetRangeId()] != m || !settled(d2) || candidate[d2.GetRangeId()] {
 						continue
 					}
 					if t := leastLeased(d2, byID, m); t != nil && t.id != from.id && from.leases-t.leases > 1 {

@@ -283,10 +283,31 @@ func TestPlanColocatesMergeCandidates(t *testing.T) {
 			}
 		}
 	}
-	// Colocated candidates stay together even while node 4 is empty
-	// (six replicas on three nodes, none on the fourth).
-	if plan := Plan(view(right(false, 1, 2, 3), Load{Bytes: 100}), cfg); len(plan) != 0 {
-		t.Errorf("colocated merge candidates: plan %v; want none", show(plan))
+	// Colocated, the right one's lease joins the left's.
+	if got := show(Plan(view(right(false, 1, 2, 3), Load{Bytes: 100}), cfg)); len(got) != 1 || got[0] != "transfer r2 2->1" {
+		t.Errorf("colocated merge candidates, leases on 1 and 2: plan %v; want transfer r2 2->1", got)
+	}
+	// Then they stay together even while node 4 is empty (six replicas
+	// on three nodes, none on the fourth; two leases on node 1).
+	together := view(right(false, 1, 2, 3), Load{Bytes: 100})
+	together.Leases[2] = 1
+	if plan := Plan(together, cfg); len(plan) != 0 {
+		t.Errorf("colocated merge candidates with one leaseholder: plan %v; want none", show(plan))
+	}
+	// A chain a|b|c of small ranges on three placements: b moves onto
+	// a's nodes; c waits for b to settle (it would move onto b's old ones).
+	chain := View{
+		Nodes: []*directorypb.NodeLiveness{live(1), live(2), live(3), live(4), live(5)},
+		Ranges: []*pb.RangeDescriptor{
+			{RangeId: 1, EndKey: []byte("g"), Replicas: []uint64{1, 2, 3}, Generation: 1},
+			{RangeId: 2, StartKey: []byte("g"), EndKey: []byte("p"), Replicas: []uint64{2, 3, 4}, Generation: 1},
+			{RangeId: 3, StartKey: []byte("p"), Replicas: []uint64{3, 4, 5}, Generation: 1},
+		},
+		Leases: map[uint64]uint64{1: 1, 2: 2, 3: 3},
+		Load:   map[uint64]Load{1: {Bytes: 10}, 2: {Bytes: 10}, 3: {Bytes: 10}},
+	}
+	if got := show(Plan(chain, cfg)); len(got) != 1 || got[0] != "move r2 4->1" {
+		t.Errorf("a chain of three candidates: plan %v; want only move r2 4->1", got)
 	}
 	// Too large to merge, the same placement balances onto node 4.
 	if plan := Plan(view(right(false, 1, 2, 3), Load{Bytes: 2000}), cfg); len(plan) == 0 {

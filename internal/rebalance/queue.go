@@ -3,7 +3,6 @@ package rebalance
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -60,8 +59,29 @@ type Queue struct {
 	mu          sync.Mutex
 	stats       Stats
 	unevenSince time.Time // when plans began to even lease counts out (zero: they do not)
-	inFlight    InFlight  // steps started and not yet done
-	steps       sync.WaitGroup
+	// flights: the ranges, groups and nodes of steps under way (zero
+	// time) or ended less than an Interval ago (until then: the directory
+	// may not show their outcome yet, and a plan must not redo them).
+	flights map[flight]time.Time
+	moves   int // steps under way that count against MaxMoves
+	steps   sync.WaitGroup
+}
+
+// flight names what a step changes: a range (moves and transfers), a
+// group, or a node (marked gone).
+type flight struct {
+	kind Kind // Move for ranges, MoveGroup, Gone
+	id   uint64
+}
+
+func flightOf(a Action) flight {
+	switch a.Kind {
+	case Move, Transfer:
+		return flight{Move, a.Range.GetRangeId()}
+	case MoveGroup:
+		return flight{MoveGroup, a.Group}
+	}
+	return flight{Gone, a.From}
 }
 
 // Stats counts a queue's steps since it started, by Kind.
@@ -85,7 +105,7 @@ func NewQueue(c Cluster, cfg QueueConfig) *Queue {
 	if cfg.LeaseSettle <= 0 {
 		cfg.LeaseSettle = 30 * time.Second
 	}
-	return &Queue{c: c, cfg: cfg, inFlight: InFlight{Ranges: map[uint64]bool{}, Groups: map[uint64]bool{}, Gone: map[uint64]bool{}}}
+	return &Queue{c: c, cfg: cfg, flights: map[flight]time.Time{}}
 }
 
 // Run plans every Interval while this node leads the region's directory
@@ -108,21 +128,42 @@ func (q *Queue) Run(ctx context.Context) {
 // off) holds back only its own range or group, and the next rounds plan
 // around it. Wait waits for the steps.
 func (q *Queue) Once(ctx context.Context) []Action {
+	busy := q.inFlight(time.Now()) // before the view: a step that ends meanwhile lingers
 	vctx, cancel := context.WithTimeout(ctx, q.cfg.ActionTimeout)
 	v, err := q.c.View(vctx)
 	cancel()
 	if err != nil {
 		return nil
 	}
-	q.mu.Lock()
-	v.InFlight = InFlight{Ranges: maps.Clone(q.inFlight.Ranges), Groups: maps.Clone(q.inFlight.Groups),
-		Gone: maps.Clone(q.inFlight.Gone), Moves: q.inFlight.Moves}
-	q.mu.Unlock()
+	v.InFlight = busy
 	plan := q.settle(Plan(v, q.cfg.Config), time.Now())
 	for _, a := range plan {
 		q.start(ctx, a)
 	}
 	return plan
+}
+
+// inFlight returns what plans must leave alone at now, dropping what
+// lingered long enough.
+func (q *Queue) inFlight(now time.Time) InFlight {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	f := InFlight{Ranges: map[uint64]bool{}, Groups: map[uint64]bool{}, Gone: map[uint64]bool{}, Moves: q.moves}
+	for k, until := range q.flights {
+		if !until.IsZero() && !now.Before(until) {
+			delete(q.flights, k)
+			continue
+		}
+		switch k.kind {
+		case Move:
+			f.Ranges[k.id] = true
+		case MoveGroup:
+			f.Groups[k.id] = true
+		case Gone:
+			f.Gone[k.id] = true
+		}
+	}
+	return f
 }
 
 // Wait waits until every step started so far has ended.
@@ -165,29 +206,23 @@ func (q *Queue) start(ctx context.Context, a Action) {
 	}()
 }
 
-// track marks a in flight (on) or done.
+// track marks a under way (on) or ended: an ended step lingers in flight
+// for an Interval.
 func (q *Queue) track(a Action, on bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	f := &q.inFlight
-	switch a.Kind {
-	case Move, Transfer:
-		f.Ranges[a.Range.GetRangeId()] = on
-	case MoveGroup:
-		f.Groups[a.Group] = on
-	case Gone:
-		f.Gone[a.From] = on
+	if on {
+		q.flights[flightOf(a)] = time.Time{}
+	} else {
+		q.flights[flightOf(a)] = time.Now().Add(q.cfg.Interval)
 	}
 	if a.streams() {
 		if on {
-			f.Moves++
+			q.moves++
 		} else {
-			f.Moves--
+			q.moves--
 		}
 	}
-	maps.DeleteFunc(f.Ranges, func(_ uint64, v bool) bool { return !v })
-	maps.DeleteFunc(f.Groups, func(_ uint64, v bool) bool { return !v })
-	maps.DeleteFunc(f.Gone, func(_ uint64, v bool) bool { return !v })
 }
 
 // count adds a's outcome to the queue's stats.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,8 +67,7 @@ func (e *notSentError) Error() string              { return e.st.Err().Error() }
 func (e *notSentError) GRPCStatus() *status.Status { return e.st }
 
 // NotSent reports whether err is a call the dialer refused to send because
-// its node did not answer the last ping, or that failed because the node
-// could not be dialled (codes.Unavailable): unlike other
+// its node did not answer the last ping (codes.Unavailable): unlike other
 // Unavailable errors, it proves the call did not execute, so even a
 // non-idempotent call may be sent elsewhere or again.
 func NotSent(err error) bool {
@@ -158,23 +156,12 @@ func (p *peerHealth) interceptor(ctx context.Context, method string, req, reply 
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	p.inflight.Add(-1)
-	if err != nil && dialFailed(err) {
-		return &notSentError{status.Convert(err)}
-	}
 	if answered(err) {
 		p.progress.Store(time.Now().UnixNano())
 	} else if since := p.down.Load(); since != 0 && status.Code(err) == codes.Unavailable {
 		return status.Errorf(codes.Unavailable, "transport: node %d stopped answering (no answer to a ping; the call may have executed): %v", p.node, status.Convert(err).Message())
 	}
 	return err
-}
-
-// dialFailed reports whether err is gRPC's failure of a call for want of a
-// connection: the node could not be dialled ("Error while dialing", a
-// refused or unreachable address), so no stream, and no call, left.
-func dialFailed(err error) bool {
-	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "Error while dialing")
 }
 
 // answered reports whether err (from a call) shows the node answered it.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -221,31 +220,5 @@ func TestDetectorSparesSlowNode(t *testing.T) {
 	}
 	if p := d.det.peer(1); p.down.Load() != 0 {
 		t.Fatal("a slow node was declared unresponsive")
-	}
-}
-
-// A call to a node whose address refuses connections (stopped, its port
-// closed) is NotSent: it never left, so even a non-idempotent call may go
-// elsewhere. A call that fails once sent is not.
-func TestRefusedDialIsNotSent(t *testing.T) {
-	d, f, _ := frozenPair(t, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := ping(d, ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.close() // the port refuses; open connections close
-	var err error
-	for err == nil || !strings.Contains(err.Error(), "Error while dialing") {
-		if ctx.Err() != nil {
-			t.Fatalf("calls to a closed port never failed dialling: last %v", err)
-		}
-		err = ping(d, ctx)
-		if err != nil && !NotSent(err) && strings.Contains(err.Error(), "Error while dialing") {
-			t.Fatalf("refused dial %v is not NotSent", err)
-		}
-	}
-	if status.Code(err) != codes.Unavailable {
-		t.Fatalf("refused dial: code %v, want Unavailable", status.Code(err))
 	}
 }

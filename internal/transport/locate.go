@@ -31,6 +31,8 @@ type GroupView struct {
 	Leader uint64
 	// Joint: a joint configuration (a move between its two halves).
 	Joint bool
+	// Learners are its learners (a move's target catching up).
+	Learners []uint64
 }
 
 // LocateGroup asks every candidate node, in parallel, for its view of
@@ -72,7 +74,7 @@ func LocateGroup(ctx context.Context, d *Dialer, group uint64, candidates []uint
 		return GroupView{}, fmt.Errorf("%w: no node of %v hosts group %d (last error: %v)", ErrNoLeader, candidates, group, lastErr)
 	}
 	v := GroupView{ConfIndex: best.GetConfIndex(), Leader: best.GetLeader(), Voters: slices.Clone(best.GetVoters()),
-		Joint: len(best.GetVotersOutgoing()) > 0}
+		Joint: len(best.GetVotersOutgoing()) > 0, Learners: slices.Clone(best.GetLearners())}
 	for _, id := range best.GetVotersOutgoing() {
 		if !slices.Contains(v.Voters, id) {
 			v.Voters = append(v.Voters, id)
