@@ -43,13 +43,14 @@ const (
 	faultAddNode       = "add a node to a region under load"
 	faultDecommission  = "decommission a node under load and stop it once gone"
 	faultMoveGroup     = "move an epoch/txn-state/directory group's replica under load"
+	faultLeaveBehind   = "kill a node and move a replica off it; restart it and its left-behind replica must be collected"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
-	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup}
+	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -320,6 +321,18 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				continue
 			}
 			heal = func() error { return nil }
+		case faultLeaveBehind:
+			killed, rangeID := cp.leaveBehind(ctx, r, dbs[0], cp.splitKey(r))
+			if killed == 0 {
+				continue
+			}
+			heal = func() error {
+				if err := cp.c.RestartNode(killed); err != nil {
+					return err
+				}
+				cp.awaitCollected(ctx, killed, rangeID)
+				return nil
+			}
 		case faultMoveKill:
 			_, killed := cp.moveReplica(ctx, r, dbs[0], cp.splitKey(r), time.Duration(r.IntN(150))*time.Millisecond)
 			if killed == 0 {

@@ -85,3 +85,13 @@ func TestEpochViolations(t *testing.T) {
 		t.Fatalf("violations = %q", v)
 	}
 }
+
+// TestFaultKindsNameable: every kind can be named in --faults (a list
+// joined by commas) and NEMESIS_FAULTS.
+func TestFaultKindsNameable(t *testing.T) {
+	for _, k := range FaultKinds {
+		if strings.Contains(k, ",") {
+			t.Errorf("fault kind %q contains a comma: --faults cannot name it", k)
+		}
+	}
+}
