@@ -3,8 +3,10 @@ package nemesis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/terroir-db/terroir/internal/admin"
@@ -56,7 +58,7 @@ func (cp *campaign) drainable() []uint64 {
 			continue
 		}
 		perRegion[n.Region]++
-		if slices.Contains(cp.regions, n.Region) {
+		if slices.Contains(cp.regions, n.Region) && !cp.decommissioned[id] {
 			out = append(out, id)
 		}
 	}
@@ -76,6 +78,7 @@ func (cp *campaign) decommission(ctx context.Context, r *rand.Rand) bool {
 		return false
 	}
 	id := cands[r.IntN(len(cands))]
+	cp.decommissioned[id] = true // drained or not, never picked again
 	n, _ := cp.c.Net.Node(id)
 	d := cp.c.Dialer(n.Region)
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -101,7 +104,7 @@ func (cp *campaign) decommission(ctx context.Context, r *rand.Rand) bool {
 			return false
 		}
 		if time.Now().After(deadline) {
-			cp.anomaly("decommissioned node %d not drained within %v", id, drainBound)
+			cp.anomaly("decommissioned node %d not drained within %v; it still holds: %s", id, drainBound, cp.holdings(ctx, id))
 			return false
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -117,6 +120,58 @@ func (cp *campaign) decommission(ctx context.Context, r *rand.Rand) bool {
 		cp.anomaly("stopping gone node %d: %v", id, err)
 	}
 	return true
+}
+
+// holdings describes what keeps node from being marked gone: the ranges
+// naming it (as their running replicas see them), the groups naming it,
+// its leases, and what it reports hosting.
+func (cp *campaign) holdings(ctx context.Context, node uint64) string {
+	var out []string
+	seen := map[uint64]bool{}
+	for _, nid := range cp.c.NodeIDs() {
+		n := cp.c.Node(nid)
+		if n == nil {
+			continue
+		}
+		for _, rid := range n.RangeIDs() {
+			if seen[rid] {
+				continue
+			}
+			seen[rid] = true
+			d := cp.rangeByID(rid)
+			switch {
+			case d == nil:
+			case slices.Contains(d.GetReplicas(), node):
+				out = append(out, fmt.Sprintf("range %d voter %v", rid, d.GetReplicas()))
+			case slices.Contains(d.GetLearners(), node):
+				out = append(out, fmt.Sprintf("range %d learner %v+%v", rid, d.GetReplicas(), d.GetLearners()))
+			}
+			if rg := n.Range(rid); rg != nil && rg.LeaderHint() == node && nid == node {
+				out = append(out, fmt.Sprintf("range %d lease", rid))
+			}
+		}
+	}
+	if n := cp.c.Node(node); n != nil {
+		for _, g := range n.Status(ctx).GetGroups() {
+			out = append(out, fmt.Sprintf("hosted %s group %d", g.GetKind(), g.GetGroupId()))
+		}
+	}
+	for _, g := range cp.cfg.Topology.Groups {
+		if g.Kind == topology.KindRange {
+			continue
+		}
+		var running []uint64
+		for _, id := range cp.c.NodeIDs() {
+			if nn, ok := cp.c.Net.Node(id); ok && nn.Region == g.Region {
+				running = append(running, id)
+			}
+		}
+		if v, err := transport.LocateGroup(ctx, cp.c.Dialer(g.Region), g.ID, running); err == nil &&
+			(slices.Contains(v.Voters, node) || slices.Contains(v.Learners, node)) {
+			out = append(out, fmt.Sprintf("group %d voters %v learners %v joint %v", g.ID, v.Voters, v.Learners, v.Joint))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // checkQuorums records an anomaly for every group of which fewer than a

@@ -95,6 +95,9 @@ type campaign struct {
 	sum      *Summary
 	armed    *armedCrash // a mid-2PC fault waiting for its transaction
 	nextNode uint64      // the last node id given out (faultAddNode)
+	// decommissioned: the nodes faultDecommission picked (only the fault
+	// loop uses it).
+	decommissioned map[uint64]bool
 }
 
 // workload is one kind of client load and its checker.
@@ -195,7 +198,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return nil, err
 	}
 	defer c.Close()
-	cp := &campaign{cfg: cfg, c: c, start: time.Now(), sum: &Summary{Seed: cfg.Seed, Ops: map[string]int{},
+	cp := &campaign{cfg: cfg, c: c, start: time.Now(), decommissioned: map[uint64]bool{}, sum: &Summary{Seed: cfg.Seed, Ops: map[string]int{},
 		Faults: map[string]int{}, Recovery: map[string]*latency.Histogram{}, Released: latency.New()}}
 	for _, n := range cfg.Topology.Nodes {
 		cp.nextNode = max(cp.nextNode, n.ID)

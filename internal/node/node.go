@@ -189,6 +189,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	if err := n.hostGroups(); err != nil {
 		return nil, err
 	}
+	var moved []uint64 // ranges whose removal was cut short
 	for _, g := range top.GroupsOn(cfg.NodeID) {
 		switch g.Kind {
 		case topology.KindRange:
@@ -197,9 +198,7 @@ func Start(cfg Config) (_ *Node, err error) {
 			}
 			if _, err := n.addRange(routing.BootstrapDescriptor(g), false, false); err != nil {
 				if errors.Is(err, errNotNamed) { // moved away; its removal was cut short
-					if err := n.dropMoved(g.ID); err != nil {
-						return nil, err
-					}
+					moved = append(moved, g.ID)
 					continue
 				}
 				return nil, err
@@ -213,16 +212,20 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	for _, id := range split {
-		if n.Range(id) != nil || removed[id] {
+		if n.Range(id) != nil || removed[id] || slices.Contains(moved, id) {
 			continue
 		}
 		if _, err := n.addRange(&pb.RangeDescriptor{RangeId: id}, false, false); err != nil {
 			if errors.Is(err, errNotNamed) { // moved away, or added but its first snapshot never came
-				if err := n.dropMoved(id); err != nil {
-					return nil, err
-				}
+				moved = append(moved, id)
 				continue
 			}
+			return nil, err
+		}
+	}
+	// Dropped once every hosted range is open: their spans are kept.
+	for _, id := range moved {
+		if err := n.dropMoved(id); err != nil {
 			return nil, err
 		}
 	}

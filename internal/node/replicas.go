@@ -201,18 +201,61 @@ func overlaps(a, b *pb.RangeDescriptor) bool {
 }
 
 // tombstone durably records that range id left this node, and deletes its
-// data in d's span (none if d is nil).
+// data in d's span (none if d is nil), except where another range hosted
+// here holds it (a replica left behind may overlap one hosted since).
 func (n *Node) tombstone(id uint64, d *pb.RangeDescriptor) error {
 	b := n.engine.NewBatch()
 	_ = b.Set(storage.RangeTombstoneKey(id), nil, nil)
 	_ = b.Delete(storage.RangeIndexKey(id), nil)
-	for _, sp := range dataSpans(d) {
-		if err := b.DeleteRange(sp[0], sp[1], nil); err != nil {
-			_ = b.Close()
-			return err
+	if d != nil {
+		var others []*pb.RangeDescriptor
+		for _, r := range n.rangeReplicas() {
+			if r.ID() != id {
+				others = append(others, r.Desc())
+			}
+		}
+		for _, part := range uncovered(d.GetStartKey(), d.GetEndKey(), others) {
+			for _, sp := range dataSpans(&pb.RangeDescriptor{StartKey: part[0], EndKey: part[1]}) {
+				if err := b.DeleteRange(sp[0], sp[1], nil); err != nil {
+					_ = b.Close()
+					return err
+				}
+			}
 		}
 	}
 	return n.engine.Commit(b, true)
+}
+
+// uncovered returns the parts of [start, end) that none of others' spans
+// covers, in key order (an empty end key: the end of the key space).
+func uncovered(start, end []byte, others []*pb.RangeDescriptor) [][2][]byte {
+	// endBefore: end key a (empty: infinite) is at or before key b.
+	endBefore := func(a, b []byte) bool { return len(a) > 0 && bytes.Compare(a, b) <= 0 }
+	spans := slices.Clone(others)
+	slices.SortFunc(spans, func(a, b *pb.RangeDescriptor) int { return bytes.Compare(a.GetStartKey(), b.GetStartKey()) })
+	var out [][2][]byte
+	cur := start
+	for _, o := range spans {
+		if endBefore(end, cur) && len(end) > 0 {
+			break // nothing left
+		}
+		if endBefore(o.GetEndKey(), cur) || (len(end) > 0 && bytes.Compare(o.GetStartKey(), end) >= 0) {
+			continue // o ends before what is left, or starts past it
+		}
+		if bytes.Compare(o.GetStartKey(), cur) > 0 {
+			out = append(out, [2][]byte{cur, o.GetStartKey()})
+		}
+		if len(o.GetEndKey()) == 0 {
+			return out // o covers the rest
+		}
+		if bytes.Compare(o.GetEndKey(), cur) > 0 {
+			cur = o.GetEndKey()
+		}
+	}
+	if len(end) == 0 || bytes.Compare(cur, end) < 0 {
+		out = append(out, [2][]byte{cur, end})
+	}
+	return out
 }
 
 // dropMoved deletes, at start, a replica of range id whose stored
