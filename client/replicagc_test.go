@@ -2,7 +2,9 @@ package client_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 )
 
 // TestReplicaGCDropsLeftBehindReplicas: node 3 is stopped while a range's
@@ -146,5 +149,100 @@ func TestReplicaGCKeepsOverlappingData(t *testing.T) {
 	time.Sleep(4 * time.Second) // GC rounds after the move
 	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
 		t.Errorf("total %d, %v with range %d served from node 3", sum, err, right.ID)
+	}
+}
+
+// TestLeftoverLearnerRemoved: a move adds node 4 as a learner of range 11
+// (24 MiB, so its snapshot streams for most of a second) and the range's
+// leader is killed meanwhile, so the move fails and leaves the learner
+// behind (the move is asked of the leader directly: a client would retry
+// it elsewhere, and the retry removes the learner first). The new
+// leaseholder removes it (replicagc.go:
+// removeLeftoverLearners), and node 4 drops the replica it was left with.
+// Without that, node 4 stays named as a learner and could never be marked
+// gone.
+func TestLeftoverLearnerRemoved(t *testing.T) {
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1, ReplicaGCInterval: 500 * time.Millisecond, Crashable: true})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 120*time.Second)
+	fund(t, ctx, db)
+	blob := make([]byte, 1<<20-64)
+	for i := range 24 {
+		_, _ = rand.Read(blob)
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+			return tx.Put(ctx, []byte(fmt.Sprintf("n-blob-%02d", i)), blob)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.JoinNode(4, "us-east1"); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "node 4 live", func(rows map[uint64]admin.NodeRow) bool { return rows[4].Live })
+	const id = 11
+	leader := c.Leader(id)
+	from := uint64(1)
+	if from == leader {
+		from = 2
+	}
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	moved := make(chan error, 1)
+	conn, err := c.Dialer("us-east1").Conn(leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // at the leader itself: no client retries the move elsewhere
+		_, err := rangepb.NewRangeClient(conn).MoveReplica(mctx, &rangepb.MoveReplicaRequest{RangeId: id, From: from, To: 4})
+		moved <- err
+	}()
+	for !slices.Contains(c.Node(leader).Range(id).Desc().GetLearners(), 4) {
+		if mctx.Err() != nil {
+			t.Fatal("node 4 never became a learner")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := c.KillNode(leader); err != nil { // at once: its move cannot take the learner out
+		t.Fatal(err)
+	}
+	left := func() bool {
+		for _, n := range c.NodeIDs() {
+			if nd := c.Node(n); n != 4 && nd != nil && nd.Range(id) != nil && slices.Contains(nd.Range(id).Desc().GetLearners(), 4) {
+				return true
+			}
+		}
+		return false
+	}
+	if !left() {
+		t.Fatal("the killed leader's move left no learner behind: the test proves nothing")
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for left() {
+		if time.Now().After(deadline) {
+			t.Fatalf("range %d still names node 4 as a learner: %v", id, newestDesc(c, id))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := <-moved; err == nil {
+		t.Fatal("the move succeeded although its leader was killed")
+	}
+	d := newestDesc(c, id)
+	if slices.Contains(d.GetReplicas(), 4) {
+		t.Fatalf("node 4 became a voter of range %d: %v", id, d)
+	}
+	if err := c.RestartNode(leader); err != nil {
+		t.Fatal(err)
+	}
+	for c.Node(4).Range(id) != nil {
+		if ctx.Err() != nil {
+			t.Fatalf("node 4 still hosts the replica of range %d the removed learner left", id)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Errorf("total %d, %v", sum, err)
 	}
 }

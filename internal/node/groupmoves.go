@@ -75,18 +75,7 @@ func (s *statusServer) MoveGroupReplica(ctx context.Context, req *nodepb.MoveGro
 			_, err = nodepb.NewNodeClient(conn).AddGroupReplica(ctx, &nodepb.AddGroupReplicaRequest{GroupId: id})
 			return refusedHost(err)
 		},
-		Drop: func(ctx context.Context, node uint64) error {
-			conn, err := n.dialer.Conn(node)
-			if err != nil {
-				return err
-			}
-			ci, _, _ := h.rg.Configuration()
-			_, err = nodepb.NewNodeClient(conn).RemoveGroupReplica(ctx, &nodepb.RemoveGroupReplicaRequest{GroupId: id, ConfIndex: ci})
-			if err != nil {
-				slog.Warn("moved group replica not removed yet", "group", id, "node", node, "err", err)
-			}
-			return err
-		},
+		Drop: n.dropRemoteGroup(h),
 	})
 	switch {
 	case errors.Is(err, raftgroup.ErrMoveTarget):
@@ -178,4 +167,22 @@ func (s *statusServer) RemoveGroupReplica(_ context.Context, req *nodepb.RemoveG
 	}
 	n.dropGroup(id)
 	return &nodepb.RemoveGroupReplicaResponse{}, nil
+}
+
+// dropRemoteGroup returns a move's Drop step for group h: node drops its
+// replica, which h's configuration (as this leader applied it) leaves out.
+func (n *Node) dropRemoteGroup(h *hostedGroup) func(ctx context.Context, node uint64) error {
+	id := h.g.ID
+	return func(ctx context.Context, node uint64) error {
+		conn, err := n.dialer.Conn(node)
+		if err != nil {
+			return err
+		}
+		ci, _, _ := h.rg.Configuration()
+		_, err = nodepb.NewNodeClient(conn).RemoveGroupReplica(ctx, &nodepb.RemoveGroupReplicaRequest{GroupId: id, ConfIndex: ci})
+		if err != nil {
+			slog.Warn("moved group replica not removed yet", "group", id, "node", node, "err", err)
+		}
+		return err
+	}
 }

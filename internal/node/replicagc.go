@@ -2,11 +2,14 @@ package node
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/raftgroup"
+	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -37,6 +40,41 @@ func (n *Node) collectReplicas(region string, interval time.Duration) {
 	for transport.SleepCtx(n.stopped, interval) {
 		n.gcRangeReplicas(n.stopped, region)
 		n.gcGroupReplicas(n.stopped)
+		n.removeLeftoverLearners(n.stopped)
+	}
+}
+
+// learnerTimeout bounds the removal of one group's leftover learners.
+const learnerTimeout = 10 * time.Second
+
+// removeLeftoverLearners removes, from the ranges and groups this node
+// leads, the learners that moves cut short left behind (the other half of
+// the replica GC: the group side). A move under way is left alone (the
+// range's move claim, the group's move at this node).
+func (n *Node) removeLeftoverLearners(ctx context.Context) {
+	for _, r := range n.rangeReplicas() {
+		if len(r.Desc().GetLearners()) == 0 || r.LeaderHint() != n.cfg.NodeID {
+			continue
+		}
+		lctx, cancel := context.WithTimeout(ctx, learnerTimeout)
+		if err := r.RemoveLeftoverLearners(lctx); err != nil && !errors.Is(err, rangeserver.ErrNotLeaseholder) {
+			slog.Info("replica GC: removing a range's leftover learners", "node", n.cfg.NodeID, "range", r.ID(), "err", err)
+		}
+		cancel()
+	}
+	for _, h := range n.hostedGroups() {
+		if _, learners, _ := h.rg.Members(); h.g.Kind == topology.KindRange || len(learners) == 0 || !h.rg.IsLeader() {
+			continue
+		}
+		if _, busy := n.groupMoves.LoadOrStore(h.g.ID, struct{}{}); busy {
+			continue
+		}
+		lctx, cancel := context.WithTimeout(ctx, learnerTimeout)
+		if err := h.rg.RemoveLearners(lctx, raftgroup.MoveSteps{Drop: n.dropRemoteGroup(h)}); err != nil {
+			slog.Info("replica GC: removing a group's leftover learners", "node", n.cfg.NodeID, "group", h.g.ID, "err", err)
+		}
+		cancel()
+		n.groupMoves.Delete(h.g.ID)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -56,6 +57,37 @@ const movePoll = 10 * time.Millisecond
 // changeTimeout bounds one configuration change's proposal.
 const changeTimeout = 5 * time.Second
 
+// RemoveLearners removes, on the leader, the group's learners, one at a
+// time: with no move under way (the caller's to know), they are what moves
+// cut short left behind, and their nodes could never be drained. steps
+// gives the changes' payload and drops each learner's replica (best
+// effort). Errors: ErrMoveStuck, ErrNotLeader.
+func (g *Group) RemoveLearners(ctx context.Context, steps MoveSteps) error {
+	voters, learners, joint := g.Members()
+	switch {
+	case len(learners) == 0:
+		return nil
+	case joint:
+		return fmt.Errorf("%w: group %d is leaving a joint configuration", ErrMoveStuck, g.id)
+	case !g.IsLeader():
+		return ErrNotLeader
+	}
+	return g.removeLearners(ctx, steps, voters, learners)
+}
+
+func (g *Group) removeLearners(ctx context.Context, steps MoveSteps, voters, learners []uint64) error {
+	for i, n := range learners {
+		if _, err := g.changeVoters(ctx, steps, voters, learners[i+1:], confChange(raftpb.ConfChangeRemoveNode, n)); err != nil {
+			return fmt.Errorf("%w: removing the learner on node %d a failed move left: %v", ErrMoveStuck, n, err)
+		}
+		if steps.Drop != nil {
+			_ = steps.Drop(ctx, n)
+		}
+		slog.Info("leftover learner removed", "group", g.id, "node", n)
+	}
+	return nil
+}
+
 // MoveReplica moves the group's voter on node from to node to; it runs at
 // the leader, which must not be from (move leadership first). Learners a
 // move cut short left behind are removed first, one at a time. It returns
@@ -76,13 +108,8 @@ func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveStep
 	case !g.IsLeader():
 		return nil, ErrNotLeader
 	}
-	for i, n := range learners {
-		if _, err := g.changeVoters(ctx, steps, voters, learners[i+1:], confChange(raftpb.ConfChangeRemoveNode, n)); err != nil {
-			return nil, fmt.Errorf("%w: removing the learner on node %d a failed move left: %v", ErrMoveStuck, n, err)
-		}
-		if steps.Drop != nil {
-			_ = steps.Drop(ctx, n)
-		}
+	if err := g.removeLearners(ctx, steps, voters, learners); err != nil {
+		return nil, err
 	}
 	if err := steps.Host(ctx, to, voters, []uint64{to}); err != nil {
 		return nil, fmt.Errorf("node %d cannot host group %d: %w", to, g.id, err)

@@ -86,9 +86,7 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 		return nil, fmt.Errorf("%w: node %d already hosts range %d (replicas %v)", ErrMoveTarget, to, r.id, d.GetReplicas())
 	}
 	res, err := r.group.MoveReplica(ctx, from, to, raftgroup.MoveSteps{
-		Payload: func(replicas, learners []uint64) ([]byte, error) {
-			return proto.Marshal(&pb.ReplicasChange{Replicas: replicas, Learners: learners})
-		},
+		Payload: replicasChange,
 		Host: func(ctx context.Context, node uint64, _, learners []uint64) error {
 			d := proto.CloneOf(r.sm.Descriptor())
 			d.Learners = learners
@@ -118,4 +116,32 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 	}
 	slog.Info("range replica moved", "range", r.id, "from", from, "to", to, "replicas", moved.GetReplicas(), "generation", moved.GetGeneration())
 	return moved, nil
+}
+
+// replicasChange is a configuration change's payload for a range: its
+// replicas and learners after the change.
+func replicasChange(replicas, learners []uint64) ([]byte, error) {
+	return proto.Marshal(&pb.ReplicasChange{Replicas: replicas, Learners: learners})
+}
+
+// RemoveLeftoverLearners removes, at the leaseholder, the range's learners
+// while no move is under way (the move claim is free): moves cut short
+// left them, and a node named as one can never be marked gone. It does
+// nothing when the range has none, or another move or a split or merge
+// holds the claim. Errors: ErrNotLeaseholder, raftgroup.ErrMoveStuck.
+func (r *Replica) RemoveLeftoverLearners(ctx context.Context) error {
+	if len(r.sm.Descriptor().GetLearners()) == 0 {
+		return nil
+	}
+	l, err := r.leader()
+	if err != nil {
+		return err
+	}
+	release, ok := l.txns.claimMove()
+	if !ok {
+		return nil
+	}
+	defer release()
+	return r.group.RemoveLearners(ctx, raftgroup.MoveSteps{Payload: replicasChange,
+		Drop: func(ctx context.Context, node uint64) error { return r.cfg.RemoveReplica(ctx, node, r.id) }})
 }
