@@ -29,7 +29,8 @@ func benchRebalanceCmd() *cobra.Command {
 records and runs YCSB-A from --clients clients for --duration. At --join-at two
 more nodes join with terroir start --join, and the region's replicate queue
 moves replicas and leases onto them by itself (DESIGN.md §12). It prints,
-per 1 s window, the throughput, P50/P99 and each node's replica count; then
+per 1 s window, the throughput, P50/P99 and each node's replica count (of
+ranges and of the epoch, txn-state and directory groups); then
 the time from the joins until replica and lease counts were within one of
 each other, the snapshot bytes the nodes sent, and the joiners' resident
 memory: right after they joined and at its peak.`,
@@ -181,19 +182,19 @@ loop:
 				if r.State != "live" || !r.Live {
 					continue
 				}
-				if r.Ranges < 0 {
+				if r.Replicas < 0 {
 					complete = false
 					continue
 				}
-				ranges := r.Ranges
-				s.replicas[r.ID], s.leases[r.ID] = ranges, r.Leases
-				if lo < 0 || ranges < lo {
-					lo = ranges
+				replicas := r.Replicas // of ranges and groups alike, as the queue balances them
+				s.replicas[r.ID], s.leases[r.ID] = replicas, r.Leases
+				if lo < 0 || replicas < lo {
+					lo = replicas
 				}
 				if llo < 0 || r.Leases < llo {
 					llo = r.Leases
 				}
-				hi, lhi = max(hi, ranges), max(lhi, r.Leases)
+				hi, lhi = max(hi, replicas), max(lhi, r.Leases)
 			}
 			s.balanced = complete && len(s.replicas) == 5 && hi-lo <= 1 && lhi-llo <= 1
 			samples = append(samples, s)
@@ -215,7 +216,7 @@ loop:
 		}
 		all.Record(op.d)
 	}
-	fmt.Printf("\n| second | ops/s | P50 ms | P99 ms | range replicas per node (1..5) | leases per node |\n|---|---|---|---|---|---|\n")
+	fmt.Printf("\n| second | ops/s | P50 ms | P99 ms | replicas per node (1..5; ranges and groups) | leases per node |\n|---|---|---|---|---|---|\n")
 	for i, h := range per {
 		if h.Count() == 0 {
 			continue
