@@ -48,9 +48,10 @@ func (n *Node) collectReplicas(region string, interval time.Duration) {
 const learnerTimeout = 10 * time.Second
 
 // removeLeftoverLearners removes, from the ranges and groups this node
-// leads, the learners that moves cut short left behind (the other half of
-// the replica GC: the group side). A move under way is left alone (the
-// range's move claim, the group's move at this node).
+// leads, the learners that moves cut short left behind (the leader's half
+// of the replica GC: a node named only as a learner is never drained). A
+// move under way is left alone (the range's move claim, the group's move
+// at this node).
 func (n *Node) removeLeftoverLearners(ctx context.Context) {
 	for _, r := range n.rangeReplicas() {
 		if len(r.Desc().GetLearners()) == 0 || r.LeaderHint() != n.cfg.NodeID {
