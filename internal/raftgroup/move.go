@@ -29,6 +29,10 @@ var (
 	// ErrMoveTarget: the source is not a voter, or the target is one
 	// already.
 	ErrMoveTarget = errors.New("raftgroup: bad replica move")
+	// ErrHostFailed: the target did not answer the request to host a
+	// replica (unreachable, busy); nothing was added, and the move may be
+	// tried again.
+	ErrHostFailed = errors.New("raftgroup: the target could not host the replica")
 	// ErrMoveStuck: the group is in a joint configuration, or the learner
 	// did not catch up before ctx ended or left the group; retry later.
 	ErrMoveStuck = errors.New("raftgroup: the replica move did not complete")
@@ -112,7 +116,10 @@ func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveStep
 		return nil, err
 	}
 	if err := steps.Host(ctx, to, voters, []uint64{to}); err != nil {
-		return nil, fmt.Errorf("node %d cannot host group %d: %w", to, g.id, err)
+		if errors.Is(err, ErrMoveTarget) {
+			return nil, fmt.Errorf("node %d cannot host group %d: %w", to, g.id, err)
+		}
+		return nil, fmt.Errorf("%w: node %d cannot host group %d now: %w", ErrHostFailed, to, g.id, err)
 	}
 	if _, err := g.changeVoters(ctx, steps, voters, []uint64{to}, confChange(raftpb.ConfChangeAddLearnerNode, to)); err != nil {
 		if steps.Drop != nil && !errors.Is(err, ErrOutcomeUnknown) { // the empty replica hosted for nothing

@@ -103,7 +103,7 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 	switch {
 	case errors.Is(err, raftgroup.ErrMoveTarget):
 		return nil, fmt.Errorf("%w: %w", ErrMoveTarget, err)
-	case errors.Is(err, raftgroup.ErrMoveStuck):
+	case errors.Is(err, raftgroup.ErrMoveStuck), errors.Is(err, raftgroup.ErrHostFailed):
 		return nil, fmt.Errorf("%w: %w", ErrMoveBusy, err)
 	case errors.Is(err, raftgroup.ErrNotLeader):
 		return nil, fmt.Errorf("%w: %v", ErrNotLeaseholder, err)
