@@ -24,20 +24,7 @@ import (
 // replica the changes did not touch. With the GC off the zombies stay (see
 // the mutation run in the closing note).
 func TestReplicaGCDropsLeftBehindReplicas(t *testing.T) {
-	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1, ReplicaGCInterval: 300 * time.Millisecond})
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := ctxT(t, 90*time.Second)
-	fund(t, ctx, db)
-	if err := c.JoinNode(4, "us-east1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StopNode(3); err != nil {
-		t.Fatal(err)
-	}
-	awaitRows(t, ctx, c, "node 3 down, node 4 live", func(rows map[uint64]admin.NodeRow) bool { return !rows[3].Live && rows[4].Live })
+	c, db, ctx := nodeThreeDown(t, 300*time.Millisecond)
 
 	const moved, kept = 10, 11 // ranges
 	const txnGroup = 2
@@ -109,20 +96,7 @@ func moveReplica(t *testing.T, ctx context.Context, db *client.DB, key []byte, f
 // for the replica GC to drop it). Served from node 3, every account in the
 // right half is intact.
 func TestReplicaGCKeepsOverlappingData(t *testing.T) {
-	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1, ReplicaGCInterval: 3 * time.Second})
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := ctxT(t, 90*time.Second)
-	fund(t, ctx, db)
-	if err := c.JoinNode(4, "us-east1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StopNode(3); err != nil {
-		t.Fatal(err)
-	}
-	awaitRows(t, ctx, c, "node 3 down, node 4 live", func(rows map[uint64]admin.NodeRow) bool { return !rows[3].Live && rows[4].Live })
+	c, db, ctx := nodeThreeDown(t, 3*time.Second)
 	_, right, err := db.AdminSplitRanges(ctx, []byte("acct-10"))
 	if err != nil {
 		t.Fatalf("splitting at acct-10 with node 3 down: %v", err)
@@ -245,4 +219,26 @@ func TestLeftoverLearnerRemoved(t *testing.T) {
 	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
 		t.Errorf("total %d, %v", sum, err)
 	}
+}
+
+// nodeThreeDown starts the three-node region with the replicate queue off
+// and the replica GC every gcEvery, funds the bank, joins node 4 and stops
+// node 3, returning once the registry sees both.
+func nodeThreeDown(t *testing.T, gcEvery time.Duration) (*localcluster.Cluster, *client.DB, context.Context) {
+	t.Helper()
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1, ReplicaGCInterval: gcEvery})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 90*time.Second)
+	fund(t, ctx, db)
+	if err := c.JoinNode(4, "us-east1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StopNode(3); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "node 3 down, node 4 live", func(rows map[uint64]admin.NodeRow) bool { return !rows[3].Live && rows[4].Live })
+	return c, db, ctx
 }
