@@ -38,6 +38,9 @@ func (c *regionCluster) Leads() bool {
 	return false
 }
 
+// viewTimeout bounds each node's report of its replicas to a View.
+const viewTimeout = 2 * time.Second
+
 // View implements rebalance.Cluster: the registry and descriptors from the
 // region's directory, the leases from each live node's own report.
 func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
@@ -70,33 +73,22 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 			v.Groups = append(v.Groups, rebalance.Group{ID: g.ID, Voters: gv.Voters, Settled: !gv.Joint})
 		}()
 	}
+	var live []uint64
 	for _, l := range nodes {
-		id := l.GetNode().GetId()
-		if !l.GetLive() || l.GetNode().GetState() == directorypb.NodeState_NODE_GONE {
-			continue
+		if l.GetLive() && l.GetNode().GetState() != directorypb.NodeState_NODE_GONE {
+			live = append(live, l.GetNode().GetId())
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			conn, err := c.n.dialer.Conn(id)
-			if err != nil {
-				return
-			}
-			resp, err := pb.NewRangeClient(conn).Ranges(ctx, &pb.RangesRequest{})
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, st := range resp.GetRanges() {
-				if st.GetLeader() {
-					v.Leases[st.GetRangeDescriptor().GetRangeId()] = id
-					v.Load[st.GetRangeDescriptor().GetRangeId()] = rebalance.Load{Bytes: st.GetSizeBytes(), QPS: st.GetQps()}
-				}
-			}
-		}()
 	}
+	leases := c.n.rangesOf(ctx, live, viewTimeout)
 	wg.Wait()
+	for id, sts := range leases {
+		for _, st := range sts {
+			if st.GetLeader() {
+				v.Leases[st.GetRangeDescriptor().GetRangeId()] = id
+				v.Load[st.GetRangeDescriptor().GetRangeId()] = rebalance.Load{Bytes: st.GetSizeBytes(), QPS: st.GetQps()}
+			}
+		}
+	}
 	return v, nil
 }
 

@@ -85,37 +85,21 @@ func (n *Node) removeLeftoverLearners(ctx context.Context) {
 // merge, or changed since it was examined is kept.
 func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 	self := n.cfg.NodeID
-	var mu sync.Mutex
-	newest := map[uint64]*pb.RangeDescriptor{}
-	var wg sync.WaitGroup
-	for _, peer := range n.dialer.RegionNodes(region, nil) {
-		if peer == self {
-			continue
+	var peers []uint64
+	for _, p := range n.dialer.RegionNodes(region, nil) {
+		if p != self {
+			peers = append(peers, p)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			conn, err := n.dialer.Conn(peer)
-			if err != nil {
-				return
-			}
-			rctx, cancel := context.WithTimeout(ctx, replicaGCTimeout)
-			defer cancel()
-			resp, err := pb.NewRangeClient(conn).Ranges(rctx, &pb.RangesRequest{})
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, st := range resp.GetRanges() {
-				d := st.GetRangeDescriptor()
-				if cur := newest[d.GetRangeId()]; cur == nil || d.GetGeneration() > cur.GetGeneration() {
-					newest[d.GetRangeId()] = d
-				}
-			}
-		}()
 	}
-	wg.Wait()
+	newest := map[uint64]*pb.RangeDescriptor{}
+	for _, sts := range n.rangesOf(ctx, peers, replicaGCTimeout) {
+		for _, st := range sts {
+			d := st.GetRangeDescriptor()
+			if cur := newest[d.GetRangeId()]; cur == nil || d.GetGeneration() > cur.GetGeneration() {
+				newest[d.GetRangeId()] = d
+			}
+		}
+	}
 	var dropped []uint64
 	for _, r := range n.rangeReplicas() {
 		d := r.Desc()
@@ -163,4 +147,34 @@ func (n *Node) gcGroupReplicas(ctx context.Context) []uint64 {
 		dropped = append(dropped, h.g.ID)
 	}
 	return dropped
+}
+
+// rangesOf asks each of nodes, in parallel and each within timeout, for
+// the replicas it hosts (the Range service's Ranges); a node that does not
+// answer is left out of the result.
+func (n *Node) rangesOf(ctx context.Context, nodes []uint64, timeout time.Duration) map[uint64][]*pb.RangeStatus {
+	var mu sync.Mutex
+	out := map[uint64][]*pb.RangeStatus{}
+	var wg sync.WaitGroup
+	for _, id := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := n.dialer.Conn(id)
+			if err != nil {
+				return
+			}
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			resp, err := pb.NewRangeClient(conn).Ranges(rctx, &pb.RangesRequest{})
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			out[id] = resp.GetRanges()
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
 }
