@@ -463,6 +463,22 @@ func (s *Snapshot) Stats() SnapshotStats { return s.s.Stats() }
 // baselines are safe, only slower; applications have no reason to set one.
 type CommitMode = coordinator.CommitMode
 
+// FollowerReads says which replica serves a snapshot's reads (DESIGN.md
+// §13): the nearest one by default, a follower serving from its closed
+// epoch where it can; see coordinator.FollowerReads for the policies.
+type FollowerReads = coordinator.FollowerReads
+
+// The follower-read policies.
+const (
+	FollowerReadsNearest   = coordinator.FollowerReadsNearest
+	FollowerReadsPreferred = coordinator.FollowerReadsPreferred
+	FollowerReadsOff       = coordinator.FollowerReadsOff
+)
+
+// SetFollowerReads makes this handle's snapshot reads from now on choose
+// their replica by policy p.
+func (db *DB) SetFollowerReads(p FollowerReads) { db.coord.SetFollowerReads(p) }
+
 // SetCommitMode makes this handle's transactions begun from now on commit in
 // mode.
 func (db *DB) SetCommitMode(mode CommitMode) { db.coord.SetCommitMode(mode) }

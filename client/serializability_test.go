@@ -48,6 +48,10 @@ type ssRun struct {
 	chaos     func(c *localcluster.Cluster)
 	snapshots bool                  // every third transaction is a read-only snapshot...
 	modes     []client.SnapshotMode // ...in these modes, by turns
+	// oneKey: each snapshot reads one key (Strong is linearizable per key
+	// only, paper §5.3); followers: snapshots prefer followers' closed
+	// epochs (DESIGN.md §13), and some must be served so.
+	oneKey, followers bool
 }
 
 // checkStrictSerializability runs the transactions of cfg and checks the
@@ -57,13 +61,16 @@ func checkStrictSerializability(t *testing.T, cfg ssRun) {
 	ctx := ctxT(t, 120*time.Second)
 	var mu sync.Mutex
 	rec := &history.Recorder{}
-	snapshots := 0
+	snapshots, followerReads := 0, 0
 	start := time.Now()
 	var wg sync.WaitGroup
 	for cl := 0; cl < cfg.clients; cl++ {
 		db, err := c.Client(cfg.regions[cl%len(cfg.regions)])
 		if err != nil {
 			t.Fatal(err)
+		}
+		if cfg.followers {
+			db.SetFollowerReads(client.FollowerReadsPreferred)
 		}
 		wg.Add(1)
 		go func(cl int) {
@@ -74,13 +81,17 @@ func checkStrictSerializability(t *testing.T, cfg ssRun) {
 				txn := history.RandomTxn(r, cl+1, seq)
 				if snapshot {
 					txn = history.RandomReadOnly(r)
+					if cfg.oneKey {
+						txn = history.Txn{Ops: []history.Op{{Kind: history.Get, Key: r.IntN(history.Keys)}}}
+					}
 				}
 				call := time.Since(start).Nanoseconds()
 				var out history.Outcome
 				var err error
+				var st client.SnapshotStats
 				if snapshot {
 					mode := cfg.modes[(seq/3)%len(cfg.modes)]
-					_, err = db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error {
+					st, err = db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error {
 						var err error
 						out, err = nemesis.Execute(ctx, s, txn, cfg.ks.key) // the last attempt's results
 						return err
@@ -99,6 +110,7 @@ func checkStrictSerializability(t *testing.T, cfg ssRun) {
 					rec.Committed(cl, txn, out, call, ret)
 					if snapshot {
 						snapshots++
+						followerReads += st.FollowerReads
 					}
 				case errors.Is(err, client.ErrCommitUnknown):
 					rec.Unknown(cl, txn, out, call)
@@ -123,7 +135,10 @@ func checkStrictSerializability(t *testing.T, cfg ssRun) {
 		_ = porcupine.VisualizePath(history.Model, info, path)
 		t.Fatalf("history of %d committed transactions is not strictly serializable (%v); visualization: %s", committed, res, path)
 	}
-	t.Logf("%d committed (%d of them snapshots), %d unknown: strictly serializable", committed, snapshots, unknown)
+	t.Logf("%d committed (%d of them snapshots, %d reads served by followers), %d unknown: strictly serializable", committed, snapshots, followerReads, unknown)
+	if cfg.followers && followerReads < snapshots/2 {
+		t.Fatalf("followers served %d reads of %d snapshots: the check shows little", followerReads, snapshots)
+	}
 }
 
 // TestStrictSerializability: one region without a global epoch, where
@@ -152,23 +167,53 @@ func TestStrictSerializabilityAcrossRegions(t *testing.T) {
 
 func TestStrictSerializabilityWithLeaderKills(t *testing.T) {
 	checkStrictSerializability(t, ssRun{topology: "../examples/one-region.yaml", regions: []string{"us-east1"}, ks: oneRegionKeys,
-		clients: 6, perClient: 40, chaos: func(c *localcluster.Cluster) {
-			for _, rng := range []uint64{10, 11} {
-				time.Sleep(300 * time.Millisecond)
-				leader := c.Leader(rng)
-				if leader == 0 {
-					continue
+		clients: 6, perClient: 40, chaos: killLeaders(t, 10, 11)})
+}
+
+// TestStrictSerializabilityFollowerReads: strong snapshots of one key each,
+// from clients in the home region and another, are served by followers
+// from their closed epochs (DESIGN.md §13) while a follower of each range
+// falls behind the log (it still answers reads) and then the two ranges'
+// leaders are killed and restarted: porcupine still accepts the history.
+func TestStrictSerializabilityFollowerReads(t *testing.T) {
+	kill := killLeaders(t, 100, 101)
+	checkStrictSerializability(t, ssRun{topology: "../examples/three-regions.yaml", regions: []string{"us-east1", "us-west1"}, ks: eastKeys,
+		clients: 4, perClient: 30, snapshots: true, modes: []client.SnapshotMode{client.Strong, client.StrongLocal},
+		oneKey: true, followers: true, chaos: func(c *localcluster.Cluster) {
+			for _, rng := range []uint64{100, 101} {
+				time.Sleep(200 * time.Millisecond)
+				for _, id := range c.NodeIDs() {
+					if id != c.Leader(rng) && c.Node(id).Range(rng) != nil {
+						c.Net.Starve(id) // behind, yet serving reads
+						break
+					}
 				}
-				if err := c.StopNode(leader); err != nil {
-					t.Error(err)
-					return
-				}
-				time.Sleep(500 * time.Millisecond)
-				if err := c.RestartNode(leader); err != nil {
-					t.Error(err)
-				}
+				time.Sleep(1500 * time.Millisecond)
+				c.Net.Heal()
 			}
+			kill(c)
 		}})
+}
+
+// killLeaders stops the leader of each range in turn and restarts it.
+func killLeaders(t *testing.T, ranges ...uint64) func(c *localcluster.Cluster) {
+	return func(c *localcluster.Cluster) {
+		for _, rng := range ranges {
+			time.Sleep(300 * time.Millisecond)
+			leader := c.Leader(rng)
+			if leader == 0 {
+				continue
+			}
+			if err := c.StopNode(leader); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(500 * time.Millisecond)
+			if err := c.RestartNode(leader); err != nil {
+				t.Error(err)
+			}
+		}
+	}
 }
 
 // TestStrictSerializabilityWithSplitsAndMerges splits us-east1's two ranges

@@ -50,6 +50,10 @@ type Coordinator struct {
 	forget   *forgetter // records of finished two-phase commits
 
 	mode     atomic.Pointer[CommitMode] // nil: Chablis
+	// followerReads is the FollowerReads policy of snapshot reads; spread
+	// rotates a read's choice among equally near followers.
+	followerReads atomic.Uint32
+	spread        atomic.Uint64
 	routes   *routing.Cache             // range descriptors and leader hints
 	nodes    routing.NodesResolver      // asks the nodes which ranges they host
 	session  atomic.Uint64              // the highest epoch this client has committed at

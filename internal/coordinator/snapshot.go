@@ -89,6 +89,11 @@ type SnapshotStats struct {
 	LockWait time.Duration
 	// Retries counts attempts run again (linearizable check, regional restart).
 	Retries int
+	// FollowerReads counts reads a replica other than the leader served from
+	// its closed epoch (FollowerReads policy, DESIGN.md §13), and
+	// FollowerFallbacks the reads a follower could not serve in time, which
+	// went to the leader instead.
+	FollowerReads, FollowerFallbacks int
 }
 
 // snapshotPoll is how often the client re-reads an epoch it waits for.
@@ -347,6 +352,11 @@ func (s *Snapshot) read(ctx context.Context, g *pb.RangeDescriptor, req *pb.Snap
 	req.At, req.Regional, req.LocalEpoch, req.Closed = s.at, s.mode == Regional, s.lR[g.GetRegion()], s.closed
 	s.mu.Unlock()
 	// Reads of one snapshot may run in parallel: the lock is not held here.
+	if !s.closed {
+		if resp, err := s.fromFollower(ctx, g, req); resp != nil || err != nil {
+			return resp, err
+		}
+	}
 	var resp *pb.SnapshotReadResponse
 	err := s.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
 		var err error
@@ -417,6 +427,8 @@ func (c *Coordinator) View(ctx context.Context, mode SnapshotMode, fn func(ctx c
 		total.Mode, total.Epoch = st.Mode, st.Epoch
 		total.EpochWait += st.EpochWait
 		total.LockWait += st.LockWait
+		total.FollowerReads += st.FollowerReads
+		total.FollowerFallbacks += st.FollowerFallbacks
 		var re *retryError
 		switch {
 		case err == nil:

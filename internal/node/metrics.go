@@ -34,6 +34,7 @@ type metrics struct {
 	snapEpoch   *prometheus.HistogramVec // mode
 	snapLock    *prometheus.HistogramVec // mode
 	lockWait    prometheus.Histogram
+	closedLag   prometheus.Histogram
 	epochChange *prometheus.HistogramVec // kind
 
 	// The commit path's series, resolved once: by kind (one_phase,
@@ -73,6 +74,10 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 			Name: "terroir_lock_wait_seconds", Help: "Time each lock acquisition spent in a range leader's lock table.",
 			Buckets: latencyBuckets,
 		}),
+		closedLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "terroir_closed_epoch_lag_epochs", Help: "A range leader's closed-epoch lag each time it begins a close (DESIGN.md §13): its publisher's epoch minus the range's closed epoch. A follower read at the publisher's epoch e needs a lag of at most 1.",
+			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256},
+		}),
 		epochChange: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "terroir_epoch_advance_interval_seconds", Help: "Time between two changes of an epoch applied at this node, by group kind (local-epoch, publisher, global-epoch).",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 1.5, 20),
@@ -88,7 +93,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	for i, mode := range snapModes {
 		m.snapWaits[i] = [2]prometheus.Observer{m.snapEpoch.WithLabelValues(mode), m.snapLock.WithLabelValues(mode)}
 	}
-	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.epochChange,
+	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.closedLag, m.epochChange,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{n: n})
 	return m

@@ -340,7 +340,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 		rangeserver.Config{Tick: rangeTick(top), LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval, GCPolicy: n.gcPolicyOf(d.GetRegion()),
 			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: n.rangeIDAllocator(d.GetRegion()),
-			LockWait: n.metrics.lockWait, AddReplica: n.addReplica, RemoveReplica: n.removeRemote})
+			LockWait: n.metrics.lockWait, ClosedLag: n.metrics.closedLag, AddReplica: n.addReplica, RemoveReplica: n.removeRemote})
 	sm.OnSplit(n.onSplit)
 	sm.OnMerge(n.onMerge)
 	sm.OnReplicasChanged(n.onReplicasChanged)

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
 )
@@ -73,13 +75,57 @@ func (sm *StateMachine) lowerClosed(b *pebble.Batch, c uint64) {
 		sm.storeClosed(b, c)
 	}
 	if c < sm.closed.Load() {
-		sm.closed.Store(c)
+		sm.setClosed(c)
 	}
 }
 
 // publishClosed makes the stored closed epoch the one reads trust, with
 // sm.mu held, once the batch that stored it is in the engine (PostApply).
-func (sm *StateMachine) publishClosed() { sm.closed.Store(sm.closedStored) }
+func (sm *StateMachine) publishClosed() { sm.setClosed(sm.closedStored) }
+
+// setClosed sets the closed epoch reads trust and, when it rose, wakes the
+// reads waiting for it (waitClosed).
+func (sm *StateMachine) setClosed(c uint64) {
+	if old := sm.closed.Swap(c); c > old {
+		sm.closedWake.Lock()
+		if sm.closedRose != nil {
+			close(sm.closedRose)
+			sm.closedRose = nil
+		}
+		sm.closedWake.Unlock()
+	}
+}
+
+// waitClosed waits until the closed epoch reads trust is at least c, for
+// at most d: true if it is. A rise wakes it (setClosed); it never polls.
+func (sm *StateMachine) waitClosed(ctx context.Context, c uint64, d time.Duration) bool {
+	if sm.closed.Load() >= c {
+		return true
+	}
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		sm.closedWake.Lock()
+		if sm.closedRose == nil {
+			sm.closedRose = make(chan struct{})
+		}
+		rose := sm.closedRose
+		sm.closedWake.Unlock()
+		if sm.closed.Load() >= c { // read after taking the channel: no rise is missed
+			return true
+		}
+		select {
+		case <-rose:
+		case <-t.C:
+			return sm.closed.Load() >= c
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
 
 // loadClosed reads the stored closed epoch through get (the engine or a
 // batch being restored) with sm.mu held. Read from the engine, it is
@@ -101,7 +147,7 @@ func (sm *StateMachine) loadClosed(get func([]byte) ([]byte, error), fromEngine 
 	}
 	sm.closedStored = c
 	if fromEngine || c < sm.closed.Load() {
-		sm.closed.Store(c)
+		sm.setClosed(c)
 	}
 	return nil
 }
@@ -113,6 +159,15 @@ type closing struct {
 	epoch      uint64
 	pending    [][]byte
 	generation uint64
+}
+
+// closingSource is the epoch the range's global versions carry: its
+// region's publisher, or in a regional-only deployment its local epoch.
+func (r *Replica) closingSource() epoch.Source {
+	if r.global == nil {
+		return r.epochs
+	}
+	return r.global
 }
 
 // maybeClose runs on the leader's tick, under leadership l: it starts a
@@ -130,12 +185,15 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		if now.Sub(l.lastClose) < r.cfg.ClosedInterval {
 			return
 		}
-		src := r.global
-		if src == nil {
-			src = r.epochs // regional-only: versions carry local epochs
+		p, err := r.closingSource().Read(ctx)
+		if err != nil {
+			return
 		}
-		p, err := src.Read(ctx)
-		if err != nil || p < 2 || p-1 <= r.sm.ClosedEpoch() {
+		closed := r.sm.ClosedEpoch()
+		if r.cfg.ClosedLag != nil && p >= closed {
+			r.cfg.ClosedLag.Observe(float64(p - closed))
+		}
+		if p < 2 || p-1 <= closed {
 			return
 		}
 		// Raised to the publisher's value, never above it: a commit in a
@@ -178,9 +236,18 @@ func (r *Replica) ClosedEpoch(start, end []byte) (uint64, error) {
 	return r.sm.ClosedEpoch(), nil
 }
 
+// maxClosedWait caps how long a closed read waits for its epoch to close,
+// whatever the request asks.
+const maxClosedWait = time.Second
+
 // closedRead checks that this replica may serve a read at epoch at from its
-// closed epoch: ErrNotClosed if at passes the closed epoch + 1.
-func (r *Replica) closedRead(at uint64) (uint64, error) {
+// closed epoch, waiting up to wait (at most maxClosedWait) for the closed
+// epoch to reach at-1: ErrNotClosed if at still passes the closed epoch + 1.
+// It returns the closed epoch it judged by.
+func (r *Replica) closedRead(ctx context.Context, at uint64, wait time.Duration) (uint64, error) {
+	if at > 0 {
+		r.sm.waitClosed(ctx, at-1, min(wait, maxClosedWait))
+	}
 	c := r.sm.ClosedEpoch()
 	if at > c+1 {
 		return c, fmt.Errorf("%w: epoch %d, closed epoch %d", ErrNotClosed, at, c)

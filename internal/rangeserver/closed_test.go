@@ -1,8 +1,11 @@
 package rangeserver
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 )
@@ -77,16 +80,45 @@ func TestClosedEpochIsTrustedOnceInTheEngine(t *testing.T) {
 }
 
 // TestClosedReadRefusesAboveTheClosedEpoch: a replica serves a read from
-// its closed epoch c only at epochs up to c+1.
+// its closed epoch c only at epochs up to c+1; asked to wait, it serves
+// once a close raises c enough, and refuses when none does in time.
 func TestClosedReadRefusesAboveTheClosedEpoch(t *testing.T) {
+	ctx := context.Background()
 	sm := openSM(t, 1)
 	apply(t, sm, leaseCmd(1, 1, 100, 1, 0), closedCmd(7, 1))
 	sm.PostApply()
 	r := &Replica{sm: sm}
-	if _, err := r.closedRead(8); err != nil {
+	if _, err := r.closedRead(ctx, 8, 0); err != nil {
 		t.Fatalf("a read at the closed epoch + 1: %v", err)
 	}
-	if _, err := r.closedRead(9); !errors.Is(err, ErrNotClosed) {
+	if _, err := r.closedRead(ctx, 9, 0); !errors.Is(err, ErrNotClosed) {
 		t.Fatalf("a read at the closed epoch + 2: %v, want ErrNotClosed", err)
+	}
+	if _, err := r.closedRead(ctx, 9, 20*time.Millisecond); !errors.Is(err, ErrNotClosed) {
+		t.Fatalf("a read at the closed epoch + 2 with no close while it waits: %v, want ErrNotClosed", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		c, err := r.closedRead(ctx, 9, time.Minute)
+		if err == nil && c != 8 {
+			err = fmt.Errorf("served by closed epoch %d, want 8", c)
+		}
+		done <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	apply(t, sm, closedCmd(8, 1))
+	select {
+	case err := <-done:
+		t.Fatalf("served before the close was in the engine: %v", err)
+	case <-time.After(10 * time.Millisecond):
+	}
+	sm.PostApply()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("a read waiting for epoch 8 to close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the close did not wake the waiting read")
 	}
 }

@@ -107,6 +107,10 @@ type Config struct {
 	// LockWait, if set, observes the seconds each lock acquisition spent in
 	// the lock table (waiting behind other transactions' locks).
 	LockWait prometheus.Observer
+	// ClosedLag, if set, observes the leader's closed-epoch lag each time
+	// it begins a close (DESIGN.md §13): the publisher's epoch minus the
+	// range's closed epoch, in epochs.
+	ClosedLag prometheus.Observer
 	// AddReplica asks node to host an empty replica of d, which names it
 	// as a learner (DESIGN.md §12). nil: replica moves are refused.
 	AddReplica func(ctx context.Context, node uint64, d *pb.RangeDescriptor) error

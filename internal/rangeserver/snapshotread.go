@@ -24,6 +24,18 @@ const (
 	snapshotEpochWait = 5 * time.Second
 )
 
+// awaitEpoch waits, at most snapshotEpochWait, until src shows at least
+// at, and returns what it showed. Errors: ErrSnapshotEpoch.
+func (r *Replica) awaitEpoch(ctx context.Context, src epoch.Source, at uint64) (uint64, error) {
+	ectx, cancel := context.WithTimeout(ctx, snapshotEpochWait)
+	defer cancel()
+	got, err := epoch.WaitAtLeast(ectx, src, at, snapshotPoll)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %d: %v", ErrSnapshotEpoch, at, err)
+	}
+	return got, nil
+}
+
 // SnapshotRead serves one read of a snapshot transaction (paper §5.2,
 // Algorithm 1; DESIGN.md §5). It waits until the region's publisher (for a
 // regional read: its local epoch) shows at least req.At, so that every
@@ -79,26 +91,37 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		if ks == RegionalVersions {
 			return nil, fmt.Errorf("%w: regional snapshots are not served from the closed epoch", ErrBadRequest)
 		}
-		c, err := r.closedRead(req.GetAt())
+		wait := time.Duration(req.GetClosedWaitUs()) * time.Microsecond
+		resp := &pb.SnapshotReadResponse{}
+		if wait > 0 && req.GetAt() > r.sm.ClosedEpoch()+1 {
+			// A follower read (DESIGN.md §13) first waits what the leader
+			// would — for the publisher to show the epoch — then at most
+			// wait more for a close to cover it.
+			began := time.Now()
+			if _, err := r.awaitEpoch(ctx, r.closingSource(), req.GetAt()); err != nil {
+				return nil, err
+			}
+			resp.EpochWaitUs = uint64(time.Since(began).Microseconds())
+		}
+		c, err := r.closedRead(ctx, req.GetAt(), wait)
 		if err != nil {
 			return nil, err
 		}
-		return r.readVersions(ks, req, &pb.SnapshotReadResponse{ClosedEpoch: c}, end, check)
+		resp.ClosedEpoch = c
+		return r.readVersions(ks, req, resp, end, check)
 	}
 	if _, err := r.leader(); err != nil {
 		return nil, err
 	}
 	r.load.record(start)
-	src := r.global
-	if r.global == nil || req.GetRegional() { // regional-only data carries local epochs
+	src := r.closingSource()
+	if req.GetRegional() { // local-epoch versions
 		src = r.epochs
 	}
 	began := time.Now()
-	ectx, ecancel := context.WithTimeout(ctx, snapshotEpochWait)
-	got, err := epoch.WaitAtLeast(ectx, src, req.GetAt(), snapshotPoll)
-	ecancel()
+	got, err := r.awaitEpoch(ctx, src, req.GetAt())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %d: %v", ErrSnapshotEpoch, req.GetAt(), err)
+		return nil, err
 	}
 	lR := req.GetLocalEpoch()
 	if lR == 0 {

@@ -60,6 +60,10 @@ type StateMachine struct {
 	desc   atomic.Pointer[pb.RangeDescriptor] // immutable once stored: replaced, never modified
 	gc     atomic.Pointer[pb.GCThreshold]     // no snapshot reads below it (DESIGN.md §14); replaced, never modified
 	closed atomic.Uint64                      // the closed epoch reads trust (DESIGN.md §13; closed.go)
+	// closedRose is closed, and dropped, when closed rises: the reads
+	// waiting for an epoch to close (waitClosed) wake on it.
+	closedWake sync.Mutex
+	closedRose chan struct{}
 
 	mu           sync.Mutex
 	lease        *pb.Lease

@@ -94,7 +94,7 @@ const (
 	DefaultTxnRecordGrace = time.Minute
 	// DefaultClosedEpochInterval is how often a range leader closes an
 	// epoch (DESIGN.md §13).
-	DefaultClosedEpochInterval = 200 * time.Millisecond
+	DefaultClosedEpochInterval = 30 * time.Millisecond
 	// MinClosedEpochInterval is the shortest closed_epoch_interval accepted.
 	MinClosedEpochInterval = 10 * time.Millisecond
 	// DefaultRangeLeaseEpochs is how far, in local epochs, a range lease

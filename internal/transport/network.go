@@ -34,6 +34,7 @@ type Network struct {
 
 	mu         sync.RWMutex
 	cutNodes   map[uint64]bool
+	starved    map[uint64]bool // nodes no other node reaches; clients still do
 	dead       map[uint64]bool // killed nodes: cut until revived, whatever Heal does
 	cutRegions map[string]bool
 	dropRate   float64
@@ -106,7 +107,7 @@ func (n *Network) lookUp(id uint64) bool {
 // NewNetwork returns a fault-free network with top's latency matrix, whose
 // node book starts as top's nodes.
 func NewNetwork(top *topology.Topology) *Network {
-	n := &Network{top: top, cutNodes: map[uint64]bool{}, dead: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{},
+	n := &Network{top: top, cutNodes: map[uint64]bool{}, starved: map[uint64]bool{}, dead: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{},
 		book: map[uint64]topology.Node{}}
 	for _, nd := range top.Nodes {
 		n.book[nd.ID] = nd
@@ -218,6 +219,9 @@ func (n *Network) Cut(from, to Endpoint) bool {
 	if n.cutNodes[from.Node] || n.cutNodes[to.Node] || n.dead[from.Node] || n.dead[to.Node] {
 		return true
 	}
+	if from.Node != 0 && n.starved[to.Node] {
+		return true
+	}
 	return from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region])
 }
 
@@ -235,6 +239,15 @@ func (n *Network) Duplicated() bool {
 func (n *Network) CutNode(id uint64) {
 	n.mu.Lock()
 	n.cutNodes[id] = true
+	n.mu.Unlock()
+}
+
+// Starve cuts node id off from every other node's messages until Heal,
+// while clients still reach it and it still reaches everyone: a replica
+// that falls behind its group's log (no appends arrive) yet answers reads.
+func (n *Network) Starve(id uint64) {
+	n.mu.Lock()
+	n.starved[id] = true
 	n.mu.Unlock()
 }
 
@@ -289,6 +302,7 @@ func (n *Network) SetExtraDelay(d time.Duration) {
 func (n *Network) Heal() {
 	n.mu.Lock()
 	n.cutNodes = map[uint64]bool{}
+	n.starved = map[uint64]bool{}
 	n.cutRegions = map[string]bool{}
 	n.dropRate = 0
 	n.dupRate = 0

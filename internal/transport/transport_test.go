@@ -219,6 +219,25 @@ func TestCutAndHeal(t *testing.T) {
 	pingRTT(t, client, 2, 1)
 	pingRTT(t, client, 3, 1)
 
+	// A starved node gets no raft message, yet a client reaches it.
+	net.Starve(2)
+	before := nodes[2].rec.count()
+	nodes[1].raft.Send(1, &raftpb.Message{To: proto.Uint64(2), Index: proto.Uint64(1)})
+	time.Sleep(50 * time.Millisecond)
+	if got := nodes[2].rec.count(); got != before {
+		t.Fatalf("a starved node received %d raft messages", got-before)
+	}
+	pingRTT(t, client, 2, 1)
+	net.Heal()
+	nodes[1].raft.Send(1, &raftpb.Message{To: proto.Uint64(2), Index: proto.Uint64(2)})
+	deadline := time.Now().Add(5 * time.Second)
+	for nodes[2].rec.count() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("a healed node received no raft message")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
 	net.SetDropRate(1)
 	if _, err := transportpb.NewTransportClient(mustConn(t, client, 1)).Ping(context.Background(), &transportpb.PingRequest{}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("ping at drop rate 1 = %v, want Unavailable", err)

@@ -2766,7 +2766,12 @@ type SnapshotReadRequest struct {
 	// closed: serve from the range's closed epoch c (DESIGN.md §13): refused
 	// unless at <= c+1, and then read with no epoch or lock wait, by any
 	// replica that applied c (global-epoch versions only, not regional).
-	Closed        bool `protobuf:"varint,12,opt,name=closed,proto3" json:"closed,omitempty"`
+	Closed bool `protobuf:"varint,12,opt,name=closed,proto3" json:"closed,omitempty"`
+	// closed_wait_us: with closed, how long the replica may wait for its
+	// closed epoch to reach at-1 before it refuses (µs; 0: refuse at once).
+	// A follower read (DESIGN.md §13) waits about what going to the leader
+	// instead would cost; the replica caps it.
+	ClosedWaitUs  uint64 `protobuf:"varint,13,opt,name=closed_wait_us,json=closedWaitUs,proto3" json:"closed_wait_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2883,6 +2888,13 @@ func (x *SnapshotReadRequest) GetClosed() bool {
 		return x.Closed
 	}
 	return false
+}
+
+func (x *SnapshotReadRequest) GetClosedWaitUs() uint64 {
+	if x != nil {
+		return x.ClosedWaitUs
+	}
+	return 0
 }
 
 // Change is one stored version of a key: a value or a deletion.
@@ -3874,7 +3886,7 @@ const file_range_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\"'\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
-	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xb8\x02\n" +
+	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xde\x02\n" +
 	"\x13SnapshotReadRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
@@ -3890,7 +3902,8 @@ const file_range_proto_rawDesc = "" +
 	" \x01(\x04R\x05since\x12\x1f\n" +
 	"\vnewest_only\x18\v \x01(\bR\n" +
 	"newestOnly\x12\x16\n" +
-	"\x06closed\x18\f \x01(\bR\x06closed\"\x82\x01\n" +
+	"\x06closed\x18\f \x01(\bR\x06closed\x12$\n" +
+	"\x0eclosed_wait_us\x18\r \x01(\x04R\fclosedWaitUs\"\x82\x01\n" +
 	"\x06Change\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1c\n" +
