@@ -49,17 +49,17 @@ type Coordinator struct {
 	stateID  uint64
 	forget   *forgetter // records of finished two-phase commits
 
-	mode     atomic.Pointer[CommitMode] // nil: Chablis
+	mode atomic.Pointer[CommitMode] // nil: Chablis
 	// followerReads is the FollowerReads policy of snapshot reads; spread
 	// rotates a read's choice among equally near followers.
 	followerReads atomic.Uint32
 	spread        atomic.Uint64
-	routes   *routing.Cache             // range descriptors and leader hints
-	nodes    routing.NodesResolver      // asks the nodes which ranges they host
-	session  atomic.Uint64              // the highest epoch this client has committed at
-	lastPrio atomic.Uint64
-	crash    atomic.Pointer[CrashHook] // nil: none
-	stall    atomic.Pointer[StallHook] // nil: none
+	routes        *routing.Cache        // range descriptors and leader hints
+	nodes         routing.NodesResolver // asks the nodes which ranges they host
+	session       atomic.Uint64         // the highest epoch this client has committed at
+	lastPrio      atomic.Uint64
+	crash         atomic.Pointer[CrashHook] // nil: none
+	stall         atomic.Pointer[StallHook] // nil: none
 
 	wg      sync.WaitGroup // commit notifications and heartbeats in flight
 	beating sync.Map       // *heartbeater → struct{}: open transactions' heartbeats
