@@ -492,11 +492,14 @@ type RangeInfo struct {
 	Start, End []byte
 	Region     string
 	Replicas   []uint64
+	// NonVoters are the range's non-voting replicas (DESIGN.md §13), by
+	// node id: they serve snapshot reads from their closed epoch.
+	NonVoters  []uint64
 	Generation uint64
 }
 
 func rangeInfo(d *rangepb.RangeDescriptor) RangeInfo {
-	r := RangeInfo{ID: d.GetRangeId(), Start: d.GetStartKey(), Region: d.GetRegion(), Replicas: d.GetReplicas(), Generation: d.GetGeneration()}
+	r := RangeInfo{ID: d.GetRangeId(), Start: d.GetStartKey(), Region: d.GetRegion(), Replicas: d.GetReplicas(), NonVoters: d.GetNonVoters(), Generation: d.GetGeneration()}
 	if len(d.GetEndKey()) > 0 {
 		r.End = d.GetEndKey()
 	}
@@ -554,6 +557,33 @@ func (db *DB) AdminTransferLease(ctx context.Context, key []byte, to uint64) (Ra
 // changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown.
 func (db *DB) AdminMoveReplica(ctx context.Context, key []byte, from, to uint64) (RangeInfo, error) {
 	d, err := db.coord.MoveReplica(ctx, key, from, to)
+	if err != nil {
+		return RangeInfo{}, err
+	}
+	return rangeInfo(d), nil
+}
+
+// AdminAddNonVoter adds a non-voting replica of the range holding key on
+// node, any node of the cluster that does not host the range, in any
+// region (DESIGN.md §13): an operator's action (`terroir admin range
+// add-non-voter`). The replica joins as a learner that stays one, catches
+// up by a streamed snapshot, and from then on serves snapshot reads of
+// clients near it from its closed epoch, with no call to the home region.
+// It returns the range as it is after. Errors: ErrMoveTarget (nothing
+// changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown.
+func (db *DB) AdminAddNonVoter(ctx context.Context, key []byte, node uint64) (RangeInfo, error) {
+	d, err := db.coord.ChangeNonVoter(ctx, key, node, false)
+	if err != nil {
+		return RangeInfo{}, err
+	}
+	return rangeInfo(d), nil
+}
+
+// AdminRemoveNonVoter removes the non-voting replica on node of the range
+// holding key (`terroir admin range remove-non-voter`). Errors as
+// AdminAddNonVoter's.
+func (db *DB) AdminRemoveNonVoter(ctx context.Context, key []byte, node uint64) (RangeInfo, error) {
+	d, err := db.coord.ChangeNonVoter(ctx, key, node, true)
 	if err != nil {
 		return RangeInfo{}, err
 	}

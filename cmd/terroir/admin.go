@@ -176,6 +176,40 @@ func adminCmd() *cobra.Command {
 			})
 		},
 	})
+	for _, remove := range []bool{false, true} {
+		use, short, long := "add-non-voter <key> <node>", "Add a non-voting replica of the range holding key on a node of any region",
+			"add-non-voter asks the range's leaseholder to add a non-voting replica on node (DESIGN.md §13): a\n"+
+				"learner that stays one, in any region, caught up by a snapshot streamed across the WAN.\n"+
+				"It serves snapshot reads (strong, serializable) of clients in its region from its closed\n"+
+				"epoch, with no call to the home region. A node that hosts the range already is refused."
+		if remove {
+			use, short, long = "remove-non-voter <key> <node>", "Remove the range's non-voting replica on a node",
+				"remove-non-voter removes the non-voting replica on node of the range holding key, and the\n"+
+					"node drops it. A node that hosts no non-voter of the range is refused."
+		}
+		rng.AddCommand(&cobra.Command{
+			Use: use, Short: short, Long: long,
+			Args: cobra.ExactArgs(2),
+			RunE: func(c *cobra.Command, args []string) error {
+				id, err := strconv.ParseUint(args[1], 10, 64)
+				if err != nil || id == 0 {
+					return fmt.Errorf("node %q is not a node id (a positive whole number)", args[1])
+				}
+				return withClient(c, func(ctx context.Context, db *client.DB) error {
+					change, verb := db.AdminAddNonVoter, "added: "
+					if remove {
+						change, verb = db.AdminRemoveNonVoter, "removed: "
+					}
+					r, err := change(ctx, []byte(args[0]), id)
+					if err != nil {
+						return err
+					}
+					printRange(c, verb, r)
+					return nil
+				})
+			},
+		})
+	}
 	rng.AddCommand(&cobra.Command{
 		Use:   "list",
 		Short: "Print every range: id, span, home region, replicas, leaseholder, lease, closed epoch, generation, size, load",
@@ -194,8 +228,12 @@ func adminCmd() *cobra.Command {
 					if r.GetLeader() {
 						load = fmt.Sprintf("%.0f/s", r.GetQps())
 					}
-					fmt.Fprintf(w, "%d\t[%q, %q)\t%s\t%v\t%d\t[%d, %d]\t%d\t%d\t%s\t%s\n", d.GetRangeId(), d.GetStartKey(), d.GetEndKey(),
-						d.GetRegion(), d.GetReplicas(), l.GetHolder(), l.GetStart(), l.GetEnd(), r.GetClosedEpoch(), d.GetGeneration(), humanBytes(r.GetSizeBytes()), load)
+					replicas := fmt.Sprint(d.GetReplicas())
+					if nv := d.GetNonVoters(); len(nv) > 0 {
+						replicas += fmt.Sprintf("+non-voters%v", nv)
+					}
+					fmt.Fprintf(w, "%d\t[%q, %q)\t%s\t%s\t%d\t[%d, %d]\t%d\t%d\t%s\t%s\n", d.GetRangeId(), d.GetStartKey(), d.GetEndKey(),
+						d.GetRegion(), replicas, l.GetHolder(), l.GetStart(), l.GetEnd(), r.GetClosedEpoch(), d.GetGeneration(), humanBytes(r.GetSizeBytes()), load)
 				}
 				if err := w.Flush(); err != nil {
 					return err
@@ -213,7 +251,11 @@ func adminCmd() *cobra.Command {
 
 // printRange prints one range's descriptor on a line, after prefix.
 func printRange(c *cobra.Command, prefix string, r client.RangeInfo) {
-	fmt.Fprintf(c.OutOrStdout(), "%srange %d\t[%q, %q)\t%s\treplicas %v\tgeneration %d\n", prefix, r.ID, r.Start, r.End, r.Region, r.Replicas, r.Generation)
+	nv := ""
+	if len(r.NonVoters) > 0 {
+		nv = fmt.Sprintf("\tnon-voters %v", r.NonVoters)
+	}
+	fmt.Fprintf(c.OutOrStdout(), "%srange %d\t[%q, %q)\t%s\treplicas %v%s\tgeneration %d\n", prefix, r.ID, r.Start, r.End, r.Region, r.Replicas, nv, r.Generation)
 }
 
 // coordinatorRegion is a region an operator's client can run from: the first

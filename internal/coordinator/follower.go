@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -13,27 +14,30 @@ import (
 )
 
 // FollowerReads says which replica serves a snapshot's reads (DESIGN.md
-// §13). A replica that is not the leader serves a read at epoch s from its
-// closed epoch c when s ≤ c+1, with no lock or epoch wait; otherwise it
-// waits briefly for c to rise, then refuses, and the read goes to the
-// leader. Only modes whose epoch a closed epoch covers use followers:
-// Strong, StrongLocal, Serializable and SerializableStale. Linearizable
-// (its check needs the newest versions, which only the leader is sure to
-// hold) and Regional (local-epoch versions are not closed) always read at
-// the leader.
+// §13). A replica that is not the leader — a follower, or a non-voting
+// replica in another region — serves a read at epoch s from its closed
+// epoch c when s ≤ c+1, with no lock or epoch wait; otherwise it waits
+// briefly for c to rise, then refuses, and the read goes to the leader.
+// Only modes whose epoch a closed epoch covers may use followers: Strong,
+// StrongLocal, Serializable and SerializableStale. Linearizable (its check
+// needs the newest versions, which only the leader is sure to hold) and
+// Regional (local-epoch versions are not closed) always read at the
+// leader.
 type FollowerReads uint8
 
 const (
-	// FollowerReadsNearest, the default, sends each read to the nearest
-	// replica: one in the client's region first, then by round trip. A
-	// follower as near as the leader serves only SerializableStale reads
-	// (whose epoch it has almost always closed); the others go to the
-	// leader, which has no closed epoch to wait for.
+	// FollowerReadsNearest, the default, sends Serializable and
+	// SerializableStale reads to the nearest replica: one in the client's
+	// region first, then by round trip. A follower as near as the leader
+	// serves only SerializableStale reads (whose epoch it has almost always
+	// closed). Strong reads go to the leader: their epoch is the newest, and
+	// a follower learns it closed about a closed-epoch interval and a
+	// one-way trip from the home region after the leader could serve it.
 	FollowerReadsNearest FollowerReads = iota
-	// FollowerReadsPreferred sends every read it can to the nearest
-	// follower, also when the leader is as near, and lets the follower wait
-	// up to two closed-epoch intervals more for its epoch to close: it
-	// spreads snapshot reads off the leaders at some latency.
+	// FollowerReadsPreferred sends every read it can, Strong ones too, to
+	// the nearest follower, also when the leader is as near, and lets the
+	// follower wait up to two closed-epoch intervals more for its epoch to
+	// close: it spreads snapshot reads off the leaders at some latency.
 	FollowerReadsPreferred
 	// FollowerReadsOff sends every read to the leader.
 	FollowerReadsOff
@@ -80,7 +84,10 @@ func followerMode(mode SnapshotMode) bool {
 // cost). ok is false when the read should go to the leader.
 func (c *Coordinator) followerTarget(g *pb.RangeDescriptor, mode SnapshotMode) (node uint64, wait time.Duration, ok bool) {
 	policy := FollowerReads(c.followerReads.Load())
-	if policy == FollowerReadsOff || !followerMode(mode) || len(g.GetReplicas()) == 0 {
+	switch {
+	case policy == FollowerReadsOff || !followerMode(mode) || len(g.GetReplicas()) == 0:
+		return 0, 0, false
+	case policy == FollowerReadsNearest && mode != Serializable && mode != SerializableStale:
 		return 0, 0, false
 	}
 	net := c.dialer.Network()
@@ -90,7 +97,7 @@ func (c *Coordinator) followerTarget(g *pb.RangeDescriptor, mode SnapshotMode) (
 	}
 	best := time.Duration(math.MaxInt64)
 	var tier []uint64 // the nearest replicas
-	for _, id := range g.GetReplicas() {
+	for _, id := range append(slices.Clone(g.GetReplicas()), g.GetNonVoters()...) {
 		region := g.GetRegion()
 		if nd, ok := net.Resolve(id); ok {
 			region = nd.Region

@@ -14,6 +14,39 @@ import (
 // or in another region). Nothing changed.
 var ErrMoveTarget = errors.New("terroir: the replica cannot move there")
 
+// ChangeNonVoter adds (or, with remove, removes) a non-voting replica of
+// the range holding key on node, at the range's leaseholder (DESIGN.md
+// §13): node hosts an empty replica, joins as a learner that stays one and
+// catches up by a streamed snapshot; from then on it serves snapshot reads
+// from its closed epoch. It returns the range's new descriptor. Errors:
+// ErrMoveTarget (nothing changed: an unknown node, one that hosts the
+// range already, or, to remove, one that is not a non-voter), ErrKeyTooLarge,
+// ErrUnavailable, ErrCommitUnknown.
+func (c *Coordinator) ChangeNonVoter(ctx context.Context, key []byte, node uint64, remove bool) (*pb.RangeDescriptor, error) {
+	if _, ok := c.dialer.Network().Resolve(node); !ok {
+		return nil, fmt.Errorf("%w: node %d is not in the cluster", ErrMoveTarget, node)
+	}
+	var out *pb.RangeDescriptor
+	_, err := c.operate(ctx, key, ErrMoveTarget, func(d *pb.RangeDescriptor) error {
+		switch {
+		case remove && !slices.Contains(d.GetNonVoters(), node):
+			return fmt.Errorf("%w: node %d hosts no non-voting replica of range %d (non-voters %v)", ErrMoveTarget, node, d.GetRangeId(), d.GetNonVoters())
+		case !remove && (slices.Contains(d.GetReplicas(), node) || slices.Contains(d.GetNonVoters(), node)):
+			return fmt.Errorf("%w: node %d hosts range %d already (replicas %v, non-voters %v)", ErrMoveTarget, node, d.GetRangeId(), d.GetReplicas(), d.GetNonVoters())
+		}
+		return nil
+	}, func(ctx context.Context, rc pb.RangeClient, d *pb.RangeDescriptor) error {
+		resp, err := rc.ChangeNonVoter(ctx, &pb.ChangeNonVoterRequest{RangeId: d.GetRangeId(), Node: node, Remove: remove})
+		out = resp.GetRangeDescriptor()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.routes.Update(out)
+	return out, nil
+}
+
 // MoveReplica moves the replica of the range holding key from node from to
 // node to (DESIGN.md §12), at the range's leaseholder: to joins as a
 // learner, catches up by a streamed snapshot, and is promoted as from is

@@ -313,7 +313,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 	if !named(d, n.cfg.NodeID) {
 		// Still a member while a joint change that removes it is under way.
 		if cs, err := raftgroup.StoredConf(n.engine, d.GetRangeId()); err != nil || !raftgroup.InConf(cs, n.cfg.NodeID) {
-			return nil, fmt.Errorf("node %d: range %d (replicas %v, learners %v): %w", n.cfg.NodeID, d.GetRangeId(), d.GetReplicas(), d.GetLearners(), errNotNamed)
+			return nil, fmt.Errorf("node %d: range %d (replicas %v, learners %v, non-voters %v): %w", n.cfg.NodeID, d.GetRangeId(), d.GetReplicas(), d.GetLearners(), d.GetNonVoters(), errNotNamed)
 		}
 	}
 	voters := d.GetReplicas()
@@ -332,7 +332,12 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 			return nil, err
 		}
 	}
-	rg, err := n.host.AddGroup(d.GetRangeId(), voters, sm)
+	if here := n.dialer.Self().Region; here != d.GetRegion() && srcs.Publisher != nil {
+		if near, err := n.reader(topology.KindPublisher, here); err == nil {
+			srcs.Near = near // a non-voting replica (DESIGN.md §13)
+		}
+	}
+	rg, err := n.host.AddGroupWithLearners(d.GetRangeId(), voters, d.GetNonVoters(), sm)
 	if err != nil {
 		return nil, err
 	}

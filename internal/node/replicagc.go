@@ -22,8 +22,9 @@ import (
 // change removed it gets neither: the group's leader no longer sends it
 // entries, and the move's request failed. It would be hosted for good,
 // and its node could never be marked gone. So every node, every
-// Config.ReplicaGCInterval, asks the other nodes of its
-// region for their descriptors and group configurations, and drops each
+// Config.ReplicaGCInterval, asks the other nodes of its region (and, for
+// a non-voting replica of a range homed elsewhere, that range's voters)
+// for their descriptors and group configurations, and drops each
 // replica of its own that a newer one leaves out. Dropping a range replica
 // deletes its span's data on this node, so no replica whose span overlaps
 // it is hosted here meanwhile (AddRangeReplica waits: awaitNoOverlap).
@@ -89,6 +90,15 @@ func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 	for _, p := range n.dialer.RegionNodes(region, nil) {
 		if p != self {
 			peers = append(peers, p)
+		}
+	}
+	for _, r := range n.rangeReplicas() {
+		if d := r.Desc(); d.GetRegion() != region { // a non-voting replica (DESIGN.md §13): its voters know
+			for _, p := range d.GetReplicas() {
+				if !slices.Contains(peers, p) {
+					peers = append(peers, p)
+				}
+			}
 		}
 	}
 	newest := map[uint64]*pb.RangeDescriptor{}

@@ -35,10 +35,11 @@ func (s *statusServer) AddRangeReplica(ctx context.Context, req *nodepb.AddRange
 	n := s.n
 	d := req.GetRangeDescriptor()
 	self, _ := n.cfg.Topology.Node(n.cfg.NodeID)
+	nonVoter := slices.Contains(d.GetNonVoters(), n.cfg.NodeID)
 	switch {
-	case !slices.Contains(d.GetLearners(), n.cfg.NodeID):
+	case !slices.Contains(d.GetLearners(), n.cfg.NodeID) && !nonVoter:
 		return nil, status.Errorf(codes.InvalidArgument, "range %d's descriptor does not name node %d as a learner", d.GetRangeId(), n.cfg.NodeID)
-	case d.GetRegion() != self.Region:
+	case d.GetRegion() != self.Region && !nonVoter: // a non-voter may be in any region (DESIGN.md §13)
 		return nil, status.Errorf(codes.InvalidArgument, "range %d is homed in %s, node %d is in %s", d.GetRangeId(), d.GetRegion(), n.cfg.NodeID, self.Region)
 	}
 	if r := n.Range(d.GetRangeId()); r != nil {
@@ -99,9 +100,9 @@ func (s *statusServer) RemoveRangeReplica(ctx context.Context, req *nodepb.Remov
 	return &nodepb.RemoveRangeReplicaResponse{}, nil
 }
 
-// named reports whether d names node as a replica or learner.
+// named reports whether d names node as a replica, learner or non-voter.
 func named(d *pb.RangeDescriptor, node uint64) bool {
-	return slices.Contains(d.GetReplicas(), node) || slices.Contains(d.GetLearners(), node)
+	return slices.Contains(d.GetReplicas(), node) || slices.Contains(d.GetLearners(), node) || slices.Contains(d.GetNonVoters(), node)
 }
 
 // onReplicasChanged runs on every replica once a configuration change of
@@ -288,7 +289,13 @@ func dataSpans(d *pb.RangeDescriptor) [][2][]byte {
 // (rangeserver.Config.AddReplica), once its region's registry shows it live
 // (liveTarget's errors).
 func (n *Node) addReplica(ctx context.Context, node uint64, d *pb.RangeDescriptor) error {
-	if err := n.liveTarget(ctx, node, d.GetRegion()); err != nil {
+	region := d.GetRegion()
+	if slices.Contains(d.GetNonVoters(), node) { // in any region (DESIGN.md §13)
+		if nd, ok := n.dialer.Network().Resolve(node); ok {
+			region = nd.Region
+		}
+	}
+	if err := n.liveTarget(ctx, node, region); err != nil {
 		return refusedTarget(err)
 	}
 	conn, err := n.dialer.Conn(node)

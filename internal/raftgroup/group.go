@@ -199,12 +199,12 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func newGroup(id, self uint64, voters []uint64, e *storage.Engine, sm StateMachine, cfg Config, m *Metrics) (*Group, error) {
+func newGroup(id, self uint64, voters, learners []uint64, e *storage.Engine, sm StateMachine, cfg Config, m *Metrics) (*Group, error) {
 	_, streamed := sm.(Streamed)
 	if _, copied := sm.(Snapshotter); streamed == copied {
 		return nil, fmt.Errorf("raftgroup: group %d: state machine %T must be either a Snapshotter or Streamed", id, sm)
 	}
-	ls, err := openLogStore(e, id, voters)
+	ls, err := openLogStoreConf(e, id, voters, learners)
 	if err != nil {
 		return nil, err
 	}

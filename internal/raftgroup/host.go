@@ -118,6 +118,13 @@ func NewHost(self uint64, e *storage.Engine, cfg Config, m *Metrics) *Host {
 // IDs) over sm, recovering its Raft state from the engine. Errors wrap
 // storage.ErrCorrupt when the stored state is damaged.
 func (h *Host) AddGroup(id uint64, voters []uint64, sm StateMachine) (*Group, error) {
+	return h.AddGroupWithLearners(id, voters, nil, sm)
+}
+
+// AddGroupWithLearners is AddGroup for a group whose first configuration
+// (used only when voters is not empty) also has learners: the right-hand
+// range of a split that has non-voting replicas (DESIGN.md §13).
+func (h *Host) AddGroupWithLearners(id uint64, voters, learners []uint64, sm StateMachine) (*Group, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -126,7 +133,7 @@ func (h *Host) AddGroup(id uint64, voters []uint64, sm StateMachine) (*Group, er
 	if _, dup := h.groups[id]; dup {
 		return nil, fmt.Errorf("raftgroup: group %d already hosted", id)
 	}
-	g, err := newGroup(id, h.self, voters, h.e, sm, h.cfg, h.metrics)
+	g, err := newGroup(id, h.self, voters, learners, h.e, sm, h.cfg, h.metrics)
 	if err != nil {
 		return nil, err
 	}

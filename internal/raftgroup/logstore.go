@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
@@ -110,6 +111,12 @@ func (s *logStore) cacheDropThrough(index uint64) {
 // A log with holes, or one that ends before its recorded commit index (synced
 // entries lost), is corrupt.
 func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, error) {
+	return openLogStoreConf(e, group, voters, nil)
+}
+
+// openLogStoreConf is openLogStore for a group whose first configuration
+// also has learners.
+func openLogStoreConf(e *storage.Engine, group uint64, voters, learners []uint64) (*logStore, error) {
 	s := &logStore{e: e, group: group, hs: &raftpb.HardState{}, cs: &raftpb.ConfState{}}
 	if err := s.load(recHardState, s.hs); err != nil {
 		return nil, err
@@ -119,7 +126,10 @@ func openLogStore(e *storage.Engine, group uint64, voters []uint64) (*logStore, 
 		return nil, err
 	}
 	if !found {
-		s.cs = &raftpb.ConfState{Voters: append([]uint64(nil), voters...)}
+		s.cs = &raftpb.ConfState{Voters: slices.Clone(voters)}
+		if len(voters) > 0 {
+			s.cs.Learners = slices.Clone(learners)
+		}
 		b := e.NewBatch()
 		if err := s.put(b, recConfState, s.cs); err != nil {
 			return nil, err

@@ -52,6 +52,21 @@ type MoveSteps struct {
 	// Best effort: a node drops a replica by itself when it applies a
 	// configuration that leaves it out.
 	Drop func(ctx context.Context, node uint64) error
+	// Keep lists the learners meant to stay: a range's non-voting replicas
+	// (DESIGN.md §13). No move removes them as leftovers, and every change
+	// keeps them.
+	Keep []uint64
+}
+
+// leftovers returns the learners a move cut short left behind: those not
+// kept.
+func (s MoveSteps) leftovers(learners []uint64) []uint64 {
+	return slices.DeleteFunc(slices.Clone(learners), func(n uint64) bool { return slices.Contains(s.Keep, n) })
+}
+
+// kept returns the kept learners plus extra.
+func (s MoveSteps) kept(extra ...uint64) []uint64 {
+	return append(slices.Clone(s.Keep), extra...)
 }
 
 // movePoll is how often a move checks its learner's progress and whether
@@ -68,6 +83,7 @@ const changeTimeout = 5 * time.Second
 // effort). Errors: ErrMoveStuck, ErrNotLeader.
 func (g *Group) RemoveLearners(ctx context.Context, steps MoveSteps) error {
 	voters, learners, joint := g.Members()
+	learners = steps.leftovers(learners)
 	switch {
 	case len(learners) == 0:
 		return nil
@@ -80,8 +96,9 @@ func (g *Group) RemoveLearners(ctx context.Context, steps MoveSteps) error {
 }
 
 func (g *Group) removeLearners(ctx context.Context, steps MoveSteps, voters, learners []uint64) error {
+	learners = steps.leftovers(learners)
 	for i, n := range learners {
-		if _, err := g.changeVoters(ctx, steps, voters, learners[i+1:], confChange(raftpb.ConfChangeRemoveNode, n)); err != nil {
+		if _, err := g.changeVoters(ctx, steps, voters, steps.kept(learners[i+1:]...), confChange(raftpb.ConfChangeRemoveNode, n)); err != nil {
 			return fmt.Errorf("%w: removing the learner on node %d a failed move left: %v", ErrMoveStuck, n, err)
 		}
 		if steps.Drop != nil {
@@ -105,6 +122,8 @@ func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveStep
 		return nil, fmt.Errorf("%w: node %d is not a voter of group %d (voters %v)", ErrMoveTarget, from, g.id, voters)
 	case to == 0 || slices.Contains(voters, to):
 		return nil, fmt.Errorf("%w: node %d is a voter of group %d already (voters %v)", ErrMoveTarget, to, g.id, voters)
+	case slices.Contains(steps.Keep, to):
+		return nil, fmt.Errorf("%w: node %d is a non-voting replica of group %d", ErrMoveTarget, to, g.id)
 	case from == g.self:
 		return nil, fmt.Errorf("%w: the leader of group %d cannot move its own replica", ErrMoveTarget, g.id)
 	case joint:
@@ -115,32 +134,11 @@ func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveStep
 	if err := g.removeLearners(ctx, steps, voters, learners); err != nil {
 		return nil, err
 	}
-	if err := steps.Host(ctx, to, voters, []uint64{to}); err != nil {
-		if errors.Is(err, ErrMoveTarget) {
-			return nil, fmt.Errorf("node %d cannot host group %d: %w", to, g.id, err)
-		}
-		return nil, fmt.Errorf("%w: node %d cannot host group %d now: %w", ErrHostFailed, to, g.id, err)
-	}
-	if _, err := g.changeVoters(ctx, steps, voters, []uint64{to}, confChange(raftpb.ConfChangeAddLearnerNode, to)); err != nil {
-		if steps.Drop != nil && !errors.Is(err, ErrOutcomeUnknown) { // the empty replica hosted for nothing
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), changeTimeout)
-			defer cancel()
-			_ = steps.Drop(dctx, to)
-		}
+	if _, err := g.addLearner(ctx, to, voters, steps); err != nil {
 		return nil, err
 	}
-	if err := g.awaitCatchUp(ctx, to); err != nil {
-		// Take the learner out again (best effort: a later move finds it
-		// and removes it first).
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), changeTimeout)
-		defer cancel()
-		if _, rerr := g.changeVoters(rctx, steps, voters, nil, confChange(raftpb.ConfChangeRemoveNode, to)); rerr == nil && steps.Drop != nil {
-			_ = steps.Drop(rctx, to)
-		}
-		return nil, fmt.Errorf("%w: node %d's replica of group %d did not catch up: %v", ErrMoveStuck, to, g.id, err)
-	}
 	next := append(slices.DeleteFunc(slices.Clone(voters), func(n uint64) bool { return n == from }), to)
-	res, err := g.changeVoters(ctx, steps, next, nil,
+	res, err := g.changeVoters(ctx, steps, next, steps.kept(),
 		confChange(raftpb.ConfChangeAddNode, to), confChange(raftpb.ConfChangeRemoveNode, from))
 	if err != nil {
 		return nil, err
@@ -155,6 +153,88 @@ func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveStep
 	}
 	if steps.Drop != nil {
 		_ = steps.Drop(ctx, from)
+	}
+	return res, nil
+}
+
+// addLearner has node `to` host a replica, adds it as a learner beside the
+// kept ones, and waits until it has caught up; a learner that does not is
+// taken out again. It returns the state machine's result of the change
+// that added it.
+func (g *Group) addLearner(ctx context.Context, to uint64, voters []uint64, steps MoveSteps) (any, error) {
+	if err := steps.Host(ctx, to, voters, steps.kept(to)); err != nil {
+		if errors.Is(err, ErrMoveTarget) {
+			return nil, fmt.Errorf("node %d cannot host group %d: %w", to, g.id, err)
+		}
+		return nil, fmt.Errorf("%w: node %d cannot host group %d now: %w", ErrHostFailed, to, g.id, err)
+	}
+	res, err := g.changeVoters(ctx, steps, voters, steps.kept(to), confChange(raftpb.ConfChangeAddLearnerNode, to))
+	if err != nil {
+		if steps.Drop != nil && !errors.Is(err, ErrOutcomeUnknown) { // the empty replica hosted for nothing
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), changeTimeout)
+			defer cancel()
+			_ = steps.Drop(dctx, to)
+		}
+		return nil, err
+	}
+	if err := g.awaitCatchUp(ctx, to); err != nil {
+		// Take the learner out again (best effort: a later move finds it
+		// and removes it first).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), changeTimeout)
+		defer cancel()
+		if _, rerr := g.changeVoters(rctx, steps, voters, steps.kept(), confChange(raftpb.ConfChangeRemoveNode, to)); rerr == nil && steps.Drop != nil {
+			_ = steps.Drop(rctx, to)
+		}
+		return nil, fmt.Errorf("%w: node %d's replica of group %d did not catch up: %v", ErrMoveStuck, to, g.id, err)
+	}
+	return res, nil
+}
+
+// AddNonVoter adds a learner on node `to` that stays one (a range's
+// non-voting replica, DESIGN.md §13), at the leader: the node hosts an
+// empty replica, joins as a learner beside steps.Keep, and catches up
+// from the log or a snapshot. Leftover learners are removed first. It
+// returns the state machine's result of the change that added it.
+// Errors: ErrMoveTarget (to is a member already), ErrHostFailed,
+// ErrMoveStuck (a joint configuration, or it did not catch up before ctx
+// ended: it is taken out again), ErrNotLeader.
+func (g *Group) AddNonVoter(ctx context.Context, to uint64, steps MoveSteps) (any, error) {
+	voters, learners, joint := g.Members()
+	switch {
+	case to == 0 || slices.Contains(voters, to) || slices.Contains(steps.Keep, to):
+		return nil, fmt.Errorf("%w: node %d is a member of group %d already (voters %v, non-voters %v)", ErrMoveTarget, to, g.id, voters, steps.Keep)
+	case joint:
+		return nil, fmt.Errorf("%w: group %d is leaving a joint configuration", ErrMoveStuck, g.id)
+	case !g.IsLeader():
+		return nil, ErrNotLeader
+	}
+	if err := g.removeLearners(ctx, steps, voters, learners); err != nil {
+		return nil, err
+	}
+	return g.addLearner(ctx, to, voters, steps)
+}
+
+// RemoveNonVoter removes the kept learner on node, at the leader, and asks
+// the node to drop its replica (best effort). It returns the state
+// machine's result of the change. Errors: ErrMoveTarget (node is not one
+// of steps.Keep), ErrMoveStuck (a joint configuration), ErrNotLeader.
+func (g *Group) RemoveNonVoter(ctx context.Context, node uint64, steps MoveSteps) (any, error) {
+	voters, _, joint := g.Members()
+	switch {
+	case !slices.Contains(steps.Keep, node):
+		return nil, fmt.Errorf("%w: node %d is not a non-voting replica of group %d (non-voters %v)", ErrMoveTarget, node, g.id, steps.Keep)
+	case joint:
+		return nil, fmt.Errorf("%w: group %d is leaving a joint configuration", ErrMoveStuck, g.id)
+	case !g.IsLeader():
+		return nil, ErrNotLeader
+	}
+	rest := slices.DeleteFunc(steps.kept(), func(n uint64) bool { return n == node })
+	res, err := g.changeVoters(ctx, steps, voters, rest, confChange(raftpb.ConfChangeRemoveNode, node))
+	if err != nil {
+		return nil, err
+	}
+	if steps.Drop != nil {
+		_ = steps.Drop(ctx, node)
 	}
 	return res, nil
 }

@@ -113,8 +113,9 @@ func (r *Replica) rightNeighbour() (*Replica, error) {
 	if rd.GetRegion() != d.GetRegion() {
 		return nil, fmt.Errorf("%w: range %d is homed in %s, range %d in %s", ErrMergeRegions, d.GetRangeId(), d.GetRegion(), rd.GetRangeId(), rd.GetRegion())
 	}
-	if !sameNodes(rd.GetReplicas(), d.GetReplicas()) {
-		return nil, fmt.Errorf("%w: range %d on nodes %v, range %d on %v", ErrMergeReplicas, d.GetRangeId(), d.GetReplicas(), rd.GetRangeId(), rd.GetReplicas())
+	if !sameNodes(rd.GetReplicas(), d.GetReplicas()) || !sameNodes(rd.GetNonVoters(), d.GetNonVoters()) {
+		return nil, fmt.Errorf("%w: range %d on nodes %v (non-voters %v), range %d on %v (non-voters %v)", ErrMergeReplicas,
+			d.GetRangeId(), d.GetReplicas(), d.GetNonVoters(), rd.GetRangeId(), rd.GetReplicas(), rd.GetNonVoters())
 	}
 	return right, nil
 }

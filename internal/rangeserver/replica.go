@@ -32,6 +32,10 @@ type Epochs struct {
 	// Service is the global epoch service itself, across the WAN: read only
 	// by the naive commit baseline (nil if there is none).
 	Service EpochSource
+	// Near is the publisher of the replica's own region when that is not
+	// the range's home (a non-voting replica, DESIGN.md §13): a follower
+	// read there waits on it, not across the WAN. nil: Publisher.
+	Near EpochSource
 }
 
 // Decider records transaction outcomes; txnstate.Client implements it.
@@ -215,6 +219,7 @@ type Replica struct {
 	sm       *StateMachine
 	epochs   EpochSource // the region's local epoch
 	global   EpochSource // the region's publisher; nil: versions use local epochs
+	near     EpochSource // this node's region's publisher, if not the range's home (Epochs.Near)
 	service  EpochSource // the global epoch service (naive baseline only)
 	deciders func(txnStateGroup uint64) Decider
 	cfg      Config
@@ -243,7 +248,7 @@ type Replica struct {
 func NewReplica(self uint64, group *raftgroup.Group, sm *StateMachine,
 	epochs Epochs, deciders func(uint64) Decider, cfg Config) *Replica {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher,
+	r := &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher, near: epochs.Near,
 		service: epochs.Service, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
 	r.load = newLoadTracker(r.cfg.Clock.Now, r.cfg.SplitQPS)
 	r.reshaped.Store(r.cfg.Clock.Now().UnixNano())

@@ -85,21 +85,27 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 	case slices.Contains(d.GetReplicas(), to):
 		return nil, fmt.Errorf("%w: node %d already hosts range %d (replicas %v)", ErrMoveTarget, to, r.id, d.GetReplicas())
 	}
-	res, err := r.group.MoveReplica(ctx, from, to, raftgroup.MoveSteps{
-		Payload: replicasChange,
-		Host: func(ctx context.Context, node uint64, _, learners []uint64) error {
-			d := proto.CloneOf(r.sm.Descriptor())
-			d.Learners = learners
-			return r.cfg.AddReplica(ctx, node, d)
-		},
-		Drop: func(ctx context.Context, node uint64) error {
-			err := r.cfg.RemoveReplica(ctx, node, r.id)
-			if err != nil && node == from {
-				slog.Warn("moved replica not removed yet", "range", r.id, "node", from, "err", err)
-			}
-			return err
-		},
-	})
+	steps := r.moveSteps(d.GetNonVoters())
+	drop := steps.Drop
+	steps.Drop = func(ctx context.Context, node uint64) error {
+		err := drop(ctx, node)
+		if err != nil && node == from {
+			slog.Warn("moved replica not removed yet", "range", r.id, "node", from, "err", err)
+		}
+		return err
+	}
+	moved, err := r.changed(r.group.MoveReplica(ctx, from, to, steps))
+	if err != nil {
+		return nil, err
+	}
+	slog.Info("range replica moved", "range", r.id, "from", from, "to", to, "replicas", moved.GetReplicas(), "generation", moved.GetGeneration())
+	return moved, nil
+}
+
+// changed maps the outcome of a configuration change the range proposed
+// through raftgroup to the range's descriptor after it and its errors:
+// ErrMoveTarget, ErrMoveBusy, ErrNotLeaseholder.
+func (r *Replica) changed(res any, err error) (*pb.RangeDescriptor, error) {
 	switch {
 	case errors.Is(err, raftgroup.ErrMoveTarget):
 		return nil, fmt.Errorf("%w: %w", ErrMoveTarget, err)
@@ -110,18 +116,127 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 	case err != nil:
 		return nil, err
 	}
-	moved, ok := res.(*pb.RangeDescriptor)
+	d, ok := res.(*pb.RangeDescriptor)
 	if !ok {
 		return nil, fmt.Errorf("rangeserver: range %d configuration change: %v", r.id, res)
 	}
-	slog.Info("range replica moved", "range", r.id, "from", from, "to", to, "replicas", moved.GetReplicas(), "generation", moved.GetGeneration())
-	return moved, nil
+	return d, nil
 }
 
-// replicasChange is a configuration change's payload for a range: its
-// replicas and learners after the change.
-func replicasChange(replicas, learners []uint64) ([]byte, error) {
-	return proto.Marshal(&pb.ReplicasChange{Replicas: replicas, Learners: learners})
+// moveSteps is what a configuration change of the range needs from it
+// (raftgroup.MoveSteps), with nonVoters its non-voting replicas after the
+// change: the learners among them are recorded as non-voters, the others
+// as learners (a move's transient one), and the non-voters the change
+// does not touch are kept.
+func (r *Replica) moveSteps(nonVoters []uint64) raftgroup.MoveSteps {
+	split := func(learners []uint64) (transient, kept []uint64) {
+		for _, n := range learners {
+			if slices.Contains(nonVoters, n) {
+				kept = append(kept, n)
+			} else {
+				transient = append(transient, n)
+			}
+		}
+		return transient, kept
+	}
+	return raftgroup.MoveSteps{
+		Keep: slices.DeleteFunc(slices.Clone(r.sm.Descriptor().GetNonVoters()), func(n uint64) bool { return !slices.Contains(nonVoters, n) }),
+		Payload: func(voters, learners []uint64) ([]byte, error) {
+			transient, kept := split(learners)
+			return proto.Marshal(&pb.ReplicasChange{Replicas: voters, Learners: transient, NonVoters: kept})
+		},
+		Host: func(ctx context.Context, node uint64, _, learners []uint64) error {
+			d := proto.CloneOf(r.sm.Descriptor())
+			d.Learners, d.NonVoters = split(learners)
+			return r.cfg.AddReplica(ctx, node, d)
+		},
+		Drop: func(ctx context.Context, node uint64) error { return r.cfg.RemoveReplica(ctx, node, r.id) },
+	}
+}
+
+// AddNonVoter adds a non-voting replica of the range on node, at the
+// leaseholder (DESIGN.md §13): the node hosts an empty replica, joins the
+// group as a learner that stays one, and catches up by a snapshot; it then
+// serves snapshot reads from the closed epoch. Any node of any region may
+// host one, but not one that hosts the range already. It returns the
+// range's new descriptor. Errors: ErrMoveTarget, ErrMoveBusy (another
+// change under way, or the replica did not catch up before ctx ended),
+// ErrNotLeaseholder.
+func (r *Replica) AddNonVoter(ctx context.Context, node uint64) (*pb.RangeDescriptor, error) {
+	d := r.sm.Descriptor()
+	if err := r.checkNonVoterChange(d, node, true); err != nil {
+		return nil, err
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	release, ok := l.txns.claimMove()
+	if !ok {
+		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMoveBusy, r.id)
+	}
+	defer release()
+	if d = r.sm.Descriptor(); r.checkNonVoterChange(d, node, true) != nil {
+		return nil, r.checkNonVoterChange(d, node, true)
+	}
+	nd, err := r.changed(r.group.AddNonVoter(ctx, node, r.moveSteps(append(slices.Clone(d.GetNonVoters()), node))))
+	if err != nil {
+		return nil, err
+	}
+	slog.Info("range non-voting replica added", "range", r.id, "node", node, "non_voters", nd.GetNonVoters(), "generation", nd.GetGeneration())
+	return nd, nil
+}
+
+// RemoveNonVoter removes the range's non-voting replica on node, at the
+// leaseholder, and asks the node to drop it. It returns the range's new
+// descriptor. Errors: ErrMoveTarget (node hosts no non-voter of the
+// range), ErrMoveBusy, ErrNotLeaseholder.
+func (r *Replica) RemoveNonVoter(ctx context.Context, node uint64) (*pb.RangeDescriptor, error) {
+	d := r.sm.Descriptor()
+	if err := r.checkNonVoterChange(d, node, false); err != nil {
+		return nil, err
+	}
+	l, err := r.leader()
+	if err != nil {
+		return nil, err
+	}
+	release, ok := l.txns.claimMove()
+	if !ok {
+		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMoveBusy, r.id)
+	}
+	defer release()
+	if d = r.sm.Descriptor(); r.checkNonVoterChange(d, node, false) != nil {
+		return nil, r.checkNonVoterChange(d, node, false)
+	}
+	rest := slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(n uint64) bool { return n == node })
+	steps := r.moveSteps(rest)
+	steps.Keep = d.GetNonVoters() // the one to remove among them
+	nd, err := r.changed(r.group.RemoveNonVoter(ctx, node, steps))
+	if err != nil {
+		return nil, err
+	}
+	slog.Info("range non-voting replica removed", "range", r.id, "node", node, "non_voters", nd.GetNonVoters(), "generation", nd.GetGeneration())
+	return nd, nil
+}
+
+// checkNonVoterChange vets adding (add) or removing a non-voter on node.
+func (r *Replica) checkNonVoterChange(d *pb.RangeDescriptor, node uint64, add bool) error {
+	switch {
+	case r.cfg.AddReplica == nil:
+		return fmt.Errorf("%w: this node cannot change replicas", ErrMoveTarget)
+	case d.GetSubsumed():
+		return fmt.Errorf("%w: range %d is being merged away", ErrMoveBusy, r.id)
+	case add && (node == 0 || named(d, node)):
+		return fmt.Errorf("%w: node %d already hosts range %d (replicas %v, non-voters %v)", ErrMoveTarget, node, r.id, d.GetReplicas(), d.GetNonVoters())
+	case !add && !slices.Contains(d.GetNonVoters(), node):
+		return fmt.Errorf("%w: node %d hosts no non-voting replica of range %d (non-voters %v)", ErrMoveTarget, node, r.id, d.GetNonVoters())
+	}
+	return nil
+}
+
+// named reports whether d names node as a replica of any kind.
+func named(d *pb.RangeDescriptor, node uint64) bool {
+	return slices.Contains(d.GetReplicas(), node) || slices.Contains(d.GetLearners(), node) || slices.Contains(d.GetNonVoters(), node)
 }
 
 // RemoveLeftoverLearners removes, at the leaseholder, the range's learners
@@ -142,6 +257,5 @@ func (r *Replica) RemoveLeftoverLearners(ctx context.Context) error {
 		return nil
 	}
 	defer release()
-	return r.group.RemoveLearners(ctx, raftgroup.MoveSteps{Payload: replicasChange,
-		Drop: func(ctx context.Context, node uint64) error { return r.cfg.RemoveReplica(ctx, node, r.id) }})
+	return r.group.RemoveLearners(ctx, r.moveSteps(r.sm.Descriptor().GetNonVoters()))
 }

@@ -32,7 +32,7 @@ func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
 	left := proto.Clone(d).(*pb.RangeDescriptor)
 	left.EndKey, left.Generation = k, d.GetGeneration()+1
 	right := &pb.RangeDescriptor{RangeId: cmd.GetRightRangeId(), StartKey: k, EndKey: d.GetEndKey(), Region: d.GetRegion(),
-		Replicas: d.GetReplicas(), Generation: left.GetGeneration(), Sticky: cmd.GetSticky()}
+		Replicas: d.GetReplicas(), NonVoters: d.GetNonVoters(), Generation: left.GetGeneration(), Sticky: cmd.GetSticky()}
 	rprefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, right.GetRangeId())
 	rsub := func(b byte, rest []byte) []byte { return append(append(append([]byte{}, rprefix...), b), rest...) }
 	v, _ := proto.Marshal(right)

@@ -315,6 +315,23 @@ func (s *Server) TransferLease(ctx context.Context, req *pb.TransferLeaseRequest
 	return &pb.TransferLeaseResponse{Lease: lease}, nil
 }
 
+// ChangeNonVoter implements pb.RangeServer (DESIGN.md §13).
+func (s *Server) ChangeNonVoter(ctx context.Context, req *pb.ChangeNonVoterRequest) (*pb.ChangeNonVoterResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	change := r.AddNonVoter
+	if req.GetRemove() {
+		change = r.RemoveNonVoter
+	}
+	d, err := change(ctx, req.GetNode())
+	if err != nil {
+		return nil, s.status(r, err)
+	}
+	return &pb.ChangeNonVoterResponse{RangeDescriptor: d}, nil
+}
+
 // MoveReplica implements pb.RangeServer (DESIGN.md §12).
 func (s *Server) MoveReplica(ctx context.Context, req *pb.MoveReplicaRequest) (*pb.MoveReplicaResponse, error) {
 	r, err := s.replica(req.GetRangeId())

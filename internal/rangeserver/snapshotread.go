@@ -98,7 +98,11 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 			// would — for the publisher to show the epoch — then at most
 			// wait more for a close to cover it.
 			began := time.Now()
-			if _, err := r.awaitEpoch(ctx, r.closingSource(), req.GetAt()); err != nil {
+			src := r.closingSource()
+			if r.near != nil {
+				src = r.near // within one epoch of the home's (invariant 2)
+			}
+			if _, err := r.awaitEpoch(ctx, src, req.GetAt()); err != nil {
 				return nil, err
 			}
 			resp.EpochWaitUs = uint64(time.Since(began).Microseconds())

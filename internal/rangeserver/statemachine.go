@@ -159,7 +159,7 @@ func (sm *StateMachine) OnReplicasChanged(f func(ReplicasChanged)) {
 }
 
 // ApplyConfChange implements raftgroup.ConfChanger: the descriptor takes
-// the replicas and learners of the change's payload (a ReplicasChange),
+// the replicas, learners and non-voters of the change's payload (a ReplicasChange),
 // keeping its span, with the next generation. It returns the new
 // descriptor, or an error (the configuration changed all the same; the
 // descriptor did not) for a payload that does not decode.
@@ -171,7 +171,7 @@ func (sm *StateMachine) ApplyConfChange(b *pebble.Batch, _ uint64, cs *raftpb.Co
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	d := proto.CloneOf(sm.desc.Load())
-	d.Replicas, d.Learners, d.Generation = ch.GetReplicas(), ch.GetLearners(), d.GetGeneration()+1
+	d.Replicas, d.Learners, d.NonVoters, d.Generation = ch.GetReplicas(), ch.GetLearners(), ch.GetNonVoters(), d.GetGeneration()+1
 	v, _ := proto.Marshal(d)
 	_ = b.Set(sm.sub(subDescriptor, nil), v, nil)
 	sm.desc.Store(d)

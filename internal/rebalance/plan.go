@@ -412,7 +412,7 @@ func mergePairs(ranges []*pb.RangeDescriptor, load map[uint64]Load, cfg Config) 
 		l, r := ranges[i], ranges[i+1]
 		ll, ok1 := load[l.GetRangeId()]
 		rl, ok2 := load[r.GetRangeId()]
-		if !ok1 || !ok2 || r.GetSticky() || !bytes.Equal(l.GetEndKey(), r.GetStartKey()) || l.GetRegion() != r.GetRegion() ||
+		if !ok1 || !ok2 || r.GetSticky() || !bytes.Equal(l.GetEndKey(), r.GetStartKey()) || l.GetRegion() != r.GetRegion() || !sameNodes(l.GetNonVoters(), r.GetNonVoters()) ||
 			ll.Bytes+rl.Bytes >= cfg.MergeSize || cfg.MergeQPS > 0 && ll.QPS+rl.QPS >= cfg.MergeQPS {
 			continue
 		}

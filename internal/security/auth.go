@@ -74,6 +74,7 @@ var methodRoles = map[string]Role{
 	"/terroir.range.Range/AdminMerge":           RoleAdmin,
 	"/terroir.range.Range/TransferLease":        RoleAdmin,
 	"/terroir.range.Range/MoveReplica":          RoleAdmin,
+	"/terroir.range.Range/ChangeNonVoter":       RoleAdmin,
 	"/terroir.directory.Directory/SetGCTTL":     RoleAdmin,
 	"/terroir.directory.Directory/SetNodeState": RoleAdmin, // decommission a node
 	"/terroir.node.Node/MoveGroupReplica":       RoleAdmin,

@@ -424,7 +424,11 @@ type RangeDescriptor struct {
 	// learners are replicas being added (DESIGN.md §12): they receive the log
 	// and a snapshot but do not vote, serve or route until promoted into
 	// replicas.
-	Learners      []uint64 `protobuf:"varint,9,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	Learners []uint64 `protobuf:"varint,9,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	// non_voters are replicas that stay learners (DESIGN.md §13): usually in
+	// other regions than the range's home, they receive the log, never vote
+	// or lead, and serve snapshot reads from the closed epoch.
+	NonVoters     []uint64 `protobuf:"varint,10,rep,packed,name=non_voters,json=nonVoters,proto3" json:"non_voters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -522,12 +526,20 @@ func (x *RangeDescriptor) GetLearners() []uint64 {
 	return nil
 }
 
+func (x *RangeDescriptor) GetNonVoters() []uint64 {
+	if x != nil {
+		return x.NonVoters
+	}
+	return nil
+}
+
 // ReplicasChange is the payload of a range's Raft configuration change: the
 // range's replicas and learners once it applies (DESIGN.md §12).
 type ReplicasChange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Replicas      []uint64               `protobuf:"varint,1,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`
 	Learners      []uint64               `protobuf:"varint,2,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	NonVoters     []uint64               `protobuf:"varint,3,rep,packed,name=non_voters,json=nonVoters,proto3" json:"non_voters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -572,6 +584,13 @@ func (x *ReplicasChange) GetReplicas() []uint64 {
 func (x *ReplicasChange) GetLearners() []uint64 {
 	if x != nil {
 		return x.Learners
+	}
+	return nil
+}
+
+func (x *ReplicasChange) GetNonVoters() []uint64 {
+	if x != nil {
+		return x.NonVoters
 	}
 	return nil
 }
@@ -680,6 +699,112 @@ func (x *MoveReplicaResponse) GetRangeDescriptor() *RangeDescriptor {
 	return nil
 }
 
+// ChangeNonVoterRequest adds (or, with remove, removes) the range's
+// non-voting replica on node (DESIGN.md §13).
+type ChangeNonVoterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Node          uint64                 `protobuf:"varint,2,opt,name=node,proto3" json:"node,omitempty"` // any node of the cluster that does not host the range (add), or one of its non-voters (remove)
+	Remove        bool                   `protobuf:"varint,3,opt,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeNonVoterRequest) Reset() {
+	*x = ChangeNonVoterRequest{}
+	mi := &file_range_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeNonVoterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeNonVoterRequest) ProtoMessage() {}
+
+func (x *ChangeNonVoterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeNonVoterRequest.ProtoReflect.Descriptor instead.
+func (*ChangeNonVoterRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ChangeNonVoterRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *ChangeNonVoterRequest) GetNode() uint64 {
+	if x != nil {
+		return x.Node
+	}
+	return 0
+}
+
+func (x *ChangeNonVoterRequest) GetRemove() bool {
+	if x != nil {
+		return x.Remove
+	}
+	return false
+}
+
+type ChangeNonVoterResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RangeDescriptor *RangeDescriptor       `protobuf:"bytes,1,opt,name=range_descriptor,json=rangeDescriptor,proto3" json:"range_descriptor,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ChangeNonVoterResponse) Reset() {
+	*x = ChangeNonVoterResponse{}
+	mi := &file_range_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeNonVoterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeNonVoterResponse) ProtoMessage() {}
+
+func (x *ChangeNonVoterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeNonVoterResponse.ProtoReflect.Descriptor instead.
+func (*ChangeNonVoterResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ChangeNonVoterResponse) GetRangeDescriptor() *RangeDescriptor {
+	if x != nil {
+		return x.RangeDescriptor
+	}
+	return nil
+}
+
 // RangeMismatch is attached to an OutOfRange error from a range that got a
 // request for keys outside its span: the sender's routing is stale. It
 // carries the range's current descriptors; the sender refreshes its cache
@@ -693,7 +818,7 @@ type RangeMismatch struct {
 
 func (x *RangeMismatch) Reset() {
 	*x = RangeMismatch{}
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +830,7 @@ func (x *RangeMismatch) String() string {
 func (*RangeMismatch) ProtoMessage() {}
 
 func (x *RangeMismatch) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +843,7 @@ func (x *RangeMismatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeMismatch.ProtoReflect.Descriptor instead.
 func (*RangeMismatch) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{9}
+	return file_range_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RangeMismatch) GetDescriptors() []*RangeDescriptor {
@@ -739,7 +864,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +876,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +889,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{10}
+	return file_range_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NotLeader) GetLeaderHint() uint64 {
@@ -796,7 +921,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +933,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +946,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{11}
+	return file_range_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Command) GetCmd() isCommand_Cmd {
@@ -1001,7 +1126,7 @@ type ClosedEpochCmd struct {
 
 func (x *ClosedEpochCmd) Reset() {
 	*x = ClosedEpochCmd{}
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1138,7 @@ func (x *ClosedEpochCmd) String() string {
 func (*ClosedEpochCmd) ProtoMessage() {}
 
 func (x *ClosedEpochCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1151,7 @@ func (x *ClosedEpochCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosedEpochCmd.ProtoReflect.Descriptor instead.
 func (*ClosedEpochCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{12}
+	return file_range_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ClosedEpochCmd) GetEpoch() uint64 {
@@ -1062,7 +1187,7 @@ type GCCmd struct {
 
 func (x *GCCmd) Reset() {
 	*x = GCCmd{}
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1199,7 @@ func (x *GCCmd) String() string {
 func (*GCCmd) ProtoMessage() {}
 
 func (x *GCCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1212,7 @@ func (x *GCCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCCmd.ProtoReflect.Descriptor instead.
 func (*GCCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{13}
+	return file_range_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GCCmd) GetHorizon() uint64 {
@@ -1136,7 +1261,7 @@ type GCThreshold struct {
 
 func (x *GCThreshold) Reset() {
 	*x = GCThreshold{}
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1273,7 @@ func (x *GCThreshold) String() string {
 func (*GCThreshold) ProtoMessage() {}
 
 func (x *GCThreshold) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1286,7 @@ func (x *GCThreshold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCThreshold.ProtoReflect.Descriptor instead.
 func (*GCThreshold) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{14}
+	return file_range_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GCThreshold) GetHorizon() uint64 {
@@ -1195,7 +1320,7 @@ type SplitCmd struct {
 
 func (x *SplitCmd) Reset() {
 	*x = SplitCmd{}
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1207,7 +1332,7 @@ func (x *SplitCmd) String() string {
 func (*SplitCmd) ProtoMessage() {}
 
 func (x *SplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1220,7 +1345,7 @@ func (x *SplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitCmd.ProtoReflect.Descriptor instead.
 func (*SplitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{15}
+	return file_range_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SplitCmd) GetSplitKey() []byte {
@@ -1265,7 +1390,7 @@ type SubsumeCmd struct {
 
 func (x *SubsumeCmd) Reset() {
 	*x = SubsumeCmd{}
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1402,7 @@ func (x *SubsumeCmd) String() string {
 func (*SubsumeCmd) ProtoMessage() {}
 
 func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1415,7 @@ func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubsumeCmd.ProtoReflect.Descriptor instead.
 func (*SubsumeCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{16}
+	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SubsumeCmd) GetGeneration() uint64 {
@@ -1328,7 +1453,7 @@ type MergeCmd struct {
 
 func (x *MergeCmd) Reset() {
 	*x = MergeCmd{}
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1465,7 @@ func (x *MergeCmd) String() string {
 func (*MergeCmd) ProtoMessage() {}
 
 func (x *MergeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1478,7 @@ func (x *MergeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MergeCmd.ProtoReflect.Descriptor instead.
 func (*MergeCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{17}
+	return file_range_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MergeCmd) GetGeneration() uint64 {
@@ -1408,7 +1533,7 @@ type LeaseCmd struct {
 
 func (x *LeaseCmd) Reset() {
 	*x = LeaseCmd{}
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1545,7 @@ func (x *LeaseCmd) String() string {
 func (*LeaseCmd) ProtoMessage() {}
 
 func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1558,7 @@ func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCmd.ProtoReflect.Descriptor instead.
 func (*LeaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{18}
+	return file_range_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LeaseCmd) GetLease() *Lease {
@@ -1461,7 +1586,7 @@ type PrepareCmd struct {
 
 func (x *PrepareCmd) Reset() {
 	*x = PrepareCmd{}
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1598,7 @@ func (x *PrepareCmd) String() string {
 func (*PrepareCmd) ProtoMessage() {}
 
 func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1611,7 @@ func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareCmd.ProtoReflect.Descriptor instead.
 func (*PrepareCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{19}
+	return file_range_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PrepareCmd) GetTxn() *TxnMeta {
@@ -1524,7 +1649,7 @@ type CommitCmd struct {
 
 func (x *CommitCmd) Reset() {
 	*x = CommitCmd{}
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1661,7 @@ func (x *CommitCmd) String() string {
 func (*CommitCmd) ProtoMessage() {}
 
 func (x *CommitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1674,7 @@ func (x *CommitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
 func (*CommitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{20}
+	return file_range_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CommitCmd) GetTxnId() []byte {
@@ -1582,7 +1707,7 @@ type AbortCmd struct {
 
 func (x *AbortCmd) Reset() {
 	*x = AbortCmd{}
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1719,7 @@ func (x *AbortCmd) String() string {
 func (*AbortCmd) ProtoMessage() {}
 
 func (x *AbortCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1732,7 @@ func (x *AbortCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortCmd.ProtoReflect.Descriptor instead.
 func (*AbortCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{21}
+	return file_range_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AbortCmd) GetTxnId() []byte {
@@ -1630,7 +1755,7 @@ type OnePhaseCmd struct {
 
 func (x *OnePhaseCmd) Reset() {
 	*x = OnePhaseCmd{}
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1767,7 @@ func (x *OnePhaseCmd) String() string {
 func (*OnePhaseCmd) ProtoMessage() {}
 
 func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1780,7 @@ func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseCmd.ProtoReflect.Descriptor instead.
 func (*OnePhaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{22}
+	return file_range_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *OnePhaseCmd) GetTxnId() []byte {
@@ -1704,7 +1829,7 @@ type PreparedRecord struct {
 
 func (x *PreparedRecord) Reset() {
 	*x = PreparedRecord{}
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1841,7 @@ func (x *PreparedRecord) String() string {
 func (*PreparedRecord) ProtoMessage() {}
 
 func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1854,7 @@ func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreparedRecord.ProtoReflect.Descriptor instead.
 func (*PreparedRecord) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{23}
+	return file_range_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PreparedRecord) GetTxn() *TxnMeta {
@@ -1757,7 +1882,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1894,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1907,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{24}
+	return file_range_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetRequest) GetRangeId() uint64 {
@@ -1817,7 +1942,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1829,7 +1954,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1842,7 +1967,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{25}
+	return file_range_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1880,7 +2005,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2017,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2030,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{26}
+	return file_range_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ScanRequest) GetRangeId() uint64 {
@@ -1953,7 +2078,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2090,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2103,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{27}
+	return file_range_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -2006,7 +2131,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2143,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2156,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{28}
+	return file_range_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LockRequest) GetRangeId() uint64 {
@@ -2067,7 +2192,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2204,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2217,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{29}
+	return file_range_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LockResponse) GetIncarnation() uint64 {
@@ -2119,7 +2244,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2256,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2269,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{30}
+	return file_range_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PrepareRequest) GetRangeId() uint64 {
@@ -2201,7 +2326,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2338,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2351,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{31}
+	return file_range_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PrepareResponse) GetLease() *Lease {
@@ -2269,7 +2394,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2281,7 +2406,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2294,7 +2419,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{32}
+	return file_range_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CommitRequest) GetRangeId() uint64 {
@@ -2333,7 +2458,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2345,7 +2470,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2358,7 +2483,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{33}
+	return file_range_proto_rawDescGZIP(), []int{35}
 }
 
 type AbortRequest struct {
@@ -2374,7 +2499,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2511,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2524,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{34}
+	return file_range_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AbortRequest) GetRangeId() uint64 {
@@ -2437,7 +2562,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +2574,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +2587,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{35}
+	return file_range_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AbortResponse) GetReshaped() bool {
@@ -2494,7 +2619,7 @@ type OnePhaseRequest struct {
 
 func (x *OnePhaseRequest) Reset() {
 	*x = OnePhaseRequest{}
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +2631,7 @@ func (x *OnePhaseRequest) String() string {
 func (*OnePhaseRequest) ProtoMessage() {}
 
 func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +2644,7 @@ func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseRequest.ProtoReflect.Descriptor instead.
 func (*OnePhaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{36}
+	return file_range_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *OnePhaseRequest) GetRangeId() uint64 {
@@ -2580,7 +2705,7 @@ type OnePhaseResponse struct {
 
 func (x *OnePhaseResponse) Reset() {
 	*x = OnePhaseResponse{}
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2717,7 @@ func (x *OnePhaseResponse) String() string {
 func (*OnePhaseResponse) ProtoMessage() {}
 
 func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2730,7 @@ func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseResponse.ProtoReflect.Descriptor instead.
 func (*OnePhaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{37}
+	return file_range_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *OnePhaseResponse) GetVersion() *VersionID {
@@ -2630,7 +2755,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2767,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2780,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{38}
+	return file_range_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HeartbeatRequest) GetRangeId() uint64 {
@@ -2698,7 +2823,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2835,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2848,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{39}
+	return file_range_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *HeartbeatResponse) GetLost() bool {
@@ -2778,7 +2903,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +2915,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +2928,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{40}
+	return file_range_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -2910,7 +3035,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +3047,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3060,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{41}
+	return file_range_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Change) GetKey() []byte {
@@ -2990,7 +3115,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3002,7 +3127,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3015,7 +3140,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{42}
+	return file_range_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -3094,7 +3219,7 @@ type ClosedEpochRequest struct {
 
 func (x *ClosedEpochRequest) Reset() {
 	*x = ClosedEpochRequest{}
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3106,7 +3231,7 @@ func (x *ClosedEpochRequest) String() string {
 func (*ClosedEpochRequest) ProtoMessage() {}
 
 func (x *ClosedEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3119,7 +3244,7 @@ func (x *ClosedEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosedEpochRequest.ProtoReflect.Descriptor instead.
 func (*ClosedEpochRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{43}
+	return file_range_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ClosedEpochRequest) GetRangeId() uint64 {
@@ -3154,7 +3279,7 @@ type ClosedEpochResponse struct {
 
 func (x *ClosedEpochResponse) Reset() {
 	*x = ClosedEpochResponse{}
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3291,7 @@ func (x *ClosedEpochResponse) String() string {
 func (*ClosedEpochResponse) ProtoMessage() {}
 
 func (x *ClosedEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3304,7 @@ func (x *ClosedEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosedEpochResponse.ProtoReflect.Descriptor instead.
 func (*ClosedEpochResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{44}
+	return file_range_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ClosedEpochResponse) GetClosedEpoch() uint64 {
@@ -3199,7 +3324,7 @@ type AdminSplitRequest struct {
 
 func (x *AdminSplitRequest) Reset() {
 	*x = AdminSplitRequest{}
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3211,7 +3336,7 @@ func (x *AdminSplitRequest) String() string {
 func (*AdminSplitRequest) ProtoMessage() {}
 
 func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3224,7 +3349,7 @@ func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
 func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{45}
+	return file_range_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AdminSplitRequest) GetRangeId() uint64 {
@@ -3251,7 +3376,7 @@ type AdminSplitResponse struct {
 
 func (x *AdminSplitResponse) Reset() {
 	*x = AdminSplitResponse{}
-	mi := &file_range_proto_msgTypes[46]
+	mi := &file_range_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3263,7 +3388,7 @@ func (x *AdminSplitResponse) String() string {
 func (*AdminSplitResponse) ProtoMessage() {}
 
 func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[46]
+	mi := &file_range_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3276,7 +3401,7 @@ func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
 func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{46}
+	return file_range_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
@@ -3307,7 +3432,7 @@ type TransferLeaseRequest struct {
 
 func (x *TransferLeaseRequest) Reset() {
 	*x = TransferLeaseRequest{}
-	mi := &file_range_proto_msgTypes[47]
+	mi := &file_range_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3319,7 +3444,7 @@ func (x *TransferLeaseRequest) String() string {
 func (*TransferLeaseRequest) ProtoMessage() {}
 
 func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[47]
+	mi := &file_range_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3332,7 +3457,7 @@ func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{47}
+	return file_range_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TransferLeaseRequest) GetRangeId() uint64 {
@@ -3365,7 +3490,7 @@ type TransferLeaseResponse struct {
 
 func (x *TransferLeaseResponse) Reset() {
 	*x = TransferLeaseResponse{}
-	mi := &file_range_proto_msgTypes[48]
+	mi := &file_range_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3377,7 +3502,7 @@ func (x *TransferLeaseResponse) String() string {
 func (*TransferLeaseResponse) ProtoMessage() {}
 
 func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[48]
+	mi := &file_range_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3390,7 +3515,7 @@ func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{48}
+	return file_range_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TransferLeaseResponse) GetLease() *Lease {
@@ -3414,7 +3539,7 @@ type AdminMergeRequest struct {
 
 func (x *AdminMergeRequest) Reset() {
 	*x = AdminMergeRequest{}
-	mi := &file_range_proto_msgTypes[49]
+	mi := &file_range_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3426,7 +3551,7 @@ func (x *AdminMergeRequest) String() string {
 func (*AdminMergeRequest) ProtoMessage() {}
 
 func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[49]
+	mi := &file_range_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3439,7 +3564,7 @@ func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
 func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{49}
+	return file_range_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AdminMergeRequest) GetRangeId() uint64 {
@@ -3465,7 +3590,7 @@ type AdminMergeResponse struct {
 
 func (x *AdminMergeResponse) Reset() {
 	*x = AdminMergeResponse{}
-	mi := &file_range_proto_msgTypes[50]
+	mi := &file_range_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3477,7 +3602,7 @@ func (x *AdminMergeResponse) String() string {
 func (*AdminMergeResponse) ProtoMessage() {}
 
 func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[50]
+	mi := &file_range_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3490,7 +3615,7 @@ func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
 func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{50}
+	return file_range_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
@@ -3517,7 +3642,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[51]
+	mi := &file_range_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3529,7 +3654,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[51]
+	mi := &file_range_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3542,7 +3667,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{51}
+	return file_range_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -3609,7 +3734,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[52]
+	mi := &file_range_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3621,7 +3746,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[52]
+	mi := &file_range_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3634,7 +3759,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{52}
+	return file_range_proto_rawDescGZIP(), []int{54}
 }
 
 type RangesResponse struct {
@@ -3646,7 +3771,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[53]
+	mi := &file_range_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3658,7 +3783,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[53]
+	mi := &file_range_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3671,7 +3796,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{53}
+	return file_range_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -3708,7 +3833,7 @@ const file_range_proto_rawDesc = "" +
 	"\ttombstone\x18\x03 \x01(\bR\ttombstone\"2\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x86\x02\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xa5\x02\n" +
 	"\x0fRangeDescriptor\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
 	"\tstart_key\x18\x02 \x01(\fR\bstartKey\x12\x17\n" +
@@ -3720,15 +3845,26 @@ const file_range_proto_rawDesc = "" +
 	"generation\x12\x1a\n" +
 	"\bsubsumed\x18\a \x01(\bR\bsubsumed\x12\x16\n" +
 	"\x06sticky\x18\b \x01(\bR\x06sticky\x12\x1a\n" +
-	"\blearners\x18\t \x03(\x04R\blearners\"H\n" +
+	"\blearners\x18\t \x03(\x04R\blearners\x12\x1d\n" +
+	"\n" +
+	"non_voters\x18\n" +
+	" \x03(\x04R\tnonVoters\"g\n" +
 	"\x0eReplicasChange\x12\x1a\n" +
 	"\breplicas\x18\x01 \x03(\x04R\breplicas\x12\x1a\n" +
-	"\blearners\x18\x02 \x03(\x04R\blearners\"S\n" +
+	"\blearners\x18\x02 \x03(\x04R\blearners\x12\x1d\n" +
+	"\n" +
+	"non_voters\x18\x03 \x03(\x04R\tnonVoters\"S\n" +
 	"\x12MoveReplicaRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\x04R\x04from\x12\x0e\n" +
 	"\x02to\x18\x03 \x01(\x04R\x02to\"`\n" +
 	"\x13MoveReplicaResponse\x12I\n" +
+	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\"^\n" +
+	"\x15ChangeNonVoterRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\x04R\x04node\x12\x16\n" +
+	"\x06remove\x18\x03 \x01(\bR\x06remove\"c\n" +
+	"\x16ChangeNonVoterResponse\x12I\n" +
 	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\"Q\n" +
 	"\rRangeMismatch\x12@\n" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\",\n" +
@@ -3961,7 +4097,7 @@ const file_range_proto_rawDesc = "" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\x8d\t\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xec\t\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -3977,7 +4113,8 @@ const file_range_proto_rawDesc = "" +
 	"\n" +
 	"AdminMerge\x12 .terroir.range.AdminMergeRequest\x1a!.terroir.range.AdminMergeResponse\x12Z\n" +
 	"\rTransferLease\x12#.terroir.range.TransferLeaseRequest\x1a$.terroir.range.TransferLeaseResponse\x12T\n" +
-	"\vMoveReplica\x12!.terroir.range.MoveReplicaRequest\x1a\".terroir.range.MoveReplicaResponse\x12E\n" +
+	"\vMoveReplica\x12!.terroir.range.MoveReplicaRequest\x1a\".terroir.range.MoveReplicaResponse\x12]\n" +
+	"\x0eChangeNonVoter\x12$.terroir.range.ChangeNonVoterRequest\x1a%.terroir.range.ChangeNonVoterResponse\x12E\n" +
 	"\x06Ranges\x12\x1c.terroir.range.RangesRequest\x1a\x1d.terroir.range.RangesResponse\x12T\n" +
 	"\vClosedEpoch\x12!.terroir.range.ClosedEpochRequest\x1a\".terroir.range.ClosedEpochResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
@@ -3994,151 +4131,156 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_range_proto_goTypes = []any{
-	(CommitMode)(0),               // 0: terroir.range.CommitMode
-	(*VersionID)(nil),             // 1: terroir.range.VersionID
-	(*TxnMeta)(nil),               // 2: terroir.range.TxnMeta
-	(*Lease)(nil),                 // 3: terroir.range.Lease
-	(*Write)(nil),                 // 4: terroir.range.Write
-	(*KeyValue)(nil),              // 5: terroir.range.KeyValue
-	(*RangeDescriptor)(nil),       // 6: terroir.range.RangeDescriptor
-	(*ReplicasChange)(nil),        // 7: terroir.range.ReplicasChange
-	(*MoveReplicaRequest)(nil),    // 8: terroir.range.MoveReplicaRequest
-	(*MoveReplicaResponse)(nil),   // 9: terroir.range.MoveReplicaResponse
-	(*RangeMismatch)(nil),         // 10: terroir.range.RangeMismatch
-	(*NotLeader)(nil),             // 11: terroir.range.NotLeader
-	(*Command)(nil),               // 12: terroir.range.Command
-	(*ClosedEpochCmd)(nil),        // 13: terroir.range.ClosedEpochCmd
-	(*GCCmd)(nil),                 // 14: terroir.range.GCCmd
-	(*GCThreshold)(nil),           // 15: terroir.range.GCThreshold
-	(*SplitCmd)(nil),              // 16: terroir.range.SplitCmd
-	(*SubsumeCmd)(nil),            // 17: terroir.range.SubsumeCmd
-	(*MergeCmd)(nil),              // 18: terroir.range.MergeCmd
-	(*LeaseCmd)(nil),              // 19: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),            // 20: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),             // 21: terroir.range.CommitCmd
-	(*AbortCmd)(nil),              // 22: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),           // 23: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),        // 24: terroir.range.PreparedRecord
-	(*GetRequest)(nil),            // 25: terroir.range.GetRequest
-	(*GetResponse)(nil),           // 26: terroir.range.GetResponse
-	(*ScanRequest)(nil),           // 27: terroir.range.ScanRequest
-	(*ScanResponse)(nil),          // 28: terroir.range.ScanResponse
-	(*LockRequest)(nil),           // 29: terroir.range.LockRequest
-	(*LockResponse)(nil),          // 30: terroir.range.LockResponse
-	(*PrepareRequest)(nil),        // 31: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),       // 32: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),         // 33: terroir.range.CommitRequest
-	(*CommitResponse)(nil),        // 34: terroir.range.CommitResponse
-	(*AbortRequest)(nil),          // 35: terroir.range.AbortRequest
-	(*AbortResponse)(nil),         // 36: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),       // 37: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),      // 38: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),      // 39: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 40: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),   // 41: terroir.range.SnapshotReadRequest
-	(*Change)(nil),                // 42: terroir.range.Change
-	(*SnapshotReadResponse)(nil),  // 43: terroir.range.SnapshotReadResponse
-	(*ClosedEpochRequest)(nil),    // 44: terroir.range.ClosedEpochRequest
-	(*ClosedEpochResponse)(nil),   // 45: terroir.range.ClosedEpochResponse
-	(*AdminSplitRequest)(nil),     // 46: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),    // 47: terroir.range.AdminSplitResponse
-	(*TransferLeaseRequest)(nil),  // 48: terroir.range.TransferLeaseRequest
-	(*TransferLeaseResponse)(nil), // 49: terroir.range.TransferLeaseResponse
-	(*AdminMergeRequest)(nil),     // 50: terroir.range.AdminMergeRequest
-	(*AdminMergeResponse)(nil),    // 51: terroir.range.AdminMergeResponse
-	(*RangeStatus)(nil),           // 52: terroir.range.RangeStatus
-	(*RangesRequest)(nil),         // 53: terroir.range.RangesRequest
-	(*RangesResponse)(nil),        // 54: terroir.range.RangesResponse
+	(CommitMode)(0),                // 0: terroir.range.CommitMode
+	(*VersionID)(nil),              // 1: terroir.range.VersionID
+	(*TxnMeta)(nil),                // 2: terroir.range.TxnMeta
+	(*Lease)(nil),                  // 3: terroir.range.Lease
+	(*Write)(nil),                  // 4: terroir.range.Write
+	(*KeyValue)(nil),               // 5: terroir.range.KeyValue
+	(*RangeDescriptor)(nil),        // 6: terroir.range.RangeDescriptor
+	(*ReplicasChange)(nil),         // 7: terroir.range.ReplicasChange
+	(*MoveReplicaRequest)(nil),     // 8: terroir.range.MoveReplicaRequest
+	(*MoveReplicaResponse)(nil),    // 9: terroir.range.MoveReplicaResponse
+	(*ChangeNonVoterRequest)(nil),  // 10: terroir.range.ChangeNonVoterRequest
+	(*ChangeNonVoterResponse)(nil), // 11: terroir.range.ChangeNonVoterResponse
+	(*RangeMismatch)(nil),          // 12: terroir.range.RangeMismatch
+	(*NotLeader)(nil),              // 13: terroir.range.NotLeader
+	(*Command)(nil),                // 14: terroir.range.Command
+	(*ClosedEpochCmd)(nil),         // 15: terroir.range.ClosedEpochCmd
+	(*GCCmd)(nil),                  // 16: terroir.range.GCCmd
+	(*GCThreshold)(nil),            // 17: terroir.range.GCThreshold
+	(*SplitCmd)(nil),               // 18: terroir.range.SplitCmd
+	(*SubsumeCmd)(nil),             // 19: terroir.range.SubsumeCmd
+	(*MergeCmd)(nil),               // 20: terroir.range.MergeCmd
+	(*LeaseCmd)(nil),               // 21: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),             // 22: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),              // 23: terroir.range.CommitCmd
+	(*AbortCmd)(nil),               // 24: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),            // 25: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),         // 26: terroir.range.PreparedRecord
+	(*GetRequest)(nil),             // 27: terroir.range.GetRequest
+	(*GetResponse)(nil),            // 28: terroir.range.GetResponse
+	(*ScanRequest)(nil),            // 29: terroir.range.ScanRequest
+	(*ScanResponse)(nil),           // 30: terroir.range.ScanResponse
+	(*LockRequest)(nil),            // 31: terroir.range.LockRequest
+	(*LockResponse)(nil),           // 32: terroir.range.LockResponse
+	(*PrepareRequest)(nil),         // 33: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),        // 34: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),          // 35: terroir.range.CommitRequest
+	(*CommitResponse)(nil),         // 36: terroir.range.CommitResponse
+	(*AbortRequest)(nil),           // 37: terroir.range.AbortRequest
+	(*AbortResponse)(nil),          // 38: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),        // 39: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),       // 40: terroir.range.OnePhaseResponse
+	(*HeartbeatRequest)(nil),       // 41: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),      // 42: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),    // 43: terroir.range.SnapshotReadRequest
+	(*Change)(nil),                 // 44: terroir.range.Change
+	(*SnapshotReadResponse)(nil),   // 45: terroir.range.SnapshotReadResponse
+	(*ClosedEpochRequest)(nil),     // 46: terroir.range.ClosedEpochRequest
+	(*ClosedEpochResponse)(nil),    // 47: terroir.range.ClosedEpochResponse
+	(*AdminSplitRequest)(nil),      // 48: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),     // 49: terroir.range.AdminSplitResponse
+	(*TransferLeaseRequest)(nil),   // 50: terroir.range.TransferLeaseRequest
+	(*TransferLeaseResponse)(nil),  // 51: terroir.range.TransferLeaseResponse
+	(*AdminMergeRequest)(nil),      // 52: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),     // 53: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),            // 54: terroir.range.RangeStatus
+	(*RangesRequest)(nil),          // 55: terroir.range.RangesRequest
+	(*RangesResponse)(nil),         // 56: terroir.range.RangesResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
 	6,  // 1: terroir.range.MoveReplicaResponse.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	6,  // 2: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
-	19, // 3: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
-	20, // 4: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
-	21, // 5: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
-	22, // 6: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
-	23, // 7: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
-	16, // 8: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
-	17, // 9: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
-	18, // 10: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
-	14, // 11: terroir.range.Command.gc:type_name -> terroir.range.GCCmd
-	13, // 12: terroir.range.Command.closed:type_name -> terroir.range.ClosedEpochCmd
-	6,  // 13: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
-	24, // 14: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
-	15, // 15: terroir.range.MergeCmd.right_gc:type_name -> terroir.range.GCThreshold
-	3,  // 16: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
-	2,  // 17: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
-	4,  // 18: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
-	1,  // 19: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	1,  // 20: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
-	4,  // 21: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	1,  // 22: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	1,  // 23: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
-	2,  // 24: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	4,  // 25: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	2,  // 26: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 27: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	5,  // 28: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	2,  // 29: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 30: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 31: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	3,  // 32: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	1,  // 33: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	1,  // 34: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
-	1,  // 35: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	1,  // 36: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	6,  // 37: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	2,  // 38: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 39: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	1,  // 40: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	1,  // 41: terroir.range.Change.version:type_name -> terroir.range.VersionID
-	5,  // 42: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	42, // 43: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
-	6,  // 44: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 45: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	3,  // 46: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
-	6,  // 47: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 48: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 49: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	52, // 50: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	25, // 51: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	27, // 52: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	29, // 53: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	31, // 54: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	33, // 55: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	35, // 56: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	37, // 57: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	41, // 58: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	39, // 59: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	46, // 60: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	50, // 61: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	48, // 62: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
-	8,  // 63: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
-	53, // 64: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	44, // 65: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
-	26, // 66: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	28, // 67: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	30, // 68: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	32, // 69: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	34, // 70: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	36, // 71: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	38, // 72: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	43, // 73: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	40, // 74: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	47, // 75: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	51, // 76: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	49, // 77: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
-	9,  // 78: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
-	54, // 79: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	45, // 80: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
-	66, // [66:81] is the sub-list for method output_type
-	51, // [51:66] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	6,  // 2: terroir.range.ChangeNonVoterResponse.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	6,  // 3: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
+	21, // 4: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
+	22, // 5: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
+	23, // 6: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
+	24, // 7: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
+	25, // 8: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
+	18, // 9: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
+	19, // 10: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
+	20, // 11: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
+	16, // 12: terroir.range.Command.gc:type_name -> terroir.range.GCCmd
+	15, // 13: terroir.range.Command.closed:type_name -> terroir.range.ClosedEpochCmd
+	6,  // 14: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
+	26, // 15: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
+	17, // 16: terroir.range.MergeCmd.right_gc:type_name -> terroir.range.GCThreshold
+	3,  // 17: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
+	2,  // 18: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
+	4,  // 19: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
+	1,  // 20: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
+	1,  // 21: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	4,  // 22: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	1,  // 23: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	1,  // 24: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	2,  // 25: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	4,  // 26: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	2,  // 27: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 28: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	5,  // 29: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	2,  // 30: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 31: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 32: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	3,  // 33: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	1,  // 34: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	1,  // 35: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	1,  // 36: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	1,  // 37: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	6,  // 38: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	2,  // 39: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 40: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 41: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	1,  // 42: terroir.range.Change.version:type_name -> terroir.range.VersionID
+	5,  // 43: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	44, // 44: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
+	6,  // 45: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 46: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	3,  // 47: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
+	6,  // 48: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 49: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 50: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	54, // 51: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	27, // 52: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	29, // 53: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	31, // 54: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	33, // 55: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	35, // 56: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	37, // 57: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	39, // 58: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	43, // 59: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	41, // 60: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	48, // 61: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	52, // 62: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	50, // 63: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
+	8,  // 64: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
+	10, // 65: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
+	55, // 66: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	46, // 67: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
+	28, // 68: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	30, // 69: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	32, // 70: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	34, // 71: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	36, // 72: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	38, // 73: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	40, // 74: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	45, // 75: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	42, // 76: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	49, // 77: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	53, // 78: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	51, // 79: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
+	9,  // 80: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
+	11, // 81: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
+	56, // 82: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	47, // 83: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
+	68, // [68:84] is the sub-list for method output_type
+	52, // [52:68] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -4146,7 +4288,7 @@ func file_range_proto_init() {
 	if File_range_proto != nil {
 		return
 	}
-	file_range_proto_msgTypes[11].OneofWrappers = []any{
+	file_range_proto_msgTypes[13].OneofWrappers = []any{
 		(*Command_Lease)(nil),
 		(*Command_Prepare)(nil),
 		(*Command_Commit)(nil),
@@ -4164,7 +4306,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   54,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

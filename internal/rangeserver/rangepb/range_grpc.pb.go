@@ -35,6 +35,7 @@ const (
 	Range_AdminMerge_FullMethodName     = "/terroir.range.Range/AdminMerge"
 	Range_TransferLease_FullMethodName  = "/terroir.range.Range/TransferLease"
 	Range_MoveReplica_FullMethodName    = "/terroir.range.Range/MoveReplica"
+	Range_ChangeNonVoter_FullMethodName = "/terroir.range.Range/ChangeNonVoter"
 	Range_Ranges_FullMethodName         = "/terroir.range.Range/Ranges"
 	Range_ClosedEpoch_FullMethodName    = "/terroir.range.Range/ClosedEpoch"
 )
@@ -65,6 +66,10 @@ type RangeClient interface {
 	// leaseholder (DESIGN.md §12): learner, snapshot, promotion with the old
 	// replica's removal in one joint configuration change.
 	MoveReplica(ctx context.Context, in *MoveReplicaRequest, opts ...grpc.CallOption) (*MoveReplicaResponse, error)
+	// ChangeNonVoter adds or removes a non-voting replica of the range, at
+	// its leaseholder (DESIGN.md §13): a learner that stays one, in any
+	// region, serving snapshot reads from the closed epoch.
+	ChangeNonVoter(ctx context.Context, in *ChangeNonVoterRequest, opts ...grpc.CallOption) (*ChangeNonVoterResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error)
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
@@ -210,6 +215,16 @@ func (c *rangeClient) MoveReplica(ctx context.Context, in *MoveReplicaRequest, o
 	return out, nil
 }
 
+func (c *rangeClient) ChangeNonVoter(ctx context.Context, in *ChangeNonVoterRequest, opts ...grpc.CallOption) (*ChangeNonVoterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChangeNonVoterResponse)
+	err := c.cc.Invoke(ctx, Range_ChangeNonVoter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *rangeClient) Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RangesResponse)
@@ -256,6 +271,10 @@ type RangeServer interface {
 	// leaseholder (DESIGN.md §12): learner, snapshot, promotion with the old
 	// replica's removal in one joint configuration change.
 	MoveReplica(context.Context, *MoveReplicaRequest) (*MoveReplicaResponse, error)
+	// ChangeNonVoter adds or removes a non-voting replica of the range, at
+	// its leaseholder (DESIGN.md §13): a learner that stays one, in any
+	// region, serving snapshot reads from the closed epoch.
+	ChangeNonVoter(context.Context, *ChangeNonVoterRequest) (*ChangeNonVoterResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(context.Context, *RangesRequest) (*RangesResponse, error)
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
@@ -309,6 +328,9 @@ func (UnimplementedRangeServer) TransferLease(context.Context, *TransferLeaseReq
 }
 func (UnimplementedRangeServer) MoveReplica(context.Context, *MoveReplicaRequest) (*MoveReplicaResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method MoveReplica not implemented")
+}
+func (UnimplementedRangeServer) ChangeNonVoter(context.Context, *ChangeNonVoterRequest) (*ChangeNonVoterResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ChangeNonVoter not implemented")
 }
 func (UnimplementedRangeServer) Ranges(context.Context, *RangesRequest) (*RangesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ranges not implemented")
@@ -571,6 +593,24 @@ func _Range_MoveReplica_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_ChangeNonVoter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChangeNonVoterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).ChangeNonVoter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_ChangeNonVoter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).ChangeNonVoter(ctx, req.(*ChangeNonVoterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Range_Ranges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RangesRequest)
 	if err := dec(in); err != nil {
@@ -665,6 +705,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MoveReplica",
 			Handler:    _Range_MoveReplica_Handler,
+		},
+		{
+			MethodName: "ChangeNonVoter",
+			Handler:    _Range_ChangeNonVoter_Handler,
 		},
 		{
 			MethodName: "Ranges",
