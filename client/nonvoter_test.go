@@ -103,6 +103,22 @@ func TestNonVoterServesItsRegion(t *testing.T) {
 		t.Fatalf("a strong read of the right half in us-west1: %q, stats %+v", got, st)
 	}
 
+	// A merge gives the right half the left's non-voters first.
+	if _, err := east.AdminRemoveNonVoter(ctx, []byte("c"), 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := east.AdminAddNonVoter(ctx, []byte("c"), 5); err != nil {
+		t.Fatal(err)
+	}
+	merged, err := east.AdminMerge(ctx, []byte("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(merged.NonVoters, []uint64{4}) || string(merged.End) != "g" {
+		t.Fatalf("merged: %+v, want [\"\", \"g\") with non-voter 4", merged)
+	}
+	waitHosted(t, c, 5, right.ID, true)
+
 	// Cut off, the non-voter delays no commit at home.
 	c.Net.CutRegion("us-west1")
 	for i := range 10 {

@@ -659,13 +659,19 @@ func (c *Coordinator) mergeable(ctx context.Context, d *pb.RangeDescriptor) erro
 	if right.GetRegion() != d.GetRegion() {
 		return fmt.Errorf("%w: range %d is homed in %s, range %d in %s", ErrMergeRegions, d.GetRangeId(), d.GetRegion(), right.GetRangeId(), right.GetRegion())
 	}
-	a, b := slices.Clone(d.GetReplicas()), slices.Clone(right.GetReplicas())
-	slices.Sort(a)
-	slices.Sort(b)
-	if !slices.Equal(a, b) {
-		return &misplaced{right: right, err: fmt.Errorf("%w: range %d on nodes %v, range %d on %v", ErrMergeReplicas, d.GetRangeId(), d.GetReplicas(), right.GetRangeId(), right.GetReplicas())}
+	if !sameNodes(d.GetReplicas(), right.GetReplicas()) || !sameNodes(d.GetNonVoters(), right.GetNonVoters()) {
+		return &misplaced{right: right, err: fmt.Errorf("%w: range %d on nodes %v (non-voters %v), range %d on %v (non-voters %v)", ErrMergeReplicas,
+			d.GetRangeId(), d.GetReplicas(), d.GetNonVoters(), right.GetRangeId(), right.GetReplicas(), right.GetNonVoters())}
 	}
 	return nil
+}
+
+// sameNodes reports whether a and b name the same nodes, in any order.
+func sameNodes(a, b []uint64) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // misplaced is mergeable's refusal of neighbours on different nodes
@@ -687,8 +693,9 @@ var errColocated = errors.New("coordinator: the right-hand range moved onto the 
 
 // colocate moves right's replicas onto left's nodes, one replica move
 // (DESIGN.md §12) per node of right's that left lacks, as CockroachDB's
-// merge queue relocates a right-hand range before it merges. It returns
-// errColocated once they match, or ErrMergeReplicas when a move fails.
+// merge queue relocates a right-hand range before it merges, and gives it
+// left's non-voting replicas (§13). It returns errColocated once they
+// match, or ErrMergeReplicas when a change fails.
 func (c *Coordinator) colocate(ctx context.Context, left, right *pb.RangeDescriptor) error {
 	var extra, missing []uint64
 	for _, n := range right.GetReplicas() {
@@ -708,6 +715,22 @@ func (c *Coordinator) colocate(ctx context.Context, left, right *pb.RangeDescrip
 		if _, err := c.MoveReplica(ctx, right.GetStartKey(), extra[i], missing[i]); err != nil {
 			return fmt.Errorf("%w: moving range %d's replica from node %d to node %d, to join range %d's: %v",
 				ErrMergeReplicas, right.GetRangeId(), extra[i], missing[i], left.GetRangeId(), err)
+		}
+	}
+	// Non-voting replicas (DESIGN.md §13) as the left's: the missing ones
+	// added first, so the region served keeps one.
+	for _, n := range left.GetNonVoters() {
+		if !slices.Contains(right.GetNonVoters(), n) {
+			if _, err := c.ChangeNonVoter(ctx, right.GetStartKey(), n, false); err != nil {
+				return fmt.Errorf("%w: adding range %d's non-voter on node %d, as range %d has: %v", ErrMergeReplicas, right.GetRangeId(), n, left.GetRangeId(), err)
+			}
+		}
+	}
+	for _, n := range right.GetNonVoters() {
+		if !slices.Contains(left.GetNonVoters(), n) {
+			if _, err := c.ChangeNonVoter(ctx, right.GetStartKey(), n, true); err != nil {
+				return fmt.Errorf("%w: removing range %d's non-voter on node %d, which range %d lacks: %v", ErrMergeReplicas, right.GetRangeId(), n, left.GetRangeId(), err)
+			}
 		}
 	}
 	slog.Info("merge: right-hand range moved onto the left's nodes", "left", left.GetRangeId(), "right", right.GetRangeId(), "replicas", left.GetReplicas())

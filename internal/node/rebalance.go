@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,13 +82,22 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 	}
 	leases := c.n.rangesOf(ctx, live, viewTimeout)
 	wg.Wait()
+	foreign := map[uint64]*pb.RangeDescriptor{}
 	for id, sts := range leases {
 		for _, st := range sts {
+			if d := st.GetRangeDescriptor(); d.GetRegion() != c.region && slices.Contains(d.GetNonVoters(), id) {
+				if cur := foreign[d.GetRangeId()]; cur == nil || d.GetGeneration() > cur.GetGeneration() {
+					foreign[d.GetRangeId()] = d
+				}
+			}
 			if st.GetLeader() {
 				v.Leases[st.GetRangeDescriptor().GetRangeId()] = id
 				v.Load[st.GetRangeDescriptor().GetRangeId()] = rebalance.Load{Bytes: st.GetSizeBytes(), QPS: st.GetQps()}
 			}
 		}
+	}
+	for _, d := range foreign {
+		v.Foreign = append(v.Foreign, d)
 	}
 	return v, nil
 }
@@ -112,6 +122,20 @@ func (c *regionCluster) MoveReplica(ctx context.Context, key []byte, from, to ui
 		return err
 	}
 	_, err = co.MoveReplica(ctx, key, from, to)
+	return err
+}
+
+// MoveNonVoter implements rebalance.Cluster: the new non-voter is added
+// (and caught up) before the old one is removed.
+func (c *regionCluster) MoveNonVoter(ctx context.Context, key []byte, from, to uint64) error {
+	co, err := c.coordinator()
+	if err != nil {
+		return err
+	}
+	if _, err := co.ChangeNonVoter(ctx, key, to, false); err != nil {
+		return err
+	}
+	_, err = co.ChangeNonVoter(ctx, key, from, true)
 	return err
 }
 

@@ -31,12 +31,15 @@ const (
 	Gone
 	// MoveGroup moves the non-range group's replica on From to To.
 	MoveGroup
+	// MoveNonVoter moves a non-voting replica (DESIGN.md §13) of a range
+	// homed in another region from this region's node From to To.
+	MoveNonVoter
 
 	numKinds = iota
 )
 
 // Kinds lists every Kind.
-var Kinds = []Kind{Move, Transfer, Gone, MoveGroup}
+var Kinds = []Kind{Move, Transfer, Gone, MoveGroup, MoveNonVoter}
 
 // Action is one step of a plan.
 type Action struct {
@@ -66,6 +69,10 @@ type View struct {
 	// Load is each range's size and request rate, as its leader reports
 	// them (absent: unknown, so never a merge candidate).
 	Load map[uint64]Load
+	// Foreign are the descriptors of ranges homed in other regions that
+	// have non-voting replicas (DESIGN.md §13) on this region's nodes, as
+	// those nodes report them: a draining node sheds them too.
+	Foreign []*pb.RangeDescriptor
 }
 
 // Load is a range's size (bytes, estimated on disk) and request rate
@@ -163,6 +170,13 @@ func Plan(v View, cfg Config) []Action {
 			n.leases++
 		}
 	}
+	for _, d := range v.Foreign { // and a non-voter of another region's range
+		for _, r := range d.GetNonVoters() {
+			if n := byID[r]; n != nil {
+				n.replicas++
+			}
+		}
+	}
 	for _, g := range v.Groups { // a replica is a replica, of a range or of another group
 		for _, r := range g.Voters {
 			if n := byID[r]; n != nil {
@@ -209,6 +223,32 @@ func Plan(v View, cfg Config) []Action {
 				moves++
 				moving[d.GetRangeId()] = true
 				break // one change per range per plan
+			}
+		}
+	}
+	// Non-voting replicas of other regions' ranges off draining nodes.
+	for _, d := range v.Foreign {
+		if v.InFlight.Ranges[d.GetRangeId()] || moving[d.GetRangeId()] {
+			continue
+		}
+		for _, r := range d.GetNonVoters() {
+			n := byID[r]
+			if n == nil || !n.drain || moves >= cfg.MaxMoves {
+				continue
+			}
+			var best *node
+			for _, t := range targets {
+				if !slices.Contains(d.GetNonVoters(), t.id) && (best == nil || t.replicas < best.replicas || t.replicas == best.replicas && t.id < best.id) {
+					best = t
+				}
+			}
+			if best != nil {
+				out = append(out, Action{Kind: MoveNonVoter, Range: d, From: r, To: best.id, Why: drainWhy(n)})
+				best.replicas++
+				n.replicas--
+				moves++
+				moving[d.GetRangeId()] = true
+				break
 			}
 		}
 	}
@@ -266,7 +306,7 @@ func Plan(v View, cfg Config) []Action {
 		// A group whose placement is unknown, or in a joint change, may
 		// still name it as a voter.
 		if n.decommissioning && !v.InFlight.Gone[n.id] && !slices.ContainsFunc(v.Groups, func(g Group) bool { return !g.Settled || slices.Contains(g.Voters, n.id) }) &&
-			!namedAnywhere(ranges, n.id) && !holdsLease(v.Leases, n.id) {
+			!namedAnywhere(ranges, n.id) && !namedAnywhere(v.Foreign, n.id) && !holdsLease(v.Leases, n.id) {
 			out = append(out, Action{Kind: Gone, From: n.id, Why: "drained"})
 		}
 	}
@@ -431,7 +471,9 @@ func sameNodes(a, b []uint64) bool {
 // streams reports whether a counts against Config.MaxMoves: a range's
 // replica move, or a group's for balance (a group's moves to drain are
 // few and small, and go first).
-func (a Action) streams() bool { return a.Kind == Move || a.Kind == MoveGroup && a.Balance }
+func (a Action) streams() bool {
+	return a.Kind == Move || a.Kind == MoveNonVoter || a.Kind == MoveGroup && a.Balance
+}
 
 func drainWhy(n *node) string {
 	if n.decommissioning {
@@ -467,7 +509,7 @@ func extremes(targets []*node, count func(*node) int) (full, empty *node) {
 // namedAnywhere reports whether any range names id as a replica or learner.
 func namedAnywhere(ranges []*pb.RangeDescriptor, id uint64) bool {
 	for _, d := range ranges {
-		if slices.Contains(d.GetReplicas(), id) || slices.Contains(d.GetLearners(), id) {
+		if slices.Contains(d.GetReplicas(), id) || slices.Contains(d.GetLearners(), id) || slices.Contains(d.GetNonVoters(), id) {
 			return true
 		}
 	}
@@ -494,6 +536,8 @@ func (k Kind) String() string {
 		return "gone"
 	case MoveGroup:
 		return "move group"
+	case MoveNonVoter:
+		return "move non-voter"
 	}
 	return "unknown"
 }

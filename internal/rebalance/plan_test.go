@@ -314,3 +314,32 @@ func TestPlanColocatesMergeCandidates(t *testing.T) {
 		t.Error("neighbours too large to merge, node 4 empty: no balancing move")
 	}
 }
+
+// TestPlanDrainsForeignNonVoters: a decommissioning node that hosts
+// non-voting replicas of other regions' ranges (DESIGN.md §13) has each
+// moved to a live node of its region that hosts none of that range, and
+// is marked gone only once it hosts none.
+func TestPlanDrainsForeignNonVoters(t *testing.T) {
+	dec := live(6)
+	dec.Node.State = directorypb.NodeState_NODE_DECOMMISSIONING
+	foreign := &pb.RangeDescriptor{RangeId: 100, StartKey: []byte("a"), Region: "us-east1", Replicas: []uint64{1, 2, 3}, NonVoters: []uint64{6}, Generation: 3}
+	other := &pb.RangeDescriptor{RangeId: 101, StartKey: []byte("g"), Region: "us-east1", Replicas: []uint64{1, 2, 3}, NonVoters: []uint64{4}, Generation: 3}
+	v := View{Nodes: []*directorypb.NodeLiveness{live(4), live(5), dec, live(7)},
+		Ranges: []*pb.RangeDescriptor{rng(200, "m", 4, 5, 7)}, Leases: map[uint64]uint64{200: 4},
+		Foreign: []*pb.RangeDescriptor{foreign, other}}
+	plan := Plan(v, Config{MaxMoves: 2})
+	want := []string{"move non-voter r100 6->5"} // node 5 hosts the fewest replicas
+	if got := show(plan); !slices.Equal(got, want) {
+		t.Fatalf("plan %v, want %v", got, want)
+	}
+	// Under way, it is not planned again, and the node is not gone yet.
+	v.InFlight = InFlight{Ranges: map[uint64]bool{100: true}, Moves: 1}
+	if got := show(Plan(v, Config{MaxMoves: 2})); len(got) != 0 {
+		t.Fatalf("with the move in flight: plan %v, want none", got)
+	}
+	v.InFlight = InFlight{}
+	foreign.NonVoters = []uint64{5}
+	if got := show(Plan(v, Config{MaxMoves: 2})); !slices.Equal(got, []string{"gone r0 6->0"}) {
+		t.Fatalf("drained: plan %v, want node 6 gone", got)
+	}
+}

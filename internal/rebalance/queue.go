@@ -28,6 +28,10 @@ type Cluster interface {
 	MoveGroupReplica(ctx context.Context, group, from, to uint64) error
 	// MarkGone marks a drained node gone in the registry.
 	MarkGone(ctx context.Context, id uint64) error
+	// MoveNonVoter moves the non-voting replica of the range holding key
+	// (homed in another region) from node from to node to: to is added,
+	// then from removed.
+	MoveNonVoter(ctx context.Context, key []byte, from, to uint64) error
 }
 
 // QueueConfig sets the queue's pace.
@@ -76,7 +80,7 @@ type flight struct {
 
 func flightOf(a Action) flight {
 	switch a.Kind {
-	case Move, Transfer:
+	case Move, Transfer, MoveNonVoter:
 		return flight{Move, a.Range.GetRangeId()}
 	case MoveGroup:
 		return flight{MoveGroup, a.Group}
@@ -196,6 +200,8 @@ func (q *Queue) start(ctx context.Context, a Action) {
 			err = q.c.MarkGone(actx, a.From)
 		case MoveGroup:
 			err = q.c.MoveGroupReplica(actx, a.Group, a.From, a.To)
+		case MoveNonVoter:
+			err = q.c.MoveNonVoter(actx, a.Range.GetStartKey(), a.From, a.To)
 		}
 		q.count(a, err)
 		if err != nil {

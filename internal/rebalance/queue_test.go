@@ -73,6 +73,11 @@ func (f *fakeCluster) MoveGroupReplica(_ context.Context, group, from, to uint64
 	return nil
 }
 
+func (f *fakeCluster) MoveNonVoter(_ context.Context, _ []byte, from, to uint64) error {
+	f.step(Action{Kind: MoveNonVoter, From: from, To: to})
+	return nil
+}
+
 func (f *fakeCluster) MarkGone(_ context.Context, id uint64) error {
 	f.step(Action{Kind: Gone, From: id})
 	return nil
