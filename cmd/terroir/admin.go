@@ -19,7 +19,7 @@ func adminCmd() *cobra.Command {
 	var configPath string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|list | gc show|ttl | node list|decommission|recommission | group move",
+		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|add-non-voter|remove-non-voter|list | gc show|ttl | node list|decommission|recommission | group move",
 		Short: "Operate a running cluster",
 	}
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")

@@ -114,7 +114,7 @@ func (b *bank) audit(ctx context.Context, db *client.DB, mode client.SnapshotMod
 	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
 	total := 0
-	_, err := db.View(octx, mode, func(ctx context.Context, s *client.Snapshot) error {
+	st, err := db.View(octx, mode, func(ctx context.Context, s *client.Snapshot) error {
 		total = 0
 		for i := range accounts {
 			n, err := readInt(ctx, s, b.account(i))
@@ -125,6 +125,9 @@ func (b *bank) audit(ctx context.Context, db *client.DB, mode client.SnapshotMod
 		}
 		return nil
 	})
+	if err == nil && st.FollowerReads > 0 {
+		b.cp.count(fmt.Sprintf("bank audit (%v), reads served by followers", mode))
+	}
 	if b.cp.countOutcome(fmt.Sprintf("bank audit (%v)", mode), err) == committed && total != accounts*initialFunds {
 		b.cp.anomaly("bank total %d in a %v snapshot, want %d", total, mode, accounts*initialFunds)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -44,13 +45,17 @@ const (
 	faultDecommission  = "decommission a node under load and stop it once gone"
 	faultMoveGroup     = "move an epoch/txn-state/directory group's replica under load"
 	faultLeaveBehind   = "kill a node and move a replica off it; restart it and its left-behind replica must be collected"
+	faultStarve        = "starve a range's follower or non-voter of the log while it answers reads"
+	faultMoveNonVoter  = "move a non-voting replica to another node of its region under load"
+	faultCutNonVoter   = "cut off the region of a non-voting replica; once healed it must serve again"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
-	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind}
+	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
+	faultStarve, faultMoveNonVoter, faultCutNonVoter}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -343,6 +348,28 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			id := ranges[r.IntN(len(ranges))].ID
 			cp.pauseClosing(nodes, id, true)
 			heal = func() error { cp.pauseClosing(nodes, id, false); return nil }
+		case faultStarve:
+			if cp.starveFollower(r, ranges) == 0 {
+				continue
+			}
+			heal = func() error { net.Heal(); return nil }
+		case faultMoveNonVoter:
+			if !cp.moveNonVoter(ctx, r, dbs[r.IntN(len(dbs))], ranges) {
+				continue
+			}
+			heal = func() error { return nil }
+		case faultCutNonVoter:
+			d, node, ok := cp.pickNonVoter(r, ranges)
+			i := slices.Index(cp.regions, cp.nodeRegion(node))
+			if !ok || i < 0 {
+				continue
+			}
+			net.CutRegion(cp.regions[i])
+			heal = func() error {
+				net.Heal()
+				cp.awaitNonVoterServes(ctx, cp.followers[i], d, node)
+				return nil
+			}
 		default:
 			f, ok := cp.strikeMidCommit(ctx, kind, r.IntN(8))
 			if !ok {

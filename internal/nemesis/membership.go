@@ -145,6 +145,8 @@ func (cp *campaign) holdings(ctx context.Context, node uint64) string {
 				out = append(out, fmt.Sprintf("range %d voter %v", rid, d.GetReplicas()))
 			case slices.Contains(d.GetLearners(), node):
 				out = append(out, fmt.Sprintf("range %d learner %v+%v", rid, d.GetReplicas(), d.GetLearners()))
+			case slices.Contains(d.GetNonVoters(), node):
+				out = append(out, fmt.Sprintf("range %d non-voter %v+%v", rid, d.GetReplicas(), d.GetNonVoters()))
 			}
 			if rg := n.Range(rid); rg != nil && rg.LeaderHint() == node && nid == node {
 				out = append(out, fmt.Sprintf("range %d lease", rid))

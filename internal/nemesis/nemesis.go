@@ -98,6 +98,9 @@ type campaign struct {
 	// decommissioned: the nodes faultDecommission picked (only the fault
 	// loop uses it).
 	decommissioned map[uint64]bool
+	// followers are one client per data region (cp.regions' order) that
+	// prefers followers for snapshot reads (DESIGN.md §13).
+	followers []*client.DB
 }
 
 // workload is one kind of client load and its checker.
@@ -219,6 +222,12 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 	bank := newBank(cp)
 	if err := bank.fund(ctx, dbs[0]); err != nil {
+		return nil, err
+	}
+	if err := cp.addNonVoters(ctx, dbs[0]); err != nil {
+		return nil, err
+	}
+	if cp.followers, err = cp.followerClients(); err != nil {
 		return nil, err
 	}
 	workloads := []workload{newTxnGroups(cp), bank, newLongSnapshots(cp, bank), newChangefeeds(cp, bank), newRegisters(cp), newLists(cp), epochs}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -37,7 +38,7 @@ func newRegisters(cp *campaign) *registers { return &registers{cp: cp} }
 func (w *registers) key(k int) []byte { return w.cp.key(k, fmt.Sprintf("nemesis-reg-%d", k)) }
 
 func (w *registers) run(ctx context.Context, dbs []*client.DB, wg *sync.WaitGroup) {
-	for i, db := range dbs {
+	for i, db := range append(slices.Clone(dbs), w.cp.followers...) { // the latter's reads prefer followers
 		wg.Add(1)
 		go func() { defer wg.Done(); w.client(ctx, db, 200+i) }()
 	}
@@ -81,10 +82,14 @@ func (w *registers) client(ctx context.Context, db *client.DB, id int) {
 		default:
 			mode := linearizableModes[r.IntN(len(linearizableModes))]
 			in.Kind, kind = history.RegRead, fmt.Sprintf("register read (%v)", mode)
-			_, err = db.View(octx, mode, func(ctx context.Context, s *client.Snapshot) (err error) {
+			var st client.SnapshotStats
+			st, err = db.View(octx, mode, func(ctx context.Context, s *client.Snapshot) (err error) {
 				out.Value, err = w.get(ctx, s, in.Key)
 				return err
 			})
+			if err == nil && st.FollowerReads > 0 {
+				w.cp.count(fmt.Sprintf("register read (%v) served by a follower", mode))
+			}
 		}
 		ret := w.cp.now()
 		cancel()

@@ -1,0 +1,184 @@
+package nemesis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/terroir-db/terroir/client"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// Follower reads and non-voting replicas (DESIGN.md §13). At the start of
+// a campaign every range gets a non-voting replica in each other data
+// region, and one client per region prefers followers for its snapshot
+// reads (the registers workload runs on them too), so the checkers judge
+// reads served from closed epochs, near and across the WAN. Three faults
+// strike them: a follower starved of the log while it still answers
+// reads, a non-voter moved to another node of its region, and the region
+// of a non-voter cut off, after which the non-voter must serve again.
+
+// nonVoterTimeout bounds one non-voter change of a fault or of the setup.
+const nonVoterTimeout = 30 * time.Second
+
+// insideRange is a key inside the range starting at start (its start key
+// itself, unless that is empty).
+func insideRange(start []byte) []byte { return append(slices.Clone(start), 0) }
+
+// nodeRegion is node id's region as the network knows it.
+func (cp *campaign) nodeRegion(id uint64) string {
+	n, _ := cp.c.Net.Node(id)
+	return n.Region
+}
+
+// addNonVoters gives every range of the topology a non-voting replica on
+// one node of each other data region.
+func (cp *campaign) addNonVoters(ctx context.Context, db *client.DB) error {
+	for _, g := range cp.cfg.Topology.Ranges() {
+		for _, region := range cp.regions {
+			if region == g.Region {
+				continue
+			}
+			node := cp.firstNode(region)
+			actx, cancel := context.WithTimeout(ctx, nonVoterTimeout)
+			_, err := db.AdminAddNonVoter(actx, insideRange([]byte(g.Start)), node)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("nemesis: adding range %d's non-voter on node %d (%s): %w", g.ID, node, region, err)
+			}
+		}
+	}
+	return nil
+}
+
+// firstNode is the lowest-numbered node of region in the topology.
+func (cp *campaign) firstNode(region string) uint64 {
+	for _, n := range cp.cfg.Topology.Nodes {
+		if n.Region == region {
+			return n.ID
+		}
+	}
+	return 0
+}
+
+// followerClients opens one client per data region that prefers followers.
+func (cp *campaign) followerClients() ([]*client.DB, error) {
+	var out []*client.DB
+	for _, r := range cp.regions {
+		db, err := cp.c.Client(r)
+		if err != nil {
+			return nil, err
+		}
+		db.SetFollowerReads(client.FollowerReadsPreferred)
+		out = append(out, db)
+	}
+	return out, nil
+}
+
+// starveFollower cuts a replica of a random range other than its leader —
+// a follower or a non-voter — off from every other node's messages, while
+// clients still reach it; it returns the node (0: none found).
+func (cp *campaign) starveFollower(r *rand.Rand, ranges []topology.Group) uint64 {
+	g := ranges[r.IntN(len(ranges))]
+	d := cp.rangeOf(insideRange([]byte(g.Start)))
+	if d == nil {
+		return 0
+	}
+	leader := cp.c.Leader(d.GetRangeId())
+	var cands []uint64
+	for _, id := range append(slices.Clone(d.GetReplicas()), d.GetNonVoters()...) {
+		if id != leader && cp.c.Node(id) != nil {
+			cands = append(cands, id)
+		}
+	}
+	if len(cands) == 0 {
+		return 0
+	}
+	id := cands[r.IntN(len(cands))]
+	cp.c.Net.Starve(id)
+	return id
+}
+
+// pickNonVoter returns a random range that has a non-voting replica, and
+// one of them.
+func (cp *campaign) pickNonVoter(r *rand.Rand, ranges []topology.Group) (*pb.RangeDescriptor, uint64, bool) {
+	g := ranges[r.IntN(len(ranges))]
+	d := cp.rangeOf(insideRange([]byte(g.Start)))
+	if d == nil || len(d.GetNonVoters()) == 0 {
+		return nil, 0, false
+	}
+	return d, d.GetNonVoters()[r.IntN(len(d.GetNonVoters()))], true
+}
+
+// moveNonVoter moves a random range's non-voting replica to another node
+// of its region: the new one is added, then the old one removed. A
+// refusal (the range changed, the target is down) or a retryable failure
+// is no anomaly.
+func (cp *campaign) moveNonVoter(ctx context.Context, r *rand.Rand, db *client.DB, ranges []topology.Group) bool {
+	d, from, ok := cp.pickNonVoter(r, ranges)
+	if !ok {
+		return false
+	}
+	region := cp.nodeRegion(from)
+	var spare []uint64
+	for _, id := range cp.c.NodeIDs() {
+		if cp.nodeRegion(id) == region && id != from && !slices.Contains(d.GetNonVoters(), id) && !cp.decommissioned[id] {
+			spare = append(spare, id)
+		}
+	}
+	if len(spare) == 0 {
+		return false
+	}
+	to := spare[r.IntN(len(spare))]
+	key := insideRange(d.GetStartKey())
+	actx, cancel := context.WithTimeout(ctx, nonVoterTimeout)
+	defer cancel()
+	_, err := db.AdminAddNonVoter(actx, key, to)
+	if err == nil {
+		_, err = db.AdminRemoveNonVoter(actx, key, from)
+	}
+	switch {
+	case err == nil:
+		cp.count("non-voter moved")
+		return true
+	case errors.Is(err, client.ErrMoveTarget), client.IsRetryable(err), errors.Is(err, client.ErrCommitUnknown),
+		errors.Is(err, context.DeadlineExceeded), ctx.Err() != nil:
+		cp.count("non-voter move refused or cut short")
+	default:
+		cp.anomaly("moving range %d's non-voter from node %d to node %d: %v", d.GetRangeId(), from, to, err)
+	}
+	return false
+}
+
+// awaitNonVoterServes waits, after a cut of its region healed, until the
+// range's non-voter on node serves a SerializableStale read of db's
+// region by itself again; an anomaly if not within recoveryBound.
+func (cp *campaign) awaitNonVoterServes(ctx context.Context, db *client.DB, d *pb.RangeDescriptor, node uint64) {
+	deadline := time.Now().Add(recoveryBound)
+	key := insideRange(d.GetStartKey())
+	for ctx.Err() == nil {
+		if cur := cp.rangeOf(key); cur == nil || !slices.Contains(cur.GetNonVoters(), node) || cp.c.Node(node) == nil {
+			return // moved or merged meanwhile: nothing to judge
+		}
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		st, err := db.View(rctx, client.SerializableStale, func(ctx context.Context, s *client.Snapshot) error {
+			_, _, err := s.Get(ctx, key)
+			return err
+		})
+		cancel()
+		if err == nil && st.FollowerReads > 0 {
+			cp.count("non-voter serving again after its region's cut")
+			return
+		}
+		if time.Now().After(deadline) {
+			cp.anomaly("range %d's non-voter on node %d served no read of its region %v after the cut healed (last: %v, %+v)",
+				d.GetRangeId(), node, recoveryBound, err, st)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
