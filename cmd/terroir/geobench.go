@@ -249,4 +249,3 @@ func sampleClosedLag(c *localcluster.Cluster, id, nonVoter uint64, stop <-chan s
 		record(nonVoter, far)
 	}
 }
-
