@@ -569,8 +569,10 @@ func (db *DB) AdminMoveReplica(ctx context.Context, key []byte, from, to uint64)
 // add-non-voter`). The replica joins as a learner that stays one, catches
 // up by a streamed snapshot, and from then on serves snapshot reads of
 // clients near it from its closed epoch, with no call to the home region.
-// It returns the range as it is after. Errors: ErrMoveTarget (nothing
-// changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown.
+// Adding one that is there already changes nothing. It returns the range
+// as it is after. Errors: ErrMoveTarget (nothing changed: an unknown node,
+// one that holds a voter of the range), ErrKeyTooLarge, ErrUnavailable,
+// ErrCommitUnknown.
 func (db *DB) AdminAddNonVoter(ctx context.Context, key []byte, node uint64) (RangeInfo, error) {
 	d, err := db.coord.ChangeNonVoter(ctx, key, node, false)
 	if err != nil {

@@ -19,8 +19,9 @@ var ErrMoveTarget = errors.New("terroir: the replica cannot move there")
 // §13): node hosts an empty replica, joins as a learner that stays one and
 // catches up by a streamed snapshot; from then on it serves snapshot reads
 // from its closed epoch. It returns the range's new descriptor. Errors:
-// ErrMoveTarget (nothing changed: an unknown node, one that hosts the
-// range already, or, to remove, one that is not a non-voter), ErrKeyTooLarge,
+// ErrMoveTarget (nothing changed: an unknown node, one that hosts a voter
+// of the range, or, to remove, one that is not a non-voter; adding a
+// non-voter that is one already changes nothing and is no error), ErrKeyTooLarge,
 // ErrUnavailable, ErrCommitUnknown.
 func (c *Coordinator) ChangeNonVoter(ctx context.Context, key []byte, node uint64, remove bool) (*pb.RangeDescriptor, error) {
 	if _, ok := c.dialer.Network().Resolve(node); !ok {
@@ -31,8 +32,8 @@ func (c *Coordinator) ChangeNonVoter(ctx context.Context, key []byte, node uint6
 		switch {
 		case remove && !slices.Contains(d.GetNonVoters(), node):
 			return fmt.Errorf("%w: node %d hosts no non-voting replica of range %d (non-voters %v)", ErrMoveTarget, node, d.GetRangeId(), d.GetNonVoters())
-		case !remove && (slices.Contains(d.GetReplicas(), node) || slices.Contains(d.GetNonVoters(), node)):
-			return fmt.Errorf("%w: node %d hosts range %d already (replicas %v, non-voters %v)", ErrMoveTarget, node, d.GetRangeId(), d.GetReplicas(), d.GetNonVoters())
+		case !remove && slices.Contains(d.GetReplicas(), node):
+			return fmt.Errorf("%w: node %d hosts a voting replica of range %d (replicas %v)", ErrMoveTarget, node, d.GetRangeId(), d.GetReplicas())
 		}
 		return nil
 	}, func(ctx context.Context, rc pb.RangeClient, d *pb.RangeDescriptor) error {

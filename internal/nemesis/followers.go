@@ -45,7 +45,14 @@ func (cp *campaign) addNonVoters(ctx context.Context, db *client.DB) error {
 			}
 			node := cp.firstNode(region)
 			actx, cancel := context.WithTimeout(ctx, nonVoterTimeout)
-			_, err := db.AdminAddNonVoter(actx, insideRange([]byte(g.Start)), node)
+			var err error
+			for { // adding one that is there already is no error: a retry is safe
+				_, err = db.AdminAddNonVoter(actx, insideRange([]byte(g.Start)), node)
+				if err == nil || errors.Is(err, client.ErrMoveTarget) || actx.Err() != nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 			cancel()
 			if err != nil {
 				return fmt.Errorf("nemesis: adding range %d's non-voter on node %d (%s): %w", g.ID, node, region, err)

@@ -158,12 +158,19 @@ func (r *Replica) moveSteps(nonVoters []uint64) raftgroup.MoveSteps {
 // leaseholder (DESIGN.md §13): the node hosts an empty replica, joins the
 // group as a learner that stays one, and catches up by a snapshot; it then
 // serves snapshot reads from the closed epoch. Any node of any region may
-// host one, but not one that hosts the range already. It returns the
-// range's new descriptor. Errors: ErrMoveTarget, ErrMoveBusy (another
+// host one, but not one that hosts a voter or learner of the range; a node
+// that is a non-voter already is no error (nothing changes). It returns
+// the range's descriptor after. Errors: ErrMoveTarget, ErrMoveBusy (another
 // change under way, or the replica did not catch up before ctx ended),
 // ErrNotLeaseholder.
 func (r *Replica) AddNonVoter(ctx context.Context, node uint64) (*pb.RangeDescriptor, error) {
 	d := r.sm.Descriptor()
+	if slices.Contains(d.GetNonVoters(), node) {
+		if _, err := r.leader(); err != nil {
+			return nil, err
+		}
+		return d, nil // added already (a retry after an unknown outcome)
+	}
 	if err := r.checkNonVoterChange(d, node, true); err != nil {
 		return nil, err
 	}
@@ -176,8 +183,10 @@ func (r *Replica) AddNonVoter(ctx context.Context, node uint64) (*pb.RangeDescri
 		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMoveBusy, r.id)
 	}
 	defer release()
-	if d = r.sm.Descriptor(); r.checkNonVoterChange(d, node, true) != nil {
-		return nil, r.checkNonVoterChange(d, node, true)
+	if d = r.sm.Descriptor(); slices.Contains(d.GetNonVoters(), node) {
+		return d, nil
+	} else if err := r.checkNonVoterChange(d, node, true); err != nil {
+		return nil, err
 	}
 	nd, err := r.changed(r.group.AddNonVoter(ctx, node, r.moveSteps(append(slices.Clone(d.GetNonVoters()), node))))
 	if err != nil {
