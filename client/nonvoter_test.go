@@ -51,10 +51,13 @@ func TestNonVoterServesItsRegion(t *testing.T) {
 	}
 	waitHosted(t, c, 4, 100, false)
 
+	if err := c.JoinNode(10, "us-east1"); err != nil {
+		t.Fatal(err)
+	}
 	for _, bad := range []struct {
 		node   uint64
 		remove bool
-	}{{1, false}, {99, false}, {5, true}, {1, true}} {
+	}{{1, false}, {10, false}, {99, false}, {5, true}, {1, true}} { // node 10: us-east1, the home
 		change := east.AdminAddNonVoter
 		if bad.remove {
 			change = east.AdminRemoveNonVoter

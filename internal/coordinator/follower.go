@@ -133,6 +133,9 @@ func (c *Coordinator) followerTarget(g *pb.RangeDescriptor, mode SnapshotMode) (
 	return node, wait, true
 }
 
+// followerSlack bounds a follower read beyond the waits it asks for.
+const followerSlack = time.Second
+
 // followerRead asks replica node to serve req from its closed epoch,
 // waiting up to wait for it to close. Any refusal or failure but ctx's end
 // is left to the caller, which reads at the leader instead: a follower
@@ -144,7 +147,11 @@ func (c *Coordinator) followerRead(ctx context.Context, node uint64, wait time.D
 	}
 	fr := proto.CloneOf(req)
 	fr.Closed, fr.ClosedWaitUs = true, uint64(wait.Microseconds())
-	return pb.NewRangeClient(conn).SnapshotRead(ctx, fr)
+	// The replica waits at most about 2×wait (its publisher, then a close):
+	// one that hangs sends the read to the leader too.
+	fctx, cancel := context.WithTimeout(ctx, 2*wait+followerSlack)
+	defer cancel()
+	return pb.NewRangeClient(conn).SnapshotRead(fctx, fr)
 }
 
 // fromFollower serves one read of s from a follower's closed epoch when the
@@ -166,6 +173,8 @@ func (s *Snapshot) fromFollower(ctx context.Context, g *pb.RangeDescriptor, req 
 	case ctx.Err() != nil:
 		return nil, s.c.unavailable(ctx, g, err)
 	}
+	// Anything else — refused as behind, timed out, unreachable — the
+	// leader answers instead.
 	s.stats.FollowerFallbacks++
 	return nil, nil
 }

@@ -20,11 +20,13 @@ var ErrMoveTarget = errors.New("terroir: the replica cannot move there")
 // catches up by a streamed snapshot; from then on it serves snapshot reads
 // from its closed epoch. It returns the range's new descriptor. Errors:
 // ErrMoveTarget (nothing changed: an unknown node, one that hosts a voter
-// of the range, or, to remove, one that is not a non-voter; adding a
+// of the range or is in its home region, or, to remove, one that is not a
+// non-voter; adding a
 // non-voter that is one already changes nothing and is no error), ErrKeyTooLarge,
 // ErrUnavailable, ErrCommitUnknown.
 func (c *Coordinator) ChangeNonVoter(ctx context.Context, key []byte, node uint64, remove bool) (*pb.RangeDescriptor, error) {
-	if _, ok := c.dialer.Network().Resolve(node); !ok {
+	nd, ok := c.dialer.Network().Resolve(node)
+	if !ok {
 		return nil, fmt.Errorf("%w: node %d is not in the cluster", ErrMoveTarget, node)
 	}
 	var out *pb.RangeDescriptor
@@ -34,6 +36,8 @@ func (c *Coordinator) ChangeNonVoter(ctx context.Context, key []byte, node uint6
 			return fmt.Errorf("%w: node %d hosts no non-voting replica of range %d (non-voters %v)", ErrMoveTarget, node, d.GetRangeId(), d.GetNonVoters())
 		case !remove && slices.Contains(d.GetReplicas(), node):
 			return fmt.Errorf("%w: node %d hosts a voting replica of range %d (replicas %v)", ErrMoveTarget, node, d.GetRangeId(), d.GetReplicas())
+		case !remove && nd.Region == d.GetRegion():
+			return fmt.Errorf("%w: node %d is in range %d's home region %s, where its voters serve: a non-voter goes to another region", ErrMoveTarget, node, d.GetRangeId(), d.GetRegion())
 		}
 		return nil
 	}, func(ctx context.Context, rc pb.RangeClient, d *pb.RangeDescriptor) error {

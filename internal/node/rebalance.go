@@ -82,22 +82,34 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 	}
 	leases := c.n.rangesOf(ctx, live, viewTimeout)
 	wg.Wait()
-	foreign := map[uint64]*pb.RangeDescriptor{}
 	for id, sts := range leases {
 		for _, st := range sts {
-			if d := st.GetRangeDescriptor(); d.GetRegion() != c.region && slices.Contains(d.GetNonVoters(), id) {
-				if cur := foreign[d.GetRangeId()]; cur == nil || d.GetGeneration() > cur.GetGeneration() {
-					foreign[d.GetRangeId()] = d
-				}
-			}
 			if st.GetLeader() {
 				v.Leases[st.GetRangeDescriptor().GetRangeId()] = id
 				v.Load[st.GetRangeDescriptor().GetRangeId()] = rebalance.Load{Bytes: st.GetSizeBytes(), QPS: st.GetQps()}
 			}
 		}
 	}
-	for _, d := range foreign {
-		v.Foreign = append(v.Foreign, d)
+	// Other regions' ranges with non-voters here (DESIGN.md §13), from
+	// their directories: a node that is down reports nothing, and one may
+	// still host a non-voter its range has removed.
+	mine := map[uint64]bool{}
+	for _, l := range nodes {
+		mine[l.GetNode().GetId()] = true
+	}
+	for _, region := range c.n.dirs.Regions() {
+		if region == c.region {
+			continue
+		}
+		descs, err := c.n.dirs.Of(region).List(ctx)
+		if err != nil {
+			return rebalance.View{}, fmt.Errorf("the %s directory: %w", region, err)
+		}
+		for _, d := range descs {
+			if slices.ContainsFunc(d.GetNonVoters(), func(n uint64) bool { return mine[n] }) {
+				v.Foreign = append(v.Foreign, d)
+			}
+		}
 	}
 	return v, nil
 }
@@ -126,14 +138,16 @@ func (c *regionCluster) MoveReplica(ctx context.Context, key []byte, from, to ui
 }
 
 // MoveNonVoter implements rebalance.Cluster: the new non-voter is added
-// (and caught up) before the old one is removed.
+// (and caught up) before the old one is removed; to 0 only removes.
 func (c *regionCluster) MoveNonVoter(ctx context.Context, key []byte, from, to uint64) error {
 	co, err := c.coordinator()
 	if err != nil {
 		return err
 	}
-	if _, err := co.ChangeNonVoter(ctx, key, to, false); err != nil {
-		return err
+	if to != 0 {
+		if _, err := co.ChangeNonVoter(ctx, key, to, false); err != nil {
+			return err
+		}
 	}
 	_, err = co.ChangeNonVoter(ctx, key, from, true)
 	return err

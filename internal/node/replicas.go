@@ -290,10 +290,12 @@ func dataSpans(d *pb.RangeDescriptor) [][2][]byte {
 // (liveTarget's errors).
 func (n *Node) addReplica(ctx context.Context, node uint64, d *pb.RangeDescriptor) error {
 	region := d.GetRegion()
-	if slices.Contains(d.GetNonVoters(), node) { // in any region (DESIGN.md §13)
-		if nd, ok := n.dialer.Network().Resolve(node); ok {
-			region = nd.Region
+	if slices.Contains(d.GetNonVoters(), node) { // in another region (DESIGN.md §13)
+		nd, ok := n.dialer.Network().Resolve(node)
+		if !ok || nd.Region == region {
+			return fmt.Errorf("%w: node %d is unknown or in range %d's home region %s: a non-voter goes to another region", raftgroup.ErrMoveTarget, node, d.GetRangeId(), region)
 		}
+		region = nd.Region
 	}
 	if err := n.liveTarget(ctx, node, region); err != nil {
 		return refusedTarget(err)

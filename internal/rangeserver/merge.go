@@ -170,11 +170,14 @@ func (r *Replica) subsume(ctx context.Context) (highest uint64, err error) {
 // leaseholder does (DESIGN.md §3.5).
 func (r *Replica) absorb(ctx context.Context, right *Replica, highest uint64, known bool) (*pb.RangeDescriptor, error) {
 	rd := right.Desc()
-	if err := r.waitSubsumed(ctx, right); err != nil {
+	lagging, err := r.waitSubsumed(ctx, right)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.dropLagging(ctx, lagging); err != nil {
 		return nil, err
 	}
 	if !known && r.global != nil {
-		var err error
 		if highest, err = r.nextGlobalEpoch(); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrMergeBusy, err)
 		}
@@ -211,15 +214,15 @@ func (r *Replica) absorb(ctx context.Context, right *Replica, highest uint64, kn
 	return a.Merge.Merged, nil
 }
 
-// peersAgree checks that every other replica of range d answers with d's
-// generation; else ErrMergeBusy.
+// peersAgree checks that every other replica of range d, non-voters
+// included, answers with d's generation; else ErrMergeBusy.
 func (r *Replica) peersAgree(ctx context.Context, d *pb.RangeDescriptor) error {
 	if r.cfg.PeerDescriptor == nil {
 		return nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	for _, n := range d.GetReplicas() {
+	for _, n := range allReplicas(d) {
 		if n == r.self {
 			continue
 		}
@@ -236,32 +239,72 @@ func (r *Replica) peersAgree(ctx context.Context, d *pb.RangeDescriptor) error {
 
 // waitSubsumed waits, up to mergeWait, until every replica of right has
 // applied its subsume command: a replica that no longer hosts right
-// removed it after the merge applied there.
-func (r *Replica) waitSubsumed(ctx context.Context, right *Replica) error {
+// removed it after the merge applied there. Non-voters too (DESIGN.md
+// §13): a non-voter that applied the merge before right's last entries
+// would hold the merged range without them, yet serve reads from a closed
+// epoch that says they are there. A non-voter cut off from its home must
+// not hold the frozen range back, though: once every voter has applied
+// the subsume, non-voters get nonVoterGrace more, and those still behind
+// are returned, for the merge to remove them from this range first.
+func (r *Replica) waitSubsumed(ctx context.Context, right *Replica) (lagging []uint64, err error) {
 	rd := right.Desc()
 	wctx, cancel := context.WithTimeout(ctx, mergeWait)
 	defer cancel()
+	var votersDone time.Time
 	for {
 		var behind []uint64
-		for _, n := range rd.GetReplicas() {
+		voters := true
+		for _, n := range allReplicas(rd) {
 			if n == r.self || r.cfg.PeerDescriptor == nil {
 				continue // right is this node's replica, subsumed
 			}
 			d, err := r.cfg.PeerDescriptor(wctx, n, rd.GetRangeId())
 			if err != nil || (d != nil && !d.GetSubsumed()) {
 				behind = append(behind, n)
+				voters = voters && slices.Contains(rd.GetNonVoters(), n)
 			}
 		}
 		if len(behind) == 0 {
-			return nil
+			return nil, nil
+		}
+		if voters { // only non-voters are behind
+			if votersDone.IsZero() {
+				votersDone = time.Now()
+			} else if time.Since(votersDone) >= nonVoterGrace {
+				return behind, nil
+			}
 		}
 		if !transport.SleepCtx(wctx, 5*time.Millisecond) {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
-			return fmt.Errorf("%w: range %d's replicas on nodes %v have not applied its subsume", ErrMergeBusy, rd.GetRangeId(), behind)
+			return nil, fmt.Errorf("%w: range %d's replicas on nodes %v have not applied its subsume", ErrMergeBusy, rd.GetRangeId(), behind)
 		}
 	}
+}
+
+// nonVoterGrace is how long a merge waits for a lagging non-voter of the
+// subsumed range once every voter has applied the subsume.
+const nonVoterGrace = 2 * time.Second
+
+// dropLagging removes from this range, at its leader during a merge, the
+// non-voters on nodes that did not apply the right-hand range's subsume
+// (waitSubsumed): the merge would otherwise reach them before the right
+// range's last entries. The placement that wants them adds them again.
+func (r *Replica) dropLagging(ctx context.Context, nodes []uint64) error {
+	for _, n := range nodes {
+		d := r.sm.Descriptor()
+		if !slices.Contains(d.GetNonVoters(), n) {
+			return fmt.Errorf("%w: node %d, behind on the subsume, is no non-voter of range %d", ErrMergeBusy, n, r.id)
+		}
+		steps := r.moveSteps(slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(x uint64) bool { return x == n }))
+		steps.Keep = d.GetNonVoters()
+		if _, err := r.changed(r.group.RemoveNonVoter(ctx, n, steps)); err != nil {
+			return fmt.Errorf("%w: removing the non-voter on node %d, behind on the subsume: %v", ErrMergeBusy, n, err)
+		}
+		slog.Warn("merge: removed a non-voter that did not apply the subsume in time", "range", r.id, "node", n)
+	}
+	return nil
 }
 
 // onMerge runs on every replica once a merge into this range is durable.
@@ -324,4 +367,9 @@ func (r *Replica) maybeMerge() {
 // coldFor reports whether the range has kept its shape for MergeDelay.
 func (r *Replica) coldFor(now time.Time) bool {
 	return now.Sub(time.Unix(0, r.reshaped.Load())) >= r.cfg.MergeDelay
+}
+
+// allReplicas returns d's voters and non-voters.
+func allReplicas(d *pb.RangeDescriptor) []uint64 {
+	return append(slices.Clone(d.GetReplicas()), d.GetNonVoters()...)
 }

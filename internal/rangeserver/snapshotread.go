@@ -24,6 +24,10 @@ const (
 	snapshotEpochWait = 5 * time.Second
 )
 
+// followerEpochSlack is how much longer than its closed-epoch wait a
+// follower read may wait for its publisher to show the epoch.
+const followerEpochSlack = 100 * time.Millisecond
+
 // awaitEpoch waits, at most snapshotEpochWait, until src shows at least
 // at, and returns what it showed. Errors: ErrSnapshotEpoch.
 func (r *Replica) awaitEpoch(ctx context.Context, src epoch.Source, at uint64) (uint64, error) {
@@ -102,8 +106,13 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 			if r.near != nil {
 				src = r.near // within one epoch of the home's (invariant 2)
 			}
-			if _, err := r.awaitEpoch(ctx, src, req.GetAt()); err != nil {
-				return nil, err
+			// As long as the caller would wait for a close, and no longer:
+			// a publisher that lags or refuses sends the read to the leader.
+			actx, cancel := context.WithTimeout(ctx, wait+followerEpochSlack)
+			_, err := r.awaitEpoch(actx, src, req.GetAt())
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("%w: epoch %d not reached here in time: %v", ErrNotClosed, req.GetAt(), err)
 			}
 			resp.EpochWaitUs = uint64(time.Since(began).Microseconds())
 		}

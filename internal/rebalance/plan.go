@@ -32,7 +32,8 @@ const (
 	// MoveGroup moves the non-range group's replica on From to To.
 	MoveGroup
 	// MoveNonVoter moves a non-voting replica (DESIGN.md §13) of a range
-	// homed in another region from this region's node From to To.
+	// homed in another region from this region's node From to To (0: only
+	// removes it, another node of the region holding one already).
 	MoveNonVoter
 
 	numKinds = iota
@@ -236,9 +237,17 @@ func Plan(v View, cfg Config) []Action {
 			if n == nil || !n.drain || moves >= cfg.MaxMoves {
 				continue
 			}
+			if slices.ContainsFunc(d.GetNonVoters(), func(x uint64) bool { t := byID[x]; return t != nil && t.target }) {
+				// The region keeps one (an earlier move added it, and its
+				// removal of this one failed): only remove.
+				out = append(out, Action{Kind: MoveNonVoter, Range: d, From: r, Why: drainWhy(n)})
+				n.replicas--
+				moving[d.GetRangeId()] = true
+				break
+			}
 			var best *node
 			for _, t := range targets {
-				if !slices.Contains(d.GetNonVoters(), t.id) && (best == nil || t.replicas < best.replicas || t.replicas == best.replicas && t.id < best.id) {
+				if best == nil || t.replicas < best.replicas || t.replicas == best.replicas && t.id < best.id {
 					best = t
 				}
 			}

@@ -338,6 +338,12 @@ func TestPlanDrainsForeignNonVoters(t *testing.T) {
 		t.Fatalf("with the move in flight: plan %v, want none", got)
 	}
 	v.InFlight = InFlight{}
+	// An earlier move added one on node 5 and failed to remove node 6's:
+	// only the removal is left.
+	foreign.NonVoters = []uint64{6, 5}
+	if got := show(Plan(v, Config{MaxMoves: 2})); !slices.Equal(got, []string{"move non-voter r100 6->0"}) {
+		t.Fatalf("a non-voter on a live node already: plan %v, want only the removal", got)
+	}
 	foreign.NonVoters = []uint64{5}
 	if got := show(Plan(v, Config{MaxMoves: 2})); !slices.Equal(got, []string{"gone r0 6->0"}) {
 		t.Fatalf("drained: plan %v, want node 6 gone", got)
