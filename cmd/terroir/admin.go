@@ -19,7 +19,7 @@ func adminCmd() *cobra.Command {
 	var configPath string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|add-non-voter|remove-non-voter|list | gc show|ttl | node list|decommission|recommission | group move",
+		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|add-non-voter|remove-non-voter|list | gc show|ttl | node list|decommission|recommission | group move | placement set|remove|list",
 		Short: "Operate a running cluster",
 	}
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
@@ -245,7 +245,7 @@ func adminCmd() *cobra.Command {
 			})
 		},
 	})
-	cmd.AddCommand(region, rng, adminGCCmd(with), adminNodeCmd(with), adminGroupCmd(with))
+	cmd.AddCommand(region, rng, adminGCCmd(with), adminNodeCmd(with), adminGroupCmd(with), adminPlacementCmd(withClient))
 	return cmd
 }
 

@@ -65,6 +65,9 @@ type Coordinator struct {
 	beating sync.Map       // *heartbeater → struct{}: open transactions' heartbeats
 
 	dropLookup func() // takes the registry lookup out of the dialer's network
+
+	dirs      *directory.Directories
+	placement placementRules // placement.go
 }
 
 // New returns a coordinator for clients in region, calling nodes through dialer.
@@ -91,6 +94,7 @@ func New(top *topology.Topology, region string, dialer *transport.Dialer) (*Coor
 	// Routing asks the directories (DESIGN.md §11), never the file's ranges.
 	c.nodes = routing.NodesResolver{Topology: top, Dialer: dialer}
 	dirs := directory.NewDirectories(top, dialer)
+	c.dirs = dirs
 	c.routes = routing.NewCache(directory.NewResolver(top, region, dirs, c.nodes))
 	// Nodes that joined after this process started are found in the registry.
 	c.dropLookup = dialer.Network().AddLookup(dirs.RegisteredNodes)

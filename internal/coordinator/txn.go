@@ -295,6 +295,9 @@ func (t *Txn) write(ctx context.Context, w *pb.Write) error {
 	if err := CheckKey(w.GetKey()); err != nil {
 		return err
 	}
+	if err := t.c.checkPlacement(w.GetKey()); err != nil {
+		return err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.begin(); err != nil {

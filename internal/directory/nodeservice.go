@@ -30,7 +30,7 @@ func TypedError(err error) error {
 	if !ok || st.Code() != codes.InvalidArgument {
 		return err
 	}
-	for _, e := range registryErrors {
+	for _, e := range slices.Concat(registryErrors, placementErrors) {
 		if rest, ok := strings.CutPrefix(st.Message(), e.Error()); ok {
 			return fmt.Errorf("%w%s", e, rest)
 		}

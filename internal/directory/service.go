@@ -115,7 +115,7 @@ func (s *Server) propose(ctx context.Context, id uint64, cmd *directorypb.Comman
 		return nil, status.FromContextError(err).Err()
 	}
 	if err, ok := res.(error); ok {
-		if errors.Is(err, ErrBadDescriptor) || errors.Is(err, ErrBadCommand) || errors.Is(err, ErrBadGCTTL) || errors.Is(err, ErrBadProtection) || IsRegistryError(err) {
+		if errors.Is(err, ErrBadDescriptor) || errors.Is(err, ErrBadCommand) || errors.Is(err, ErrBadGCTTL) || errors.Is(err, ErrBadProtection) || IsRegistryError(err) || isPlacementError(err) {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		if errors.Is(err, ErrIDsExhausted) {

@@ -94,11 +94,12 @@ type StateMachine struct {
 	mu          sync.RWMutex
 	ranges      []*pb.RangeDescriptor // by start key, disjoint
 	placements  []*directorypb.Placement
-	next, last  uint64                    // the next range ID to hand out, the block's last
-	gcTTLms     uint64                    // the gc_ttl set at run time; 0: the topology's
-	protections []*directorypb.Protection // by id
-	nodes       []*directorypb.NodeRecord // the region's registry, by id
-	seedNodes   []*directorypb.NodeRecord // the registry of a store seeded before it had one
+	next, last  uint64                       // the next range ID to hand out, the block's last
+	gcTTLms     uint64                       // the gc_ttl set at run time; 0: the topology's
+	protections []*directorypb.Protection    // by id
+	nodes       []*directorypb.NodeRecord    // the region's registry, by id
+	rules       []*directorypb.PlacementRule // placement rules, by prefix; replaced, never modified (rules.go)
+	seedNodes   []*directorypb.NodeRecord    // the registry of a store seeded before it had one
 }
 
 // NewStateMachine returns the state machine of directory group `group` on
@@ -177,6 +178,9 @@ func (sm *StateMachine) write(b *pebble.Batch, st *directorypb.State) error {
 			return err
 		}
 	}
+	if err := sm.writeRules(b, st.GetRules()); err != nil {
+		return err
+	}
 	return b.Set(sm.key(keySeeded), []byte{1}, nil)
 }
 
@@ -187,6 +191,7 @@ func (sm *StateMachine) load() error {
 	var next, last, gcTTLms uint64
 	var protections []*directorypb.Protection
 	var nodes []*directorypb.NodeRecord
+	var rules []*directorypb.PlacementRule
 	err := sm.e.Scan(sm.prefix, storage.PrefixEnd(sm.prefix), func(k, v []byte) (bool, error) {
 		var err error
 		switch k[len(sm.prefix)] {
@@ -218,6 +223,11 @@ func (sm *StateMachine) load() error {
 			n := &directorypb.NodeRecord{}
 			err = proto.Unmarshal(v, n)
 			nodes = append(nodes, n) // by id: the keys' order
+		case keyRule:
+			var r *directorypb.PlacementRule
+			if r, err = loadRule(v); err == nil {
+				rules = append(rules, r) // by prefix: the keys' order
+			}
 		}
 		if err != nil {
 			return false, fmt.Errorf("%w: directory state: %v", storage.ErrCorrupt, err)
@@ -236,7 +246,7 @@ func (sm *StateMachine) load() error {
 	}
 	sm.mu.Lock()
 	sm.ranges, sm.placements, sm.next, sm.last = ranges, placements, next, last
-	sm.gcTTLms, sm.protections, sm.nodes = gcTTLms, protections, nodes
+	sm.gcTTLms, sm.protections, sm.nodes, sm.rules = gcTTLms, protections, nodes, rules
 	sm.mu.Unlock()
 	return nil
 }
@@ -305,6 +315,8 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		return sm.applyRegister(b, c.RegisterNode)
 	case *directorypb.Command_SetNodeState:
 		return sm.applySetNodeState(b, c.SetNodeState)
+	case *directorypb.Command_SetPlacementRule:
+		return sm.applyPlacementRule(b, c.SetPlacementRule)
 	}
 	return fmt.Errorf("%w: empty command", ErrBadCommand)
 }
@@ -408,7 +420,7 @@ func (sm *StateMachine) Snapshot() ([]byte, error) {
 	sm.mu.RLock()
 	defer sm.mu.RUnlock()
 	return proto.Marshal(&directorypb.State{Descriptors: sm.ranges, Placements: sm.placements, NextRangeId: sm.next, LastRangeId: sm.last,
-		GcTtlMs: sm.gcTTLms, Protections: sm.protections, Nodes: sm.nodes})
+		GcTtlMs: sm.gcTTLms, Protections: sm.protections, Nodes: sm.nodes, Rules: sm.rules})
 }
 
 // Restore implements raftgroup.StateMachine. Errors wrap storage.ErrCorrupt
@@ -432,7 +444,9 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 	sortNodes(nodes)
 	sm.mu.Lock()
 	sm.ranges, sm.placements, sm.next, sm.last = ranges, st.GetPlacements(), st.GetNextRangeId(), st.GetLastRangeId()
-	sm.gcTTLms, sm.protections, sm.nodes = st.GetGcTtlMs(), protections, nodes
+	rules := slices.Clone(st.GetRules())
+	slices.SortFunc(rules, func(a, b *directorypb.PlacementRule) int { return bytes.Compare(a.GetPrefix(), b.GetPrefix()) })
+	sm.gcTTLms, sm.protections, sm.nodes, sm.rules = st.GetGcTtlMs(), protections, nodes, rules
 	sm.mu.Unlock()
 	return nil
 }

@@ -41,43 +41,45 @@ func (r Role) String() string {
 // that every served method is listed or meant to be node-only).
 var methodRoles = map[string]Role{
 	// Transactions, snapshots and changefeeds: any user.
-	"/terroir.range.Range/Get":               RoleUser,
-	"/terroir.range.Range/Scan":              RoleUser,
-	"/terroir.range.Range/Lock":              RoleUser,
-	"/terroir.range.Range/Prepare":           RoleUser,
-	"/terroir.range.Range/Commit":            RoleUser,
-	"/terroir.range.Range/Abort":             RoleUser,
-	"/terroir.range.Range/CommitOnePhase":    RoleUser,
-	"/terroir.range.Range/SnapshotRead":      RoleUser,
-	"/terroir.range.Range/Heartbeat":         RoleUser,
-	"/terroir.range.Range/Ranges":            RoleUser,
-	"/terroir.range.Range/ClosedEpoch":       RoleUser,
-	"/terroir.txnstate.TxnState/Decide":      RoleUser,
-	"/terroir.txnstate.TxnState/Get":         RoleUser,
-	"/terroir.txnstate.TxnState/Forget":      RoleUser,
-	"/terroir.epoch.Epoch/ReadEpoch":         RoleUser,
-	"/terroir.epoch.Epoch/Membership":        RoleUser,
-	"/terroir.directory.Directory/Lookup":    RoleUser,
-	"/terroir.directory.Directory/Placement": RoleUser,
-	"/terroir.directory.Directory/List":      RoleUser,
-	"/terroir.directory.Directory/GCPolicy":  RoleUser,
-	"/terroir.directory.Directory/Protect":   RoleUser, // a changefeed or backup holds back GC
-	"/terroir.directory.Directory/Release":   RoleUser,
-	"/terroir.directory.Directory/Nodes":     RoleUser, // the node registry: addresses, states, liveness
-	"/terroir.transport.Transport/Ping":      RoleUser,
-	"/terroir.transport.Transport/Group":     RoleUser, // a group's configuration, to follow its moves
-	"/terroir.node.Node/Status":              RoleUser, // `terroir status`: the cluster's shape (range boundaries included), no values
+	"/terroir.range.Range/Get":                    RoleUser,
+	"/terroir.range.Range/Scan":                   RoleUser,
+	"/terroir.range.Range/Lock":                   RoleUser,
+	"/terroir.range.Range/Prepare":                RoleUser,
+	"/terroir.range.Range/Commit":                 RoleUser,
+	"/terroir.range.Range/Abort":                  RoleUser,
+	"/terroir.range.Range/CommitOnePhase":         RoleUser,
+	"/terroir.range.Range/SnapshotRead":           RoleUser,
+	"/terroir.range.Range/Heartbeat":              RoleUser,
+	"/terroir.range.Range/Ranges":                 RoleUser,
+	"/terroir.range.Range/ClosedEpoch":            RoleUser,
+	"/terroir.txnstate.TxnState/Decide":           RoleUser,
+	"/terroir.txnstate.TxnState/Get":              RoleUser,
+	"/terroir.txnstate.TxnState/Forget":           RoleUser,
+	"/terroir.epoch.Epoch/ReadEpoch":              RoleUser,
+	"/terroir.epoch.Epoch/Membership":             RoleUser,
+	"/terroir.directory.Directory/Lookup":         RoleUser,
+	"/terroir.directory.Directory/Placement":      RoleUser,
+	"/terroir.directory.Directory/List":           RoleUser,
+	"/terroir.directory.Directory/GCPolicy":       RoleUser,
+	"/terroir.directory.Directory/Protect":        RoleUser, // a changefeed or backup holds back GC
+	"/terroir.directory.Directory/Release":        RoleUser,
+	"/terroir.directory.Directory/Nodes":          RoleUser, // the node registry: addresses, states, liveness
+	"/terroir.directory.Directory/PlacementRules": RoleUser,
+	"/terroir.transport.Transport/Ping":           RoleUser,
+	"/terroir.transport.Transport/Group":          RoleUser, // a group's configuration, to follow its moves
+	"/terroir.node.Node/Status":                   RoleUser, // `terroir status`: the cluster's shape (range boundaries included), no values
 	// Operator actions: the admin user. (Excluding a region goes through a
 	// node, whose certificate alone may call Epoch/SetExcluded.)
-	"/terroir.node.Node/SetRegionExcluded":      RoleAdmin,
-	"/terroir.range.Range/AdminSplit":           RoleAdmin,
-	"/terroir.range.Range/AdminMerge":           RoleAdmin,
-	"/terroir.range.Range/TransferLease":        RoleAdmin,
-	"/terroir.range.Range/MoveReplica":          RoleAdmin,
-	"/terroir.range.Range/ChangeNonVoter":       RoleAdmin,
-	"/terroir.directory.Directory/SetGCTTL":     RoleAdmin,
-	"/terroir.directory.Directory/SetNodeState": RoleAdmin, // decommission a node
-	"/terroir.node.Node/MoveGroupReplica":       RoleAdmin,
+	"/terroir.node.Node/SetRegionExcluded":          RoleAdmin,
+	"/terroir.range.Range/AdminSplit":               RoleAdmin,
+	"/terroir.range.Range/AdminMerge":               RoleAdmin,
+	"/terroir.range.Range/TransferLease":            RoleAdmin,
+	"/terroir.range.Range/MoveReplica":              RoleAdmin,
+	"/terroir.range.Range/ChangeNonVoter":           RoleAdmin,
+	"/terroir.directory.Directory/SetGCTTL":         RoleAdmin,
+	"/terroir.directory.Directory/SetNodeState":     RoleAdmin, // decommission a node
+	"/terroir.directory.Directory/SetPlacementRule": RoleAdmin,
+	"/terroir.node.Node/MoveGroupReplica":           RoleAdmin,
 	// Node-only, listed for the reader: Transport/Raft, Transport/Snapshot,
 	// Node/AddRangeReplica, Node/RemoveRangeReplica, Node/AddGroupReplica,
 	// Node/RemoveGroupReplica, Epoch/Publish, Epoch/SetExcluded,

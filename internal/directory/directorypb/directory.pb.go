@@ -28,6 +28,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PlacementKind is how a placement rule homes its span (DESIGN.md §13).
+type PlacementKind int32
+
+const (
+	// PLACEMENT_HOME: the span is homed in one region (REGIONAL BY TABLE).
+	PlacementKind_PLACEMENT_HOME PlacementKind = 0
+	// PLACEMENT_BY_ROW: each key's first component after the prefix, up to
+	// '/', names its home region (REGIONAL BY ROW): prefix + "us-east1/42".
+	PlacementKind_PLACEMENT_BY_ROW PlacementKind = 1
+	// PLACEMENT_GLOBAL: homed in one region, with a non-voting replica in
+	// every other data region serving snapshot reads there.
+	PlacementKind_PLACEMENT_GLOBAL PlacementKind = 2
+)
+
+// Enum value maps for PlacementKind.
+var (
+	PlacementKind_name = map[int32]string{
+		0: "PLACEMENT_HOME",
+		1: "PLACEMENT_BY_ROW",
+		2: "PLACEMENT_GLOBAL",
+	}
+	PlacementKind_value = map[string]int32{
+		"PLACEMENT_HOME":   0,
+		"PLACEMENT_BY_ROW": 1,
+		"PLACEMENT_GLOBAL": 2,
+	}
+)
+
+func (x PlacementKind) Enum() *PlacementKind {
+	p := new(PlacementKind)
+	*p = x
+	return p
+}
+
+func (x PlacementKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PlacementKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_directory_proto_enumTypes[0].Descriptor()
+}
+
+func (PlacementKind) Type() protoreflect.EnumType {
+	return &file_directory_proto_enumTypes[0]
+}
+
+func (x PlacementKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PlacementKind.Descriptor instead.
+func (PlacementKind) EnumDescriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{0}
+}
+
 // NodeState is a registered node's place in its life (DESIGN.md §12).
 type NodeState int32
 
@@ -66,11 +121,11 @@ func (x NodeState) String() string {
 }
 
 func (NodeState) Descriptor() protoreflect.EnumDescriptor {
-	return file_directory_proto_enumTypes[0].Descriptor()
+	return file_directory_proto_enumTypes[1].Descriptor()
 }
 
 func (NodeState) Type() protoreflect.EnumType {
-	return &file_directory_proto_enumTypes[0]
+	return &file_directory_proto_enumTypes[1]
 }
 
 func (x NodeState) Number() protoreflect.EnumNumber {
@@ -79,7 +134,7 @@ func (x NodeState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NodeState.Descriptor instead.
 func (NodeState) EnumDescriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{0}
+	return file_directory_proto_rawDescGZIP(), []int{1}
 }
 
 // Placement homes the span [start_key, end_key) in region (an empty end_key:
@@ -156,6 +211,7 @@ type Command struct {
 	//	*Command_Release
 	//	*Command_RegisterNode
 	//	*Command_SetNodeState
+	//	*Command_SetPlacementRule
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -261,6 +317,15 @@ func (x *Command) GetSetNodeState() *SetNodeStateCmd {
 	return nil
 }
 
+func (x *Command) GetSetPlacementRule() *SetPlacementRuleCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_SetPlacementRule); ok {
+			return x.SetPlacementRule
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -305,6 +370,12 @@ type Command_SetNodeState struct {
 	SetNodeState *SetNodeStateCmd `protobuf:"bytes,7,opt,name=set_node_state,json=setNodeState,proto3,oneof"`
 }
 
+type Command_SetPlacementRule struct {
+	// set_placement_rule sets (or removes) an operator's placement rule
+	// (DESIGN.md §13).
+	SetPlacementRule *SetPlacementRuleCmd `protobuf:"bytes,8,opt,name=set_placement_rule,json=setPlacementRule,proto3,oneof"`
+}
+
 func (*Command_Update) isCommand_Cmd() {}
 
 func (*Command_Allocate) isCommand_Cmd() {}
@@ -319,6 +390,123 @@ func (*Command_RegisterNode) isCommand_Cmd() {}
 
 func (*Command_SetNodeState) isCommand_Cmd() {}
 
+func (*Command_SetPlacementRule) isCommand_Cmd() {}
+
+// PlacementRule is an operator's declaration of where the keys that start
+// with prefix live (DESIGN.md §13). Rules never overlap: no rule's prefix
+// is a prefix of another's.
+type PlacementRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Prefix        []byte                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"` // not empty
+	Kind          PlacementKind          `protobuf:"varint,2,opt,name=kind,proto3,enum=terroir.directory.PlacementKind" json:"kind,omitempty"`
+	Home          string                 `protobuf:"bytes,3,opt,name=home,proto3" json:"home,omitempty"` // HOME and GLOBAL: the home region; BY_ROW: empty
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementRule) Reset() {
+	*x = PlacementRule{}
+	mi := &file_directory_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementRule) ProtoMessage() {}
+
+func (x *PlacementRule) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementRule.ProtoReflect.Descriptor instead.
+func (*PlacementRule) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PlacementRule) GetPrefix() []byte {
+	if x != nil {
+		return x.Prefix
+	}
+	return nil
+}
+
+func (x *PlacementRule) GetKind() PlacementKind {
+	if x != nil {
+		return x.Kind
+	}
+	return PlacementKind_PLACEMENT_HOME
+}
+
+func (x *PlacementRule) GetHome() string {
+	if x != nil {
+		return x.Home
+	}
+	return ""
+}
+
+type SetPlacementRuleCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          *PlacementRule         `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Remove        bool                   `protobuf:"varint,2,opt,name=remove,proto3" json:"remove,omitempty"` // remove the rule with rule.prefix
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPlacementRuleCmd) Reset() {
+	*x = SetPlacementRuleCmd{}
+	mi := &file_directory_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPlacementRuleCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPlacementRuleCmd) ProtoMessage() {}
+
+func (x *SetPlacementRuleCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPlacementRuleCmd.ProtoReflect.Descriptor instead.
+func (*SetPlacementRuleCmd) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SetPlacementRuleCmd) GetRule() *PlacementRule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+func (x *SetPlacementRuleCmd) GetRemove() bool {
+	if x != nil {
+		return x.Remove
+	}
+	return false
+}
+
 // NodeRecord is one node in its region's registry.
 type NodeRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -332,7 +520,7 @@ type NodeRecord struct {
 
 func (x *NodeRecord) Reset() {
 	*x = NodeRecord{}
-	mi := &file_directory_proto_msgTypes[2]
+	mi := &file_directory_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +532,7 @@ func (x *NodeRecord) String() string {
 func (*NodeRecord) ProtoMessage() {}
 
 func (x *NodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[2]
+	mi := &file_directory_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +545,7 @@ func (x *NodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRecord.ProtoReflect.Descriptor instead.
 func (*NodeRecord) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{2}
+	return file_directory_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NodeRecord) GetId() uint64 {
@@ -401,7 +589,7 @@ type RegisterNodeCmd struct {
 
 func (x *RegisterNodeCmd) Reset() {
 	*x = RegisterNodeCmd{}
-	mi := &file_directory_proto_msgTypes[3]
+	mi := &file_directory_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +601,7 @@ func (x *RegisterNodeCmd) String() string {
 func (*RegisterNodeCmd) ProtoMessage() {}
 
 func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[3]
+	mi := &file_directory_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +614,7 @@ func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCmd.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{3}
+	return file_directory_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RegisterNodeCmd) GetNode() *NodeRecord {
@@ -453,7 +641,7 @@ type SetNodeStateCmd struct {
 
 func (x *SetNodeStateCmd) Reset() {
 	*x = SetNodeStateCmd{}
-	mi := &file_directory_proto_msgTypes[4]
+	mi := &file_directory_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +653,7 @@ func (x *SetNodeStateCmd) String() string {
 func (*SetNodeStateCmd) ProtoMessage() {}
 
 func (x *SetNodeStateCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[4]
+	mi := &file_directory_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +666,7 @@ func (x *SetNodeStateCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateCmd.ProtoReflect.Descriptor instead.
 func (*SetNodeStateCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{4}
+	return file_directory_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SetNodeStateCmd) GetId() uint64 {
@@ -516,7 +704,7 @@ type Protection struct {
 
 func (x *Protection) Reset() {
 	*x = Protection{}
-	mi := &file_directory_proto_msgTypes[5]
+	mi := &file_directory_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -528,7 +716,7 @@ func (x *Protection) String() string {
 func (*Protection) ProtoMessage() {}
 
 func (x *Protection) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[5]
+	mi := &file_directory_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -541,7 +729,7 @@ func (x *Protection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Protection.ProtoReflect.Descriptor instead.
 func (*Protection) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{5}
+	return file_directory_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Protection) GetId() string {
@@ -588,7 +776,7 @@ type SetGCTTLCmd struct {
 
 func (x *SetGCTTLCmd) Reset() {
 	*x = SetGCTTLCmd{}
-	mi := &file_directory_proto_msgTypes[6]
+	mi := &file_directory_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +788,7 @@ func (x *SetGCTTLCmd) String() string {
 func (*SetGCTTLCmd) ProtoMessage() {}
 
 func (x *SetGCTTLCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[6]
+	mi := &file_directory_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +801,7 @@ func (x *SetGCTTLCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGCTTLCmd.ProtoReflect.Descriptor instead.
 func (*SetGCTTLCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{6}
+	return file_directory_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SetGCTTLCmd) GetGcTtlMs() uint64 {
@@ -632,7 +820,7 @@ type ProtectCmd struct {
 
 func (x *ProtectCmd) Reset() {
 	*x = ProtectCmd{}
-	mi := &file_directory_proto_msgTypes[7]
+	mi := &file_directory_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +832,7 @@ func (x *ProtectCmd) String() string {
 func (*ProtectCmd) ProtoMessage() {}
 
 func (x *ProtectCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[7]
+	mi := &file_directory_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +845,7 @@ func (x *ProtectCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProtectCmd.ProtoReflect.Descriptor instead.
 func (*ProtectCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{7}
+	return file_directory_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ProtectCmd) GetProtection() *Protection {
@@ -676,7 +864,7 @@ type ReleaseCmd struct {
 
 func (x *ReleaseCmd) Reset() {
 	*x = ReleaseCmd{}
-	mi := &file_directory_proto_msgTypes[8]
+	mi := &file_directory_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +876,7 @@ func (x *ReleaseCmd) String() string {
 func (*ReleaseCmd) ProtoMessage() {}
 
 func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[8]
+	mi := &file_directory_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +889,7 @@ func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{8}
+	return file_directory_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseCmd) GetIds() []string {
@@ -720,7 +908,7 @@ type UpdateCmd struct {
 
 func (x *UpdateCmd) Reset() {
 	*x = UpdateCmd{}
-	mi := &file_directory_proto_msgTypes[9]
+	mi := &file_directory_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +920,7 @@ func (x *UpdateCmd) String() string {
 func (*UpdateCmd) ProtoMessage() {}
 
 func (x *UpdateCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[9]
+	mi := &file_directory_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +933,7 @@ func (x *UpdateCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateCmd.ProtoReflect.Descriptor instead.
 func (*UpdateCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{9}
+	return file_directory_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdateCmd) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -763,7 +951,7 @@ type AllocateCmd struct {
 
 func (x *AllocateCmd) Reset() {
 	*x = AllocateCmd{}
-	mi := &file_directory_proto_msgTypes[10]
+	mi := &file_directory_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +963,7 @@ func (x *AllocateCmd) String() string {
 func (*AllocateCmd) ProtoMessage() {}
 
 func (x *AllocateCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[10]
+	mi := &file_directory_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +976,7 @@ func (x *AllocateCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateCmd.ProtoReflect.Descriptor instead.
 func (*AllocateCmd) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{10}
+	return file_directory_proto_rawDescGZIP(), []int{12}
 }
 
 type LookupRequest struct {
@@ -804,7 +992,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_directory_proto_msgTypes[11]
+	mi := &file_directory_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +1004,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[11]
+	mi := &file_directory_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +1017,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{11}
+	return file_directory_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LookupRequest) GetGroupId() uint64 {
@@ -864,7 +1052,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_directory_proto_msgTypes[12]
+	mi := &file_directory_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1064,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[12]
+	mi := &file_directory_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1077,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{12}
+	return file_directory_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LookupResponse) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -909,7 +1097,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_directory_proto_msgTypes[13]
+	mi := &file_directory_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1109,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[13]
+	mi := &file_directory_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1122,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{13}
+	return file_directory_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UpdateRequest) GetGroupId() uint64 {
@@ -961,7 +1149,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_directory_proto_msgTypes[14]
+	mi := &file_directory_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1161,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[14]
+	mi := &file_directory_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1174,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{14}
+	return file_directory_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UpdateResponse) GetInstalled() uint32 {
@@ -1005,7 +1193,7 @@ type AllocateRequest struct {
 
 func (x *AllocateRequest) Reset() {
 	*x = AllocateRequest{}
-	mi := &file_directory_proto_msgTypes[15]
+	mi := &file_directory_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1205,7 @@ func (x *AllocateRequest) String() string {
 func (*AllocateRequest) ProtoMessage() {}
 
 func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[15]
+	mi := &file_directory_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1218,7 @@ func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateRequest.ProtoReflect.Descriptor instead.
 func (*AllocateRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{15}
+	return file_directory_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AllocateRequest) GetGroupId() uint64 {
@@ -1049,7 +1237,7 @@ type AllocateResponse struct {
 
 func (x *AllocateResponse) Reset() {
 	*x = AllocateResponse{}
-	mi := &file_directory_proto_msgTypes[16]
+	mi := &file_directory_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1249,7 @@ func (x *AllocateResponse) String() string {
 func (*AllocateResponse) ProtoMessage() {}
 
 func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[16]
+	mi := &file_directory_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1262,7 @@ func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateResponse.ProtoReflect.Descriptor instead.
 func (*AllocateResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{16}
+	return file_directory_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AllocateResponse) GetRangeId() uint64 {
@@ -1093,7 +1281,7 @@ type PlacementRequest struct {
 
 func (x *PlacementRequest) Reset() {
 	*x = PlacementRequest{}
-	mi := &file_directory_proto_msgTypes[17]
+	mi := &file_directory_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1293,7 @@ func (x *PlacementRequest) String() string {
 func (*PlacementRequest) ProtoMessage() {}
 
 func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[17]
+	mi := &file_directory_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1306,7 @@ func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementRequest.ProtoReflect.Descriptor instead.
 func (*PlacementRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{17}
+	return file_directory_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PlacementRequest) GetGroupId() uint64 {
@@ -1137,7 +1325,7 @@ type PlacementResponse struct {
 
 func (x *PlacementResponse) Reset() {
 	*x = PlacementResponse{}
-	mi := &file_directory_proto_msgTypes[18]
+	mi := &file_directory_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1337,7 @@ func (x *PlacementResponse) String() string {
 func (*PlacementResponse) ProtoMessage() {}
 
 func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[18]
+	mi := &file_directory_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1350,7 @@ func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementResponse.ProtoReflect.Descriptor instead.
 func (*PlacementResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{18}
+	return file_directory_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PlacementResponse) GetPlacements() []*Placement {
@@ -1181,7 +1369,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_directory_proto_msgTypes[19]
+	mi := &file_directory_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1381,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[19]
+	mi := &file_directory_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1394,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{19}
+	return file_directory_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListRequest) GetGroupId() uint64 {
@@ -1225,7 +1413,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_directory_proto_msgTypes[20]
+	mi := &file_directory_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1425,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[20]
+	mi := &file_directory_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1438,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{20}
+	return file_directory_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListResponse) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -1269,7 +1457,7 @@ type GCPolicyRequest struct {
 
 func (x *GCPolicyRequest) Reset() {
 	*x = GCPolicyRequest{}
-	mi := &file_directory_proto_msgTypes[21]
+	mi := &file_directory_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1469,7 @@ func (x *GCPolicyRequest) String() string {
 func (*GCPolicyRequest) ProtoMessage() {}
 
 func (x *GCPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[21]
+	mi := &file_directory_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1482,7 @@ func (x *GCPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GCPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{21}
+	return file_directory_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GCPolicyRequest) GetGroupId() uint64 {
@@ -1318,7 +1506,7 @@ type ProtectionStatus struct {
 
 func (x *ProtectionStatus) Reset() {
 	*x = ProtectionStatus{}
-	mi := &file_directory_proto_msgTypes[22]
+	mi := &file_directory_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1518,7 @@ func (x *ProtectionStatus) String() string {
 func (*ProtectionStatus) ProtoMessage() {}
 
 func (x *ProtectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[22]
+	mi := &file_directory_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1531,7 @@ func (x *ProtectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProtectionStatus.ProtoReflect.Descriptor instead.
 func (*ProtectionStatus) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{22}
+	return file_directory_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ProtectionStatus) GetProtection() *Protection {
@@ -1377,7 +1565,7 @@ type GCPolicyResponse struct {
 
 func (x *GCPolicyResponse) Reset() {
 	*x = GCPolicyResponse{}
-	mi := &file_directory_proto_msgTypes[23]
+	mi := &file_directory_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1577,7 @@ func (x *GCPolicyResponse) String() string {
 func (*GCPolicyResponse) ProtoMessage() {}
 
 func (x *GCPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[23]
+	mi := &file_directory_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1590,7 @@ func (x *GCPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCPolicyResponse.ProtoReflect.Descriptor instead.
 func (*GCPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{23}
+	return file_directory_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GCPolicyResponse) GetGcTtlMs() uint64 {
@@ -1419,6 +1607,190 @@ func (x *GCPolicyResponse) GetProtections() []*ProtectionStatus {
 	return nil
 }
 
+type PlacementRulesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementRulesRequest) Reset() {
+	*x = PlacementRulesRequest{}
+	mi := &file_directory_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementRulesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementRulesRequest) ProtoMessage() {}
+
+func (x *PlacementRulesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementRulesRequest.ProtoReflect.Descriptor instead.
+func (*PlacementRulesRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PlacementRulesRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+type PlacementRulesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rules         []*PlacementRule       `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"` // by prefix
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementRulesResponse) Reset() {
+	*x = PlacementRulesResponse{}
+	mi := &file_directory_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementRulesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementRulesResponse) ProtoMessage() {}
+
+func (x *PlacementRulesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementRulesResponse.ProtoReflect.Descriptor instead.
+func (*PlacementRulesResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PlacementRulesResponse) GetRules() []*PlacementRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+type SetPlacementRuleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	Rule          *PlacementRule         `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
+	Remove        bool                   `protobuf:"varint,3,opt,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPlacementRuleRequest) Reset() {
+	*x = SetPlacementRuleRequest{}
+	mi := &file_directory_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPlacementRuleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPlacementRuleRequest) ProtoMessage() {}
+
+func (x *SetPlacementRuleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPlacementRuleRequest.ProtoReflect.Descriptor instead.
+func (*SetPlacementRuleRequest) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SetPlacementRuleRequest) GetGroupId() uint64 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *SetPlacementRuleRequest) GetRule() *PlacementRule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+func (x *SetPlacementRuleRequest) GetRemove() bool {
+	if x != nil {
+		return x.Remove
+	}
+	return false
+}
+
+type SetPlacementRuleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPlacementRuleResponse) Reset() {
+	*x = SetPlacementRuleResponse{}
+	mi := &file_directory_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPlacementRuleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPlacementRuleResponse) ProtoMessage() {}
+
+func (x *SetPlacementRuleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_directory_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPlacementRuleResponse.ProtoReflect.Descriptor instead.
+func (*SetPlacementRuleResponse) Descriptor() ([]byte, []int) {
+	return file_directory_proto_rawDescGZIP(), []int{29}
+}
+
 type SetGCTTLRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
@@ -1429,7 +1801,7 @@ type SetGCTTLRequest struct {
 
 func (x *SetGCTTLRequest) Reset() {
 	*x = SetGCTTLRequest{}
-	mi := &file_directory_proto_msgTypes[24]
+	mi := &file_directory_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1813,7 @@ func (x *SetGCTTLRequest) String() string {
 func (*SetGCTTLRequest) ProtoMessage() {}
 
 func (x *SetGCTTLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[24]
+	mi := &file_directory_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1826,7 @@ func (x *SetGCTTLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGCTTLRequest.ProtoReflect.Descriptor instead.
 func (*SetGCTTLRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{24}
+	return file_directory_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetGCTTLRequest) GetGroupId() uint64 {
@@ -1479,7 +1851,7 @@ type SetGCTTLResponse struct {
 
 func (x *SetGCTTLResponse) Reset() {
 	*x = SetGCTTLResponse{}
-	mi := &file_directory_proto_msgTypes[25]
+	mi := &file_directory_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1863,7 @@ func (x *SetGCTTLResponse) String() string {
 func (*SetGCTTLResponse) ProtoMessage() {}
 
 func (x *SetGCTTLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[25]
+	mi := &file_directory_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1876,7 @@ func (x *SetGCTTLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGCTTLResponse.ProtoReflect.Descriptor instead.
 func (*SetGCTTLResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{25}
+	return file_directory_proto_rawDescGZIP(), []int{31}
 }
 
 type ProtectRequest struct {
@@ -1517,7 +1889,7 @@ type ProtectRequest struct {
 
 func (x *ProtectRequest) Reset() {
 	*x = ProtectRequest{}
-	mi := &file_directory_proto_msgTypes[26]
+	mi := &file_directory_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1901,7 @@ func (x *ProtectRequest) String() string {
 func (*ProtectRequest) ProtoMessage() {}
 
 func (x *ProtectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[26]
+	mi := &file_directory_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1914,7 @@ func (x *ProtectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProtectRequest.ProtoReflect.Descriptor instead.
 func (*ProtectRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{26}
+	return file_directory_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ProtectRequest) GetGroupId() uint64 {
@@ -1567,7 +1939,7 @@ type ProtectResponse struct {
 
 func (x *ProtectResponse) Reset() {
 	*x = ProtectResponse{}
-	mi := &file_directory_proto_msgTypes[27]
+	mi := &file_directory_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +1951,7 @@ func (x *ProtectResponse) String() string {
 func (*ProtectResponse) ProtoMessage() {}
 
 func (x *ProtectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[27]
+	mi := &file_directory_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +1964,7 @@ func (x *ProtectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProtectResponse.ProtoReflect.Descriptor instead.
 func (*ProtectResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{27}
+	return file_directory_proto_rawDescGZIP(), []int{33}
 }
 
 type ReleaseRequest struct {
@@ -1605,7 +1977,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_directory_proto_msgTypes[28]
+	mi := &file_directory_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1989,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[28]
+	mi := &file_directory_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +2002,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{28}
+	return file_directory_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReleaseRequest) GetGroupId() uint64 {
@@ -1655,7 +2027,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_directory_proto_msgTypes[29]
+	mi := &file_directory_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +2039,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[29]
+	mi := &file_directory_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +2052,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{29}
+	return file_directory_proto_rawDescGZIP(), []int{35}
 }
 
 type RegisterNodeRequest struct {
@@ -1694,7 +2066,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_directory_proto_msgTypes[30]
+	mi := &file_directory_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +2078,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[30]
+	mi := &file_directory_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +2091,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{30}
+	return file_directory_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RegisterNodeRequest) GetGroupId() uint64 {
@@ -1751,7 +2123,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_directory_proto_msgTypes[31]
+	mi := &file_directory_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +2135,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[31]
+	mi := &file_directory_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +2148,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{31}
+	return file_directory_proto_rawDescGZIP(), []int{37}
 }
 
 type HeartbeatRequest struct {
@@ -1789,7 +2161,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_directory_proto_msgTypes[32]
+	mi := &file_directory_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +2173,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[32]
+	mi := &file_directory_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +2186,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{32}
+	return file_directory_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HeartbeatRequest) GetGroupId() uint64 {
@@ -1839,7 +2211,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_directory_proto_msgTypes[33]
+	mi := &file_directory_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +2223,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[33]
+	mi := &file_directory_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +2236,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{33}
+	return file_directory_proto_rawDescGZIP(), []int{39}
 }
 
 type NodesRequest struct {
@@ -1876,7 +2248,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_directory_proto_msgTypes[34]
+	mi := &file_directory_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1888,7 +2260,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[34]
+	mi := &file_directory_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1901,7 +2273,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{34}
+	return file_directory_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NodesRequest) GetGroupId() uint64 {
@@ -1925,7 +2297,7 @@ type NodeLiveness struct {
 
 func (x *NodeLiveness) Reset() {
 	*x = NodeLiveness{}
-	mi := &file_directory_proto_msgTypes[35]
+	mi := &file_directory_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1937,7 +2309,7 @@ func (x *NodeLiveness) String() string {
 func (*NodeLiveness) ProtoMessage() {}
 
 func (x *NodeLiveness) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[35]
+	mi := &file_directory_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1950,7 +2322,7 @@ func (x *NodeLiveness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeLiveness.ProtoReflect.Descriptor instead.
 func (*NodeLiveness) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{35}
+	return file_directory_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeLiveness) GetNode() *NodeRecord {
@@ -1983,7 +2355,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_directory_proto_msgTypes[36]
+	mi := &file_directory_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2367,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[36]
+	mi := &file_directory_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2380,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{36}
+	return file_directory_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeLiveness {
@@ -2029,7 +2401,7 @@ type SetNodeStateRequest struct {
 
 func (x *SetNodeStateRequest) Reset() {
 	*x = SetNodeStateRequest{}
-	mi := &file_directory_proto_msgTypes[37]
+	mi := &file_directory_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2413,7 @@ func (x *SetNodeStateRequest) String() string {
 func (*SetNodeStateRequest) ProtoMessage() {}
 
 func (x *SetNodeStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[37]
+	mi := &file_directory_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2426,7 @@ func (x *SetNodeStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeStateRequest) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{37}
+	return file_directory_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SetNodeStateRequest) GetGroupId() uint64 {
@@ -2086,7 +2458,7 @@ type SetNodeStateResponse struct {
 
 func (x *SetNodeStateResponse) Reset() {
 	*x = SetNodeStateResponse{}
-	mi := &file_directory_proto_msgTypes[38]
+	mi := &file_directory_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2470,7 @@ func (x *SetNodeStateResponse) String() string {
 func (*SetNodeStateResponse) ProtoMessage() {}
 
 func (x *SetNodeStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[38]
+	mi := &file_directory_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2483,7 @@ func (x *SetNodeStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeStateResponse) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{38}
+	return file_directory_proto_rawDescGZIP(), []int{44}
 }
 
 // State is a directory group's whole state: its Raft snapshot.
@@ -2124,13 +2496,14 @@ type State struct {
 	GcTtlMs       uint64                     `protobuf:"varint,5,opt,name=gc_ttl_ms,json=gcTtlMs,proto3" json:"gc_ttl_ms,omitempty"`             // 0: the topology file's
 	Protections   []*Protection              `protobuf:"bytes,6,rep,name=protections,proto3" json:"protections,omitempty"`                       // by id
 	Nodes         []*NodeRecord              `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`                                   // registered since bootstrap, by id
+	Rules         []*PlacementRule           `protobuf:"bytes,8,rep,name=rules,proto3" json:"rules,omitempty"`                                   // by prefix
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
 	*x = State{}
-	mi := &file_directory_proto_msgTypes[39]
+	mi := &file_directory_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2515,7 @@ func (x *State) String() string {
 func (*State) ProtoMessage() {}
 
 func (x *State) ProtoReflect() protoreflect.Message {
-	mi := &file_directory_proto_msgTypes[39]
+	mi := &file_directory_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2528,7 @@ func (x *State) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use State.ProtoReflect.Descriptor instead.
 func (*State) Descriptor() ([]byte, []int) {
-	return file_directory_proto_rawDescGZIP(), []int{39}
+	return file_directory_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *State) GetDescriptors() []*rangepb.RangeDescriptor {
@@ -2207,6 +2580,13 @@ func (x *State) GetNodes() []*NodeRecord {
 	return nil
 }
 
+func (x *State) GetRules() []*PlacementRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
 var File_directory_proto protoreflect.FileDescriptor
 
 const file_directory_proto_rawDesc = "" +
@@ -2215,7 +2595,7 @@ const file_directory_proto_rawDesc = "" +
 	"\tPlacement\x12\x1b\n" +
 	"\tstart_key\x18\x01 \x01(\fR\bstartKey\x12\x17\n" +
 	"\aend_key\x18\x02 \x01(\fR\x06endKey\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\xd3\x03\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\xab\x04\n" +
 	"\aCommand\x126\n" +
 	"\x06update\x18\x01 \x01(\v2\x1c.terroir.directory.UpdateCmdH\x00R\x06update\x12<\n" +
 	"\ballocate\x18\x02 \x01(\v2\x1e.terroir.directory.AllocateCmdH\x00R\ballocate\x12>\n" +
@@ -2224,8 +2604,16 @@ const file_directory_proto_rawDesc = "" +
 	"\aprotect\x18\x04 \x01(\v2\x1d.terroir.directory.ProtectCmdH\x00R\aprotect\x129\n" +
 	"\arelease\x18\x05 \x01(\v2\x1d.terroir.directory.ReleaseCmdH\x00R\arelease\x12I\n" +
 	"\rregister_node\x18\x06 \x01(\v2\".terroir.directory.RegisterNodeCmdH\x00R\fregisterNode\x12J\n" +
-	"\x0eset_node_state\x18\a \x01(\v2\".terroir.directory.SetNodeStateCmdH\x00R\fsetNodeStateB\x05\n" +
-	"\x03cmd\"|\n" +
+	"\x0eset_node_state\x18\a \x01(\v2\".terroir.directory.SetNodeStateCmdH\x00R\fsetNodeState\x12V\n" +
+	"\x12set_placement_rule\x18\b \x01(\v2&.terroir.directory.SetPlacementRuleCmdH\x00R\x10setPlacementRuleB\x05\n" +
+	"\x03cmd\"q\n" +
+	"\rPlacementRule\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\fR\x06prefix\x124\n" +
+	"\x04kind\x18\x02 \x01(\x0e2 .terroir.directory.PlacementKindR\x04kind\x12\x12\n" +
+	"\x04home\x18\x03 \x01(\tR\x04home\"c\n" +
+	"\x13SetPlacementRuleCmd\x124\n" +
+	"\x04rule\x18\x01 \x01(\v2 .terroir.directory.PlacementRuleR\x04rule\x12\x16\n" +
+	"\x06remove\x18\x02 \x01(\bR\x06remove\"|\n" +
 	"\n" +
 	"NodeRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
@@ -2293,7 +2681,16 @@ const file_directory_proto_rawDesc = "" +
 	"\aexpired\x18\x03 \x01(\bR\aexpired\"u\n" +
 	"\x10GCPolicyResponse\x12\x1a\n" +
 	"\tgc_ttl_ms\x18\x01 \x01(\x04R\agcTtlMs\x12E\n" +
-	"\vprotections\x18\x02 \x03(\v2#.terroir.directory.ProtectionStatusR\vprotections\"H\n" +
+	"\vprotections\x18\x02 \x03(\v2#.terroir.directory.ProtectionStatusR\vprotections\"2\n" +
+	"\x15PlacementRulesRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"P\n" +
+	"\x16PlacementRulesResponse\x126\n" +
+	"\x05rules\x18\x01 \x03(\v2 .terroir.directory.PlacementRuleR\x05rules\"\x82\x01\n" +
+	"\x17SetPlacementRuleRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x124\n" +
+	"\x04rule\x18\x02 \x01(\v2 .terroir.directory.PlacementRuleR\x04rule\x12\x16\n" +
+	"\x06remove\x18\x03 \x01(\bR\x06remove\"\x1a\n" +
+	"\x18SetPlacementRuleResponse\"H\n" +
 	"\x0fSetGCTTLRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1a\n" +
 	"\tgc_ttl_ms\x18\x02 \x01(\x04R\agcTtlMs\"\x12\n" +
@@ -2329,7 +2726,7 @@ const file_directory_proto_rawDesc = "" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x122\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x1c.terroir.directory.NodeStateR\x05state\"\x16\n" +
-	"\x14SetNodeStateResponse\"\xe1\x02\n" +
+	"\x14SetNodeStateResponse\"\x99\x03\n" +
 	"\x05State\x12@\n" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\x12<\n" +
 	"\n" +
@@ -2339,11 +2736,17 @@ const file_directory_proto_rawDesc = "" +
 	"\rlast_range_id\x18\x04 \x01(\x04R\vlastRangeId\x12\x1a\n" +
 	"\tgc_ttl_ms\x18\x05 \x01(\x04R\agcTtlMs\x12?\n" +
 	"\vprotections\x18\x06 \x03(\v2\x1d.terroir.directory.ProtectionR\vprotections\x123\n" +
-	"\x05nodes\x18\a \x03(\v2\x1d.terroir.directory.NodeRecordR\x05nodes*C\n" +
+	"\x05nodes\x18\a \x03(\v2\x1d.terroir.directory.NodeRecordR\x05nodes\x126\n" +
+	"\x05rules\x18\b \x03(\v2 .terroir.directory.PlacementRuleR\x05rules*O\n" +
+	"\rPlacementKind\x12\x12\n" +
+	"\x0ePLACEMENT_HOME\x10\x00\x12\x14\n" +
+	"\x10PLACEMENT_BY_ROW\x10\x01\x12\x14\n" +
+	"\x10PLACEMENT_GLOBAL\x10\x02*C\n" +
 	"\tNodeState\x12\r\n" +
 	"\tNODE_LIVE\x10\x00\x12\x18\n" +
 	"\x14NODE_DECOMMISSIONING\x10\x01\x12\r\n" +
-	"\tNODE_GONE\x10\x022\xd3\b\n" +
+	"\tNODE_GONE\x10\x022\xa7\n" +
+	"\n" +
 	"\tDirectory\x12M\n" +
 	"\x06Lookup\x12 .terroir.directory.LookupRequest\x1a!.terroir.directory.LookupResponse\x12M\n" +
 	"\x06Update\x12 .terroir.directory.UpdateRequest\x1a!.terroir.directory.UpdateResponse\x12S\n" +
@@ -2351,7 +2754,9 @@ const file_directory_proto_rawDesc = "" +
 	"\tPlacement\x12#.terroir.directory.PlacementRequest\x1a$.terroir.directory.PlacementResponse\x12G\n" +
 	"\x04List\x12\x1e.terroir.directory.ListRequest\x1a\x1f.terroir.directory.ListResponse\x12S\n" +
 	"\bGCPolicy\x12\".terroir.directory.GCPolicyRequest\x1a#.terroir.directory.GCPolicyResponse\x12S\n" +
-	"\bSetGCTTL\x12\".terroir.directory.SetGCTTLRequest\x1a#.terroir.directory.SetGCTTLResponse\x12P\n" +
+	"\bSetGCTTL\x12\".terroir.directory.SetGCTTLRequest\x1a#.terroir.directory.SetGCTTLResponse\x12e\n" +
+	"\x0ePlacementRules\x12(.terroir.directory.PlacementRulesRequest\x1a).terroir.directory.PlacementRulesResponse\x12k\n" +
+	"\x10SetPlacementRule\x12*.terroir.directory.SetPlacementRuleRequest\x1a+.terroir.directory.SetPlacementRuleResponse\x12P\n" +
 	"\aProtect\x12!.terroir.directory.ProtectRequest\x1a\".terroir.directory.ProtectResponse\x12P\n" +
 	"\aRelease\x12!.terroir.directory.ReleaseRequest\x1a\".terroir.directory.ReleaseResponse\x12_\n" +
 	"\fRegisterNode\x12&.terroir.directory.RegisterNodeRequest\x1a'.terroir.directory.RegisterNodeResponse\x12V\n" +
@@ -2371,111 +2776,128 @@ func file_directory_proto_rawDescGZIP() []byte {
 	return file_directory_proto_rawDescData
 }
 
-var file_directory_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_directory_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_directory_proto_goTypes = []any{
-	(NodeState)(0),                  // 0: terroir.directory.NodeState
-	(*Placement)(nil),               // 1: terroir.directory.Placement
-	(*Command)(nil),                 // 2: terroir.directory.Command
-	(*NodeRecord)(nil),              // 3: terroir.directory.NodeRecord
-	(*RegisterNodeCmd)(nil),         // 4: terroir.directory.RegisterNodeCmd
-	(*SetNodeStateCmd)(nil),         // 5: terroir.directory.SetNodeStateCmd
-	(*Protection)(nil),              // 6: terroir.directory.Protection
-	(*SetGCTTLCmd)(nil),             // 7: terroir.directory.SetGCTTLCmd
-	(*ProtectCmd)(nil),              // 8: terroir.directory.ProtectCmd
-	(*ReleaseCmd)(nil),              // 9: terroir.directory.ReleaseCmd
-	(*UpdateCmd)(nil),               // 10: terroir.directory.UpdateCmd
-	(*AllocateCmd)(nil),             // 11: terroir.directory.AllocateCmd
-	(*LookupRequest)(nil),           // 12: terroir.directory.LookupRequest
-	(*LookupResponse)(nil),          // 13: terroir.directory.LookupResponse
-	(*UpdateRequest)(nil),           // 14: terroir.directory.UpdateRequest
-	(*UpdateResponse)(nil),          // 15: terroir.directory.UpdateResponse
-	(*AllocateRequest)(nil),         // 16: terroir.directory.AllocateRequest
-	(*AllocateResponse)(nil),        // 17: terroir.directory.AllocateResponse
-	(*PlacementRequest)(nil),        // 18: terroir.directory.PlacementRequest
-	(*PlacementResponse)(nil),       // 19: terroir.directory.PlacementResponse
-	(*ListRequest)(nil),             // 20: terroir.directory.ListRequest
-	(*ListResponse)(nil),            // 21: terroir.directory.ListResponse
-	(*GCPolicyRequest)(nil),         // 22: terroir.directory.GCPolicyRequest
-	(*ProtectionStatus)(nil),        // 23: terroir.directory.ProtectionStatus
-	(*GCPolicyResponse)(nil),        // 24: terroir.directory.GCPolicyResponse
-	(*SetGCTTLRequest)(nil),         // 25: terroir.directory.SetGCTTLRequest
-	(*SetGCTTLResponse)(nil),        // 26: terroir.directory.SetGCTTLResponse
-	(*ProtectRequest)(nil),          // 27: terroir.directory.ProtectRequest
-	(*ProtectResponse)(nil),         // 28: terroir.directory.ProtectResponse
-	(*ReleaseRequest)(nil),          // 29: terroir.directory.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 30: terroir.directory.ReleaseResponse
-	(*RegisterNodeRequest)(nil),     // 31: terroir.directory.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),    // 32: terroir.directory.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),        // 33: terroir.directory.HeartbeatRequest
-	(*HeartbeatResponse)(nil),       // 34: terroir.directory.HeartbeatResponse
-	(*NodesRequest)(nil),            // 35: terroir.directory.NodesRequest
-	(*NodeLiveness)(nil),            // 36: terroir.directory.NodeLiveness
-	(*NodesResponse)(nil),           // 37: terroir.directory.NodesResponse
-	(*SetNodeStateRequest)(nil),     // 38: terroir.directory.SetNodeStateRequest
-	(*SetNodeStateResponse)(nil),    // 39: terroir.directory.SetNodeStateResponse
-	(*State)(nil),                   // 40: terroir.directory.State
-	(*rangepb.RangeDescriptor)(nil), // 41: terroir.range.RangeDescriptor
+	(PlacementKind)(0),               // 0: terroir.directory.PlacementKind
+	(NodeState)(0),                   // 1: terroir.directory.NodeState
+	(*Placement)(nil),                // 2: terroir.directory.Placement
+	(*Command)(nil),                  // 3: terroir.directory.Command
+	(*PlacementRule)(nil),            // 4: terroir.directory.PlacementRule
+	(*SetPlacementRuleCmd)(nil),      // 5: terroir.directory.SetPlacementRuleCmd
+	(*NodeRecord)(nil),               // 6: terroir.directory.NodeRecord
+	(*RegisterNodeCmd)(nil),          // 7: terroir.directory.RegisterNodeCmd
+	(*SetNodeStateCmd)(nil),          // 8: terroir.directory.SetNodeStateCmd
+	(*Protection)(nil),               // 9: terroir.directory.Protection
+	(*SetGCTTLCmd)(nil),              // 10: terroir.directory.SetGCTTLCmd
+	(*ProtectCmd)(nil),               // 11: terroir.directory.ProtectCmd
+	(*ReleaseCmd)(nil),               // 12: terroir.directory.ReleaseCmd
+	(*UpdateCmd)(nil),                // 13: terroir.directory.UpdateCmd
+	(*AllocateCmd)(nil),              // 14: terroir.directory.AllocateCmd
+	(*LookupRequest)(nil),            // 15: terroir.directory.LookupRequest
+	(*LookupResponse)(nil),           // 16: terroir.directory.LookupResponse
+	(*UpdateRequest)(nil),            // 17: terroir.directory.UpdateRequest
+	(*UpdateResponse)(nil),           // 18: terroir.directory.UpdateResponse
+	(*AllocateRequest)(nil),          // 19: terroir.directory.AllocateRequest
+	(*AllocateResponse)(nil),         // 20: terroir.directory.AllocateResponse
+	(*PlacementRequest)(nil),         // 21: terroir.directory.PlacementRequest
+	(*PlacementResponse)(nil),        // 22: terroir.directory.PlacementResponse
+	(*ListRequest)(nil),              // 23: terroir.directory.ListRequest
+	(*ListResponse)(nil),             // 24: terroir.directory.ListResponse
+	(*GCPolicyRequest)(nil),          // 25: terroir.directory.GCPolicyRequest
+	(*ProtectionStatus)(nil),         // 26: terroir.directory.ProtectionStatus
+	(*GCPolicyResponse)(nil),         // 27: terroir.directory.GCPolicyResponse
+	(*PlacementRulesRequest)(nil),    // 28: terroir.directory.PlacementRulesRequest
+	(*PlacementRulesResponse)(nil),   // 29: terroir.directory.PlacementRulesResponse
+	(*SetPlacementRuleRequest)(nil),  // 30: terroir.directory.SetPlacementRuleRequest
+	(*SetPlacementRuleResponse)(nil), // 31: terroir.directory.SetPlacementRuleResponse
+	(*SetGCTTLRequest)(nil),          // 32: terroir.directory.SetGCTTLRequest
+	(*SetGCTTLResponse)(nil),         // 33: terroir.directory.SetGCTTLResponse
+	(*ProtectRequest)(nil),           // 34: terroir.directory.ProtectRequest
+	(*ProtectResponse)(nil),          // 35: terroir.directory.ProtectResponse
+	(*ReleaseRequest)(nil),           // 36: terroir.directory.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 37: terroir.directory.ReleaseResponse
+	(*RegisterNodeRequest)(nil),      // 38: terroir.directory.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),     // 39: terroir.directory.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),         // 40: terroir.directory.HeartbeatRequest
+	(*HeartbeatResponse)(nil),        // 41: terroir.directory.HeartbeatResponse
+	(*NodesRequest)(nil),             // 42: terroir.directory.NodesRequest
+	(*NodeLiveness)(nil),             // 43: terroir.directory.NodeLiveness
+	(*NodesResponse)(nil),            // 44: terroir.directory.NodesResponse
+	(*SetNodeStateRequest)(nil),      // 45: terroir.directory.SetNodeStateRequest
+	(*SetNodeStateResponse)(nil),     // 46: terroir.directory.SetNodeStateResponse
+	(*State)(nil),                    // 47: terroir.directory.State
+	(*rangepb.RangeDescriptor)(nil),  // 48: terroir.range.RangeDescriptor
 }
 var file_directory_proto_depIdxs = []int32{
-	10, // 0: terroir.directory.Command.update:type_name -> terroir.directory.UpdateCmd
-	11, // 1: terroir.directory.Command.allocate:type_name -> terroir.directory.AllocateCmd
-	7,  // 2: terroir.directory.Command.set_gc_ttl:type_name -> terroir.directory.SetGCTTLCmd
-	8,  // 3: terroir.directory.Command.protect:type_name -> terroir.directory.ProtectCmd
-	9,  // 4: terroir.directory.Command.release:type_name -> terroir.directory.ReleaseCmd
-	4,  // 5: terroir.directory.Command.register_node:type_name -> terroir.directory.RegisterNodeCmd
-	5,  // 6: terroir.directory.Command.set_node_state:type_name -> terroir.directory.SetNodeStateCmd
-	0,  // 7: terroir.directory.NodeRecord.state:type_name -> terroir.directory.NodeState
-	3,  // 8: terroir.directory.RegisterNodeCmd.node:type_name -> terroir.directory.NodeRecord
-	0,  // 9: terroir.directory.SetNodeStateCmd.state:type_name -> terroir.directory.NodeState
-	6,  // 10: terroir.directory.ProtectCmd.protection:type_name -> terroir.directory.Protection
-	41, // 11: terroir.directory.UpdateCmd.descriptors:type_name -> terroir.range.RangeDescriptor
-	41, // 12: terroir.directory.LookupResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	41, // 13: terroir.directory.UpdateRequest.descriptors:type_name -> terroir.range.RangeDescriptor
-	1,  // 14: terroir.directory.PlacementResponse.placements:type_name -> terroir.directory.Placement
-	41, // 15: terroir.directory.ListResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	6,  // 16: terroir.directory.ProtectionStatus.protection:type_name -> terroir.directory.Protection
-	23, // 17: terroir.directory.GCPolicyResponse.protections:type_name -> terroir.directory.ProtectionStatus
-	6,  // 18: terroir.directory.ProtectRequest.protection:type_name -> terroir.directory.Protection
-	3,  // 19: terroir.directory.RegisterNodeRequest.node:type_name -> terroir.directory.NodeRecord
-	3,  // 20: terroir.directory.NodeLiveness.node:type_name -> terroir.directory.NodeRecord
-	36, // 21: terroir.directory.NodesResponse.nodes:type_name -> terroir.directory.NodeLiveness
-	0,  // 22: terroir.directory.SetNodeStateRequest.state:type_name -> terroir.directory.NodeState
-	41, // 23: terroir.directory.State.descriptors:type_name -> terroir.range.RangeDescriptor
-	1,  // 24: terroir.directory.State.placements:type_name -> terroir.directory.Placement
-	6,  // 25: terroir.directory.State.protections:type_name -> terroir.directory.Protection
-	3,  // 26: terroir.directory.State.nodes:type_name -> terroir.directory.NodeRecord
-	12, // 27: terroir.directory.Directory.Lookup:input_type -> terroir.directory.LookupRequest
-	14, // 28: terroir.directory.Directory.Update:input_type -> terroir.directory.UpdateRequest
-	16, // 29: terroir.directory.Directory.Allocate:input_type -> terroir.directory.AllocateRequest
-	18, // 30: terroir.directory.Directory.Placement:input_type -> terroir.directory.PlacementRequest
-	20, // 31: terroir.directory.Directory.List:input_type -> terroir.directory.ListRequest
-	22, // 32: terroir.directory.Directory.GCPolicy:input_type -> terroir.directory.GCPolicyRequest
-	25, // 33: terroir.directory.Directory.SetGCTTL:input_type -> terroir.directory.SetGCTTLRequest
-	27, // 34: terroir.directory.Directory.Protect:input_type -> terroir.directory.ProtectRequest
-	29, // 35: terroir.directory.Directory.Release:input_type -> terroir.directory.ReleaseRequest
-	31, // 36: terroir.directory.Directory.RegisterNode:input_type -> terroir.directory.RegisterNodeRequest
-	33, // 37: terroir.directory.Directory.Heartbeat:input_type -> terroir.directory.HeartbeatRequest
-	35, // 38: terroir.directory.Directory.Nodes:input_type -> terroir.directory.NodesRequest
-	38, // 39: terroir.directory.Directory.SetNodeState:input_type -> terroir.directory.SetNodeStateRequest
-	13, // 40: terroir.directory.Directory.Lookup:output_type -> terroir.directory.LookupResponse
-	15, // 41: terroir.directory.Directory.Update:output_type -> terroir.directory.UpdateResponse
-	17, // 42: terroir.directory.Directory.Allocate:output_type -> terroir.directory.AllocateResponse
-	19, // 43: terroir.directory.Directory.Placement:output_type -> terroir.directory.PlacementResponse
-	21, // 44: terroir.directory.Directory.List:output_type -> terroir.directory.ListResponse
-	24, // 45: terroir.directory.Directory.GCPolicy:output_type -> terroir.directory.GCPolicyResponse
-	26, // 46: terroir.directory.Directory.SetGCTTL:output_type -> terroir.directory.SetGCTTLResponse
-	28, // 47: terroir.directory.Directory.Protect:output_type -> terroir.directory.ProtectResponse
-	30, // 48: terroir.directory.Directory.Release:output_type -> terroir.directory.ReleaseResponse
-	32, // 49: terroir.directory.Directory.RegisterNode:output_type -> terroir.directory.RegisterNodeResponse
-	34, // 50: terroir.directory.Directory.Heartbeat:output_type -> terroir.directory.HeartbeatResponse
-	37, // 51: terroir.directory.Directory.Nodes:output_type -> terroir.directory.NodesResponse
-	39, // 52: terroir.directory.Directory.SetNodeState:output_type -> terroir.directory.SetNodeStateResponse
-	40, // [40:53] is the sub-list for method output_type
-	27, // [27:40] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	13, // 0: terroir.directory.Command.update:type_name -> terroir.directory.UpdateCmd
+	14, // 1: terroir.directory.Command.allocate:type_name -> terroir.directory.AllocateCmd
+	10, // 2: terroir.directory.Command.set_gc_ttl:type_name -> terroir.directory.SetGCTTLCmd
+	11, // 3: terroir.directory.Command.protect:type_name -> terroir.directory.ProtectCmd
+	12, // 4: terroir.directory.Command.release:type_name -> terroir.directory.ReleaseCmd
+	7,  // 5: terroir.directory.Command.register_node:type_name -> terroir.directory.RegisterNodeCmd
+	8,  // 6: terroir.directory.Command.set_node_state:type_name -> terroir.directory.SetNodeStateCmd
+	5,  // 7: terroir.directory.Command.set_placement_rule:type_name -> terroir.directory.SetPlacementRuleCmd
+	0,  // 8: terroir.directory.PlacementRule.kind:type_name -> terroir.directory.PlacementKind
+	4,  // 9: terroir.directory.SetPlacementRuleCmd.rule:type_name -> terroir.directory.PlacementRule
+	1,  // 10: terroir.directory.NodeRecord.state:type_name -> terroir.directory.NodeState
+	6,  // 11: terroir.directory.RegisterNodeCmd.node:type_name -> terroir.directory.NodeRecord
+	1,  // 12: terroir.directory.SetNodeStateCmd.state:type_name -> terroir.directory.NodeState
+	9,  // 13: terroir.directory.ProtectCmd.protection:type_name -> terroir.directory.Protection
+	48, // 14: terroir.directory.UpdateCmd.descriptors:type_name -> terroir.range.RangeDescriptor
+	48, // 15: terroir.directory.LookupResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	48, // 16: terroir.directory.UpdateRequest.descriptors:type_name -> terroir.range.RangeDescriptor
+	2,  // 17: terroir.directory.PlacementResponse.placements:type_name -> terroir.directory.Placement
+	48, // 18: terroir.directory.ListResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	9,  // 19: terroir.directory.ProtectionStatus.protection:type_name -> terroir.directory.Protection
+	26, // 20: terroir.directory.GCPolicyResponse.protections:type_name -> terroir.directory.ProtectionStatus
+	4,  // 21: terroir.directory.PlacementRulesResponse.rules:type_name -> terroir.directory.PlacementRule
+	4,  // 22: terroir.directory.SetPlacementRuleRequest.rule:type_name -> terroir.directory.PlacementRule
+	9,  // 23: terroir.directory.ProtectRequest.protection:type_name -> terroir.directory.Protection
+	6,  // 24: terroir.directory.RegisterNodeRequest.node:type_name -> terroir.directory.NodeRecord
+	6,  // 25: terroir.directory.NodeLiveness.node:type_name -> terroir.directory.NodeRecord
+	43, // 26: terroir.directory.NodesResponse.nodes:type_name -> terroir.directory.NodeLiveness
+	1,  // 27: terroir.directory.SetNodeStateRequest.state:type_name -> terroir.directory.NodeState
+	48, // 28: terroir.directory.State.descriptors:type_name -> terroir.range.RangeDescriptor
+	2,  // 29: terroir.directory.State.placements:type_name -> terroir.directory.Placement
+	9,  // 30: terroir.directory.State.protections:type_name -> terroir.directory.Protection
+	6,  // 31: terroir.directory.State.nodes:type_name -> terroir.directory.NodeRecord
+	4,  // 32: terroir.directory.State.rules:type_name -> terroir.directory.PlacementRule
+	15, // 33: terroir.directory.Directory.Lookup:input_type -> terroir.directory.LookupRequest
+	17, // 34: terroir.directory.Directory.Update:input_type -> terroir.directory.UpdateRequest
+	19, // 35: terroir.directory.Directory.Allocate:input_type -> terroir.directory.AllocateRequest
+	21, // 36: terroir.directory.Directory.Placement:input_type -> terroir.directory.PlacementRequest
+	23, // 37: terroir.directory.Directory.List:input_type -> terroir.directory.ListRequest
+	25, // 38: terroir.directory.Directory.GCPolicy:input_type -> terroir.directory.GCPolicyRequest
+	32, // 39: terroir.directory.Directory.SetGCTTL:input_type -> terroir.directory.SetGCTTLRequest
+	28, // 40: terroir.directory.Directory.PlacementRules:input_type -> terroir.directory.PlacementRulesRequest
+	30, // 41: terroir.directory.Directory.SetPlacementRule:input_type -> terroir.directory.SetPlacementRuleRequest
+	34, // 42: terroir.directory.Directory.Protect:input_type -> terroir.directory.ProtectRequest
+	36, // 43: terroir.directory.Directory.Release:input_type -> terroir.directory.ReleaseRequest
+	38, // 44: terroir.directory.Directory.RegisterNode:input_type -> terroir.directory.RegisterNodeRequest
+	40, // 45: terroir.directory.Directory.Heartbeat:input_type -> terroir.directory.HeartbeatRequest
+	42, // 46: terroir.directory.Directory.Nodes:input_type -> terroir.directory.NodesRequest
+	45, // 47: terroir.directory.Directory.SetNodeState:input_type -> terroir.directory.SetNodeStateRequest
+	16, // 48: terroir.directory.Directory.Lookup:output_type -> terroir.directory.LookupResponse
+	18, // 49: terroir.directory.Directory.Update:output_type -> terroir.directory.UpdateResponse
+	20, // 50: terroir.directory.Directory.Allocate:output_type -> terroir.directory.AllocateResponse
+	22, // 51: terroir.directory.Directory.Placement:output_type -> terroir.directory.PlacementResponse
+	24, // 52: terroir.directory.Directory.List:output_type -> terroir.directory.ListResponse
+	27, // 53: terroir.directory.Directory.GCPolicy:output_type -> terroir.directory.GCPolicyResponse
+	33, // 54: terroir.directory.Directory.SetGCTTL:output_type -> terroir.directory.SetGCTTLResponse
+	29, // 55: terroir.directory.Directory.PlacementRules:output_type -> terroir.directory.PlacementRulesResponse
+	31, // 56: terroir.directory.Directory.SetPlacementRule:output_type -> terroir.directory.SetPlacementRuleResponse
+	35, // 57: terroir.directory.Directory.Protect:output_type -> terroir.directory.ProtectResponse
+	37, // 58: terroir.directory.Directory.Release:output_type -> terroir.directory.ReleaseResponse
+	39, // 59: terroir.directory.Directory.RegisterNode:output_type -> terroir.directory.RegisterNodeResponse
+	41, // 60: terroir.directory.Directory.Heartbeat:output_type -> terroir.directory.HeartbeatResponse
+	44, // 61: terroir.directory.Directory.Nodes:output_type -> terroir.directory.NodesResponse
+	46, // 62: terroir.directory.Directory.SetNodeState:output_type -> terroir.directory.SetNodeStateResponse
+	48, // [48:63] is the sub-list for method output_type
+	33, // [33:48] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_directory_proto_init() }
@@ -2491,14 +2913,15 @@ func file_directory_proto_init() {
 		(*Command_Release)(nil),
 		(*Command_RegisterNode)(nil),
 		(*Command_SetNodeState)(nil),
+		(*Command_SetPlacementRule)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_directory_proto_rawDesc), len(file_directory_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   40,
+			NumEnums:      2,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,19 +25,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Directory_Lookup_FullMethodName       = "/terroir.directory.Directory/Lookup"
-	Directory_Update_FullMethodName       = "/terroir.directory.Directory/Update"
-	Directory_Allocate_FullMethodName     = "/terroir.directory.Directory/Allocate"
-	Directory_Placement_FullMethodName    = "/terroir.directory.Directory/Placement"
-	Directory_List_FullMethodName         = "/terroir.directory.Directory/List"
-	Directory_GCPolicy_FullMethodName     = "/terroir.directory.Directory/GCPolicy"
-	Directory_SetGCTTL_FullMethodName     = "/terroir.directory.Directory/SetGCTTL"
-	Directory_Protect_FullMethodName      = "/terroir.directory.Directory/Protect"
-	Directory_Release_FullMethodName      = "/terroir.directory.Directory/Release"
-	Directory_RegisterNode_FullMethodName = "/terroir.directory.Directory/RegisterNode"
-	Directory_Heartbeat_FullMethodName    = "/terroir.directory.Directory/Heartbeat"
-	Directory_Nodes_FullMethodName        = "/terroir.directory.Directory/Nodes"
-	Directory_SetNodeState_FullMethodName = "/terroir.directory.Directory/SetNodeState"
+	Directory_Lookup_FullMethodName           = "/terroir.directory.Directory/Lookup"
+	Directory_Update_FullMethodName           = "/terroir.directory.Directory/Update"
+	Directory_Allocate_FullMethodName         = "/terroir.directory.Directory/Allocate"
+	Directory_Placement_FullMethodName        = "/terroir.directory.Directory/Placement"
+	Directory_List_FullMethodName             = "/terroir.directory.Directory/List"
+	Directory_GCPolicy_FullMethodName         = "/terroir.directory.Directory/GCPolicy"
+	Directory_SetGCTTL_FullMethodName         = "/terroir.directory.Directory/SetGCTTL"
+	Directory_PlacementRules_FullMethodName   = "/terroir.directory.Directory/PlacementRules"
+	Directory_SetPlacementRule_FullMethodName = "/terroir.directory.Directory/SetPlacementRule"
+	Directory_Protect_FullMethodName          = "/terroir.directory.Directory/Protect"
+	Directory_Release_FullMethodName          = "/terroir.directory.Directory/Release"
+	Directory_RegisterNode_FullMethodName     = "/terroir.directory.Directory/RegisterNode"
+	Directory_Heartbeat_FullMethodName        = "/terroir.directory.Directory/Heartbeat"
+	Directory_Nodes_FullMethodName            = "/terroir.directory.Directory/Nodes"
+	Directory_SetNodeState_FullMethodName     = "/terroir.directory.Directory/SetNodeState"
 )
 
 // DirectoryClient is the client API for Directory service.
@@ -60,6 +62,10 @@ type DirectoryClient interface {
 	GCPolicy(ctx context.Context, in *GCPolicyRequest, opts ...grpc.CallOption) (*GCPolicyResponse, error)
 	// SetGCTTL sets the region's gc_ttl. InvalidArgument below the minimum.
 	SetGCTTL(ctx context.Context, in *SetGCTTLRequest, opts ...grpc.CallOption) (*SetGCTTLResponse, error)
+	// PlacementRules returns the operator's placement rules (DESIGN.md §13).
+	PlacementRules(ctx context.Context, in *PlacementRulesRequest, opts ...grpc.CallOption) (*PlacementRulesResponse, error)
+	// SetPlacementRule sets or removes a placement rule in this directory.
+	SetPlacementRule(ctx context.Context, in *SetPlacementRuleRequest, opts ...grpc.CallOption) (*SetPlacementRuleResponse, error)
 	// Protect registers or renews a protection. InvalidArgument without an
 	// id or with a ttl out of bounds.
 	Protect(ctx context.Context, in *ProtectRequest, opts ...grpc.CallOption) (*ProtectResponse, error)
@@ -161,6 +167,26 @@ func (c *directoryClient) SetGCTTL(ctx context.Context, in *SetGCTTLRequest, opt
 	return out, nil
 }
 
+func (c *directoryClient) PlacementRules(ctx context.Context, in *PlacementRulesRequest, opts ...grpc.CallOption) (*PlacementRulesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PlacementRulesResponse)
+	err := c.cc.Invoke(ctx, Directory_PlacementRules_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *directoryClient) SetPlacementRule(ctx context.Context, in *SetPlacementRuleRequest, opts ...grpc.CallOption) (*SetPlacementRuleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetPlacementRuleResponse)
+	err := c.cc.Invoke(ctx, Directory_SetPlacementRule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *directoryClient) Protect(ctx context.Context, in *ProtectRequest, opts ...grpc.CallOption) (*ProtectResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ProtectResponse)
@@ -241,6 +267,10 @@ type DirectoryServer interface {
 	GCPolicy(context.Context, *GCPolicyRequest) (*GCPolicyResponse, error)
 	// SetGCTTL sets the region's gc_ttl. InvalidArgument below the minimum.
 	SetGCTTL(context.Context, *SetGCTTLRequest) (*SetGCTTLResponse, error)
+	// PlacementRules returns the operator's placement rules (DESIGN.md §13).
+	PlacementRules(context.Context, *PlacementRulesRequest) (*PlacementRulesResponse, error)
+	// SetPlacementRule sets or removes a placement rule in this directory.
+	SetPlacementRule(context.Context, *SetPlacementRuleRequest) (*SetPlacementRuleResponse, error)
 	// Protect registers or renews a protection. InvalidArgument without an
 	// id or with a ttl out of bounds.
 	Protect(context.Context, *ProtectRequest) (*ProtectResponse, error)
@@ -292,6 +322,12 @@ func (UnimplementedDirectoryServer) GCPolicy(context.Context, *GCPolicyRequest) 
 }
 func (UnimplementedDirectoryServer) SetGCTTL(context.Context, *SetGCTTLRequest) (*SetGCTTLResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetGCTTL not implemented")
+}
+func (UnimplementedDirectoryServer) PlacementRules(context.Context, *PlacementRulesRequest) (*PlacementRulesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PlacementRules not implemented")
+}
+func (UnimplementedDirectoryServer) SetPlacementRule(context.Context, *SetPlacementRuleRequest) (*SetPlacementRuleResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetPlacementRule not implemented")
 }
 func (UnimplementedDirectoryServer) Protect(context.Context, *ProtectRequest) (*ProtectResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Protect not implemented")
@@ -458,6 +494,42 @@ func _Directory_SetGCTTL_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Directory_PlacementRules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PlacementRulesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).PlacementRules(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_PlacementRules_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).PlacementRules(ctx, req.(*PlacementRulesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Directory_SetPlacementRule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetPlacementRuleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DirectoryServer).SetPlacementRule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Directory_SetPlacementRule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DirectoryServer).SetPlacementRule(ctx, req.(*SetPlacementRuleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Directory_Protect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ProtectRequest)
 	if err := dec(in); err != nil {
@@ -600,6 +672,14 @@ var Directory_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetGCTTL",
 			Handler:    _Directory_SetGCTTL_Handler,
+		},
+		{
+			MethodName: "PlacementRules",
+			Handler:    _Directory_PlacementRules_Handler,
+		},
+		{
+			MethodName: "SetPlacementRule",
+			Handler:    _Directory_SetPlacementRule_Handler,
 		},
 		{
 			MethodName: "Protect",
