@@ -182,10 +182,30 @@ func (cp *campaign) awaitNonVoterServes(ctx context.Context, db *client.DB, d *p
 			return
 		}
 		if time.Now().After(deadline) {
-			cp.anomaly("range %d's non-voter on node %d served no read of its region %v after the cut healed (last: %v, %+v)",
-				d.GetRangeId(), node, recoveryBound, err, st)
+			cp.anomaly("range %d's non-voter on node %d served no read of its region %v after the cut healed (last: %v, %+v; %s)",
+				d.GetRangeId(), node, recoveryBound, err, st, cp.closedState(d.GetRangeId(), node))
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// closedState describes range id's closed epoch at node and at its
+// leader, for an anomaly's message.
+func (cp *campaign) closedState(id, node uint64) string {
+	at := func(n uint64) string {
+		nd := cp.c.Node(n)
+		if nd == nil {
+			return "not running"
+		}
+		r := nd.Range(id)
+		if r == nil {
+			return "not hosted"
+		}
+		c, _ := r.ClosedEpoch(nil, nil)
+		d := r.Desc()
+		return fmt.Sprintf("closed %d, generation %d, replicas %v, non-voters %v", c, d.GetGeneration(), d.GetReplicas(), d.GetNonVoters())
+	}
+	leader := cp.c.Leader(id)
+	return fmt.Sprintf("node %d: %s; leader %d: %s", node, at(node), leader, at(leader))
 }
