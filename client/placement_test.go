@@ -65,6 +65,36 @@ func TestPlacementRules(t *testing.T) {
 	if len(cfg.Problems) == 0 || !strings.Contains(strings.Join(cfg.Problems, ";"), "no non-voter in us-west1") {
 		t.Fatalf("global rule's status: %v", cfg.Problems)
 	}
+	// The replicate queue splits at the rules' bounds and gives the global
+	// span its non-voter; us-west1 then reads it from its own region.
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		sts, err := db.Placements(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sts[0].Problems == nil && sts[1].Problems == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ranges do not match the rules 45 s after they were set: %v / %v", sts[0].Problems, sts[1].Problems)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	putKey(ctx, t, db, "b/cfg/flag", "on")
+	west, err := c.Client("us-west1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := 0
+	for range 5 {
+		got, st := getIn(ctx, t, west, client.Serializable, "b/cfg/flag")
+		served += st.FollowerReads
+		_ = got
+	}
+	if served == 0 {
+		t.Fatal("no us-west1 read of the global span was served in us-west1")
+	}
 
 	// A by-row key names its region.
 	for key, want := range map[string]error{"users/us-east1/1": nil, "users/us-west1/2": nil, "users/mars/3": client.ErrNoRegionInKey, "users/": client.ErrNoRegionInKey} {

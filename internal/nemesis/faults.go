@@ -48,6 +48,7 @@ const (
 	faultStarve        = "starve a range's follower or non-voter of the log while it answers reads"
 	faultMoveNonVoter  = "move a non-voting replica to another node of its region under load"
 	faultCutNonVoter   = "cut off the region of a non-voting replica; once healed it must serve again"
+	faultPlacement     = "change a placement rule under load"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
@@ -55,7 +56,7 @@ var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultD
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
 	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
-	faultStarve, faultMoveNonVoter, faultCutNonVoter}
+	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -348,6 +349,11 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			id := ranges[r.IntN(len(ranges))].ID
 			cp.pauseClosing(nodes, id, true)
 			heal = func() error { cp.pauseClosing(nodes, id, false); return nil }
+		case faultPlacement:
+			if !cp.changePlacement(ctx, r, dbs[0]) {
+				continue
+			}
+			heal = func() error { return nil }
 		case faultStarve:
 			if cp.starveFollower(r, ranges) == 0 {
 				continue

@@ -209,3 +209,66 @@ func (cp *campaign) closedState(id, node uint64) string {
 	leader := cp.c.Leader(id)
 	return fmt.Sprintf("node %d: %s; leader %d: %s", node, at(node), leader, at(leader))
 }
+
+// changePlacement sets, replaces or removes a placement rule (DESIGN.md
+// §13) over the register keys of a random data region, homed there — a
+// global or a home rule — so the replicate queue splits at its bounds and
+// adds non-voters while the load runs. A refusal is an anomaly: the rules
+// it sets are well formed and never overlap.
+func (cp *campaign) changePlacement(ctx context.Context, r *rand.Rand, db *client.DB) bool {
+	i := r.IntN(len(cp.regions))
+	prefix := cp.key(i, "nemesis-reg-")
+	rule := client.PlacementRule{Prefix: prefix, Kind: client.PlacementGlobal, Home: cp.regions[i]}
+	actx, cancel := context.WithTimeout(ctx, nonVoterTimeout)
+	defer cancel()
+	var err error
+	switch r.IntN(3) {
+	case 0:
+		rule.Kind = client.PlacementHome
+		fallthrough
+	case 1:
+		err = db.SetPlacement(actx, rule)
+	default:
+		if err = db.RemovePlacement(actx, prefix); errors.Is(err, client.ErrNoPlacementRule) {
+			err = db.SetPlacement(actx, rule)
+		}
+	}
+	switch {
+	case err == nil:
+		cp.count("placement rule changed")
+		return true
+	case client.IsRetryable(err), errors.Is(err, context.DeadlineExceeded), ctx.Err() != nil:
+		cp.count("placement rule change cut short")
+	default:
+		cp.anomaly("changing the placement rule on %q: %v", prefix, err)
+	}
+	return false
+}
+
+// placementBound is how long after the faults are healed every placement
+// rule may still differ from the ranges.
+const placementBound = 60 * time.Second
+
+// checkPlacement checks, once the faults are healed, that the ranges come
+// to match every placement rule within placementBound.
+func (cp *campaign) checkPlacement(ctx context.Context, db *client.DB) {
+	deadline := time.Now().Add(placementBound)
+	for {
+		sts, err := db.Placements(ctx)
+		var off []string
+		for _, st := range sts {
+			if len(st.Problems) > 0 {
+				off = append(off, fmt.Sprintf("%q: %v", st.Rule.Prefix, st.Problems))
+			}
+		}
+		if err == nil && len(off) == 0 {
+			cp.count(fmt.Sprintf("placement rules matched at the end: %d", len(sts)))
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			cp.anomaly("the ranges do not match the placement rules %v after healing (%v): %v", placementBound, err, off)
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}

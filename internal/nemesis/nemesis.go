@@ -247,6 +247,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	for _, w := range workloads {
 		w.final(ctx, dbs[0])
 	}
+	cp.checkPlacement(ctx, dbs[0])
 	cp.drainLocks()
 	for _, w := range workloads {
 		w.check()

@@ -97,13 +97,28 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 	for _, l := range nodes {
 		mine[l.GetNode().GetId()] = true
 	}
+	v.Region, v.Elsewhere = c.region, map[string][]uint64{}
+	if v.Placement, err = dir.PlacementRules(ctx); err != nil {
+		return rebalance.View{}, err
+	}
 	for _, region := range c.n.dirs.Regions() {
 		if region == c.region {
 			continue
 		}
-		descs, err := c.n.dirs.Of(region).List(ctx)
+		other := c.n.dirs.Of(region)
+		descs, err := other.List(ctx)
 		if err != nil {
 			return rebalance.View{}, fmt.Errorf("the %s directory: %w", region, err)
+		}
+		theirs, err := other.Nodes(ctx)
+		if err != nil {
+			return rebalance.View{}, fmt.Errorf("the %s directory: %w", region, err)
+		}
+		v.Elsewhere[region] = []uint64{}
+		for _, l := range theirs {
+			if l.GetLive() && l.GetNode().GetState() == directorypb.NodeState_NODE_LIVE {
+				v.Elsewhere[region] = append(v.Elsewhere[region], l.GetNode().GetId())
+			}
 		}
 		for _, d := range descs {
 			if slices.ContainsFunc(d.GetNonVoters(), func(n uint64) bool { return mine[n] }) {
@@ -150,6 +165,26 @@ func (c *regionCluster) MoveNonVoter(ctx context.Context, key []byte, from, to u
 		}
 	}
 	_, err = co.ChangeNonVoter(ctx, key, from, true)
+	return err
+}
+
+// Split implements rebalance.Cluster.
+func (c *regionCluster) Split(ctx context.Context, key []byte) error {
+	co, err := c.coordinator()
+	if err != nil {
+		return err
+	}
+	_, _, err = co.SplitRange(ctx, key)
+	return err
+}
+
+// AddNonVoter implements rebalance.Cluster.
+func (c *regionCluster) AddNonVoter(ctx context.Context, key []byte, to uint64) error {
+	co, err := c.coordinator()
+	if err != nil {
+		return err
+	}
+	_, err = co.ChangeNonVoter(ctx, key, to, false)
 	return err
 }
 

@@ -35,18 +35,25 @@ const (
 	// homed in another region from this region's node From to To (0: only
 	// removes it, another node of the region holding one already).
 	MoveNonVoter
+	// Split splits the range at Key, a bound of a placement rule's span
+	// (DESIGN.md §13).
+	Split
+	// AddNonVoter adds a non-voting replica of the range on node To, in
+	// another region, as a global placement rule asks.
+	AddNonVoter
 
 	numKinds = iota
 )
 
 // Kinds lists every Kind.
-var Kinds = []Kind{Move, Transfer, Gone, MoveGroup, MoveNonVoter}
+var Kinds = []Kind{Move, Transfer, Gone, MoveGroup, MoveNonVoter, Split, AddNonVoter}
 
 // Action is one step of a plan.
 type Action struct {
 	Kind     Kind
 	Range    *pb.RangeDescriptor // nil for Gone and MoveGroup
 	Group    uint64              // MoveGroup's group
+	Key      []byte              // Split's split key
 	From, To uint64
 	// Why says what the step is for, for the log.
 	Why string
@@ -72,8 +79,14 @@ type View struct {
 	Load map[uint64]Load
 	// Foreign are the descriptors of ranges homed in other regions that
 	// have non-voting replicas (DESIGN.md §13) on this region's nodes, as
-	// those nodes report them: a draining node sheds them too.
+	// their directories hold them: a draining node sheds them too.
 	Foreign []*pb.RangeDescriptor
+	// Region is the region planned for; Placement its placement rules
+	// (DESIGN.md §13), Elsewhere the live nodes of every other region with
+	// data, by region, for the non-voters of global rules.
+	Region    string
+	Placement []*directorypb.PlacementRule
+	Elsewhere map[string][]uint64
 }
 
 // Load is a range's size (bytes, estimated on disk) and request rate
@@ -319,6 +332,18 @@ func Plan(v View, cfg Config) []Action {
 			out = append(out, Action{Kind: Gone, From: n.id, Why: "drained"})
 		}
 	}
+	if len(out) > 0 {
+		return out
+	}
+	// Placement rules: ranges split at their spans' bounds, and the ranges
+	// of a global rule homed here given a non-voter in every other region.
+	placed, bounds := placementSteps(v, ranges, settled, moves, cfg)
+	out = append(out, placed...)
+	for _, a := range placed {
+		if a.streams() {
+			moves++
+		}
+	}
 	if len(out) > 0 || len(targets) < 2 {
 		return out
 	}
@@ -327,7 +352,7 @@ func Plan(v View, cfg Config) []Action {
 	// moves now is no pair's left until it has); once on the same nodes,
 	// the right one's lease joins the left's, where the leader merges
 	// them. Until they merge, balance leaves both alone.
-	pairs := mergePairs(ranges, v.Load, cfg)
+	pairs := slices.DeleteFunc(mergePairs(ranges, v.Load, cfg), func(p [2]*pb.RangeDescriptor) bool { return bounds[string(p[1].GetStartKey())] })
 	candidate := map[uint64]bool{}
 	colocating := map[uint64]bool{}
 	for _, p := range pairs {
@@ -481,7 +506,7 @@ func sameNodes(a, b []uint64) bool {
 // replica move, or a group's for balance (a group's moves to drain are
 // few and small, and go first).
 func (a Action) streams() bool {
-	return a.Kind == Move || a.Kind == MoveNonVoter || a.Kind == MoveGroup && a.Balance
+	return a.Kind == Move || a.Kind == MoveNonVoter || a.Kind == AddNonVoter || a.Kind == MoveGroup && a.Balance
 }
 
 func drainWhy(n *node) string {
@@ -547,6 +572,10 @@ func (k Kind) String() string {
 		return "move group"
 	case MoveNonVoter:
 		return "move non-voter"
+	case Split:
+		return "split"
+	case AddNonVoter:
+		return "add non-voter"
 	}
 	return "unknown"
 }

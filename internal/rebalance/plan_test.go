@@ -349,3 +349,41 @@ func TestPlanDrainsForeignNonVoters(t *testing.T) {
 		t.Fatalf("drained: plan %v, want node 6 gone", got)
 	}
 }
+
+// TestPlanFollowsPlacementRules: a global rule homed here splits the
+// range holding its span at both bounds, one split per range per plan,
+// gives the range inside the span a non-voter in the other region, and
+// keeps merges from joining ranges across a bound.
+func TestPlanFollowsPlacementRules(t *testing.T) {
+	rule := &directorypb.PlacementRule{Prefix: []byte("b/cfg/"), Kind: directorypb.PlacementKind_PLACEMENT_GLOBAL, Home: "us-east1"}
+	d := rng(100, "", 1, 2, 3)
+	d.EndKey = []byte("g")
+	v := View{Region: "us-east1", Nodes: []*directorypb.NodeLiveness{live(1), live(2), live(3)}, Ranges: []*pb.RangeDescriptor{d},
+		Leases: map[uint64]uint64{100: 1}, Placement: []*directorypb.PlacementRule{rule}, Elsewhere: map[string][]uint64{"us-west1": {4, 5}}}
+	cfg := Config{MaxMoves: 2, MergeSize: 1 << 20}
+	plan := Plan(v, cfg)
+	if len(plan) != 1 || plan[0].Kind != Split || string(plan[0].Key) != "b/cfg/" && string(plan[0].Key) != "b/cfg0" {
+		t.Fatalf("first plan %v, want one split at a bound of the rule's span", show(plan))
+	}
+	// After both splits: the range inside the span gets a non-voter in
+	// us-west1, and the small neighbours are not merged across a bound.
+	left, mid, right := rng(100, "", 1, 2, 3), rng(101, "b/cfg/", 1, 2, 3), rng(102, "b/cfg0", 1, 2, 3)
+	left.EndKey, mid.EndKey, right.EndKey = []byte("b/cfg/"), []byte("b/cfg0"), []byte("g")
+	v.Ranges = []*pb.RangeDescriptor{left, mid, right}
+	v.Leases = map[uint64]uint64{100: 1, 101: 2, 102: 3}
+	v.Load = map[uint64]Load{100: {Bytes: 10}, 101: {Bytes: 10}, 102: {Bytes: 10}}
+	plan = Plan(v, cfg)
+	if got := show(plan); len(got) != 1 || plan[0].Kind != AddNonVoter || plan[0].Range.GetRangeId() != 101 || (plan[0].To != 4 && plan[0].To != 5) {
+		t.Fatalf("after the splits: plan %v, want a non-voter of range 101 on node 4 or 5", got)
+	}
+	mid.NonVoters = []uint64{plan[0].To}
+	if got := show(Plan(v, cfg)); len(got) != 0 {
+		t.Fatalf("matched: plan %v, want nothing (no merge across the rule's bounds)", got)
+	}
+	// Without the rule, the neighbours would merge.
+	v.Placement = nil
+	mid.NonVoters = nil
+	if got := show(Plan(v, cfg)); len(got) == 0 {
+		t.Fatal("without the rule, small neighbours planned nothing: the bound check shows nothing")
+	}
+}

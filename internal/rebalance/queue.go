@@ -30,8 +30,12 @@ type Cluster interface {
 	MarkGone(ctx context.Context, id uint64) error
 	// MoveNonVoter moves the non-voting replica of the range holding key
 	// (homed in another region) from node from to node to: to is added,
-	// then from removed.
+	// then from removed (to 0: only removed).
 	MoveNonVoter(ctx context.Context, key []byte, from, to uint64) error
+	// Split splits the range holding key at key; AddNonVoter adds a
+	// non-voting replica of it on node to (DESIGN.md §13).
+	Split(ctx context.Context, key []byte) error
+	AddNonVoter(ctx context.Context, key []byte, to uint64) error
 }
 
 // QueueConfig sets the queue's pace.
@@ -80,7 +84,7 @@ type flight struct {
 
 func flightOf(a Action) flight {
 	switch a.Kind {
-	case Move, Transfer, MoveNonVoter:
+	case Move, Transfer, MoveNonVoter, Split, AddNonVoter:
 		return flight{Move, a.Range.GetRangeId()}
 	case MoveGroup:
 		return flight{MoveGroup, a.Group}
@@ -202,6 +206,10 @@ func (q *Queue) start(ctx context.Context, a Action) {
 			err = q.c.MoveGroupReplica(actx, a.Group, a.From, a.To)
 		case MoveNonVoter:
 			err = q.c.MoveNonVoter(actx, a.Range.GetStartKey(), a.From, a.To)
+		case Split:
+			err = q.c.Split(actx, a.Key)
+		case AddNonVoter:
+			err = q.c.AddNonVoter(actx, a.Range.GetStartKey(), a.To)
 		}
 		q.count(a, err)
 		if err != nil {

@@ -78,6 +78,16 @@ func (f *fakeCluster) MoveNonVoter(_ context.Context, _ []byte, from, to uint64)
 	return nil
 }
 
+func (f *fakeCluster) Split(_ context.Context, key []byte) error {
+	f.step(Action{Kind: Split, Key: key})
+	return nil
+}
+
+func (f *fakeCluster) AddNonVoter(_ context.Context, _ []byte, to uint64) error {
+	f.step(Action{Kind: AddNonVoter, To: to})
+	return nil
+}
+
 func (f *fakeCluster) MarkGone(_ context.Context, id uint64) error {
 	f.step(Action{Kind: Gone, From: id})
 	return nil
