@@ -127,13 +127,7 @@ func TestPausedClosingHoldsTheFeedBack(t *testing.T) {
 	ctx := ctxT(t, 60*time.Second)
 	cons := startFeed(t, ctx, db)
 	catchUp(ctx, t, db, cons)
-	pause := func(paused bool) {
-		for _, id := range c.NodeIDs() {
-			if r := c.Node(id).Range(10); r != nil {
-				r.PauseClosing(paused)
-			}
-		}
-	}
+	pause := func(paused bool) { pauseClosing(c, 10, paused) }
 	pause(true)
 	time.Sleep(300 * time.Millisecond) // a close under way when paused has applied
 	held, _, _ := cons.resolvedNow("")
@@ -238,4 +232,14 @@ func TestChangefeedNarrowsLargeRounds(t *testing.T) {
 		t.Fatalf("%d changes in %d rounds: the rounds were not narrowed to %d", delivered, rounds, bound)
 	}
 	t.Logf("%d changes in %d rounds (%d within the bound)", delivered, rounds, narrowed)
+}
+
+// pauseClosing stops (or resumes) range id's closing of epochs on every
+// node that hosts it.
+func pauseClosing(c *localcluster.Cluster, id uint64, paused bool) {
+	for _, n := range c.NodeIDs() {
+		if r := c.Node(n).Range(id); r != nil {
+			r.PauseClosing(paused)
+		}
+	}
 }

@@ -107,13 +107,7 @@ func TestFollowerReadWaitsForTheClosedEpoch(t *testing.T) {
 	}
 	db.SetFollowerReads(client.FollowerReadsPreferred)
 	putKey(ctx, t, db, "b-paused", "before")
-	pause := func(paused bool) {
-		for _, id := range c.NodeIDs() {
-			if r := c.Node(id).Range(100); r != nil {
-				r.PauseClosing(paused)
-			}
-		}
-	}
+	pause := func(paused bool) { pauseClosing(c, 100, paused) }
 	pause(true)
 	time.Sleep(500 * time.Millisecond) // a close under way when paused has applied
 	for i := range 5 {

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -126,6 +127,25 @@ func (db *DB) Placements(ctx context.Context) ([]PlacementStatus, error) {
 		out = append(out, PlacementStatus{Rule: PlacementRule{Prefix: slices.Clone(r.GetPrefix()), Kind: PlacementKind(r.GetKind()), Home: r.GetHome()},
 			Problems: st.Problems})
 	}
+	return out, nil
+}
+
+// Ranges returns every range of the cluster as the regions' directories
+// hold them, by start key: where each span is homed, on which replicas
+// and non-voters (DESIGN.md §11, §13). Errors: ErrUnavailable.
+func (db *DB) Ranges(ctx context.Context) ([]RangeInfo, error) {
+	dirs := directory.NewDirectories(db.top, db.dialer)
+	var out []RangeInfo
+	for _, r := range dirs.Regions() {
+		ds, err := dirs.Of(r).List(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%w: the %s directory: %v", ErrUnavailable, r, err)
+		}
+		for _, d := range ds {
+			out = append(out, rangeInfo(d))
+		}
+	}
+	slices.SortFunc(out, func(a, b RangeInfo) int { return bytes.Compare(a.Start, b.Start) })
 	return out, nil
 }
 

@@ -86,6 +86,11 @@ type Result struct {
 	// Floor is this machine's loopback gRPC round trip and fsync, measured
 	// before the run.
 	RTT, Fsync *latency.Histogram
+	// Homes is where the data lived at the end (DESIGN.md §13): every
+	// range's span, home region and replicas, by start key, and the
+	// placement rules with how far the ranges matched them.
+	Homes      []client.RangeInfo
+	Placements []client.PlacementStatus
 }
 
 // DataRegions returns the regions that home ranges, in topology order.
@@ -204,6 +209,10 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	}
 	err = runs.Wait()
 	wg.Wait()
+	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer hcancel()
+	res.Homes, _ = dbs[0].Ranges(hctx) // the report's map of homes: best effort
+	res.Placements, _ = dbs[0].Placements(hctx)
 	return res, err
 }
 

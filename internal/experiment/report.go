@@ -127,6 +127,7 @@ func (r *Result) WriteReport(dir string) (string, error) {
 		fmt.Fprintf(&b, "- floor on this machine: loopback gRPC round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n",
 			ms(r.RTT.Quantile(50)), ms(r.Fsync.Quantile(50)))
 	}
+	writeHomes(&b, r)
 	b.WriteString("\nThe paper ran each region's client on a dedicated VM with eRPC and data in DRAM; here every node and " +
 		"client shares this machine's cores, so regional latencies include CPU contention and gRPC. The epoch and snapshot " +
 		"figures are dominated by the injected round trips, as in the paper.\n\n")
@@ -210,4 +211,29 @@ func plotCDF(path, title string, ss []series) error {
 		return nil // nothing was measured: no plot
 	}
 	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// writeHomes adds where the data lived at the end (DESIGN.md §13): each
+// range's span, home region, replicas and non-voters, and the placement
+// rules with whether the ranges matched them.
+func writeHomes(b *strings.Builder, r *Result) {
+	if len(r.Homes) == 0 {
+		return
+	}
+	b.WriteString("\n## Where the data lives\n\n| range | span | home region | replicas | non-voters |\n|---:|---|---|---|---|\n")
+	for _, h := range r.Homes {
+		fmt.Fprintf(b, "| %d | [%q, %q) | %s | %v | %v |\n", h.ID, h.Start, h.End, h.Region, h.Replicas, h.NonVoters)
+	}
+	if len(r.Placements) == 0 {
+		b.WriteString("\nNo placement rules: the spans are homed as the topology file seeded them.\n")
+		return
+	}
+	b.WriteString("\n| placement rule | kind | home | the ranges |\n|---|---|---|---|\n")
+	for _, p := range r.Placements {
+		state := "match it"
+		if len(p.Problems) > 0 {
+			state = strings.Join(p.Problems, "; ")
+		}
+		fmt.Fprintf(b, "| %q | %s | %s | %s |\n", p.Rule.Prefix, p.Rule.Kind, p.Rule.Home, state)
+	}
 }

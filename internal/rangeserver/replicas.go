@@ -164,36 +164,7 @@ func (r *Replica) moveSteps(nonVoters []uint64) raftgroup.MoveSteps {
 // change under way, or the replica did not catch up before ctx ended),
 // ErrNotLeaseholder.
 func (r *Replica) AddNonVoter(ctx context.Context, node uint64) (*pb.RangeDescriptor, error) {
-	d := r.sm.Descriptor()
-	if slices.Contains(d.GetNonVoters(), node) {
-		if _, err := r.leader(); err != nil {
-			return nil, err
-		}
-		return d, nil // added already (a retry after an unknown outcome)
-	}
-	if err := r.checkNonVoterChange(d, node, true); err != nil {
-		return nil, err
-	}
-	l, err := r.leader()
-	if err != nil {
-		return nil, err
-	}
-	release, ok := l.txns.claimMove()
-	if !ok {
-		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMoveBusy, r.id)
-	}
-	defer release()
-	if d = r.sm.Descriptor(); slices.Contains(d.GetNonVoters(), node) {
-		return d, nil
-	} else if err := r.checkNonVoterChange(d, node, true); err != nil {
-		return nil, err
-	}
-	nd, err := r.changed(r.group.AddNonVoter(ctx, node, r.moveSteps(append(slices.Clone(d.GetNonVoters()), node))))
-	if err != nil {
-		return nil, err
-	}
-	slog.Info("range non-voting replica added", "range", r.id, "node", node, "non_voters", nd.GetNonVoters(), "generation", nd.GetGeneration())
-	return nd, nil
+	return r.changeNonVoter(ctx, node, true)
 }
 
 // RemoveNonVoter removes the range's non-voting replica on node, at the
@@ -201,8 +172,21 @@ func (r *Replica) AddNonVoter(ctx context.Context, node uint64) (*pb.RangeDescri
 // descriptor. Errors: ErrMoveTarget (node hosts no non-voter of the
 // range), ErrMoveBusy, ErrNotLeaseholder.
 func (r *Replica) RemoveNonVoter(ctx context.Context, node uint64) (*pb.RangeDescriptor, error) {
+	return r.changeNonVoter(ctx, node, false)
+}
+
+// changeNonVoter adds (add) or removes the non-voter on node, at the
+// leaseholder, holding the range's move claim (no split, merge or other
+// move meanwhile); the change is checked again once the claim is held.
+func (r *Replica) changeNonVoter(ctx context.Context, node uint64, add bool) (*pb.RangeDescriptor, error) {
+	check := func(d *pb.RangeDescriptor) (done bool, err error) {
+		if add && slices.Contains(d.GetNonVoters(), node) {
+			return true, nil // added already (a retry after an unknown outcome)
+		}
+		return false, r.checkNonVoterChange(d, node, add)
+	}
 	d := r.sm.Descriptor()
-	if err := r.checkNonVoterChange(d, node, false); err != nil {
+	if _, err := check(d); err != nil {
 		return nil, err
 	}
 	l, err := r.leader()
@@ -214,17 +198,24 @@ func (r *Replica) RemoveNonVoter(ctx context.Context, node uint64) (*pb.RangeDes
 		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMoveBusy, r.id)
 	}
 	defer release()
-	if d = r.sm.Descriptor(); r.checkNonVoterChange(d, node, false) != nil {
-		return nil, r.checkNonVoterChange(d, node, false)
+	d = r.sm.Descriptor()
+	if done, err := check(d); done || err != nil {
+		return d, err
 	}
-	rest := slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(n uint64) bool { return n == node })
-	steps := r.moveSteps(rest)
-	steps.Keep = d.GetNonVoters() // the one to remove among them
-	nd, err := r.changed(r.group.RemoveNonVoter(ctx, node, steps))
+	var nd *pb.RangeDescriptor
+	verb := "added"
+	if add {
+		nd, err = r.changed(r.group.AddNonVoter(ctx, node, r.moveSteps(append(slices.Clone(d.GetNonVoters()), node))))
+	} else {
+		steps := r.moveSteps(slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(n uint64) bool { return n == node }))
+		steps.Keep = d.GetNonVoters() // the one to remove among them
+		nd, err = r.changed(r.group.RemoveNonVoter(ctx, node, steps))
+		verb = "removed"
+	}
 	if err != nil {
 		return nil, err
 	}
-	slog.Info("range non-voting replica removed", "range", r.id, "node", node, "non_voters", nd.GetNonVoters(), "generation", nd.GetGeneration())
+	slog.Info("range non-voting replica "+verb, "range", r.id, "node", node, "non_voters", nd.GetNonVoters(), "generation", nd.GetGeneration())
 	return nd, nil
 }
 
