@@ -475,6 +475,9 @@ const (
 	FollowerReadsOff       = coordinator.FollowerReadsOff
 )
 
+// ParseFollowerReads parses a policy name: nearest, preferred or off.
+func ParseFollowerReads(s string) (FollowerReads, error) { return coordinator.ParseFollowerReads(s) }
+
 // SetFollowerReads makes this handle's snapshot reads from now on choose
 // their replica by policy p.
 func (db *DB) SetFollowerReads(p FollowerReads) { db.coord.SetFollowerReads(p) }

@@ -160,14 +160,33 @@ func TestNonVoterServesItsRegion(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	r, err = east.AdminRemoveNonVoter(ctx, []byte("b"), 4)
+	// The non-voter moves to node 5 behind us-west1's back: its cached
+	// descriptor still names node 4, which no longer hosts the range, and
+	// its reads go on to the leader until it reads the descriptor afresh.
+	if _, err := east.AdminAddNonVoter(ctx, []byte("b"), 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := east.AdminRemoveNonVoter(ctx, []byte("b"), 4); err != nil {
+		t.Fatal(err)
+	}
+	waitHosted(t, c, 4, 100, true)
+	west.SetFollowerReads(client.FollowerReadsNearest)
+	moved := 0
+	for range 5 {
+		_, st := getIn(ctx, t, west, client.SerializableStale, "b-nv")
+		moved += st.FollowerReads
+	}
+	if moved < 3 {
+		t.Fatalf("after the non-voter moved to node 5, it served %d of 5 stale reads in us-west1", moved)
+	}
+	r, err = east.AdminRemoveNonVoter(ctx, []byte("b"), 5)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(r.NonVoters) != 0 {
 		t.Fatalf("after removing the non-voter: %+v", r)
 	}
-	waitHosted(t, c, 4, r.ID, true)
+	waitHosted(t, c, 5, r.ID, true)
 	if _, st := getIn(ctx, t, west, client.SerializableStale, "b-nv"); st.FollowerReads != 0 {
 		t.Fatalf("a stale read in us-west1 after the non-voter left: %+v, want the leader's", st)
 	}

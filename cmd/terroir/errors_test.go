@@ -177,6 +177,11 @@ func TestCLIOnASecureCluster(t *testing.T) {
 	if code != 0 || !strings.Contains(stderr, "snapshot regional (asked strong) at epoch") {
 		t.Errorf("a strong snapshot without publishers: exit %d, %q", code, stderr)
 	}
+	// A follower-read policy that does not exist is named.
+	_, stderr, code = cli("kv", "--config", cfg, "--certs-dir", certs, "--snapshot", "serializable", "--follower-reads", "nearby", "get", "k")
+	if code == 0 || !strings.Contains(stderr, `unknown follower-reads policy "nearby"`) {
+		t.Errorf("an unknown follower-reads policy: exit %d, %q", code, stderr)
+	}
 }
 
 // TestCLINamesACutOffAndAnExcludedRegion: with every node of us-west1

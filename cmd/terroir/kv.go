@@ -12,7 +12,7 @@ import (
 )
 
 func kvCmd() *cobra.Command {
-	var configPath, region, snapshot string
+	var configPath, region, snapshot, followers string
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "kv --config <topology.yaml> get|put|del|scan ...",
@@ -23,6 +23,8 @@ func kvCmd() *cobra.Command {
 	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
 	cmd.PersistentFlags().StringVar(&snapshot, "snapshot", "", "get and scan: read in a lock-free snapshot of this mode "+
 		"(strong, strong-local, linearizable, serializable, serializable-stale, regional) instead of a read-write transaction")
+	cmd.PersistentFlags().StringVar(&followers, "follower-reads", "nearest", "with --snapshot: which replica serves the reads (DESIGN.md §13): "+
+		"nearest (serializable ones from the nearest replica, a non-voter in this region first), preferred (strong ones too, followers before the leader), off (the leader)")
 	_ = cmd.MarkPersistentFlagRequired("config")
 	conn := addConnFlags(cmd)
 	conn.askRegion = true
@@ -45,15 +47,21 @@ func kvCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
+		policy, err := client.ParseFollowerReads(followers)
+		if err != nil {
+			return err
+		}
 		return with(c, func(ctx context.Context, db *client.DB) error {
+			db.SetFollowerReads(policy)
 			stats, err := db.View(ctx, mode, func(ctx context.Context, s *client.Snapshot) error { return fn(ctx, s) })
 			if err == nil {
 				ran := stats.Mode.String()
 				if stats.Requested != stats.Mode {
 					ran += fmt.Sprintf(" (asked %v)", stats.Requested)
 				}
-				fmt.Fprintf(c.ErrOrStderr(), "snapshot %s at epoch %d: waited %v for the epoch, %v for locks, %d retries\n",
-					ran, stats.Epoch, stats.EpochWait.Round(time.Microsecond), stats.LockWait.Round(time.Microsecond), stats.Retries)
+				fmt.Fprintf(c.ErrOrStderr(), "snapshot %s at epoch %d: waited %v for the epoch, %v for locks, %d retries; %d reads served by followers, %d went on to the leader\n",
+					ran, stats.Epoch, stats.EpochWait.Round(time.Microsecond), stats.LockWait.Round(time.Microsecond), stats.Retries,
+					stats.FollowerReads, stats.FollowerFallbacks)
 			}
 			return err
 		})

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
@@ -168,13 +170,29 @@ func (s *Snapshot) fromFollower(ctx context.Context, g *pb.RangeDescriptor, req 
 	defer s.mu.Unlock()
 	switch {
 	case err == nil:
+		s.c.staleRoute(g, resp.GetGeneration())
 		s.stats.FollowerReads++
 		return resp, nil
 	case ctx.Err() != nil:
 		return nil, s.c.unavailable(ctx, g, err)
+	case status.Code(err) == codes.NotFound:
+		// The node no longer hosts the range: the cached descriptor names
+		// replicas that moved. The leader's answer does not tell, so the
+		// descriptor is read afresh next time.
+		s.c.routes.Forget(g.GetRangeId())
 	}
 	// Anything else — refused as behind, timed out, unreachable — the
 	// leader answers instead.
 	s.stats.FollowerFallbacks++
 	return nil, nil
+}
+
+// staleRoute forgets the cached descriptor g of a range whose replica
+// answered at a newer generation: its replicas or non-voters may have
+// moved, and follower reads choose among them (a leader's answer succeeds
+// on a stale descriptor, so nothing else would refresh it).
+func (c *Coordinator) staleRoute(g *pb.RangeDescriptor, generation uint64) {
+	if generation > g.GetGeneration() {
+		c.routes.Forget(g.GetRangeId())
+	}
 }

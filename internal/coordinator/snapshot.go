@@ -366,6 +366,7 @@ func (s *Snapshot) read(ctx context.Context, g *pb.RangeDescriptor, req *pb.Snap
 	if err != nil {
 		return nil, err
 	}
+	s.c.staleRoute(g, resp.GetGeneration())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lR[g.GetRegion()] == 0 {

@@ -189,6 +189,7 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 func (r *Replica) readVersions(ks Keyspace, req *pb.SnapshotReadRequest, resp *pb.SnapshotReadResponse, end []byte, check func() error) (*pb.SnapshotReadResponse, error) {
 	start := req.GetStart()
 	below := storage.EpochStart(req.GetAt())
+	resp.Generation = r.sm.Descriptor().GetGeneration()
 	note := func(v storage.Version, newest storage.VersionID) {
 		resp.SnapshotEpoch = max(resp.SnapshotEpoch, v.ID.Epoch)
 		resp.LatestEpoch = max(resp.LatestEpoch, newest.Epoch)

@@ -3108,7 +3108,11 @@ type SnapshotReadResponse struct {
 	// key_truncated: a changes page stopped inside one key's versions, at
 	// twice the limit: the window holds more versions of that key than a
 	// page may; read a narrower window (or with no limit).
-	KeyTruncated  bool `protobuf:"varint,9,opt,name=key_truncated,json=keyTruncated,proto3" json:"key_truncated,omitempty"`
+	KeyTruncated bool `protobuf:"varint,9,opt,name=key_truncated,json=keyTruncated,proto3" json:"key_truncated,omitempty"`
+	// generation: the serving replica's descriptor generation; a client
+	// whose cached descriptor is older refreshes it (its replicas and
+	// non-voters may have moved: follower reads choose among them).
+	Generation    uint64 `protobuf:"varint,10,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3204,6 +3208,13 @@ func (x *SnapshotReadResponse) GetKeyTruncated() bool {
 		return x.KeyTruncated
 	}
 	return false
+}
+
+func (x *SnapshotReadResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 // ClosedEpochRequest asks for the closed epoch of the range holding the
@@ -4044,7 +4055,7 @@ const file_range_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1c\n" +
 	"\ttombstone\x18\x03 \x01(\bR\ttombstone\x122\n" +
-	"\aversion\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\xeb\x02\n" +
+	"\aversion\x18\x04 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\x8b\x03\n" +
 	"\x14SnapshotReadResponse\x12)\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x17.terroir.range.KeyValueR\x03kvs\x12\x1f\n" +
 	"\vlocal_epoch\x18\x02 \x01(\x04R\n" +
@@ -4056,7 +4067,11 @@ const file_range_proto_rawDesc = "" +
 	"lockWaitUs\x12/\n" +
 	"\achanges\x18\a \x03(\v2\x15.terroir.range.ChangeR\achanges\x12!\n" +
 	"\fclosed_epoch\x18\b \x01(\x04R\vclosedEpoch\x12#\n" +
-	"\rkey_truncated\x18\t \x01(\bR\fkeyTruncated\"W\n" +
+	"\rkey_truncated\x18\t \x01(\bR\fkeyTruncated\x12\x1e\n" +
+	"\n" +
+	"generation\x18\n" +
+	" \x01(\x04R\n" +
+	"generation\"W\n" +
 	"\x12ClosedEpochRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
