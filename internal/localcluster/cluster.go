@@ -6,12 +6,14 @@ package localcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -317,13 +319,41 @@ func (c *Cluster) RestartNode(id uint64) error {
 	if !ok {
 		return fmt.Errorf("localcluster: unknown node %d", id)
 	}
-	l, err := net.Listen("tcp", n.Addr)
+	l, err := rebind(n.Addr)
 	if err != nil {
-		return fmt.Errorf("localcluster: rebind node %d: %w", id, err)
+		c.mu.Lock()
+		joined := c.joined[id] != nil
+		c.mu.Unlock()
+		if !joined {
+			return fmt.Errorf("localcluster: rebind node %d: %w", id, err)
+		}
+		// A node that joined had a fresh port, which an outgoing connection
+		// may hold now: it restarts on another, and records it in the
+		// registry as a restarted node does (DESIGN.md §12).
+		if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return fmt.Errorf("localcluster: bind node %d: %w", id, err)
+		}
+		c.Net.SetNodes([]topology.Node{{ID: id, Region: n.Region, Addr: l.Addr().String()}})
 	}
 	c.Net.Revive(id)
 	return c.startNode(id, l) // node.Start closes l if it fails
 }
+
+// rebind listens on addr again, retrying for up to rebindFor while it is
+// in use (a socket of the stopped node's that is not closed yet).
+func rebind(addr string) (net.Listener, error) {
+	deadline := time.Now().Add(rebindFor)
+	for {
+		l, err := net.Listen("tcp", addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return l, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// rebindFor bounds rebind's retries.
+const rebindFor = 2 * time.Second
 
 // JoinNode starts a node that is not in the topology (DESIGN.md §12): on a
 // fresh 127.0.0.1 port, with certificates for id in region, it joins
