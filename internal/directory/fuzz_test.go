@@ -37,7 +37,7 @@ func FuzzDirectoryCommands(f *testing.F) {
 			t.Fatal(err)
 		}
 		state := func() string {
-			return fmt.Sprintf("%s | %s | %v | %v", spans(sm), protections(sm), sm.GCTTL(), states(sm))
+			return fmt.Sprintf("%s | %s | %v | %v | %s", spans(sm), protections(sm), sm.GCTTL(), states(sm), rules(sm))
 		}
 		before := state()
 		b := e.NewIndexedBatch()
@@ -45,13 +45,21 @@ func FuzzDirectoryCommands(f *testing.F) {
 		res := sm.Apply(b, 1, cmd)
 		if err, ok := res.(error); ok {
 			if !errors.Is(err, ErrBadCommand) && !errors.Is(err, ErrBadDescriptor) && !errors.Is(err, ErrIDsExhausted) &&
-				!errors.Is(err, ErrBadGCTTL) && !errors.Is(err, ErrBadProtection) && !IsRegistryError(err) {
+				!errors.Is(err, ErrBadGCTTL) && !errors.Is(err, ErrBadProtection) && !IsRegistryError(err) && !isPlacementError(err) {
 				t.Fatalf("untyped refusal: %v", err)
 			}
 			if state() != before {
 				t.Fatalf("a refused command changed the directory: %s, was %s", state(), before)
 			}
 			return
+		}
+		rs := sm.PlacementRules()
+		for i, r := range rs {
+			for _, o := range rs[i+1:] {
+				if overlaps(r.GetPrefix(), o.GetPrefix()) {
+					t.Fatalf("overlapping placement rules after %x: %s", cmd, rules(sm))
+				}
+			}
 		}
 		ds := sm.List()
 		for i := 1; i < len(ds); i++ {
