@@ -663,19 +663,11 @@ func (c *Coordinator) mergeable(ctx context.Context, d *pb.RangeDescriptor) erro
 	if right.GetRegion() != d.GetRegion() {
 		return fmt.Errorf("%w: range %d is homed in %s, range %d in %s", ErrMergeRegions, d.GetRangeId(), d.GetRegion(), right.GetRangeId(), right.GetRegion())
 	}
-	if !sameNodes(d.GetReplicas(), right.GetReplicas()) || !sameNodes(d.GetNonVoters(), right.GetNonVoters()) {
+	if !routing.SameNodes(d.GetReplicas(), right.GetReplicas()) || !routing.SameNodes(d.GetNonVoters(), right.GetNonVoters()) {
 		return &misplaced{right: right, err: fmt.Errorf("%w: range %d on nodes %v (non-voters %v), range %d on %v (non-voters %v)", ErrMergeReplicas,
 			d.GetRangeId(), d.GetReplicas(), d.GetNonVoters(), right.GetRangeId(), right.GetReplicas(), right.GetNonVoters())}
 	}
 	return nil
-}
-
-// sameNodes reports whether a and b name the same nodes, in any order.
-func sameNodes(a, b []uint64) bool {
-	a, b = slices.Clone(a), slices.Clone(b)
-	slices.Sort(a)
-	slices.Sort(b)
-	return slices.Equal(a, b)
 }
 
 // misplaced is mergeable's refusal of neighbours on different nodes

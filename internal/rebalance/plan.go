@@ -17,6 +17,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/routing"
 )
 
 // Kind names what an Action does.
@@ -358,7 +359,7 @@ func Plan(v View, cfg Config) []Action {
 	for _, p := range pairs {
 		l, r := p[0], p[1]
 		candidate[l.GetRangeId()], candidate[r.GetRangeId()] = true, true
-		if moves >= cfg.MaxMoves || !settled(l) || !settled(r) || colocating[l.GetRangeId()] || sameNodes(l.GetReplicas(), r.GetReplicas()) {
+		if moves >= cfg.MaxMoves || !settled(l) || !settled(r) || colocating[l.GetRangeId()] || routing.SameNodes(l.GetReplicas(), r.GetReplicas()) {
 			continue
 		}
 		from, to := uint64(0), uint64(0)
@@ -388,7 +389,7 @@ func Plan(v View, cfg Config) []Action {
 	for _, p := range pairs {
 		l, r := p[0], p[1]
 		lh, rh := v.Leases[l.GetRangeId()], v.Leases[r.GetRangeId()]
-		if n := byID[lh]; n != nil && n.target && rh != 0 && rh != lh && settled(r) && sameNodes(l.GetReplicas(), r.GetReplicas()) {
+		if n := byID[lh]; n != nil && n.target && rh != 0 && rh != lh && settled(r) && routing.SameNodes(l.GetReplicas(), r.GetReplicas()) {
 			out = append(out, Action{Kind: Transfer, Range: r, From: rh, To: lh,
 				Why: fmt.Sprintf("gather the lease with range %d's for a merge", l.GetRangeId())})
 		}
@@ -486,20 +487,13 @@ func mergePairs(ranges []*pb.RangeDescriptor, load map[uint64]Load, cfg Config) 
 		l, r := ranges[i], ranges[i+1]
 		ll, ok1 := load[l.GetRangeId()]
 		rl, ok2 := load[r.GetRangeId()]
-		if !ok1 || !ok2 || r.GetSticky() || !bytes.Equal(l.GetEndKey(), r.GetStartKey()) || l.GetRegion() != r.GetRegion() || !sameNodes(l.GetNonVoters(), r.GetNonVoters()) ||
+		if !ok1 || !ok2 || r.GetSticky() || !bytes.Equal(l.GetEndKey(), r.GetStartKey()) || l.GetRegion() != r.GetRegion() || !routing.SameNodes(l.GetNonVoters(), r.GetNonVoters()) ||
 			ll.Bytes+rl.Bytes >= cfg.MergeSize || cfg.MergeQPS > 0 && ll.QPS+rl.QPS >= cfg.MergeQPS {
 			continue
 		}
 		out = append(out, [2]*pb.RangeDescriptor{l, r})
 	}
 	return out
-}
-
-func sameNodes(a, b []uint64) bool {
-	a, b = slices.Clone(a), slices.Clone(b)
-	slices.Sort(a)
-	slices.Sort(b)
-	return slices.Equal(a, b)
 }
 
 // streams reports whether a counts against Config.MaxMoves: a range's

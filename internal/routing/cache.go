@@ -225,3 +225,12 @@ func (e *RegionUnreachableError) Error() string {
 }
 
 func (e *RegionUnreachableError) Unwrap() error { return e.Err }
+
+// SameNodes reports whether a and b name the same nodes, in any order (two
+// descriptors' replicas, or their non-voters).
+func SameNodes(a, b []uint64) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
