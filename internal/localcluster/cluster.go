@@ -245,7 +245,7 @@ func (c *Cluster) startNode(id uint64, l net.Listener) error {
 	c.mu.Unlock()
 	n, err := node.Start(node.Config{
 		Topology: top, NodeID: id, DataDir: c.nodeDir(id),
-		Network: c.Net, Listener: l, CompactAfter: c.opts.CompactAfter,
+		Network: c.Net, Listener: l, Addr: l.Addr().String(), CompactAfter: c.opts.CompactAfter,
 		Crashable: c.opts.Crashable, Certs: certs, Insecure: c.opts.Insecure, HTTPAddr: "127.0.0.1:0",
 		RebalanceInterval: c.opts.RebalanceInterval, ReplicaGCInterval: c.opts.ReplicaGCInterval,
 	})
@@ -321,15 +321,10 @@ func (c *Cluster) RestartNode(id uint64) error {
 	}
 	l, err := rebind(n.Addr)
 	if err != nil {
-		c.mu.Lock()
-		joined := c.joined[id] != nil
-		c.mu.Unlock()
-		if !joined {
-			return fmt.Errorf("localcluster: rebind node %d: %w", id, err)
-		}
-		// A node that joined had a fresh port, which an outgoing connection
-		// may hold now: it restarts on another, and records it in the
-		// registry as a restarted node does (DESIGN.md §12).
+		// Every port here was an ephemeral one the cluster chose, which an
+		// outgoing connection may hold now: the node restarts on another,
+		// and records it in the registry as a restarted node does
+		// (DESIGN.md §12).
 		if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 			return fmt.Errorf("localcluster: bind node %d: %w", id, err)
 		}
