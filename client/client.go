@@ -103,6 +103,9 @@ var (
 	// ErrMoveTarget: AdminMoveReplica from a node that is not a replica of
 	// the range, or to one that cannot take it.
 	ErrMoveTarget = coordinator.ErrMoveTarget
+	// ErrRehomeTarget: AdminRehome to an unknown region, one with no
+	// publisher or too few live nodes, or the range's home already.
+	ErrRehomeTarget = coordinator.ErrRehomeTarget
 	// ErrSnapshotRetry: a Linearizable snapshot must run again at a later
 	// epoch (paper §5.3.1). Retryable; View does it.
 	ErrSnapshotRetry = coordinator.ErrSnapshotRetry
@@ -593,6 +596,24 @@ func (db *DB) AdminRemoveNonVoter(ctx context.Context, key []byte, node uint64) 
 		return RangeInfo{}, err
 	}
 	return rangeInfo(d), nil
+}
+
+// AdminRehome moves the home of the range holding key to region (DESIGN.md
+// §13; `terroir admin range rehome`): nodes of the region join as
+// non-voting replicas and catch up while the range serves on; then the
+// leaseholder stops, lets prepared transactions be decided, ends its lease
+// by a Raft entry that records the rehome barrier, and the region's
+// replicas become the voters. From then on the range's transactions commit
+// at the new region's latency. Transactions holding locks there that had
+// not prepared abort, and their clients retry. It returns the range as it
+// is after and the barrier's global epoch. Errors: ErrRehomeTarget
+// (nothing changed), ErrKeyTooLarge, ErrUnavailable, ErrCommitUnknown.
+func (db *DB) AdminRehome(ctx context.Context, key []byte, region string) (RangeInfo, uint64, error) {
+	d, barrier, err := db.coord.Rehome(ctx, key, region)
+	if err != nil {
+		return RangeInfo{}, 0, err
+	}
+	return rangeInfo(d), barrier, nil
 }
 
 // AdminSplitRanges is AdminSplit, returning the two ranges it made.

@@ -19,7 +19,7 @@ func adminCmd() *cobra.Command {
 	var configPath string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|add-non-voter|remove-non-voter|list | gc show|ttl | node list|decommission|recommission | group move | placement set|remove|list",
+		Use:   "admin --config <topology.yaml> region exclude|include|list | range split|merge|transfer-lease|move|add-non-voter|remove-non-voter|rehome|list | gc show|ttl | node list|decommission|recommission | group move | placement set|remove|list",
 		Short: "Operate a running cluster",
 	}
 	cmd.PersistentFlags().StringVar(&configPath, "config", "", "topology file of the running cluster")
@@ -210,6 +210,25 @@ func adminCmd() *cobra.Command {
 			},
 		})
 	}
+	rng.AddCommand(&cobra.Command{
+		Use:   "rehome <key> <region>",
+		Short: "Move the home of the range holding key to another region",
+		Long: "rehome moves the range holding key to region (DESIGN.md §13): nodes there join as non-voting\n" +
+			"replicas and catch up while the range serves on; the leaseholder then stops, lets prepared\n" +
+			"transactions be decided, ends its lease by a Raft entry recording the rehome barrier, and the\n" +
+			"region's replicas become the voters. Its writes then commit at that region's latency.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			return withClient(c, func(ctx context.Context, db *client.DB) error {
+				r, barrier, err := db.AdminRehome(ctx, []byte(args[0]), args[1])
+				if err != nil {
+					return err
+				}
+				printRange(c, fmt.Sprintf("rehomed (barrier at global epoch %d): ", barrier), r)
+				return nil
+			})
+		},
+	})
 	rng.AddCommand(&cobra.Command{
 		Use:   "list",
 		Short: "Print every range: id, span, home region, replicas, leaseholder, lease, closed epoch, generation, size, load",

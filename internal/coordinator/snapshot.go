@@ -114,6 +114,9 @@ type Snapshot struct {
 	begin    time.Duration // the client's wait at BeginSnapshot
 	atLeader time.Duration // the longest epoch wait at a range leader
 	reads    []readCheck   // the linearizable check (paper §5.3.1) over the reads so far
+	// rechecked names the ranges a Regional snapshot found homed in
+	// another region by a cached descriptor and looked up afresh.
+	rechecked map[uint64]bool
 }
 
 // readCheck is what the linearizable check needs of one read.
@@ -341,6 +344,17 @@ func (s *Snapshot) read(ctx context.Context, g *pb.RangeDescriptor, req *pb.Snap
 	if s.finished {
 		s.mu.Unlock()
 		return nil, ErrTxnFinished
+	}
+	if s.mode == Regional && g.GetRegion() != s.c.region && !s.rechecked[g.GetRangeId()] {
+		// The cached descriptor may predate a rehome into this region
+		// (DESIGN.md §13): look the range up afresh, once.
+		if s.rechecked == nil {
+			s.rechecked = map[uint64]bool{}
+		}
+		s.rechecked[g.GetRangeId()] = true
+		s.mu.Unlock()
+		s.c.routes.Forget(g.GetRangeId())
+		return nil, fmt.Errorf("%w: range %d is in %s by the cached descriptor", errStaleRoute, g.GetRangeId(), g.GetRegion())
 	}
 	if s.mode == Regional && g.GetRegion() != s.c.region {
 		s.mu.Unlock()

@@ -262,7 +262,7 @@ func (sm *StateMachine) checkDescriptor(d *pb.RangeDescriptor) error {
 		return fmt.Errorf("%w: no range ID", ErrBadDescriptor)
 	case len(d.GetEndKey()) > 0 && bytes.Compare(d.GetStartKey(), d.GetEndKey()) >= 0:
 		return fmt.Errorf("%w: range %d: end %q is not after start %q", ErrBadDescriptor, d.GetRangeId(), d.GetEndKey(), d.GetStartKey())
-	case d.GetRegion() != sm.region:
+	case d.GetRegion() != sm.region && !d.GetRehomed():
 		return fmt.Errorf("%w: range %d is homed in %q, this directory is %q's", ErrBadDescriptor, d.GetRangeId(), d.GetRegion(), sm.region)
 	case d.GetGeneration() == 0:
 		return fmt.Errorf("%w: range %d: generation 0", ErrBadDescriptor, d.GetRangeId())
@@ -280,6 +280,15 @@ func (sm *StateMachine) Changes(d *pb.RangeDescriptor) (bool, error) {
 	}
 	sm.mu.RLock()
 	defer sm.mu.RUnlock()
+	if sm.placedNewer(d) {
+		return false, nil
+	}
+	if d.GetRegion() != sm.region {
+		return sm.changesElsewhere(d), nil
+	}
+	if _, moved := placeSpan(sm.placements, d); moved && d.GetRehomed() {
+		return true, nil
+	}
 	for _, o := range sm.ranges {
 		if o.GetRangeId() == d.GetRangeId() && proto.Equal(o, d) {
 			return false, nil
@@ -331,8 +340,36 @@ func (sm *StateMachine) applyUpdate(b *pebble.Batch, descs []*pb.RangeDescriptor
 	defer sm.mu.Unlock()
 	var n uint32
 	for _, d := range descs {
-		ranges, displaced, installed := routing.Install(sm.ranges, d)
+		if sm.placedNewer(d) {
+			continue // a later rehome moved its span
+		}
+		if d.GetRehomed() {
+			moved, err := sm.applyPlacement(b, d)
+			if err != nil {
+				return err
+			}
+			if moved {
+				n++
+			}
+		}
+		inst := d
+		if d.GetRegion() != sm.region {
+			inst = movedAway(d) // rehomed away from this region
+		}
+		ranges, displaced, installed := routing.Install(sm.ranges, inst)
 		if !installed {
+			continue
+		}
+		if inst != d {
+			sm.ranges = ranges
+			for _, id := range displaced {
+				if err := b.Delete(sm.descriptorKey(id), nil); err != nil {
+					return err
+				}
+			}
+			if len(displaced) > 0 {
+				n++
+			}
 			continue
 		}
 		n++

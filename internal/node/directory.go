@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -55,22 +56,46 @@ func (n *Node) background(fn func()) bool {
 }
 
 // writeDescriptors writes descs, grouped by home region, to the regions'
-// directories.
+// directories, each region's own first. A rehomed range's descriptor also
+// goes to every other region's directory: it removes the range's entry
+// from the directory of a home it left, and homes its span in every copy
+// of the placement map (DESIGN.md §13). A region that fails does not stop
+// the others; the errors are joined.
 func (n *Node) writeDescriptors(ctx context.Context, descs []*pb.RangeDescriptor) error {
 	byRegion := map[string][]*pb.RangeDescriptor{}
+	var rehomed []*pb.RangeDescriptor
 	for _, d := range descs {
 		byRegion[d.GetRegion()] = append(byRegion[d.GetRegion()], d)
+		if d.GetRehomed() {
+			rehomed = append(rehomed, d)
+		}
 	}
-	for region, ds := range byRegion {
+	var errs []error
+	write := func(region string, ds []*pb.RangeDescriptor) {
 		c := n.dirs.Of(region)
 		if c == nil {
-			return fmt.Errorf("region %q has no directory group", region)
+			errs = append(errs, fmt.Errorf("region %q has no directory group", region))
+			return
 		}
 		if _, err := c.Update(ctx, ds...); err != nil {
-			return fmt.Errorf("%s directory: %w", region, err)
+			errs = append(errs, fmt.Errorf("%s directory: %w", region, err))
 		}
 	}
-	return nil
+	for region, ds := range byRegion {
+		write(region, ds)
+	}
+	for _, region := range n.dirs.Regions() {
+		var ds []*pb.RangeDescriptor
+		for _, d := range rehomed {
+			if d.GetRegion() != region {
+				ds = append(ds, d)
+			}
+		}
+		if len(ds) > 0 {
+			write(region, ds)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // reconcile writes, every reconcileInterval until Close, the descriptors

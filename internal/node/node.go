@@ -320,35 +320,31 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 	if joining {
 		voters = nil
 	}
-	srcs := rangeserver.Epochs{}
-	if srcs.Local, err = n.reader(topology.KindLocalEpoch, d.GetRegion()); err != nil {
+	home, err := n.homeOf(d.GetRegion())
+	if err != nil {
 		return nil, err
-	}
-	if pub, err := n.reader(topology.KindPublisher, d.GetRegion()); err == nil {
-		srcs.Publisher = pub // else regional-only
-	}
-	if gg := top.GroupsOfKind(topology.KindGlobalEpoch, ""); len(gg) > 0 {
-		if srcs.Service, err = n.reader(topology.KindGlobalEpoch, gg[0].Region); err != nil {
-			return nil, err
-		}
-	}
-	if here := n.dialer.Self().Region; here != d.GetRegion() && srcs.Publisher != nil {
-		if near, err := n.reader(topology.KindPublisher, here); err == nil {
-			srcs.Near = near // a non-voting replica (DESIGN.md §13)
-		}
 	}
 	rg, err := n.host.AddGroupWithLearners(d.GetRangeId(), voters, d.GetNonVoters(), sm)
 	if err != nil {
 		return nil, err
 	}
-	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, srcs, n.decider,
+	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, home.Epochs, n.decider,
 		rangeserver.Config{Tick: rangeTick(top), LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
-			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval, GCPolicy: n.gcPolicyOf(d.GetRegion()),
-			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: n.rangeIDAllocator(d.GetRegion()),
-			LockWait: n.metrics.lockWait, ClosedLag: n.metrics.closedLag, AddReplica: n.addReplica, RemoveReplica: n.removeRemote})
+			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval, GCPolicy: home.GCPolicy,
+			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, NewRangeID: home.NewRangeID,
+			LockWait: n.metrics.lockWait, ClosedLag: n.metrics.closedLag, AddReplica: n.addReplica, RemoveReplica: n.removeRemote,
+			Region: n.dialer.Self().Region, HomeOf: n.homeOf, PickVoters: n.pickVoters, Rehomed: n.writeRehomed})
 	sm.OnSplit(n.onSplit)
 	sm.OnMerge(n.onMerge)
 	sm.OnReplicasChanged(n.onReplicasChanged)
+	// A configuration that leaves this replica out with no descriptor
+	// change of its own (the end of a joint change that removed it: a
+	// rehome's old leader, DESIGN.md §13) drops it too.
+	rg.OnLeft(func() {
+		if r := n.Range(d.GetRangeId()); r != nil {
+			n.removeReplica(r)
+		}
+	})
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closing {

@@ -291,3 +291,65 @@ func (g *Group) awaitCatchUp(ctx context.Context, node uint64) error {
 func confChange(t raftpb.ConfChangeType, node uint64) *raftpb.ConfChangeSingle {
 	return &raftpb.ConfChangeSingle{Type: t.Enum(), NodeId: proto.Uint64(node)}
 }
+
+// ReplaceVoters makes `to` the group's voters in one joint configuration
+// change, at the leader (a range's rehome, DESIGN.md §13): each node of to
+// that is not a member yet hosts a replica and joins as a learner first;
+// then the learners among to are promoted and every other voter, the
+// leader included, is removed. Raft leaves the joint configuration by
+// itself; the leader steps down once it applied that (Config
+// StepDownOnRemoval) and the new voters elect one of theirs. The removed
+// voters are asked to drop their replicas (steps.Drop). It returns the
+// state machine's result of the change. Errors: ErrMoveTarget (to is
+// empty), ErrMoveStuck (a joint configuration), ErrHostFailed,
+// ErrNotLeader, ctx's error.
+func (g *Group) ReplaceVoters(ctx context.Context, to []uint64, steps MoveSteps) (any, error) {
+	voters, learners, joint := g.Members()
+	switch {
+	case len(to) == 0:
+		return nil, fmt.Errorf("%w: no voters to move group %d to", ErrMoveTarget, g.id)
+	case joint:
+		return nil, fmt.Errorf("%w: group %d is leaving a joint configuration", ErrMoveStuck, g.id)
+	case !g.IsLeader():
+		return nil, ErrNotLeader
+	}
+	for _, n := range to {
+		if slices.Contains(voters, n) || slices.Contains(learners, n) {
+			continue
+		}
+		if _, err := g.addLearner(ctx, n, voters, steps); err != nil {
+			return nil, err
+		}
+	}
+	var changes []*raftpb.ConfChangeSingle
+	for _, n := range to {
+		if !slices.Contains(voters, n) {
+			changes = append(changes, confChange(raftpb.ConfChangeAddNode, n))
+		}
+	}
+	var removed []uint64
+	for _, n := range voters {
+		if !slices.Contains(to, n) {
+			changes = append(changes, confChange(raftpb.ConfChangeRemoveNode, n))
+			removed = append(removed, n)
+		}
+	}
+	res, err := g.changeVoters(ctx, steps, slices.Clone(to), steps.kept(), changes...)
+	if err != nil {
+		return nil, err
+	}
+	for { // Raft leaves the joint configuration by itself
+		if _, _, joint := g.Members(); !joint {
+			break
+		}
+		if !transport.SleepCtx(ctx, movePoll) {
+			return nil, ctx.Err()
+		}
+	}
+	if steps.Drop != nil {
+		for _, n := range removed {
+			_ = steps.Drop(ctx, n)
+		}
+	}
+	return res, nil
+}

@@ -163,12 +163,7 @@ type closing struct {
 
 // closingSource is the epoch the range's global versions carry: its
 // region's publisher, or in a regional-only deployment its local epoch.
-func (r *Replica) closingSource() epoch.Source {
-	if r.global == nil {
-		return r.epochs
-	}
-	return r.global
-}
+func (r *Replica) closingSource() epoch.Source { return r.src().closing() }
 
 // maybeClose runs on the leader's tick, under leadership l: it starts a
 // close once ClosedInterval has passed since the last began (conditions 1

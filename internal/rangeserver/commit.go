@@ -25,7 +25,7 @@ func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.Ver
 		if global.Less(newest) {
 			global = newest
 		}
-		if r.global == nil {
+		if r.src().Publisher == nil {
 			continue
 		}
 		_, _, newest, err = r.sm.Get(RegionalVersions, w.GetKey(), maxVersion)
@@ -147,17 +147,18 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	// A read-only transaction writes no version: the lease check is all it
 	// needs, and it skips the global epoch (except in the naive baseline,
 	// which reads it at every commit).
-	globalSrc := r.global
-	naive := meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE && r.service != nil && r.global != nil
+	h := r.src() // one home throughout
+	globalSrc := h.Publisher
+	naive := meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE && h.Service != nil && h.Publisher != nil
 	switch {
 	case naive:
-		globalSrc = r.service // the baseline: the service itself, across the WAN
+		globalSrc = h.Service // the baseline: the service itself, across the WAN
 	case len(writes) == 0:
 		globalSrc = nil
 	}
-	epochs, err := epoch.ReadAll(ctx, r.epochs, globalSrc)
+	epochs, err := epoch.ReadAll(ctx, h.Local, globalSrc)
 	e, g := epochs[0], epochs[1]
-	if r.global == nil && len(writes) > 0 {
+	if h.Publisher == nil && len(writes) > 0 {
 		g = e // regional-only: local-epoch versions
 	}
 	if err != nil {
@@ -166,11 +167,11 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	}
 	r.observeEpoch(e)
 	epoch := commitrule.VersionEpoch(g, l.txns.highestEpoch(), minEpoch)
-	if err := commitrule.Validate(e, epoch, commitrule.Lease{Start: l.start, End: l.end.Load()}, r.global == nil); err != nil {
+	if err := commitrule.Validate(e, epoch, commitrule.Lease{Start: l.start, End: l.end.Load()}, h.Publisher == nil); err != nil {
 		abort()
 		return nil, fmt.Errorf("%w: %v", ErrLeaseValidation, err)
 	}
-	for r.global != nil && len(writes) > 0 && commitrule.IsQuiet(epoch, r.cfg.QuietEpochs) {
+	for h.Publisher != nil && len(writes) > 0 && commitrule.IsQuiet(epoch, r.cfg.QuietEpochs) {
 		// Quiet epoch (paper §5.3.1): wait, locks held, for the next one.
 		if epoch, err = r.nextAfter(ctx, epoch); err != nil {
 			abort()
@@ -184,7 +185,7 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	}
 	ver := wireVersion(commitrule.ChooseVersion(epoch, mv))
 	var regional *pb.VersionID
-	if r.global != nil {
+	if h.Publisher != nil {
 		regional = wireVersion(commitrule.ChooseVersion(e, mr))
 	}
 	if len(writes) > 0 {
@@ -248,7 +249,7 @@ func (r *Replica) checkWrites(writes []*pb.Write) error {
 // nextAfter waits until the region's publisher shows an epoch above e and
 // returns it.
 func (r *Replica) nextAfter(ctx context.Context, e uint64) (uint64, error) {
-	return epoch.WaitAtLeast(ctx, r.global, e+1, time.Millisecond)
+	return epoch.WaitAtLeast(ctx, r.src().Publisher, e+1, time.Millisecond)
 }
 
 // wireVersion is v as the wire carries it.

@@ -70,7 +70,11 @@ func (sm *StateMachine) applyGC(b *pebble.Batch, cmd *pb.GCCmd) any {
 	if d.GetSubsumed() {
 		return Applied{Rejected: true}
 	}
-	sm.raiseGC(b, &pb.GCThreshold{Horizon: cmd.GetHorizon(), RegionalHorizon: cmd.GetRegionalHorizon()})
+	regional := cmd.GetRegionalHorizon()
+	if home := cmd.GetRegion(); home != "" && home != d.GetRegion() {
+		regional = 0 // counted in the local epochs of a home the range left
+	}
+	sm.raiseGC(b, &pb.GCThreshold{Horizon: cmd.GetHorizon(), RegionalHorizon: regional})
 	start := d.GetStartKey()
 	if k := cmd.GetStartKey(); bytes.Compare(k, start) > 0 {
 		start = k
@@ -84,7 +88,7 @@ func (sm *StateMachine) applyGC(b *pebble.Batch, cmd *pb.GCCmd) any {
 	}
 	prefix, horizon := dataPrefix, cmd.GetHorizon()
 	if cmd.GetRegional() {
-		prefix, horizon = regionalPrefix, cmd.GetRegionalHorizon()
+		prefix, horizon = regionalPrefix, regional
 	}
 	if horizon == 0 {
 		return Applied{GC: &GCResult{}}
@@ -136,6 +140,7 @@ const gcChunkKeys = 1000
 // applied, and the threshold stays raised.
 func (r *Replica) CollectGarbage(ctx context.Context, horizon, regional uint64) (storage.GCStats, error) {
 	var total storage.GCStats
+	home := r.home.Load().Region // whose local epochs regional counts
 	for _, onRegional := range []bool{false, true} {
 		if onRegional && regional == 0 {
 			break
@@ -145,7 +150,7 @@ func (r *Replica) CollectGarbage(ctx context.Context, horizon, regional uint64) 
 				return total, err
 			}
 			cmd := &pb.Command{Cmd: &pb.Command_Gc{Gc: &pb.GCCmd{Horizon: horizon, RegionalHorizon: regional,
-				StartKey: start, MaxKeys: gcChunkKeys, Regional: onRegional}}}
+				StartKey: start, MaxKeys: gcChunkKeys, Regional: onRegional, Region: home}}}
 			pctx, cancel := context.WithTimeout(ctx, proposeTimeout)
 			res, err := r.group.Propose(pctx, EncodeCommand(cmd))
 			cancel()
@@ -245,8 +250,8 @@ func (r *Replica) maybeGC(local uint64) {
 		return
 	}
 	ttl := r.cfg.GCTTL
-	if r.cfg.GCPolicy != nil {
-		p, ok := r.cfg.GCPolicy.Cached()
+	if r.home.Load().GCPolicy != nil {
+		p, ok := r.home.Load().GCPolicy.Cached()
 		if !ok {
 			return
 		}
@@ -257,9 +262,9 @@ func (r *Replica) maybeGC(local uint64) {
 	}
 	r.gcq.lastCheck = now
 	s := epochSample{at: now, data: local}
-	if r.global != nil {
+	if r.src().Publisher != nil {
 		ctx, cancel := context.WithTimeout(r.ctx, time.Second)
-		g, err := r.global.Read(ctx)
+		g, err := r.src().Publisher.Read(ctx)
 		cancel()
 		if err != nil {
 			return
@@ -298,11 +303,11 @@ func (r *Replica) maybeGC(local uint64) {
 // read fails, when the gc_ttl grew past ttl (the one h was chosen by), or
 // when nothing is left to collect.
 func (r *Replica) applyPolicy(h *epochSample, ttl time.Duration) bool {
-	if r.cfg.GCPolicy == nil {
+	if r.home.Load().GCPolicy == nil {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, proposeTimeout)
-	p, err := r.cfg.GCPolicy.Fetch(ctx)
+	p, err := r.home.Load().GCPolicy.Fetch(ctx)
 	cancel()
 	if err != nil || p.TTL <= 0 || p.TTL > ttl {
 		return false

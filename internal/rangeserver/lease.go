@@ -53,6 +53,17 @@ func (r *Replica) loop() {
 // group, activate leadership once the lease is ours, resolve orphans.
 func (r *Replica) tick() {
 	st := r.group.Status()
+	home := r.followHome()
+	if d := r.sm.Descriptor(); len(d.GetRehomeVoters()) > 0 || !home || (r.cfg.Region != "" && d.GetRegion() != r.cfg.Region) {
+		// A rehome is moving the voters (this replica's group leader does
+		// it), or this replica is outside its range's home: no lease here
+		// (DESIGN.md §13).
+		r.stepDown()
+		if st.Leader == r.self && len(d.GetRehomeVoters()) > 0 {
+			r.finishRehome()
+		}
+		return
+	}
 	if st.Leader == 0 && r.sm.Lease().GetHolder() == r.self {
 		// The group has no leader and the lease names this replica (a range
 		// a split just made, whose other replicas may have started after
@@ -72,16 +83,19 @@ func (r *Replica) tick() {
 		// unknown is settled here, so the lease is not left unrenewed.
 		if time.Since(time.Unix(0, cur.transferAt.Load())) > transferSettleAfter && r.settleTransfer(cur, cur.transferSeq.Load()) {
 			if lease := r.sm.Lease(); lease.GetHolder() != r.self {
-				// The transfer applied after all: finish it.
+				// The transfer (or a rehome's end of the lease) applied
+				// after all: finish it.
 				r.stepDown()
-				r.group.TransferLeadership(lease.GetHolder())
+				if lease.GetHolder() != 0 {
+					r.group.TransferLeadership(lease.GetHolder())
+				}
 			}
 		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
 	defer cancel()
-	e, err := r.epochs.Read(ctx)
+	e, err := r.src().Local.Read(ctx)
 	if err != nil {
 		return
 	}
@@ -104,22 +118,22 @@ func (r *Replica) tick() {
 		if in, ok := r.takeInheritance(lease); ok {
 			// A split's left-hand leader's, under this very lease.
 			handed = in.txns
-			if r.global != nil {
+			if r.src().Publisher != nil {
 				highest = in.highest
 			}
 		} else if h, ok := r.sm.Handover(lease.GetSeq()); ok {
 			// Handed over by its previous holder (DESIGN.md §12), in the
 			// epochs its versions carry: global ones, or local ones in a
 			// regional-only deployment (where the lease's start bounds it too).
-			if r.global != nil {
+			if r.src().Publisher != nil {
 				highest = h
 			} else {
 				highest = max(highest, h)
 			}
-		} else if r.global != nil {
+		} else if r.src().Publisher != nil {
 			// A new leaseholder does not trust its predecessor's highest
 			// epoch: it waits for the global epoch to advance once (DESIGN.md §3.5).
-			if highest, err = r.nextGlobalEpoch(); err != nil {
+			if highest, err = r.nextGlobalEpoch(r.sm.Descriptor().GetRehomeBarrier()); err != nil {
 				return
 			}
 		}
@@ -182,16 +196,18 @@ func (r *Replica) leading(lease *pb.Lease) bool {
 }
 
 // nextGlobalEpoch reads the global epoch g at the region's publisher and waits
-// until the publisher shows g+1, which it returns.
-func (r *Replica) nextGlobalEpoch() (uint64, error) {
+// until the publisher shows more than both g and floor (a rehome's barrier,
+// DESIGN.md §13), which it returns.
+func (r *Replica) nextGlobalEpoch(floor uint64) (uint64, error) {
 	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
 	defer cancel()
-	g, err := r.global.Read(ctx)
+	g, err := r.src().Publisher.Read(ctx)
 	if err != nil {
 		return 0, err
 	}
+	g = max(g, floor)
 	for {
-		next, err := r.global.Read(ctx)
+		next, err := r.src().Publisher.Read(ctx)
 		if err != nil {
 			return 0, err
 		}
@@ -313,7 +329,7 @@ func (r *Replica) TransferLease(ctx context.Context, to uint64, ifIdle bool) (*p
 			return nil, fmt.Errorf("%w: range %d: transactions still prepared or committing", ErrTransferBusy, r.id)
 		}
 	}
-	e, err := r.epochs.Read(wctx)
+	e, err := r.src().Local.Read(wctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: reading the local epoch: %v", ErrTransferBusy, err)
 	}

@@ -177,8 +177,8 @@ func (r *Replica) absorb(ctx context.Context, right *Replica, highest uint64, kn
 	if err := r.dropLagging(ctx, lagging); err != nil {
 		return nil, err
 	}
-	if !known && r.global != nil {
-		if highest, err = r.nextGlobalEpoch(); err != nil {
+	if !known && r.src().Publisher != nil {
+		if highest, err = r.nextGlobalEpoch(rd.GetRehomeBarrier()); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrMergeBusy, err)
 		}
 	}

@@ -39,7 +39,7 @@ func (r *Replica) resolve(l *leadership, t *leaderTxn) {
 	// or below the local epoch now plus LeaseEpochs, so any l_R the
 	// coordinator validated this transaction at does too. Forgetting the
 	// record raises the store's watermark to it (DESIGN.md §14).
-	local, err := r.epochs.Read(ctx)
+	local, err := r.src().Local.Read(ctx)
 	if err != nil {
 		return // retried at a later tick
 	}

@@ -121,6 +121,19 @@ type Config struct {
 	// RemoveReplica asks node to drop its replica of range id, which the
 	// range no longer names.
 	RemoveReplica func(ctx context.Context, node, id uint64) error
+	// Region is the region of this replica's node: a replica outside its
+	// range's home takes no lease (empty: any region, for tests).
+	Region string
+	// HomeOf returns what a replica reads from region once a rehome moved
+	// its range there (DESIGN.md §13). nil: rehomes are refused.
+	HomeOf func(region string) (Home, error)
+	// PickVoters returns the nodes of region a rehome of the range d
+	// describes makes its voters, when the caller names none: live nodes,
+	// its non-voters there first. nil: the caller must name them.
+	PickVoters func(ctx context.Context, region string, d *pb.RangeDescriptor) ([]uint64, error)
+	// Rehomed tells the directories of a rehome's new descriptor (DESIGN.md
+	// §11); an error is logged (the reconciliation writes it later).
+	Rehomed func(ctx context.Context, d *pb.RangeDescriptor) error
 }
 
 // Clock tells the time. The leader reads the time only through it, so its
@@ -217,10 +230,7 @@ type Replica struct {
 	self     uint64
 	group    *raftgroup.Group
 	sm       *StateMachine
-	epochs   EpochSource // the region's local epoch
-	global   EpochSource // the region's publisher; nil: versions use local epochs
-	near     EpochSource // this node's region's publisher, if not the range's home (Epochs.Near)
-	service  EpochSource // the global epoch service (naive baseline only)
+	home     atomic.Pointer[Home] // what the replica reads from the range's home region (home.go)
 	deciders func(txnStateGroup uint64) Decider
 	cfg      Config
 
@@ -230,6 +240,8 @@ type Replica struct {
 	gcq         gcQueue
 	reshaped    atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
 	closePaused atomic.Bool  // PauseClosing
+	rehoming      atomic.Bool  // finishRehome under way
+	rehomeRetryAt atomic.Int64 // Unix ns before which finishRehome does not try again
 
 	mu        sync.Mutex
 	lead      *leadership            // nil unless serving as leaseholder
@@ -248,8 +260,8 @@ type Replica struct {
 func NewReplica(self uint64, group *raftgroup.Group, sm *StateMachine,
 	epochs Epochs, deciders func(uint64) Decider, cfg Config) *Replica {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, epochs: epochs.Local, global: epochs.Publisher, near: epochs.Near,
-		service: epochs.Service, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
+	r := &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
+	r.home.Store(&Home{Region: sm.Descriptor().GetRegion(), Epochs: epochs, GCPolicy: cfg.GCPolicy, NewRangeID: cfg.NewRangeID})
 	r.load = newLoadTracker(r.cfg.Clock.Now, r.cfg.SplitQPS)
 	r.reshaped.Store(r.cfg.Clock.Now().UnixNano())
 	sm.OnSplit(r.onSplit)

@@ -104,6 +104,7 @@ func (sm *StateMachine) applyMerge(b *pebble.Batch, cmd *pb.MergeCmd) any {
 	}
 	merged := proto.Clone(d).(*pb.RangeDescriptor)
 	merged.EndKey, merged.Generation = rd.GetEndKey(), max(d.GetGeneration(), rd.GetGeneration())+1
+	merged.RehomeBarrier, merged.Rehomed = max(d.GetRehomeBarrier(), rd.GetRehomeBarrier()), d.GetRehomed() || rd.GetRehomed()
 	for _, rec := range cmd.GetRightPrepared() {
 		id := string(rec.GetTxn().GetId())
 		combined := &pb.PreparedRecord{Txn: rec.GetTxn(), Writes: rec.GetWrites()}

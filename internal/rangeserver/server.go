@@ -101,9 +101,10 @@ func (r *Replica) toStatus(err error) error {
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, ErrSplitKey):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrTransferTarget), errors.Is(err, ErrMoveTarget):
+	case errors.Is(err, ErrTransferTarget), errors.Is(err, ErrMoveTarget), errors.Is(err, ErrRehomeTarget):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy), errors.Is(err, ErrTransferBusy), errors.Is(err, ErrMoveBusy):
+	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy), errors.Is(err, ErrTransferBusy), errors.Is(err, ErrMoveBusy),
+		errors.Is(err, ErrRehomeBusy):
 		return notExecuted(err, r.self) // retry here
 	case errors.Is(err, ErrSplitRaced), errors.Is(err, ErrMergeRaced):
 		return status.Error(codes.Aborted, err.Error())
@@ -330,6 +331,19 @@ func (s *Server) ChangeNonVoter(ctx context.Context, req *pb.ChangeNonVoterReque
 		return nil, s.status(r, err)
 	}
 	return &pb.ChangeNonVoterResponse{RangeDescriptor: d}, nil
+}
+
+// Rehome implements pb.RangeServer (DESIGN.md §13).
+func (s *Server) Rehome(ctx context.Context, req *pb.RehomeRequest) (*pb.RehomeResponse, error) {
+	r, err := s.replica(req.GetRangeId())
+	if err != nil {
+		return nil, err
+	}
+	d, barrier, err := r.Rehome(ctx, req.GetRegion(), req.GetVoters())
+	if err != nil {
+		return nil, s.status(r, err)
+	}
+	return &pb.RehomeResponse{RangeDescriptor: d, Barrier: barrier}, nil
 }
 
 // MoveReplica implements pb.RangeServer (DESIGN.md §12).

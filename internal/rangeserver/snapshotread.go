@@ -62,8 +62,9 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	if len(end) == 0 {
 		end = nil
 	}
+	h := r.src() // one home throughout, should a rehome apply meanwhile
 	ks := Versions
-	if r.global != nil && req.GetRegional() {
+	if h.Publisher != nil && req.GetRegional() {
 		ks = RegionalVersions
 	}
 	// Checked before the read and again after it: a GC below the snapshot
@@ -102,9 +103,9 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 			// would — for the publisher to show the epoch — then at most
 			// wait more for a close to cover it.
 			began := time.Now()
-			src := r.closingSource()
-			if r.near != nil {
-				src = r.near // within one epoch of the home's (invariant 2)
+			src := h.closing()
+			if h.Near != nil {
+				src = h.Near // within one epoch of the home's (invariant 2)
 			}
 			// As long as the caller would wait for a close, and no longer:
 			// a publisher that lags or refuses sends the read to the leader.
@@ -127,9 +128,9 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		return nil, err
 	}
 	r.load.record(start)
-	src := r.closingSource()
+	src := h.closing()
 	if req.GetRegional() { // local-epoch versions
-		src = r.epochs
+		src = h.Local
 	}
 	began := time.Now()
 	got, err := r.awaitEpoch(ctx, src, req.GetAt())
@@ -138,9 +139,9 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	}
 	lR := req.GetLocalEpoch()
 	if lR == 0 {
-		if src == r.epochs {
+		if src == h.Local {
 			lR = got
-		} else if lR, err = r.epochs.Read(ctx); err != nil {
+		} else if lR, err = h.Local.Read(ctx); err != nil {
 			return nil, err
 		}
 	}

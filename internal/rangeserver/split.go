@@ -68,10 +68,10 @@ func (r *Replica) split(ctx context.Context, key []byte, sticky bool) (left, rig
 	if err := r.checkKey(key); err != nil {
 		return nil, nil, err
 	}
-	if r.cfg.NewRangeID == nil {
+	if r.home.Load().NewRangeID == nil {
 		return nil, nil, fmt.Errorf("%w: range %d has no directory to allocate a range ID", ErrSplitBusy, d.GetRangeId())
 	}
-	rightID, err := r.cfg.NewRangeID(ctx) // before the freeze: it is a round trip
+	rightID, err := r.home.Load().NewRangeID(ctx) // before the freeze: it is a round trip
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: allocating a range ID: %v", ErrSplitBusy, err)
 	}

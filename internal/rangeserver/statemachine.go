@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/routing"
 	"github.com/terroir-db/terroir/internal/storage"
 )
 
@@ -128,6 +129,9 @@ type Applied struct {
 	Merge *Merge
 	// GC is set for a GC chunk that took effect.
 	GC *GCResult
+	// Rehomed is the range's new descriptor after a rehome that took
+	// effect (DESIGN.md §13).
+	Rehomed *pb.RangeDescriptor
 }
 
 // OnSplit registers f to be told of every split of this range once it is
@@ -172,6 +176,9 @@ func (sm *StateMachine) ApplyConfChange(b *pebble.Batch, _ uint64, cs *raftpb.Co
 	defer sm.mu.Unlock()
 	d := proto.CloneOf(sm.desc.Load())
 	d.Replicas, d.Learners, d.NonVoters, d.Generation = ch.GetReplicas(), ch.GetLearners(), ch.GetNonVoters(), d.GetGeneration()+1
+	if len(d.GetRehomeVoters()) > 0 && routing.SameNodes(d.GetReplicas(), d.GetRehomeVoters()) {
+		d.RehomeVoters = nil // the rehome's voters vote: it is complete
+	}
 	v, _ := proto.Marshal(d)
 	_ = b.Set(sm.sub(subDescriptor, nil), v, nil)
 	sm.desc.Store(d)
@@ -438,6 +445,8 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		return sm.applyGC(b, x.Gc)
 	case *pb.Command_Closed:
 		return sm.applyClosed(b, x.Closed)
+	case *pb.Command_Rehome:
+		return sm.applyRehome(b, x.Rehome)
 	default:
 		return fmt.Errorf("%w: empty command", ErrBadCommand)
 	}

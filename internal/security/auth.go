@@ -76,6 +76,7 @@ var methodRoles = map[string]Role{
 	"/terroir.range.Range/TransferLease":            RoleAdmin,
 	"/terroir.range.Range/MoveReplica":              RoleAdmin,
 	"/terroir.range.Range/ChangeNonVoter":           RoleAdmin,
+	"/terroir.range.Range/Rehome":                   RoleAdmin,
 	"/terroir.directory.Directory/SetGCTTL":         RoleAdmin,
 	"/terroir.directory.Directory/SetNodeState":     RoleAdmin, // decommission a node
 	"/terroir.directory.Directory/SetPlacementRule": RoleAdmin,

@@ -185,6 +185,17 @@ type Version struct {
 // keys where Live is false. fn returning false stops the scan. A nil end scans
 // to the end of the key space. Slices passed to fn are copies the callee may keep.
 func (e *Engine) ScanMVCC(prefix, start, end []byte, below VersionID, fn func(visible Version, newest VersionID) bool) error {
+	return scanMVCC(e.db, prefix, start, end, below, fn)
+}
+
+// ScanMVCCBatch is ScanMVCC over an indexed batch: the engine's state with
+// the batch's writes over it (a state machine reading what the entries
+// applied before it in the same batch wrote).
+func ScanMVCCBatch(b *pebble.Batch, prefix, start, end []byte, below VersionID, fn func(visible Version, newest VersionID) bool) error {
+	return scanMVCC(b, prefix, start, end, below, fn)
+}
+
+func scanMVCC(r reader, prefix, start, end []byte, below VersionID, fn func(visible Version, newest VersionID) bool) error {
 	lo, hi := MVCCKeyBounds(prefix, start, end)
 	var (
 		cur     []byte
@@ -201,7 +212,7 @@ func (e *Engine) ScanMVCC(prefix, start, end []byte, below VersionID, fn func(vi
 		return fn(Version{Key: cur}, newest)
 	}
 	stopped := false
-	err := e.Scan(lo, hi, func(k, v []byte) (bool, error) {
+	err := scan(r, lo, hi, func(k, v []byte) (bool, error) {
 		key, ver, err := DecodeMVCCKey(prefix, k)
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)

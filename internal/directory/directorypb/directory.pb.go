@@ -140,10 +140,14 @@ func (NodeState) EnumDescriptor() ([]byte, []int) {
 // Placement homes the span [start_key, end_key) in region (an empty end_key:
 // to the end of the key space).
 type Placement struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	StartKey      []byte                 `protobuf:"bytes,1,opt,name=start_key,json=startKey,proto3" json:"start_key,omitempty"`
-	EndKey        []byte                 `protobuf:"bytes,2,opt,name=end_key,json=endKey,proto3" json:"end_key,omitempty"`
-	Region        string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	StartKey []byte                 `protobuf:"bytes,1,opt,name=start_key,json=startKey,proto3" json:"start_key,omitempty"`
+	EndKey   []byte                 `protobuf:"bytes,2,opt,name=end_key,json=endKey,proto3" json:"end_key,omitempty"`
+	Region   string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// generation is that of the range descriptor that homed the span here
+	// by a rehome (0: the bootstrap's); a descriptor homes the span of its
+	// range only over placements of older generations.
+	Generation    uint64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,6 +201,13 @@ func (x *Placement) GetRegion() string {
 		return x.Region
 	}
 	return ""
+}
+
+func (x *Placement) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 // Command is one entry of a directory group's Raft log.
@@ -333,7 +344,10 @@ type isCommand_Cmd interface {
 type Command_Update struct {
 	// update installs descriptors by generation: a descriptor replaces every
 	// stored one whose span it overlaps unless one of those is newer; a
-	// subsumed descriptor only removes older ones.
+	// subsumed descriptor, or one homed in another region (rehomed away),
+	// only removes older ones. A rehomed descriptor also homes its span in
+	// its region in the placement map, over placements of older
+	// generations (DESIGN.md §13).
 	Update *UpdateCmd `protobuf:"bytes,1,opt,name=update,proto3,oneof"`
 }
 
@@ -2591,11 +2605,14 @@ var File_directory_proto protoreflect.FileDescriptor
 
 const file_directory_proto_rawDesc = "" +
 	"\n" +
-	"\x0fdirectory.proto\x12\x11terroir.directory\x1a\vrange.proto\"Y\n" +
+	"\x0fdirectory.proto\x12\x11terroir.directory\x1a\vrange.proto\"y\n" +
 	"\tPlacement\x12\x1b\n" +
 	"\tstart_key\x18\x01 \x01(\fR\bstartKey\x12\x17\n" +
 	"\aend_key\x18\x02 \x01(\fR\x06endKey\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\xab\x04\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x04R\n" +
+	"generation\"\xab\x04\n" +
 	"\aCommand\x126\n" +
 	"\x06update\x18\x01 \x01(\v2\x1c.terroir.directory.UpdateCmdH\x00R\x06update\x12<\n" +
 	"\ballocate\x18\x02 \x01(\v2\x1e.terroir.directory.AllocateCmdH\x00R\ballocate\x12>\n" +

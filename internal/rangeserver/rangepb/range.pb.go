@@ -428,7 +428,21 @@ type RangeDescriptor struct {
 	// non_voters are replicas that stay learners (DESIGN.md §13): usually in
 	// other regions than the range's home, they receive the log, never vote
 	// or lead, and serve snapshot reads from the closed epoch.
-	NonVoters     []uint64 `protobuf:"varint,10,rep,packed,name=non_voters,json=nonVoters,proto3" json:"non_voters,omitempty"`
+	NonVoters []uint64 `protobuf:"varint,10,rep,packed,name=non_voters,json=nonVoters,proto3" json:"non_voters,omitempty"`
+	// rehome_voters are the voters a rehome to region moves the range to
+	// (DESIGN.md §13): set by RehomeCmd, cleared by the configuration change
+	// that makes them the voters. Meanwhile the range is homed in region but
+	// its voters are the old home's, and no replica holds its lease.
+	RehomeVoters []uint64 `protobuf:"varint,11,rep,packed,name=rehome_voters,json=rehomeVoters,proto3" json:"rehome_voters,omitempty"`
+	// rehomed: the range left its bootstrap home at least once; its leaders
+	// write its descriptor to every region's directory, whose placement map
+	// copies it homes (DESIGN.md §11).
+	Rehomed bool `protobuf:"varint,12,opt,name=rehomed,proto3" json:"rehomed,omitempty"`
+	// rehome_barrier is G_b of the range's last rehome (DESIGN.md §13): a
+	// leaseholder that waits for the global epoch to advance before serving
+	// waits until its publisher shows more than it, so every commit of the
+	// new home lands above the barrier.
+	RehomeBarrier uint64 `protobuf:"varint,13,opt,name=rehome_barrier,json=rehomeBarrier,proto3" json:"rehome_barrier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -531,6 +545,27 @@ func (x *RangeDescriptor) GetNonVoters() []uint64 {
 		return x.NonVoters
 	}
 	return nil
+}
+
+func (x *RangeDescriptor) GetRehomeVoters() []uint64 {
+	if x != nil {
+		return x.RehomeVoters
+	}
+	return nil
+}
+
+func (x *RangeDescriptor) GetRehomed() bool {
+	if x != nil {
+		return x.Rehomed
+	}
+	return false
+}
+
+func (x *RangeDescriptor) GetRehomeBarrier() uint64 {
+	if x != nil {
+		return x.RehomeBarrier
+	}
+	return 0
 }
 
 // ReplicasChange is the payload of a range's Raft configuration change: the
@@ -805,6 +840,121 @@ func (x *ChangeNonVoterResponse) GetRangeDescriptor() *RangeDescriptor {
 	return nil
 }
 
+// RehomeRequest moves the range's home to region (DESIGN.md §13). voters
+// names the nodes of region that become its voters; empty: the
+// leaseholder's node picks live ones, the range's non-voters there first.
+type RehomeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Voters        []uint64               `protobuf:"varint,3,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RehomeRequest) Reset() {
+	*x = RehomeRequest{}
+	mi := &file_range_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RehomeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RehomeRequest) ProtoMessage() {}
+
+func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RehomeRequest.ProtoReflect.Descriptor instead.
+func (*RehomeRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RehomeRequest) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *RehomeRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RehomeRequest) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+type RehomeResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RangeDescriptor *RangeDescriptor       `protobuf:"bytes,1,opt,name=range_descriptor,json=rangeDescriptor,proto3" json:"range_descriptor,omitempty"`
+	Barrier         uint64                 `protobuf:"varint,2,opt,name=barrier,proto3" json:"barrier,omitempty"` // G_b, the global epoch of the rehome barrier
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RehomeResponse) Reset() {
+	*x = RehomeResponse{}
+	mi := &file_range_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RehomeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RehomeResponse) ProtoMessage() {}
+
+func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RehomeResponse.ProtoReflect.Descriptor instead.
+func (*RehomeResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RehomeResponse) GetRangeDescriptor() *RangeDescriptor {
+	if x != nil {
+		return x.RangeDescriptor
+	}
+	return nil
+}
+
+func (x *RehomeResponse) GetBarrier() uint64 {
+	if x != nil {
+		return x.Barrier
+	}
+	return 0
+}
+
 // RangeMismatch is attached to an OutOfRange error from a range that got a
 // request for keys outside its span: the sender's routing is stale. It
 // carries the range's current descriptors; the sender refreshes its cache
@@ -818,7 +968,7 @@ type RangeMismatch struct {
 
 func (x *RangeMismatch) Reset() {
 	*x = RangeMismatch{}
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -830,7 +980,7 @@ func (x *RangeMismatch) String() string {
 func (*RangeMismatch) ProtoMessage() {}
 
 func (x *RangeMismatch) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -843,7 +993,7 @@ func (x *RangeMismatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeMismatch.ProtoReflect.Descriptor instead.
 func (*RangeMismatch) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{11}
+	return file_range_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RangeMismatch) GetDescriptors() []*RangeDescriptor {
@@ -864,7 +1014,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1026,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1039,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{12}
+	return file_range_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NotLeader) GetLeaderHint() uint64 {
@@ -914,6 +1064,7 @@ type Command struct {
 	//	*Command_Merge
 	//	*Command_Gc
 	//	*Command_Closed
+	//	*Command_Rehome
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -921,7 +1072,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1084,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1097,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{13}
+	return file_range_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Command) GetCmd() isCommand_Cmd {
@@ -1046,6 +1197,15 @@ func (x *Command) GetClosed() *ClosedEpochCmd {
 	return nil
 }
 
+func (x *Command) GetRehome() *RehomeCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Rehome); ok {
+			return x.Rehome
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -1090,6 +1250,10 @@ type Command_Closed struct {
 	Closed *ClosedEpochCmd `protobuf:"bytes,10,opt,name=closed,proto3,oneof"`
 }
 
+type Command_Rehome struct {
+	Rehome *RehomeCmd `protobuf:"bytes,11,opt,name=rehome,proto3,oneof"`
+}
+
 func (*Command_Lease) isCommand_Cmd() {}
 
 func (*Command_Prepare) isCommand_Cmd() {}
@@ -1110,6 +1274,88 @@ func (*Command_Gc) isCommand_Cmd() {}
 
 func (*Command_Closed) isCommand_Cmd() {}
 
+func (*Command_Rehome) isCommand_Cmd() {}
+
+// RehomeCmd moves the range's home to region (DESIGN.md §13), proposed by
+// the leaseholder once it stopped serving and no transaction is prepared
+// or committing there. At apply it ends the lease whose seq is prev_seq
+// (rejected if another lease got in first): the range is homed in region,
+// held by no lease, until voters (rehome_voters) replace the old home's.
+// Its regional copies are rewritten at apply: the old home's local-epoch
+// versions go, and each key's newest global version at or below barrier
+// (G_b: no transaction committed at the range above it) becomes its
+// regional version at local epoch 0, below every regional snapshot of the
+// new home, which thus reads the state at the barrier for keys it has not
+// written since. The new home's first leaseholder serves no commit at or
+// below barrier.
+type RehomeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Barrier       uint64                 `protobuf:"varint,2,opt,name=barrier,proto3" json:"barrier,omitempty"`
+	PrevSeq       uint64                 `protobuf:"varint,3,opt,name=prev_seq,json=prevSeq,proto3" json:"prev_seq,omitempty"`
+	Voters        []uint64               `protobuf:"varint,4,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RehomeCmd) Reset() {
+	*x = RehomeCmd{}
+	mi := &file_range_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RehomeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RehomeCmd) ProtoMessage() {}
+
+func (x *RehomeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RehomeCmd.ProtoReflect.Descriptor instead.
+func (*RehomeCmd) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RehomeCmd) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RehomeCmd) GetBarrier() uint64 {
+	if x != nil {
+		return x.Barrier
+	}
+	return 0
+}
+
+func (x *RehomeCmd) GetPrevSeq() uint64 {
+	if x != nil {
+		return x.PrevSeq
+	}
+	return 0
+}
+
+func (x *RehomeCmd) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
 // ClosedEpochCmd closes epoch `epoch` at the range (DESIGN.md §13): every
 // version with an epoch at or below it is applied before this entry, and no
 // transaction can commit one later, so a replica that applied it serves a
@@ -1126,7 +1372,7 @@ type ClosedEpochCmd struct {
 
 func (x *ClosedEpochCmd) Reset() {
 	*x = ClosedEpochCmd{}
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1384,7 @@ func (x *ClosedEpochCmd) String() string {
 func (*ClosedEpochCmd) ProtoMessage() {}
 
 func (x *ClosedEpochCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1397,7 @@ func (x *ClosedEpochCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosedEpochCmd.ProtoReflect.Descriptor instead.
 func (*ClosedEpochCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{14}
+	return file_range_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClosedEpochCmd) GetEpoch() uint64 {
@@ -1181,13 +1427,17 @@ type GCCmd struct {
 	StartKey        []byte                 `protobuf:"bytes,3,opt,name=start_key,json=startKey,proto3" json:"start_key,omitempty"`
 	MaxKeys         uint32                 `protobuf:"varint,4,opt,name=max_keys,json=maxKeys,proto3" json:"max_keys,omitempty"`
 	Regional        bool                   `protobuf:"varint,5,opt,name=regional,proto3" json:"regional,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// region is the home whose local epochs regional_horizon counts; a chunk
+	// proposed before a rehome that applies after it raises no regional
+	// horizon.
+	Region        string `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GCCmd) Reset() {
 	*x = GCCmd{}
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1449,7 @@ func (x *GCCmd) String() string {
 func (*GCCmd) ProtoMessage() {}
 
 func (x *GCCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1462,7 @@ func (x *GCCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCCmd.ProtoReflect.Descriptor instead.
 func (*GCCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{15}
+	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GCCmd) GetHorizon() uint64 {
@@ -1250,6 +1500,13 @@ func (x *GCCmd) GetRegional() bool {
 	return false
 }
 
+func (x *GCCmd) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
 // GCThreshold is a range's GC threshold: no snapshot reads below it.
 type GCThreshold struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -1261,7 +1518,7 @@ type GCThreshold struct {
 
 func (x *GCThreshold) Reset() {
 	*x = GCThreshold{}
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1530,7 @@ func (x *GCThreshold) String() string {
 func (*GCThreshold) ProtoMessage() {}
 
 func (x *GCThreshold) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1543,7 @@ func (x *GCThreshold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCThreshold.ProtoReflect.Descriptor instead.
 func (*GCThreshold) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{16}
+	return file_range_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GCThreshold) GetHorizon() uint64 {
@@ -1320,7 +1577,7 @@ type SplitCmd struct {
 
 func (x *SplitCmd) Reset() {
 	*x = SplitCmd{}
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1589,7 @@ func (x *SplitCmd) String() string {
 func (*SplitCmd) ProtoMessage() {}
 
 func (x *SplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[17]
+	mi := &file_range_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1602,7 @@ func (x *SplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitCmd.ProtoReflect.Descriptor instead.
 func (*SplitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{17}
+	return file_range_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SplitCmd) GetSplitKey() []byte {
@@ -1390,7 +1647,7 @@ type SubsumeCmd struct {
 
 func (x *SubsumeCmd) Reset() {
 	*x = SubsumeCmd{}
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1659,7 @@ func (x *SubsumeCmd) String() string {
 func (*SubsumeCmd) ProtoMessage() {}
 
 func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[18]
+	mi := &file_range_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1672,7 @@ func (x *SubsumeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubsumeCmd.ProtoReflect.Descriptor instead.
 func (*SubsumeCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{18}
+	return file_range_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubsumeCmd) GetGeneration() uint64 {
@@ -1453,7 +1710,7 @@ type MergeCmd struct {
 
 func (x *MergeCmd) Reset() {
 	*x = MergeCmd{}
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1722,7 @@ func (x *MergeCmd) String() string {
 func (*MergeCmd) ProtoMessage() {}
 
 func (x *MergeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[19]
+	mi := &file_range_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1735,7 @@ func (x *MergeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MergeCmd.ProtoReflect.Descriptor instead.
 func (*MergeCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{19}
+	return file_range_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *MergeCmd) GetGeneration() uint64 {
@@ -1533,7 +1790,7 @@ type LeaseCmd struct {
 
 func (x *LeaseCmd) Reset() {
 	*x = LeaseCmd{}
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1802,7 @@ func (x *LeaseCmd) String() string {
 func (*LeaseCmd) ProtoMessage() {}
 
 func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[20]
+	mi := &file_range_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1815,7 @@ func (x *LeaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCmd.ProtoReflect.Descriptor instead.
 func (*LeaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{20}
+	return file_range_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LeaseCmd) GetLease() *Lease {
@@ -1586,7 +1843,7 @@ type PrepareCmd struct {
 
 func (x *PrepareCmd) Reset() {
 	*x = PrepareCmd{}
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1855,7 @@ func (x *PrepareCmd) String() string {
 func (*PrepareCmd) ProtoMessage() {}
 
 func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[21]
+	mi := &file_range_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1868,7 @@ func (x *PrepareCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareCmd.ProtoReflect.Descriptor instead.
 func (*PrepareCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{21}
+	return file_range_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PrepareCmd) GetTxn() *TxnMeta {
@@ -1649,7 +1906,7 @@ type CommitCmd struct {
 
 func (x *CommitCmd) Reset() {
 	*x = CommitCmd{}
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1918,7 @@ func (x *CommitCmd) String() string {
 func (*CommitCmd) ProtoMessage() {}
 
 func (x *CommitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[22]
+	mi := &file_range_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1931,7 @@ func (x *CommitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
 func (*CommitCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{22}
+	return file_range_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CommitCmd) GetTxnId() []byte {
@@ -1707,7 +1964,7 @@ type AbortCmd struct {
 
 func (x *AbortCmd) Reset() {
 	*x = AbortCmd{}
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1976,7 @@ func (x *AbortCmd) String() string {
 func (*AbortCmd) ProtoMessage() {}
 
 func (x *AbortCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[23]
+	mi := &file_range_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1989,7 @@ func (x *AbortCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortCmd.ProtoReflect.Descriptor instead.
 func (*AbortCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{23}
+	return file_range_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AbortCmd) GetTxnId() []byte {
@@ -1755,7 +2012,7 @@ type OnePhaseCmd struct {
 
 func (x *OnePhaseCmd) Reset() {
 	*x = OnePhaseCmd{}
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +2024,7 @@ func (x *OnePhaseCmd) String() string {
 func (*OnePhaseCmd) ProtoMessage() {}
 
 func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[24]
+	mi := &file_range_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +2037,7 @@ func (x *OnePhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseCmd.ProtoReflect.Descriptor instead.
 func (*OnePhaseCmd) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{24}
+	return file_range_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OnePhaseCmd) GetTxnId() []byte {
@@ -1829,7 +2086,7 @@ type PreparedRecord struct {
 
 func (x *PreparedRecord) Reset() {
 	*x = PreparedRecord{}
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +2098,7 @@ func (x *PreparedRecord) String() string {
 func (*PreparedRecord) ProtoMessage() {}
 
 func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[25]
+	mi := &file_range_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +2111,7 @@ func (x *PreparedRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreparedRecord.ProtoReflect.Descriptor instead.
 func (*PreparedRecord) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{25}
+	return file_range_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PreparedRecord) GetTxn() *TxnMeta {
@@ -1882,7 +2139,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2151,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[26]
+	mi := &file_range_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2164,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{26}
+	return file_range_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetRequest) GetRangeId() uint64 {
@@ -1942,7 +2199,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2211,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[27]
+	mi := &file_range_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2224,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{27}
+	return file_range_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2005,7 +2262,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2274,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[28]
+	mi := &file_range_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2287,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{28}
+	return file_range_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ScanRequest) GetRangeId() uint64 {
@@ -2078,7 +2335,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2347,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[29]
+	mi := &file_range_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,7 +2360,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{29}
+	return file_range_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ScanResponse) GetKvs() []*KeyValue {
@@ -2131,7 +2388,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2400,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[30]
+	mi := &file_range_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2413,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{30}
+	return file_range_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LockRequest) GetRangeId() uint64 {
@@ -2192,7 +2449,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2204,7 +2461,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[31]
+	mi := &file_range_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2217,7 +2474,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{31}
+	return file_range_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LockResponse) GetIncarnation() uint64 {
@@ -2244,7 +2501,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2513,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[32]
+	mi := &file_range_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2526,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{32}
+	return file_range_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PrepareRequest) GetRangeId() uint64 {
@@ -2326,7 +2583,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2595,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[33]
+	mi := &file_range_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2608,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{33}
+	return file_range_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PrepareResponse) GetLease() *Lease {
@@ -2394,7 +2651,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2406,7 +2663,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[34]
+	mi := &file_range_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2419,7 +2676,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{34}
+	return file_range_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CommitRequest) GetRangeId() uint64 {
@@ -2458,7 +2715,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2727,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[35]
+	mi := &file_range_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2740,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{35}
+	return file_range_proto_rawDescGZIP(), []int{38}
 }
 
 type AbortRequest struct {
@@ -2499,7 +2756,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2511,7 +2768,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[36]
+	mi := &file_range_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2524,7 +2781,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{36}
+	return file_range_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AbortRequest) GetRangeId() uint64 {
@@ -2562,7 +2819,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2831,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[37]
+	mi := &file_range_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2844,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{37}
+	return file_range_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AbortResponse) GetReshaped() bool {
@@ -2619,7 +2876,7 @@ type OnePhaseRequest struct {
 
 func (x *OnePhaseRequest) Reset() {
 	*x = OnePhaseRequest{}
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2631,7 +2888,7 @@ func (x *OnePhaseRequest) String() string {
 func (*OnePhaseRequest) ProtoMessage() {}
 
 func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[38]
+	mi := &file_range_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2644,7 +2901,7 @@ func (x *OnePhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseRequest.ProtoReflect.Descriptor instead.
 func (*OnePhaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{38}
+	return file_range_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *OnePhaseRequest) GetRangeId() uint64 {
@@ -2705,7 +2962,7 @@ type OnePhaseResponse struct {
 
 func (x *OnePhaseResponse) Reset() {
 	*x = OnePhaseResponse{}
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2717,7 +2974,7 @@ func (x *OnePhaseResponse) String() string {
 func (*OnePhaseResponse) ProtoMessage() {}
 
 func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[39]
+	mi := &file_range_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2730,7 +2987,7 @@ func (x *OnePhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnePhaseResponse.ProtoReflect.Descriptor instead.
 func (*OnePhaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{39}
+	return file_range_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *OnePhaseResponse) GetVersion() *VersionID {
@@ -2755,7 +3012,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +3024,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[40]
+	mi := &file_range_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +3037,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{40}
+	return file_range_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *HeartbeatRequest) GetRangeId() uint64 {
@@ -2823,7 +3080,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2835,7 +3092,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[41]
+	mi := &file_range_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2848,7 +3105,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{41}
+	return file_range_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *HeartbeatResponse) GetLost() bool {
@@ -2903,7 +3160,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +3172,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[42]
+	mi := &file_range_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2928,7 +3185,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{42}
+	return file_range_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -3035,7 +3292,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3304,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3317,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{43}
+	return file_range_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Change) GetKey() []byte {
@@ -3119,7 +3376,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3131,7 +3388,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3144,7 +3401,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{44}
+	return file_range_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -3230,7 +3487,7 @@ type ClosedEpochRequest struct {
 
 func (x *ClosedEpochRequest) Reset() {
 	*x = ClosedEpochRequest{}
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3242,7 +3499,7 @@ func (x *ClosedEpochRequest) String() string {
 func (*ClosedEpochRequest) ProtoMessage() {}
 
 func (x *ClosedEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +3512,7 @@ func (x *ClosedEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosedEpochRequest.ProtoReflect.Descriptor instead.
 func (*ClosedEpochRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{45}
+	return file_range_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ClosedEpochRequest) GetRangeId() uint64 {
@@ -3290,7 +3547,7 @@ type ClosedEpochResponse struct {
 
 func (x *ClosedEpochResponse) Reset() {
 	*x = ClosedEpochResponse{}
-	mi := &file_range_proto_msgTypes[46]
+	mi := &file_range_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3302,7 +3559,7 @@ func (x *ClosedEpochResponse) String() string {
 func (*ClosedEpochResponse) ProtoMessage() {}
 
 func (x *ClosedEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[46]
+	mi := &file_range_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3315,7 +3572,7 @@ func (x *ClosedEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosedEpochResponse.ProtoReflect.Descriptor instead.
 func (*ClosedEpochResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{46}
+	return file_range_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ClosedEpochResponse) GetClosedEpoch() uint64 {
@@ -3335,7 +3592,7 @@ type AdminSplitRequest struct {
 
 func (x *AdminSplitRequest) Reset() {
 	*x = AdminSplitRequest{}
-	mi := &file_range_proto_msgTypes[47]
+	mi := &file_range_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3347,7 +3604,7 @@ func (x *AdminSplitRequest) String() string {
 func (*AdminSplitRequest) ProtoMessage() {}
 
 func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[47]
+	mi := &file_range_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3360,7 +3617,7 @@ func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
 func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{47}
+	return file_range_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AdminSplitRequest) GetRangeId() uint64 {
@@ -3387,7 +3644,7 @@ type AdminSplitResponse struct {
 
 func (x *AdminSplitResponse) Reset() {
 	*x = AdminSplitResponse{}
-	mi := &file_range_proto_msgTypes[48]
+	mi := &file_range_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3399,7 +3656,7 @@ func (x *AdminSplitResponse) String() string {
 func (*AdminSplitResponse) ProtoMessage() {}
 
 func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[48]
+	mi := &file_range_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3412,7 +3669,7 @@ func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
 func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{48}
+	return file_range_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
@@ -3443,7 +3700,7 @@ type TransferLeaseRequest struct {
 
 func (x *TransferLeaseRequest) Reset() {
 	*x = TransferLeaseRequest{}
-	mi := &file_range_proto_msgTypes[49]
+	mi := &file_range_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3455,7 +3712,7 @@ func (x *TransferLeaseRequest) String() string {
 func (*TransferLeaseRequest) ProtoMessage() {}
 
 func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[49]
+	mi := &file_range_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3468,7 +3725,7 @@ func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{49}
+	return file_range_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TransferLeaseRequest) GetRangeId() uint64 {
@@ -3501,7 +3758,7 @@ type TransferLeaseResponse struct {
 
 func (x *TransferLeaseResponse) Reset() {
 	*x = TransferLeaseResponse{}
-	mi := &file_range_proto_msgTypes[50]
+	mi := &file_range_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3513,7 +3770,7 @@ func (x *TransferLeaseResponse) String() string {
 func (*TransferLeaseResponse) ProtoMessage() {}
 
 func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[50]
+	mi := &file_range_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3526,7 +3783,7 @@ func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{50}
+	return file_range_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TransferLeaseResponse) GetLease() *Lease {
@@ -3550,7 +3807,7 @@ type AdminMergeRequest struct {
 
 func (x *AdminMergeRequest) Reset() {
 	*x = AdminMergeRequest{}
-	mi := &file_range_proto_msgTypes[51]
+	mi := &file_range_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3819,7 @@ func (x *AdminMergeRequest) String() string {
 func (*AdminMergeRequest) ProtoMessage() {}
 
 func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[51]
+	mi := &file_range_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3832,7 @@ func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
 func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{51}
+	return file_range_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AdminMergeRequest) GetRangeId() uint64 {
@@ -3601,7 +3858,7 @@ type AdminMergeResponse struct {
 
 func (x *AdminMergeResponse) Reset() {
 	*x = AdminMergeResponse{}
-	mi := &file_range_proto_msgTypes[52]
+	mi := &file_range_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3613,7 +3870,7 @@ func (x *AdminMergeResponse) String() string {
 func (*AdminMergeResponse) ProtoMessage() {}
 
 func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[52]
+	mi := &file_range_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3626,7 +3883,7 @@ func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
 func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{52}
+	return file_range_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
@@ -3653,7 +3910,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[53]
+	mi := &file_range_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3665,7 +3922,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[53]
+	mi := &file_range_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3678,7 +3935,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{53}
+	return file_range_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -3745,7 +4002,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[54]
+	mi := &file_range_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3757,7 +4014,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[54]
+	mi := &file_range_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3770,7 +4027,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{54}
+	return file_range_proto_rawDescGZIP(), []int{57}
 }
 
 type RangesResponse struct {
@@ -3782,7 +4039,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[55]
+	mi := &file_range_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3794,7 +4051,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[55]
+	mi := &file_range_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3807,7 +4064,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{55}
+	return file_range_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -3844,7 +4101,7 @@ const file_range_proto_rawDesc = "" +
 	"\ttombstone\x18\x03 \x01(\bR\ttombstone\"2\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xa5\x02\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\x8b\x03\n" +
 	"\x0fRangeDescriptor\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
 	"\tstart_key\x18\x02 \x01(\fR\bstartKey\x12\x17\n" +
@@ -3859,7 +4116,10 @@ const file_range_proto_rawDesc = "" +
 	"\blearners\x18\t \x03(\x04R\blearners\x12\x1d\n" +
 	"\n" +
 	"non_voters\x18\n" +
-	" \x03(\x04R\tnonVoters\"g\n" +
+	" \x03(\x04R\tnonVoters\x12#\n" +
+	"\rrehome_voters\x18\v \x03(\x04R\frehomeVoters\x12\x18\n" +
+	"\arehomed\x18\f \x01(\bR\arehomed\x12%\n" +
+	"\x0erehome_barrier\x18\r \x01(\x04R\rrehomeBarrier\"g\n" +
 	"\x0eReplicasChange\x12\x1a\n" +
 	"\breplicas\x18\x01 \x03(\x04R\breplicas\x12\x1a\n" +
 	"\blearners\x18\x02 \x03(\x04R\blearners\x12\x1d\n" +
@@ -3876,12 +4136,19 @@ const file_range_proto_rawDesc = "" +
 	"\x04node\x18\x02 \x01(\x04R\x04node\x12\x16\n" +
 	"\x06remove\x18\x03 \x01(\bR\x06remove\"c\n" +
 	"\x16ChangeNonVoterResponse\x12I\n" +
-	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\"Q\n" +
+	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\"Z\n" +
+	"\rRehomeRequest\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12\x16\n" +
+	"\x06voters\x18\x03 \x03(\x04R\x06voters\"u\n" +
+	"\x0eRehomeResponse\x12I\n" +
+	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\x12\x18\n" +
+	"\abarrier\x18\x02 \x01(\x04R\abarrier\"Q\n" +
 	"\rRangeMismatch\x12@\n" +
 	"\vdescriptors\x18\x01 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_hint\x18\x01 \x01(\x04R\n" +
-	"leaderHint\"\x92\x04\n" +
+	"leaderHint\"\xc6\x04\n" +
 	"\aCommand\x12/\n" +
 	"\x05lease\x18\x01 \x01(\v2\x17.terroir.range.LeaseCmdH\x00R\x05lease\x125\n" +
 	"\aprepare\x18\x02 \x01(\v2\x19.terroir.range.PrepareCmdH\x00R\aprepare\x122\n" +
@@ -3893,18 +4160,25 @@ const file_range_proto_rawDesc = "" +
 	"\x05merge\x18\b \x01(\v2\x17.terroir.range.MergeCmdH\x00R\x05merge\x12&\n" +
 	"\x02gc\x18\t \x01(\v2\x14.terroir.range.GCCmdH\x00R\x02gc\x127\n" +
 	"\x06closed\x18\n" +
-	" \x01(\v2\x1d.terroir.range.ClosedEpochCmdH\x00R\x06closedB\x05\n" +
-	"\x03cmd\"G\n" +
+	" \x01(\v2\x1d.terroir.range.ClosedEpochCmdH\x00R\x06closed\x122\n" +
+	"\x06rehome\x18\v \x01(\v2\x18.terroir.range.RehomeCmdH\x00R\x06rehomeB\x05\n" +
+	"\x03cmd\"p\n" +
+	"\tRehomeCmd\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
+	"\abarrier\x18\x02 \x01(\x04R\abarrier\x12\x19\n" +
+	"\bprev_seq\x18\x03 \x01(\x04R\aprevSeq\x12\x16\n" +
+	"\x06voters\x18\x04 \x03(\x04R\x06voters\"G\n" +
 	"\x0eClosedEpochCmd\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1f\n" +
 	"\vlease_start\x18\x02 \x01(\x04R\n" +
-	"leaseStart\"\xa0\x01\n" +
+	"leaseStart\"\xb8\x01\n" +
 	"\x05GCCmd\x12\x18\n" +
 	"\ahorizon\x18\x01 \x01(\x04R\ahorizon\x12)\n" +
 	"\x10regional_horizon\x18\x02 \x01(\x04R\x0fregionalHorizon\x12\x1b\n" +
 	"\tstart_key\x18\x03 \x01(\fR\bstartKey\x12\x19\n" +
 	"\bmax_keys\x18\x04 \x01(\rR\amaxKeys\x12\x1a\n" +
-	"\bregional\x18\x05 \x01(\bR\bregional\"R\n" +
+	"\bregional\x18\x05 \x01(\bR\bregional\x12\x16\n" +
+	"\x06region\x18\x06 \x01(\tR\x06region\"R\n" +
 	"\vGCThreshold\x12\x18\n" +
 	"\ahorizon\x18\x01 \x01(\x04R\ahorizon\x12)\n" +
 	"\x10regional_horizon\x18\x02 \x01(\x04R\x0fregionalHorizon\"\x85\x01\n" +
@@ -4112,7 +4386,8 @@ const file_range_proto_rawDesc = "" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xec\t\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xb3\n" +
+	"\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -4130,6 +4405,7 @@ const file_range_proto_rawDesc = "" +
 	"\rTransferLease\x12#.terroir.range.TransferLeaseRequest\x1a$.terroir.range.TransferLeaseResponse\x12T\n" +
 	"\vMoveReplica\x12!.terroir.range.MoveReplicaRequest\x1a\".terroir.range.MoveReplicaResponse\x12]\n" +
 	"\x0eChangeNonVoter\x12$.terroir.range.ChangeNonVoterRequest\x1a%.terroir.range.ChangeNonVoterResponse\x12E\n" +
+	"\x06Rehome\x12\x1c.terroir.range.RehomeRequest\x1a\x1d.terroir.range.RehomeResponse\x12E\n" +
 	"\x06Ranges\x12\x1c.terroir.range.RangesRequest\x1a\x1d.terroir.range.RangesResponse\x12T\n" +
 	"\vClosedEpoch\x12!.terroir.range.ClosedEpochRequest\x1a\".terroir.range.ClosedEpochResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
@@ -4146,7 +4422,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),                // 0: terroir.range.CommitMode
 	(*VersionID)(nil),              // 1: terroir.range.VersionID
@@ -4160,142 +4436,149 @@ var file_range_proto_goTypes = []any{
 	(*MoveReplicaResponse)(nil),    // 9: terroir.range.MoveReplicaResponse
 	(*ChangeNonVoterRequest)(nil),  // 10: terroir.range.ChangeNonVoterRequest
 	(*ChangeNonVoterResponse)(nil), // 11: terroir.range.ChangeNonVoterResponse
-	(*RangeMismatch)(nil),          // 12: terroir.range.RangeMismatch
-	(*NotLeader)(nil),              // 13: terroir.range.NotLeader
-	(*Command)(nil),                // 14: terroir.range.Command
-	(*ClosedEpochCmd)(nil),         // 15: terroir.range.ClosedEpochCmd
-	(*GCCmd)(nil),                  // 16: terroir.range.GCCmd
-	(*GCThreshold)(nil),            // 17: terroir.range.GCThreshold
-	(*SplitCmd)(nil),               // 18: terroir.range.SplitCmd
-	(*SubsumeCmd)(nil),             // 19: terroir.range.SubsumeCmd
-	(*MergeCmd)(nil),               // 20: terroir.range.MergeCmd
-	(*LeaseCmd)(nil),               // 21: terroir.range.LeaseCmd
-	(*PrepareCmd)(nil),             // 22: terroir.range.PrepareCmd
-	(*CommitCmd)(nil),              // 23: terroir.range.CommitCmd
-	(*AbortCmd)(nil),               // 24: terroir.range.AbortCmd
-	(*OnePhaseCmd)(nil),            // 25: terroir.range.OnePhaseCmd
-	(*PreparedRecord)(nil),         // 26: terroir.range.PreparedRecord
-	(*GetRequest)(nil),             // 27: terroir.range.GetRequest
-	(*GetResponse)(nil),            // 28: terroir.range.GetResponse
-	(*ScanRequest)(nil),            // 29: terroir.range.ScanRequest
-	(*ScanResponse)(nil),           // 30: terroir.range.ScanResponse
-	(*LockRequest)(nil),            // 31: terroir.range.LockRequest
-	(*LockResponse)(nil),           // 32: terroir.range.LockResponse
-	(*PrepareRequest)(nil),         // 33: terroir.range.PrepareRequest
-	(*PrepareResponse)(nil),        // 34: terroir.range.PrepareResponse
-	(*CommitRequest)(nil),          // 35: terroir.range.CommitRequest
-	(*CommitResponse)(nil),         // 36: terroir.range.CommitResponse
-	(*AbortRequest)(nil),           // 37: terroir.range.AbortRequest
-	(*AbortResponse)(nil),          // 38: terroir.range.AbortResponse
-	(*OnePhaseRequest)(nil),        // 39: terroir.range.OnePhaseRequest
-	(*OnePhaseResponse)(nil),       // 40: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),       // 41: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),      // 42: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),    // 43: terroir.range.SnapshotReadRequest
-	(*Change)(nil),                 // 44: terroir.range.Change
-	(*SnapshotReadResponse)(nil),   // 45: terroir.range.SnapshotReadResponse
-	(*ClosedEpochRequest)(nil),     // 46: terroir.range.ClosedEpochRequest
-	(*ClosedEpochResponse)(nil),    // 47: terroir.range.ClosedEpochResponse
-	(*AdminSplitRequest)(nil),      // 48: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),     // 49: terroir.range.AdminSplitResponse
-	(*TransferLeaseRequest)(nil),   // 50: terroir.range.TransferLeaseRequest
-	(*TransferLeaseResponse)(nil),  // 51: terroir.range.TransferLeaseResponse
-	(*AdminMergeRequest)(nil),      // 52: terroir.range.AdminMergeRequest
-	(*AdminMergeResponse)(nil),     // 53: terroir.range.AdminMergeResponse
-	(*RangeStatus)(nil),            // 54: terroir.range.RangeStatus
-	(*RangesRequest)(nil),          // 55: terroir.range.RangesRequest
-	(*RangesResponse)(nil),         // 56: terroir.range.RangesResponse
+	(*RehomeRequest)(nil),          // 12: terroir.range.RehomeRequest
+	(*RehomeResponse)(nil),         // 13: terroir.range.RehomeResponse
+	(*RangeMismatch)(nil),          // 14: terroir.range.RangeMismatch
+	(*NotLeader)(nil),              // 15: terroir.range.NotLeader
+	(*Command)(nil),                // 16: terroir.range.Command
+	(*RehomeCmd)(nil),              // 17: terroir.range.RehomeCmd
+	(*ClosedEpochCmd)(nil),         // 18: terroir.range.ClosedEpochCmd
+	(*GCCmd)(nil),                  // 19: terroir.range.GCCmd
+	(*GCThreshold)(nil),            // 20: terroir.range.GCThreshold
+	(*SplitCmd)(nil),               // 21: terroir.range.SplitCmd
+	(*SubsumeCmd)(nil),             // 22: terroir.range.SubsumeCmd
+	(*MergeCmd)(nil),               // 23: terroir.range.MergeCmd
+	(*LeaseCmd)(nil),               // 24: terroir.range.LeaseCmd
+	(*PrepareCmd)(nil),             // 25: terroir.range.PrepareCmd
+	(*CommitCmd)(nil),              // 26: terroir.range.CommitCmd
+	(*AbortCmd)(nil),               // 27: terroir.range.AbortCmd
+	(*OnePhaseCmd)(nil),            // 28: terroir.range.OnePhaseCmd
+	(*PreparedRecord)(nil),         // 29: terroir.range.PreparedRecord
+	(*GetRequest)(nil),             // 30: terroir.range.GetRequest
+	(*GetResponse)(nil),            // 31: terroir.range.GetResponse
+	(*ScanRequest)(nil),            // 32: terroir.range.ScanRequest
+	(*ScanResponse)(nil),           // 33: terroir.range.ScanResponse
+	(*LockRequest)(nil),            // 34: terroir.range.LockRequest
+	(*LockResponse)(nil),           // 35: terroir.range.LockResponse
+	(*PrepareRequest)(nil),         // 36: terroir.range.PrepareRequest
+	(*PrepareResponse)(nil),        // 37: terroir.range.PrepareResponse
+	(*CommitRequest)(nil),          // 38: terroir.range.CommitRequest
+	(*CommitResponse)(nil),         // 39: terroir.range.CommitResponse
+	(*AbortRequest)(nil),           // 40: terroir.range.AbortRequest
+	(*AbortResponse)(nil),          // 41: terroir.range.AbortResponse
+	(*OnePhaseRequest)(nil),        // 42: terroir.range.OnePhaseRequest
+	(*OnePhaseResponse)(nil),       // 43: terroir.range.OnePhaseResponse
+	(*HeartbeatRequest)(nil),       // 44: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),      // 45: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),    // 46: terroir.range.SnapshotReadRequest
+	(*Change)(nil),                 // 47: terroir.range.Change
+	(*SnapshotReadResponse)(nil),   // 48: terroir.range.SnapshotReadResponse
+	(*ClosedEpochRequest)(nil),     // 49: terroir.range.ClosedEpochRequest
+	(*ClosedEpochResponse)(nil),    // 50: terroir.range.ClosedEpochResponse
+	(*AdminSplitRequest)(nil),      // 51: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),     // 52: terroir.range.AdminSplitResponse
+	(*TransferLeaseRequest)(nil),   // 53: terroir.range.TransferLeaseRequest
+	(*TransferLeaseResponse)(nil),  // 54: terroir.range.TransferLeaseResponse
+	(*AdminMergeRequest)(nil),      // 55: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),     // 56: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),            // 57: terroir.range.RangeStatus
+	(*RangesRequest)(nil),          // 58: terroir.range.RangesRequest
+	(*RangesResponse)(nil),         // 59: terroir.range.RangesResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
 	6,  // 1: terroir.range.MoveReplicaResponse.range_descriptor:type_name -> terroir.range.RangeDescriptor
 	6,  // 2: terroir.range.ChangeNonVoterResponse.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	6,  // 3: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
-	21, // 4: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
-	22, // 5: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
-	23, // 6: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
-	24, // 7: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
-	25, // 8: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
-	18, // 9: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
-	19, // 10: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
-	20, // 11: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
-	16, // 12: terroir.range.Command.gc:type_name -> terroir.range.GCCmd
-	15, // 13: terroir.range.Command.closed:type_name -> terroir.range.ClosedEpochCmd
-	6,  // 14: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
-	26, // 15: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
-	17, // 16: terroir.range.MergeCmd.right_gc:type_name -> terroir.range.GCThreshold
-	3,  // 17: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
-	2,  // 18: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
-	4,  // 19: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
-	1,  // 20: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
-	1,  // 21: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
-	4,  // 22: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
-	1,  // 23: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
-	1,  // 24: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
-	2,  // 25: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
-	4,  // 26: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
-	2,  // 27: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 28: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
-	5,  // 29: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
-	2,  // 30: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
-	2,  // 31: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 32: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
-	3,  // 33: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
-	1,  // 34: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
-	1,  // 35: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
-	1,  // 36: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
-	1,  // 37: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
-	6,  // 38: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
-	2,  // 39: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
-	4,  // 40: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
-	1,  // 41: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	1,  // 42: terroir.range.Change.version:type_name -> terroir.range.VersionID
-	5,  // 43: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	44, // 44: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
-	6,  // 45: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 46: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	3,  // 47: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
-	6,  // 48: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 49: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 50: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	54, // 51: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	27, // 52: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	29, // 53: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	31, // 54: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	33, // 55: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	35, // 56: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	37, // 57: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	39, // 58: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	43, // 59: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	41, // 60: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	48, // 61: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	52, // 62: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	50, // 63: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
-	8,  // 64: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
-	10, // 65: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
-	55, // 66: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	46, // 67: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
-	28, // 68: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	30, // 69: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	32, // 70: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	34, // 71: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	36, // 72: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	38, // 73: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	40, // 74: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	45, // 75: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	42, // 76: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	49, // 77: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	53, // 78: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	51, // 79: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
-	9,  // 80: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
-	11, // 81: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
-	56, // 82: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	47, // 83: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
-	68, // [68:84] is the sub-list for method output_type
-	52, // [52:68] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	6,  // 3: terroir.range.RehomeResponse.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	6,  // 4: terroir.range.RangeMismatch.descriptors:type_name -> terroir.range.RangeDescriptor
+	24, // 5: terroir.range.Command.lease:type_name -> terroir.range.LeaseCmd
+	25, // 6: terroir.range.Command.prepare:type_name -> terroir.range.PrepareCmd
+	26, // 7: terroir.range.Command.commit:type_name -> terroir.range.CommitCmd
+	27, // 8: terroir.range.Command.abort:type_name -> terroir.range.AbortCmd
+	28, // 9: terroir.range.Command.one_phase:type_name -> terroir.range.OnePhaseCmd
+	21, // 10: terroir.range.Command.split:type_name -> terroir.range.SplitCmd
+	22, // 11: terroir.range.Command.subsume:type_name -> terroir.range.SubsumeCmd
+	23, // 12: terroir.range.Command.merge:type_name -> terroir.range.MergeCmd
+	19, // 13: terroir.range.Command.gc:type_name -> terroir.range.GCCmd
+	18, // 14: terroir.range.Command.closed:type_name -> terroir.range.ClosedEpochCmd
+	17, // 15: terroir.range.Command.rehome:type_name -> terroir.range.RehomeCmd
+	6,  // 16: terroir.range.MergeCmd.right:type_name -> terroir.range.RangeDescriptor
+	29, // 17: terroir.range.MergeCmd.right_prepared:type_name -> terroir.range.PreparedRecord
+	20, // 18: terroir.range.MergeCmd.right_gc:type_name -> terroir.range.GCThreshold
+	3,  // 19: terroir.range.LeaseCmd.lease:type_name -> terroir.range.Lease
+	2,  // 20: terroir.range.PrepareCmd.txn:type_name -> terroir.range.TxnMeta
+	4,  // 21: terroir.range.PrepareCmd.writes:type_name -> terroir.range.Write
+	1,  // 22: terroir.range.CommitCmd.version:type_name -> terroir.range.VersionID
+	1,  // 23: terroir.range.CommitCmd.regional_version:type_name -> terroir.range.VersionID
+	4,  // 24: terroir.range.OnePhaseCmd.writes:type_name -> terroir.range.Write
+	1,  // 25: terroir.range.OnePhaseCmd.version:type_name -> terroir.range.VersionID
+	1,  // 26: terroir.range.OnePhaseCmd.regional_version:type_name -> terroir.range.VersionID
+	2,  // 27: terroir.range.PreparedRecord.txn:type_name -> terroir.range.TxnMeta
+	4,  // 28: terroir.range.PreparedRecord.writes:type_name -> terroir.range.Write
+	2,  // 29: terroir.range.GetRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 30: terroir.range.ScanRequest.txn:type_name -> terroir.range.TxnMeta
+	5,  // 31: terroir.range.ScanResponse.kvs:type_name -> terroir.range.KeyValue
+	2,  // 32: terroir.range.LockRequest.txn:type_name -> terroir.range.TxnMeta
+	2,  // 33: terroir.range.PrepareRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 34: terroir.range.PrepareRequest.writes:type_name -> terroir.range.Write
+	3,  // 35: terroir.range.PrepareResponse.lease:type_name -> terroir.range.Lease
+	1,  // 36: terroir.range.PrepareResponse.max_version:type_name -> terroir.range.VersionID
+	1,  // 37: terroir.range.PrepareResponse.max_regional_version:type_name -> terroir.range.VersionID
+	1,  // 38: terroir.range.CommitRequest.version:type_name -> terroir.range.VersionID
+	1,  // 39: terroir.range.CommitRequest.regional_version:type_name -> terroir.range.VersionID
+	6,  // 40: terroir.range.AbortResponse.descriptors:type_name -> terroir.range.RangeDescriptor
+	2,  // 41: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
+	4,  // 42: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
+	1,  // 43: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
+	1,  // 44: terroir.range.Change.version:type_name -> terroir.range.VersionID
+	5,  // 45: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	47, // 46: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
+	6,  // 47: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 48: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	3,  // 49: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
+	6,  // 50: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 51: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 52: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	57, // 53: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	30, // 54: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	32, // 55: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	34, // 56: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	36, // 57: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	38, // 58: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	40, // 59: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	42, // 60: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	46, // 61: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	44, // 62: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	51, // 63: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	55, // 64: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	53, // 65: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
+	8,  // 66: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
+	10, // 67: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
+	12, // 68: terroir.range.Range.Rehome:input_type -> terroir.range.RehomeRequest
+	58, // 69: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	49, // 70: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
+	31, // 71: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	33, // 72: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	35, // 73: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	37, // 74: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	39, // 75: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	41, // 76: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	43, // 77: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	48, // 78: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	45, // 79: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	52, // 80: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	56, // 81: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	54, // 82: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
+	9,  // 83: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
+	11, // 84: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
+	13, // 85: terroir.range.Range.Rehome:output_type -> terroir.range.RehomeResponse
+	59, // 86: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	50, // 87: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
+	71, // [71:88] is the sub-list for method output_type
+	54, // [54:71] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -4303,7 +4586,7 @@ func file_range_proto_init() {
 	if File_range_proto != nil {
 		return
 	}
-	file_range_proto_msgTypes[13].OneofWrappers = []any{
+	file_range_proto_msgTypes[15].OneofWrappers = []any{
 		(*Command_Lease)(nil),
 		(*Command_Prepare)(nil),
 		(*Command_Commit)(nil),
@@ -4314,6 +4597,7 @@ func file_range_proto_init() {
 		(*Command_Merge)(nil),
 		(*Command_Gc)(nil),
 		(*Command_Closed)(nil),
+		(*Command_Rehome)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4321,7 +4605,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   56,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,7 @@ const (
 	Range_TransferLease_FullMethodName  = "/terroir.range.Range/TransferLease"
 	Range_MoveReplica_FullMethodName    = "/terroir.range.Range/MoveReplica"
 	Range_ChangeNonVoter_FullMethodName = "/terroir.range.Range/ChangeNonVoter"
+	Range_Rehome_FullMethodName         = "/terroir.range.Range/Rehome"
 	Range_Ranges_FullMethodName         = "/terroir.range.Range/Ranges"
 	Range_ClosedEpoch_FullMethodName    = "/terroir.range.Range/ClosedEpoch"
 )
@@ -70,6 +71,10 @@ type RangeClient interface {
 	// its leaseholder (DESIGN.md §13): a learner that stays one, in any
 	// region, serving snapshot reads from the closed epoch.
 	ChangeNonVoter(ctx context.Context, in *ChangeNonVoterRequest, opts ...grpc.CallOption) (*ChangeNonVoterResponse, error)
+	// Rehome moves the range's home to another region, at its leaseholder
+	// (DESIGN.md §13): replicas there, the lease ended by a Raft entry with
+	// the rehome barrier, the voters moved, the directories told.
+	Rehome(ctx context.Context, in *RehomeRequest, opts ...grpc.CallOption) (*RehomeResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error)
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
@@ -225,6 +230,16 @@ func (c *rangeClient) ChangeNonVoter(ctx context.Context, in *ChangeNonVoterRequ
 	return out, nil
 }
 
+func (c *rangeClient) Rehome(ctx context.Context, in *RehomeRequest, opts ...grpc.CallOption) (*RehomeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RehomeResponse)
+	err := c.cc.Invoke(ctx, Range_Rehome_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *rangeClient) Ranges(ctx context.Context, in *RangesRequest, opts ...grpc.CallOption) (*RangesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RangesResponse)
@@ -275,6 +290,10 @@ type RangeServer interface {
 	// its leaseholder (DESIGN.md §13): a learner that stays one, in any
 	// region, serving snapshot reads from the closed epoch.
 	ChangeNonVoter(context.Context, *ChangeNonVoterRequest) (*ChangeNonVoterResponse, error)
+	// Rehome moves the range's home to another region, at its leaseholder
+	// (DESIGN.md §13): replicas there, the lease ended by a Raft entry with
+	// the rehome barrier, the voters moved, the directories told.
+	Rehome(context.Context, *RehomeRequest) (*RehomeResponse, error)
 	// Ranges reports every range replica the node hosts.
 	Ranges(context.Context, *RangesRequest) (*RangesResponse, error)
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
@@ -331,6 +350,9 @@ func (UnimplementedRangeServer) MoveReplica(context.Context, *MoveReplicaRequest
 }
 func (UnimplementedRangeServer) ChangeNonVoter(context.Context, *ChangeNonVoterRequest) (*ChangeNonVoterResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ChangeNonVoter not implemented")
+}
+func (UnimplementedRangeServer) Rehome(context.Context, *RehomeRequest) (*RehomeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Rehome not implemented")
 }
 func (UnimplementedRangeServer) Ranges(context.Context, *RangesRequest) (*RangesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ranges not implemented")
@@ -611,6 +633,24 @@ func _Range_ChangeNonVoter_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_Rehome_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RehomeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).Rehome(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_Rehome_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).Rehome(ctx, req.(*RehomeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Range_Ranges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RangesRequest)
 	if err := dec(in); err != nil {
@@ -709,6 +749,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ChangeNonVoter",
 			Handler:    _Range_ChangeNonVoter_Handler,
+		},
+		{
+			MethodName: "Rehome",
+			Handler:    _Range_Rehome_Handler,
 		},
 		{
 			MethodName: "Ranges",
