@@ -234,12 +234,12 @@ type Replica struct {
 	deciders func(txnStateGroup uint64) Decider
 	cfg      Config
 
-	lastEpoch   atomic.Uint64 // the newest local epoch this replica has read
-	load        *loadTracker
-	splits      splitQueue
-	gcq         gcQueue
-	reshaped    atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
-	closePaused atomic.Bool  // PauseClosing
+	lastEpoch     atomic.Uint64 // the newest local epoch this replica has read
+	load          *loadTracker
+	splits        splitQueue
+	gcq           gcQueue
+	reshaped      atomic.Int64 // Unix ns of the replica's start or its range's last split or merge
+	closePaused   atomic.Bool  // PauseClosing
 	rehoming      atomic.Bool  // finishRehome under way
 	rehomeRetryAt atomic.Int64 // Unix ns before which finishRehome does not try again
 
