@@ -49,6 +49,7 @@ const (
 	faultMoveNonVoter  = "move a non-voting replica to another node of its region under load"
 	faultCutNonVoter   = "cut off the region of a non-voting replica; once healed it must serve again"
 	faultPlacement     = "change a placement rule under load"
+	faultRehome        = "rehome a range to another region under load"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
@@ -56,7 +57,7 @@ var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultD
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
 	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
-	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement}
+	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -359,6 +360,11 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				continue
 			}
 			heal = func() error { net.Heal(); return nil }
+		case faultRehome:
+			if !cp.rehomeRange(ctx, r, dbs[r.IntN(len(dbs))], ranges) {
+				continue
+			}
+			heal = func() error { return nil }
 		case faultMoveNonVoter:
 			if !cp.moveNonVoter(ctx, r, dbs[r.IntN(len(dbs))], ranges) {
 				continue

@@ -188,6 +188,16 @@ func (c *regionCluster) AddNonVoter(ctx context.Context, key []byte, to uint64) 
 	return err
 }
 
+// Rehome implements rebalance.Cluster.
+func (c *regionCluster) Rehome(ctx context.Context, key []byte, region string) error {
+	co, err := c.coordinator()
+	if err != nil {
+		return err
+	}
+	_, _, err = co.Rehome(ctx, key, region)
+	return err
+}
+
 // MoveGroupReplica implements rebalance.Cluster.
 func (c *regionCluster) MoveGroupReplica(ctx context.Context, group, from, to uint64) error {
 	_, err := admin.MoveGroupReplica(ctx, c.n.dialer, c.n.cfg.Topology, group, from, to)

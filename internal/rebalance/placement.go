@@ -15,8 +15,9 @@ import (
 // there, and a range inside a global rule's span homed here gets a
 // non-voting replica on a live node of every other region with data that
 // has none. A range the queue changes already waits; non-voters count
-// against MaxMoves. bounds are the spans' bounds: no merge may join ranges
-// across one. Moving a span homed elsewhere (rehoming) is not planned here.
+// against MaxMoves. A range homed here inside a span a rule homes in another
+// region is rehomed there (a rehome counts as a move). bounds are the
+// spans' bounds: no merge may join ranges across one.
 func placementSteps(v View, ranges []*pb.RangeDescriptor, settled func(*pb.RangeDescriptor) bool, moves int, cfg Config) (out []Action, bounds map[string]bool) {
 	bounds = map[string]bool{}
 	regions := []string{v.Region}
@@ -45,14 +46,31 @@ func placementSteps(v View, ranges []*pb.RangeDescriptor, settled func(*pb.Range
 			}
 		}
 	}
+	// A range inside a span homed elsewhere moves there, once it lies
+	// inside the span (after the split above).
+	for _, rule := range v.Placement {
+		for _, sp := range placement.Spans(rule, regions) {
+			if sp.Home == v.Region {
+				continue
+			}
+			for _, d := range ranges {
+				if !inside(d, sp) || !settled(d) || split[d.GetRangeId()] || moves >= cfg.MaxMoves {
+					continue
+				}
+				out = append(out, Action{Kind: Rehome, Range: d, Home: sp.Home,
+					Why: fmt.Sprintf("the rule on %q homes [%q, %q) in %s", rule.GetPrefix(), sp.Start, sp.End, sp.Home)})
+				split[d.GetRangeId()] = true
+				moves++
+			}
+		}
+	}
 	for _, rule := range v.Placement {
 		if rule.GetKind() != directorypb.PlacementKind_PLACEMENT_GLOBAL || rule.GetHome() != v.Region {
 			continue
 		}
 		for _, sp := range placement.Spans(rule, regions) {
 			for _, d := range ranges {
-				inside := bytes.Compare(sp.Start, d.GetStartKey()) <= 0 && sp.End != nil && len(d.GetEndKey()) > 0 && bytes.Compare(d.GetEndKey(), sp.End) <= 0
-				if !inside || !settled(d) || split[d.GetRangeId()] || moves >= cfg.MaxMoves {
+				if !inside(d, sp) || !settled(d) || split[d.GetRangeId()] || moves >= cfg.MaxMoves {
 					continue
 				}
 				for _, region := range regions {
@@ -73,4 +91,9 @@ func placementSteps(v View, ranges []*pb.RangeDescriptor, settled func(*pb.Range
 		}
 	}
 	return out, bounds
+}
+
+// inside reports whether d's span lies inside sp.
+func inside(d *pb.RangeDescriptor, sp placement.Span) bool {
+	return bytes.Compare(sp.Start, d.GetStartKey()) <= 0 && sp.End != nil && len(d.GetEndKey()) > 0 && bytes.Compare(d.GetEndKey(), sp.End) <= 0
 }

@@ -42,12 +42,15 @@ const (
 	// AddNonVoter adds a non-voting replica of the range on node To, in
 	// another region, as a global placement rule asks.
 	AddNonVoter
+	// Rehome moves the range's home to region Home, as a placement rule
+	// asks (DESIGN.md §13).
+	Rehome
 
 	numKinds = iota
 )
 
 // Kinds lists every Kind.
-var Kinds = []Kind{Move, Transfer, Gone, MoveGroup, MoveNonVoter, Split, AddNonVoter}
+var Kinds = []Kind{Move, Transfer, Gone, MoveGroup, MoveNonVoter, Split, AddNonVoter, Rehome}
 
 // Action is one step of a plan.
 type Action struct {
@@ -55,6 +58,7 @@ type Action struct {
 	Range    *pb.RangeDescriptor // nil for Gone and MoveGroup
 	Group    uint64              // MoveGroup's group
 	Key      []byte              // Split's split key
+	Home     string              // Rehome's region
 	From, To uint64
 	// Why says what the step is for, for the log.
 	Why string
@@ -218,7 +222,9 @@ func Plan(v View, cfg Config) []Action {
 	replicaCount := func(n *node) int { return n.replicas }
 	// A learner a failed move left does not hold a range back: its next
 	// move removes it first. A range the queue changes already waits.
-	settled := func(d *pb.RangeDescriptor) bool { return !d.GetSubsumed() && !v.InFlight.Ranges[d.GetRangeId()] }
+	settled := func(d *pb.RangeDescriptor) bool {
+		return !d.GetSubsumed() && len(d.GetRehomeVoters()) == 0 && !v.InFlight.Ranges[d.GetRangeId()]
+	}
 
 	moving := map[uint64]bool{} // ranges this plan changes already: one change per range
 	// Replicas off draining nodes.
@@ -500,7 +506,7 @@ func mergePairs(ranges []*pb.RangeDescriptor, load map[uint64]Load, cfg Config) 
 // replica move, or a group's for balance (a group's moves to drain are
 // few and small, and go first).
 func (a Action) streams() bool {
-	return a.Kind == Move || a.Kind == MoveNonVoter || a.Kind == AddNonVoter || a.Kind == MoveGroup && a.Balance
+	return a.Kind == Move || a.Kind == MoveNonVoter || a.Kind == AddNonVoter || a.Kind == Rehome || a.Kind == MoveGroup && a.Balance
 }
 
 func drainWhy(n *node) string {
@@ -570,6 +576,8 @@ func (k Kind) String() string {
 		return "split"
 	case AddNonVoter:
 		return "add non-voter"
+	case Rehome:
+		return "rehome"
 	}
 	return "unknown"
 }

@@ -380,6 +380,18 @@ func TestPlanFollowsPlacementRules(t *testing.T) {
 	if got := show(Plan(v, cfg)); len(got) != 0 {
 		t.Fatalf("matched: plan %v, want nothing (no merge across the rule's bounds)", got)
 	}
+	// A home rule for the span in us-west1 rehomes the range inside it
+	// there, and no other; one mid-rehome (naming its new voters) is left alone.
+	v.Placement = []*directorypb.PlacementRule{{Prefix: []byte("b/cfg/"), Kind: directorypb.PlacementKind_PLACEMENT_HOME, Home: "us-west1"}}
+	if got := Plan(v, cfg); len(got) != 1 || got[0].Kind != Rehome || got[0].Range.GetRangeId() != 101 || got[0].Home != "us-west1" {
+		t.Fatalf("a home rule in us-west1: plan %v, want range 101 rehomed to us-west1", show(got))
+	}
+	mid.RehomeVoters = []uint64{4, 5, 6}
+	if got := Plan(v, cfg); slices.ContainsFunc(got, func(a Action) bool { return a.Range.GetRangeId() == 101 }) {
+		t.Fatalf("range 101 mid-rehome: plan %v, want nothing for it", show(got))
+	}
+	mid.RehomeVoters = nil
+	v.Placement = []*directorypb.PlacementRule{rule}
 	// Without the rule, the neighbours would merge.
 	v.Placement = nil
 	mid.NonVoters = nil

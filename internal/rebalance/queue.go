@@ -36,6 +36,8 @@ type Cluster interface {
 	// non-voting replica of it on node to (DESIGN.md §13).
 	Split(ctx context.Context, key []byte) error
 	AddNonVoter(ctx context.Context, key []byte, to uint64) error
+	// Rehome moves the home of the range holding key to region.
+	Rehome(ctx context.Context, key []byte, region string) error
 }
 
 // QueueConfig sets the queue's pace.
@@ -84,7 +86,7 @@ type flight struct {
 
 func flightOf(a Action) flight {
 	switch a.Kind {
-	case Move, Transfer, MoveNonVoter, Split, AddNonVoter:
+	case Move, Transfer, MoveNonVoter, Split, AddNonVoter, Rehome:
 		return flight{Move, a.Range.GetRangeId()}
 	case MoveGroup:
 		return flight{MoveGroup, a.Group}
@@ -210,6 +212,8 @@ func (q *Queue) start(ctx context.Context, a Action) {
 			err = q.c.Split(actx, a.Key)
 		case AddNonVoter:
 			err = q.c.AddNonVoter(actx, a.Range.GetStartKey(), a.To)
+		case Rehome:
+			err = q.c.Rehome(actx, a.Range.GetStartKey(), a.Home)
 		}
 		q.count(a, err)
 		if err != nil {

@@ -88,6 +88,11 @@ func (f *fakeCluster) AddNonVoter(_ context.Context, _ []byte, to uint64) error 
 	return nil
 }
 
+func (f *fakeCluster) Rehome(_ context.Context, _ []byte, region string) error {
+	f.step(Action{Kind: Rehome, Home: region})
+	return nil
+}
+
 func (f *fakeCluster) MarkGone(_ context.Context, id uint64) error {
 	f.step(Action{Kind: Gone, From: id})
 	return nil
