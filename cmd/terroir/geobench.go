@@ -37,7 +37,9 @@ func benchGeoCmd() *cobra.Command {
 			"client in SerializableStale and Strong snapshots: served by the local non-voter (follower reads\n" +
 			"preferred) and by the leader (follower reads off), in alternating rounds of --duration. It prints\n" +
 			"P50/P99 of each, the share the non-voter served, and the closed-epoch lag P50/P99 (epochs) at\n" +
-			"the leader and the non-voter, sampled every 20 ms.",
+			"the leader and the non-voter, sampled every 20 ms. Last, while writers in both regions update\n" +
+			"keys of us-east1's range [g, m), it rehomes that range to us-west1 and prints each region's\n" +
+			"write P50/P99 before, during and after, and how long the rehome took.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			return runGeoBench(&f, rounds, readers, writers)
@@ -189,7 +191,9 @@ func runGeoBench(f *benchFlags, rounds, readers, writers int) error {
 		lagLeader.ValueAtQuantile(50), lagLeader.ValueAtQuantile(99), lagLeader.TotalCount())
 	fmt.Printf("closed-epoch lag (epochs), non-voter on node %d: P50 %d  P99 %d  (%d samples)\n", nonVoter,
 		lagNonVoter.ValueAtQuantile(50), lagNonVoter.ValueAtQuantile(99), lagNonVoter.TotalCount())
-	return nil
+	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer rcancel()
+	return benchRehome(rctx, map[string]*client.DB{home: east, away: west}, home, away, writers, f.duration)
 }
 
 // firstNodeOf is the lowest-numbered node of region.

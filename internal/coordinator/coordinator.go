@@ -269,7 +269,7 @@ func (c *Coordinator) Begin(priority uint64) *Txn {
 	if priority == 0 {
 		priority = c.priority()
 	}
-	meta := &pb.TxnMeta{Id: id, Priority: priority, TxnStateGroup: c.stateID}
+	meta := &pb.TxnMeta{Id: id, Priority: priority, TxnStateGroup: c.stateID, Region: c.region}
 	if m := c.mode.Load(); m != nil {
 		switch {
 		case m.Naive:

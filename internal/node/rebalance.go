@@ -86,7 +86,7 @@ func (c *regionCluster) View(ctx context.Context) (rebalance.View, error) {
 		for _, st := range sts {
 			if st.GetLeader() {
 				v.Leases[st.GetRangeDescriptor().GetRangeId()] = id
-				v.Load[st.GetRangeDescriptor().GetRangeId()] = rebalance.Load{Bytes: st.GetSizeBytes(), QPS: st.GetQps()}
+				v.Load[st.GetRangeDescriptor().GetRangeId()] = rebalance.Load{Bytes: st.GetSizeBytes(), QPS: st.GetQps(), Writes: st.GetWritesByRegion()}
 			}
 		}
 	}

@@ -63,6 +63,7 @@ func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Wr
 		if err := r.propose(ctx, cmd); err != nil {
 			return nil, err
 		}
+		r.load.recordWrite(meta.GetRegion())
 	}
 	if cur, _ := r.leader(); cur != l {
 		return nil, ErrLocksLost
@@ -206,6 +207,9 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 		time.Sleep(time.Duration(meta.GetCommitWaitUs()) * time.Microsecond)
 	}
 	l.txns.release(meta.GetId(), ver.GetEpoch())
+	if len(writes) > 0 {
+		r.load.recordWrite(meta.GetRegion())
+	}
 	return ver, nil
 }
 

@@ -2,6 +2,7 @@ package rangeserver
 
 import (
 	"bytes"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -31,6 +32,8 @@ type loadTracker struct {
 	sampling    time.Time
 	seen        int64 // requests offered to the reservoir since sampling began
 	samples     []loadSample
+	writes      map[string]int64   // write transactions committed in the current window, by coordinator region
+	writeRates  map[string]float64 // per second over the last complete window
 }
 
 // loadSample is a sampled request key and the requests on either side of it.
@@ -47,10 +50,18 @@ func newLoadTracker(now func() time.Time, hot float64) *loadTracker {
 func (lt *loadTracker) roll(now time.Time) {
 	if d := now.Sub(lt.windowStart); d >= loadWindow {
 		lt.rate = float64(lt.count) / d.Seconds()
+		lt.writeRates = nil
+		for region, n := range lt.writes {
+			if lt.writeRates == nil {
+				lt.writeRates = map[string]float64{}
+			}
+			lt.writeRates[region] = float64(n) / d.Seconds()
+		}
 		if d >= 2*loadWindow {
-			lt.rate = 0 // a whole window went by without a request
+			lt.rate, lt.writeRates = 0, nil // a whole window went by without a request
 		}
 		lt.count, lt.windowStart = 0, now
+		clear(lt.writes)
 		hot := lt.hot > 0 && lt.rate >= lt.hot
 		switch {
 		case hot && lt.sampling.IsZero():
@@ -85,6 +96,30 @@ func (lt *loadTracker) record(key []byte) {
 	} else if i := rand.Int64N(lt.seen); i < loadSamples {
 		lt.samples[i] = loadSample{key: append([]byte(nil), key...)}
 	}
+}
+
+// recordWrite counts one write transaction committed here whose
+// coordinator is in region ("" is not counted).
+func (lt *loadTracker) recordWrite(region string) {
+	if region == "" {
+		return
+	}
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	lt.roll(lt.now())
+	if lt.writes == nil {
+		lt.writes = map[string]int64{}
+	}
+	lt.writes[region]++
+}
+
+// WriteRates returns the write transactions per second committed here over
+// the last complete window, by coordinator region (nil: none).
+func (lt *loadTracker) WriteRates() map[string]float64 {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	lt.roll(lt.now())
+	return maps.Clone(lt.writeRates)
 }
 
 // reset forgets the samples (the range changed shape); the rate stays.

@@ -293,6 +293,7 @@ func (r *Replica) Status() *pb.RangeStatus {
 	st.SizeBytes, _ = r.sm.Size()
 	if l, err := r.leader(); err == nil {
 		st.Leader, st.Qps, st.Locks = true, r.load.QPS(), uint32(l.txns.locks.Len())
+		st.WritesByRegion = r.load.WriteRates()
 	}
 	return st
 }

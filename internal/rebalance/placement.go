@@ -64,6 +64,15 @@ func placementSteps(v View, ranges []*pb.RangeDescriptor, settled func(*pb.Range
 			}
 		}
 	}
+	if cfg.AutoRehome {
+		for _, a := range autoRehomeSteps(v, ranges, regions, func(d *pb.RangeDescriptor) bool {
+			return settled(d) && !split[d.GetRangeId()] && moves < cfg.MaxMoves
+		}) {
+			out = append(out, a)
+			split[a.Range.GetRangeId()] = true
+			moves++
+		}
+	}
 	for _, rule := range v.Placement {
 		if rule.GetKind() != directorypb.PlacementKind_PLACEMENT_GLOBAL || rule.GetHome() != v.Region {
 			continue
@@ -96,4 +105,53 @@ func placementSteps(v View, ranges []*pb.RangeDescriptor, settled func(*pb.Range
 // inside reports whether d's span lies inside sp.
 func inside(d *pb.RangeDescriptor, sp placement.Span) bool {
 	return bytes.Compare(sp.Start, d.GetStartKey()) <= 0 && sp.End != nil && len(d.GetEndKey()) > 0 && bytes.Compare(d.GetEndKey(), sp.End) <= 0
+}
+
+// Automatic rehoming (DESIGN.md §13): a range whose writes come mostly
+// from one other region moves there.
+const (
+	// AutoRehomeShare is the least share of a range's write transactions
+	// that must come from one other region.
+	AutoRehomeShare = 0.75
+	// AutoRehomeMinRate is the least rate of them, per second: a range
+	// written rarely stays where it is.
+	AutoRehomeMinRate = 1.0
+)
+
+// autoRehomeSteps returns a Rehome for each range of ranges that may
+// change (ok) and is under no placement rule, at least AutoRehomeShare
+// and AutoRehomeMinRate of whose writes come from another data region of
+// regions.
+func autoRehomeSteps(v View, ranges []*pb.RangeDescriptor, regions []string, ok func(*pb.RangeDescriptor) bool) []Action {
+	var out []Action
+	for _, d := range ranges {
+		if !ok(d) || ruled(v.Placement, regions, d) {
+			continue
+		}
+		w := v.Load[d.GetRangeId()].Writes
+		var total float64
+		for _, rate := range w {
+			total += rate
+		}
+		for _, region := range regions {
+			if rate := w[region]; region != v.Region && rate >= AutoRehomeMinRate && rate >= AutoRehomeShare*total {
+				out = append(out, Action{Kind: Rehome, Range: d, Home: region, Auto: true,
+					Why: fmt.Sprintf("%.0f%% of its %.1f writes/s come from %s", 100*rate/total, total, region)})
+				break
+			}
+		}
+	}
+	return out
+}
+
+// ruled reports whether a span of a placement rule overlaps d.
+func ruled(rules []*directorypb.PlacementRule, regions []string, d *pb.RangeDescriptor) bool {
+	for _, rule := range rules {
+		for _, sp := range placement.Spans(rule, regions) {
+			if (sp.End == nil || bytes.Compare(d.GetStartKey(), sp.End) < 0) && (len(d.GetEndKey()) == 0 || bytes.Compare(sp.Start, d.GetEndKey()) < 0) {
+				return true
+			}
+		}
+	}
+	return false
 }

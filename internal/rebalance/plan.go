@@ -62,6 +62,9 @@ type Action struct {
 	From, To uint64
 	// Why says what the step is for, for the log.
 	Why string
+	// Auto: a Rehome that follows where the range's writes come from,
+	// rather than a placement rule.
+	Auto bool
 	// Balance: the step evens counts out (rather than draining a node);
 	// a lease transfer for balance waits for a moment the range holds no
 	// locks, and only once the imbalance has lasted (QueueConfig.LeaseSettle).
@@ -99,6 +102,9 @@ type View struct {
 type Load struct {
 	Bytes uint64
 	QPS   float64
+	// Writes are the write transactions per second the leader committed,
+	// by their coordinator's region (automatic rehoming, DESIGN.md §13).
+	Writes map[string]float64
 }
 
 // InFlight is what the queue's earlier plans are still changing: a plan
@@ -136,6 +142,10 @@ type Config struct {
 	// the same nodes, where their leader merges them (DESIGN.md §11).
 	MergeSize uint64
 	MergeQPS  float64
+	// AutoRehome: plan to rehome a range most of whose writes come from
+	// another region (autoRehomeSteps); the queue carries such a step out
+	// only once it has been planned for QueueConfig.AutoRehomeAfter.
+	AutoRehome bool
 }
 
 // maxDrainTransfers bounds the lease transfers off draining nodes in one

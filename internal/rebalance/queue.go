@@ -47,6 +47,10 @@ type QueueConfig struct {
 	Interval time.Duration
 	// ActionTimeout bounds one step (default 30 s).
 	ActionTimeout time.Duration
+	// AutoRehomeAfter: an automatic rehome (Config.AutoRehome) is carried
+	// out once it has been planned in every round for this long (topology
+	// auto_rehome_after).
+	AutoRehomeAfter time.Duration
 	// LeaseSettle: lease counts must stay uneven this long before the
 	// queue evens them (default 30 s), so leases that a merge gathers on
 	// one node (DESIGN.md §11) are not pulled apart before it runs. For as
@@ -68,7 +72,8 @@ type Queue struct {
 
 	mu          sync.Mutex
 	stats       Stats
-	unevenSince time.Time // when plans began to even lease counts out (zero: they do not)
+	unevenSince time.Time             // when plans began to even lease counts out (zero: they do not)
+	autoRehomes map[uint64]autoRehome // by range ID: automatic rehomes planned in every round since
 	// flights: the ranges, groups and nodes of steps under way (zero
 	// time) or ended less than an Interval ago (until then: the directory
 	// may not show their outcome yet, and a plan must not redo them).
@@ -146,7 +151,7 @@ func (q *Queue) Once(ctx context.Context) []Action {
 		return nil
 	}
 	v.InFlight = busy
-	plan := q.settle(Plan(v, q.cfg.Config), time.Now())
+	plan := q.settleRehomes(q.settle(Plan(v, q.cfg.Config), time.Now()), time.Now())
 	for _, a := range plan {
 		q.start(ctx, a)
 	}
@@ -287,4 +292,39 @@ func (q *Queue) settle(plan []Action, now time.Time) []Action {
 		return plan
 	}
 	return slices.DeleteFunc(plan, func(a Action) bool { return a.Kind == Transfer && a.Balance })
+}
+
+// settleRehomes drops plan's automatic rehomes until each has been
+// planned, for the same range and region, in every round for
+// AutoRehomeAfter: the hysteresis that keeps a range whose writers
+// alternate from moving back and forth (DESIGN.md §13).
+func (q *Queue) settleRehomes(plan []Action, now time.Time) []Action {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	since := map[uint64]autoRehome{}
+	out := plan[:0:0]
+	for _, a := range plan {
+		if a.Kind != Rehome || !a.Auto {
+			out = append(out, a)
+			continue
+		}
+		id := a.Range.GetRangeId()
+		prev, ok := q.autoRehomes[id]
+		if !ok || prev.region != a.Home {
+			prev = autoRehome{region: a.Home, since: now}
+		}
+		since[id] = prev
+		if now.Sub(prev.since) >= q.cfg.AutoRehomeAfter {
+			out = append(out, a)
+		}
+	}
+	q.autoRehomes = since
+	return out
+}
+
+// autoRehome is since when an automatic rehome of a range to region has
+// been planned in every round.
+type autoRehome struct {
+	region string
+	since  time.Time
 }

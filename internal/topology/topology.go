@@ -169,6 +169,12 @@ type Topology struct {
 	// MergeDelay: ... and neither has split or merged for this long. File:
 	// merge_delay, default 30s.
 	MergeDelay time.Duration
+	// AutoRehomeAfter: once at least AutoRehomeShare of a range's write
+	// transactions, and at least AutoRehomeMinRate per second, have come
+	// from one other region for this long, the replicate queue rehomes the
+	// range there (DESIGN.md §13); a range under a placement rule stays
+	// where the rule homes it. File: auto_rehome_after, default off (0).
+	AutoRehomeAfter time.Duration
 	// GCTTL is how long a version stays readable once a newer one
 	// replaced it: ranges collect versions older than the epoch that was
 	// current GCTTL ago (DESIGN.md §14). File: gc_ttl, default 4h, at
@@ -268,6 +274,7 @@ type fileTopology struct {
 	MergeSize          string      `yaml:"merge_size,omitempty"`
 	MergeQPS           string      `yaml:"merge_qps,omitempty"`
 	MergeDelay         string      `yaml:"merge_delay,omitempty"`
+	AutoRehomeAfter    string      `yaml:"auto_rehome_after,omitempty"`
 	GCTTL              string      `yaml:"gc_ttl,omitempty"`
 	TxnRecordGrace     string      `yaml:"txn_record_grace,omitempty"`
 	ClosedInterval     string      `yaml:"closed_epoch_interval,omitempty"`
@@ -444,6 +451,11 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if t.QuietEpochs = f.QuietEpochs; t.QuietEpochs == 1 {
 		return nil, invalid("quiet_epochs: 1 would make every epoch quiet; use 0 (off) or at least 2")
+	}
+	if f.AutoRehomeAfter != "" && f.AutoRehomeAfter != "off" {
+		if t.AutoRehomeAfter, err = parseDuration("auto_rehome_after", f.AutoRehomeAfter, 0); err != nil {
+			return nil, err
+		}
 	}
 	if f.AutoExcludeAfter != "" {
 		if t.AutoExcludeAfter, err = parseDuration("auto_exclude_after", f.AutoExcludeAfter, 0); err != nil {
@@ -853,6 +865,9 @@ func (t *Topology) Marshal() ([]byte, error) {
 	}
 	if t.AutoExcludeAfter > 0 {
 		f.AutoExcludeAfter = t.AutoExcludeAfter.String()
+	}
+	if t.AutoRehomeAfter > 0 {
+		f.AutoRehomeAfter = t.AutoRehomeAfter.String()
 	}
 	if t.SplitSize > 0 {
 		f.SplitSize = strconv.FormatUint(t.SplitSize, 10) + "B"

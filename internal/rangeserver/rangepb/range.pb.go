@@ -140,6 +140,9 @@ type TxnMeta struct {
 	TxnStateGroup uint64                 `protobuf:"varint,3,opt,name=txn_state_group,json=txnStateGroup,proto3" json:"txn_state_group,omitempty"` // where its outcome is recorded
 	CommitMode    CommitMode             `protobuf:"varint,4,opt,name=commit_mode,json=commitMode,proto3,enum=terroir.range.CommitMode" json:"commit_mode,omitempty"`
 	CommitWaitUs  uint32                 `protobuf:"varint,5,opt,name=commit_wait_us,json=commitWaitUs,proto3" json:"commit_wait_us,omitempty"` // COMMIT_WAIT's wait, µs
+	// region is the coordinator's region: a range leader counts the write
+	// transactions it commits by it, for automatic rehoming (DESIGN.md §13).
+	Region        string `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +210,13 @@ func (x *TxnMeta) GetCommitWaitUs() uint32 {
 		return x.CommitWaitUs
 	}
 	return 0
+}
+
+func (x *TxnMeta) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
 }
 
 // Lease entitles a replica to lead the range while the local epoch is in
@@ -3904,8 +3914,13 @@ type RangeStatus struct {
 	Locks           uint32                 `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`                                // locks held at the leader
 	Node            uint64                 `protobuf:"varint,7,opt,name=node,proto3" json:"node,omitempty"`                                  // the node answering
 	ClosedEpoch     uint64                 `protobuf:"varint,8,opt,name=closed_epoch,json=closedEpoch,proto3" json:"closed_epoch,omitempty"` // the closed epoch this replica applied (DESIGN.md §13)
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// writes_by_region: write transactions per second committed at the
+	// leader over its last load window, by their coordinator's region (0
+	// elsewhere); the replicate queue rehomes a range most of whose writes
+	// come from another region, where that is enabled (DESIGN.md §13).
+	WritesByRegion map[string]float64 `protobuf:"bytes,9,rep,name=writes_by_region,json=writesByRegion,proto3" json:"writes_by_region,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RangeStatus) Reset() {
@@ -3992,6 +4007,13 @@ func (x *RangeStatus) GetClosedEpoch() uint64 {
 		return x.ClosedEpoch
 	}
 	return 0
+}
+
+func (x *RangeStatus) GetWritesByRegion() map[string]float64 {
+	if x != nil {
+		return x.WritesByRegion
+	}
+	return nil
 }
 
 type RangesRequest struct {
@@ -4081,14 +4103,15 @@ const file_range_proto_rawDesc = "" +
 	"\vrange.proto\x12\rterroir.range\";\n" +
 	"\tVersionID\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\acounter\x18\x02 \x01(\rR\acounter\"\xbf\x01\n" +
+	"\acounter\x18\x02 \x01(\rR\acounter\"\xd7\x01\n" +
 	"\aTxnMeta\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\fR\x02id\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x04R\bpriority\x12&\n" +
 	"\x0ftxn_state_group\x18\x03 \x01(\x04R\rtxnStateGroup\x12:\n" +
 	"\vcommit_mode\x18\x04 \x01(\x0e2\x19.terroir.range.CommitModeR\n" +
 	"commitMode\x12$\n" +
-	"\x0ecommit_wait_us\x18\x05 \x01(\rR\fcommitWaitUs\"\x80\x01\n" +
+	"\x0ecommit_wait_us\x18\x05 \x01(\rR\fcommitWaitUs\x12\x16\n" +
+	"\x06region\x18\x06 \x01(\tR\x06region\"\x80\x01\n" +
 	"\x05Lease\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\x04R\x06holder\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\x04R\x05start\x12\x10\n" +
@@ -4368,7 +4391,7 @@ const file_range_proto_rawDesc = "" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x17\n" +
 	"\aend_key\x18\x02 \x01(\fR\x06endKey\"L\n" +
 	"\x12AdminMergeResponse\x126\n" +
-	"\x06merged\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x06merged\"\x9a\x02\n" +
+	"\x06merged\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x06merged\"\xb7\x03\n" +
 	"\vRangeStatus\x12I\n" +
 	"\x10range_descriptor\x18\x01 \x01(\v2\x1e.terroir.range.RangeDescriptorR\x0frangeDescriptor\x12*\n" +
 	"\x05lease\x18\x02 \x01(\v2\x14.terroir.range.LeaseR\x05lease\x12\x16\n" +
@@ -4378,7 +4401,11 @@ const file_range_proto_rawDesc = "" +
 	"\x03qps\x18\x05 \x01(\x01R\x03qps\x12\x14\n" +
 	"\x05locks\x18\x06 \x01(\rR\x05locks\x12\x12\n" +
 	"\x04node\x18\a \x01(\x04R\x04node\x12!\n" +
-	"\fclosed_epoch\x18\b \x01(\x04R\vclosedEpoch\"\x0f\n" +
+	"\fclosed_epoch\x18\b \x01(\x04R\vclosedEpoch\x12X\n" +
+	"\x10writes_by_region\x18\t \x03(\v2..terroir.range.RangeStatus.WritesByRegionEntryR\x0ewritesByRegion\x1aA\n" +
+	"\x13WritesByRegionEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x0f\n" +
 	"\rRangesRequest\"D\n" +
 	"\x0eRangesResponse\x122\n" +
 	"\x06ranges\x18\x01 \x03(\v2\x1a.terroir.range.RangeStatusR\x06ranges*Y\n" +
@@ -4422,7 +4449,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),                // 0: terroir.range.CommitMode
 	(*VersionID)(nil),              // 1: terroir.range.VersionID
@@ -4484,6 +4511,7 @@ var file_range_proto_goTypes = []any{
 	(*RangeStatus)(nil),            // 57: terroir.range.RangeStatus
 	(*RangesRequest)(nil),          // 58: terroir.range.RangesRequest
 	(*RangesResponse)(nil),         // 59: terroir.range.RangesResponse
+	nil,                            // 60: terroir.range.RangeStatus.WritesByRegionEntry
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
@@ -4539,46 +4567,47 @@ var file_range_proto_depIdxs = []int32{
 	6,  // 50: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
 	6,  // 51: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
 	3,  // 52: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	57, // 53: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	30, // 54: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	32, // 55: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	34, // 56: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	36, // 57: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	38, // 58: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	40, // 59: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	42, // 60: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	46, // 61: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	44, // 62: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	51, // 63: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	55, // 64: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	53, // 65: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
-	8,  // 66: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
-	10, // 67: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
-	12, // 68: terroir.range.Range.Rehome:input_type -> terroir.range.RehomeRequest
-	58, // 69: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	49, // 70: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
-	31, // 71: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	33, // 72: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	35, // 73: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	37, // 74: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	39, // 75: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	41, // 76: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	43, // 77: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	48, // 78: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	45, // 79: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	52, // 80: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	56, // 81: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	54, // 82: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
-	9,  // 83: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
-	11, // 84: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
-	13, // 85: terroir.range.Range.Rehome:output_type -> terroir.range.RehomeResponse
-	59, // 86: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	50, // 87: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
-	71, // [71:88] is the sub-list for method output_type
-	54, // [54:71] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	60, // 53: terroir.range.RangeStatus.writes_by_region:type_name -> terroir.range.RangeStatus.WritesByRegionEntry
+	57, // 54: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	30, // 55: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	32, // 56: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	34, // 57: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	36, // 58: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	38, // 59: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	40, // 60: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	42, // 61: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	46, // 62: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	44, // 63: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	51, // 64: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	55, // 65: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	53, // 66: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
+	8,  // 67: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
+	10, // 68: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
+	12, // 69: terroir.range.Range.Rehome:input_type -> terroir.range.RehomeRequest
+	58, // 70: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	49, // 71: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
+	31, // 72: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	33, // 73: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	35, // 74: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	37, // 75: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	39, // 76: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	41, // 77: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	43, // 78: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	48, // 79: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	45, // 80: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	52, // 81: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	56, // 82: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	54, // 83: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
+	9,  // 84: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
+	11, // 85: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
+	13, // 86: terroir.range.Range.Rehome:output_type -> terroir.range.RehomeResponse
+	59, // 87: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	50, // 88: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
+	72, // [72:89] is the sub-list for method output_type
+	55, // [55:72] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -4605,7 +4634,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   59,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
