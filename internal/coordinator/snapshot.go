@@ -363,7 +363,16 @@ func (s *Snapshot) read(ctx context.Context, g *pb.RangeDescriptor, req *pb.Snap
 		}
 		return nil, fmt.Errorf("%w: range %d is in %s", ErrSnapshotRestart, g.GetRangeId(), g.GetRegion())
 	}
+	if s.mode == Regional && s.at < g.GetRehomeRegionalFloor() {
+		// It may have begun before the transactions the range's rehome
+		// barrier holds committed (DESIGN.md §13).
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: range %d was rehomed here after the snapshot's epoch %d", ErrSnapshotRestart, g.GetRangeId(), s.at)
+	}
 	req.At, req.Regional, req.LocalEpoch, req.Closed = s.at, s.mode == Regional, s.lR[g.GetRegion()], s.closed
+	if s.mode == Regional {
+		req.Home = g.GetRegion()
+	}
 	s.mu.Unlock()
 	// Reads of one snapshot may run in parallel: the lock is not held here.
 	if !s.closed {

@@ -292,64 +292,87 @@ func confChange(t raftpb.ConfChangeType, node uint64) *raftpb.ConfChangeSingle {
 	return &raftpb.ConfChangeSingle{Type: t.Enum(), NodeId: proto.Uint64(node)}
 }
 
-// ReplaceVoters makes `to` the group's voters in one joint configuration
-// change, at the leader (a range's rehome, DESIGN.md §13): each node of to
-// that is not a member yet hosts a replica and joins as a learner first;
-// then the learners among to are promoted and every other voter, the
-// leader included, is removed. Raft leaves the joint configuration by
-// itself; the leader steps down once it applied that (Config
-// StepDownOnRemoval) and the new voters elect one of theirs. The removed
-// voters are asked to drop their replicas (steps.Drop). It returns the
-// state machine's result of the change. Errors: ErrMoveTarget (to is
-// empty), ErrMoveStuck (a joint configuration), ErrHostFailed,
-// ErrNotLeader, ctx's error.
-func (g *Group) ReplaceVoters(ctx context.Context, to []uint64, steps MoveSteps) (any, error) {
+// StepVoters takes one step toward making `to` the group's voters, at the
+// leader (a range's rehome, DESIGN.md §13): one joint configuration change
+// promotes one node of `to` (hosting it and catching it up as a learner
+// first if it is not one) and removes one voter not in `to`. The voter
+// sets before and after share all but one node, so those common to both
+// carry the change through whatever fails. When the leader itself is the
+// only voter left to remove, it hands leadership to the voter of `to`
+// furthest along its log and fails with ErrNotLeader: that voter takes the
+// next step. It reports done once the voters are `to`. The learners of
+// `to` not yet promoted must be among steps.Keep, so every change names
+// them. Errors: ErrMoveTarget (to is empty), ErrMoveStuck (a joint
+// configuration), ErrHostFailed, ErrNotLeader, ctx's error.
+func (g *Group) StepVoters(ctx context.Context, to []uint64, steps MoveSteps) (res any, done bool, err error) {
 	voters, learners, joint := g.Members()
 	switch {
 	case len(to) == 0:
-		return nil, fmt.Errorf("%w: no voters to move group %d to", ErrMoveTarget, g.id)
+		return nil, false, fmt.Errorf("%w: no voters to move group %d to", ErrMoveTarget, g.id)
 	case joint:
-		return nil, fmt.Errorf("%w: group %d is leaving a joint configuration", ErrMoveStuck, g.id)
+		return nil, false, fmt.Errorf("%w: group %d is leaving a joint configuration", ErrMoveStuck, g.id)
 	case !g.IsLeader():
-		return nil, ErrNotLeader
+		return nil, false, ErrNotLeader
 	}
-	for _, n := range to {
-		if slices.Contains(voters, n) || slices.Contains(learners, n) {
-			continue
-		}
-		if _, err := g.addLearner(ctx, n, voters, steps); err != nil {
-			return nil, err
-		}
-	}
-	var changes []*raftpb.ConfChangeSingle
+	var add, remove uint64
 	for _, n := range to {
 		if !slices.Contains(voters, n) {
-			changes = append(changes, confChange(raftpb.ConfChangeAddNode, n))
+			add = n
+			break
 		}
 	}
-	var removed []uint64
 	for _, n := range voters {
-		if !slices.Contains(to, n) {
-			changes = append(changes, confChange(raftpb.ConfChangeRemoveNode, n))
-			removed = append(removed, n)
+		if !slices.Contains(to, n) && n != g.self {
+			remove = n
+			break
 		}
 	}
-	res, err := g.changeVoters(ctx, steps, slices.Clone(to), steps.kept(), changes...)
-	if err != nil {
-		return nil, err
+	staying := slices.DeleteFunc(slices.Clone(voters), func(n uint64) bool { return !slices.Contains(to, n) })
+	if remove == 0 && !slices.Contains(to, g.self) && len(staying) > 0 {
+		_, match, _, err := g.Progress(ctx)
+		if err != nil {
+			return nil, false, err
+		}
+		best := staying[0]
+		for _, n := range staying {
+			if match[n] > match[best] {
+				best = n
+			}
+		}
+		g.TransferLeadership(best)
+		return nil, false, fmt.Errorf("%w: group %d: leadership handed to node %d, which removes this voter", ErrNotLeader, g.id, best)
+	}
+	if add == 0 && remove == 0 {
+		return nil, true, nil
+	}
+	next := slices.Clone(voters)
+	var changes []*raftpb.ConfChangeSingle
+	if add != 0 {
+		if !slices.Contains(learners, add) {
+			if _, err := g.addLearner(ctx, add, voters, steps); err != nil {
+				return nil, false, err
+			}
+		}
+		changes, next = append(changes, confChange(raftpb.ConfChangeAddNode, add)), append(next, add)
+	}
+	if remove != 0 {
+		changes = append(changes, confChange(raftpb.ConfChangeRemoveNode, remove))
+		next = slices.DeleteFunc(next, func(n uint64) bool { return n == remove })
+	}
+	rest := slices.DeleteFunc(steps.kept(), func(n uint64) bool { return n == add })
+	if res, err = g.changeVoters(ctx, steps, next, rest, changes...); err != nil {
+		return nil, false, err
 	}
 	for { // Raft leaves the joint configuration by itself
 		if _, _, joint := g.Members(); !joint {
 			break
 		}
 		if !transport.SleepCtx(ctx, movePoll) {
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
 	}
-	if steps.Drop != nil {
-		for _, n := range removed {
-			_ = steps.Drop(ctx, n)
-		}
+	if remove != 0 && steps.Drop != nil {
+		_ = steps.Drop(ctx, remove)
 	}
-	return res, nil
+	return res, len(next) == len(to) && !slices.ContainsFunc(next, func(n uint64) bool { return !slices.Contains(to, n) }), nil
 }

@@ -101,6 +101,11 @@ func (r *Replica) tick() {
 	}
 	e = r.observeEpoch(e)
 	lease := r.sm.Lease()
+	if lease.GetHolder() != r.self && e < r.sm.Descriptor().GetRehomeRegionalFloor() {
+		// The first lease after a rehome starts above the local epoch the
+		// state at the barrier was copied at (DESIGN.md §13).
+		return
+	}
 	if want := nextLease(lease, r.self, e, r.cfg.LeaseEpochs, r.cfg.LeaseRenewEpochs); want != nil {
 		cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Lease{Lease: &pb.LeaseCmd{Lease: want, PrevSeq: lease.GetSeq()}}})
 		if _, err := r.group.Propose(ctx, cmd); err != nil {

@@ -50,11 +50,6 @@ var (
 	ErrRehomeBusy = errors.New("rangeserver: the range cannot be rehomed now")
 )
 
-// barrierVersion is the local-epoch version a rehome writes each key's
-// state at the barrier under: below every regional snapshot of the new home
-// (local epochs start at 1) and below every version it will write.
-var barrierVersion = storage.VersionID{Epoch: 0, Counter: 1}
-
 // Rehome moves the range's home to region with voters (nodes of that
 // region; at least one, none of them a voter of the range now), at the
 // leaseholder, and returns the range's descriptor once the voters moved,
@@ -102,7 +97,7 @@ func (r *Replica) Rehome(ctx context.Context, region string, voters []uint64) (*
 	}
 	ended := time.Now()
 	for { // 4., by the group's leader
-		if d := r.sm.Descriptor(); d.GetRegion() == region && len(d.GetRehomeVoters()) == 0 {
+		if d := r.rehomedDescriptor(ctx, region, voters); d != nil {
 			slog.Info("range rehomed", "range", r.id, "region", region, "voters", d.GetReplicas(), "barrier", barrier,
 				"replicas_caught_up", caughtUp, "unserved", time.Since(ended))
 			if r.cfg.Rehomed != nil {
@@ -119,6 +114,34 @@ func (r *Replica) Rehome(ctx context.Context, region string, voters []uint64) (*
 	}
 }
 
+// rehomedDescriptor returns the range's descriptor once its voters are
+// the rehome's, as this replica applied it or, once it left the group
+// (perhaps before it applied the last change), as one of voters has; nil
+// while they are still moving.
+func (r *Replica) rehomedDescriptor(ctx context.Context, region string, voters []uint64) *pb.RangeDescriptor {
+	done := func(d *pb.RangeDescriptor) bool {
+		return d.GetRegion() == region && len(d.GetRehomeVoters()) == 0 && !d.GetSubsumed()
+	}
+	if d := r.sm.Descriptor(); done(d) {
+		return d
+	}
+	if v, _, _ := r.group.Members(); r.cfg.PeerDescriptor == nil || r.ctx.Err() == nil && slices.Contains(v, r.self) {
+		return nil // still a voter here: the change reaches this replica
+	}
+	if !transport.SleepCtx(ctx, 100*time.Millisecond) { // ask the new voters at this pace
+		return nil
+	}
+	for _, n := range voters {
+		pctx, cancel := context.WithTimeout(ctx, proposeTimeout)
+		d, err := r.cfg.PeerDescriptor(pctx, n, r.id)
+		cancel()
+		if err == nil && d != nil && done(d) {
+			return d
+		}
+	}
+	return nil
+}
+
 // checkRehome vets a rehome of the range described by d to region with voters.
 func (r *Replica) checkRehome(d *pb.RangeDescriptor, region string, voters []uint64) error {
 	switch {
@@ -126,8 +149,8 @@ func (r *Replica) checkRehome(d *pb.RangeDescriptor, region string, voters []uin
 		return fmt.Errorf("%w: range %d: this deployment cannot rehome ranges (versions carry local epochs)", ErrRehomeTarget, r.id)
 	case region == "" || region == d.GetRegion():
 		return fmt.Errorf("%w: range %d is homed in %q already", ErrRehomeTarget, r.id, d.GetRegion())
-	case len(voters) == 0:
-		return fmt.Errorf("%w: range %d: no voters named in %s", ErrRehomeTarget, r.id, region)
+	case len(voters) < max(len(d.GetReplicas()), 1):
+		return fmt.Errorf("%w: range %d has %d voters; %d named in %s (%v)", ErrRehomeTarget, r.id, len(d.GetReplicas()), len(voters), region, voters)
 	case d.GetSubsumed():
 		return fmt.Errorf("%w: range %d is being merged away", ErrRehomeBusy, r.id)
 	case len(d.GetRehomeVoters()) > 0:
@@ -182,12 +205,23 @@ func (r *Replica) endLeaseForRehome(ctx context.Context, l *leadership, region s
 		return 0, fmt.Errorf("%w: reading the global epoch: %v", ErrRehomeBusy, err)
 	}
 	barrier := max(g, l.txns.highestEpoch(), r.sm.ClosedEpoch())
+	// The new home's local epoch now: its regional snapshots at or below
+	// it may have begun before the transactions above were decided, so
+	// they do not read the state at the barrier.
+	home, err := r.cfg.HomeOf(region)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrRehomeTarget, err)
+	}
+	eB, err := home.Local.Read(wctx)
+	if err != nil {
+		return 0, fmt.Errorf("%w: reading %s's local epoch: %v", ErrRehomeBusy, region, err)
+	}
 	cur := r.sm.Lease()
 	if cur.GetHolder() != r.self || cur.GetStart() != l.start {
 		return 0, fmt.Errorf("%w: the lease changed", ErrNotLeaseholder)
 	}
 	l.transferSeq.Store(cur.GetSeq())
-	cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Rehome{Rehome: &pb.RehomeCmd{Region: region, Barrier: barrier, PrevSeq: cur.GetSeq(), Voters: voters}}})
+	cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Rehome{Rehome: &pb.RehomeCmd{Region: region, Barrier: barrier, PrevSeq: cur.GetSeq(), Voters: voters, RegionalFloor: eB + 2}}})
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), proposeTimeout)
 	defer pcancel()
 	res, err := r.group.Propose(pctx, cmd)
@@ -220,9 +254,11 @@ func (r *Replica) endLeaseForRehome(ctx context.Context, l *leadership, region s
 // the voters of a rehome whose configuration change failed.
 const rehomeRetry = time.Second
 
-// finishRehome makes the rehome's voters the range's voters, in the
-// background, on the Raft leader's tick (step 4): one joint configuration
-// change promotes them and removes the old home's, this one included.
+// finishRehome moves the range's voters to the rehome's, in the
+// background, on the Raft leader's tick (step 4): a step at a time
+// (raftgroup.Group.StepVoters), each promoting one and removing one, until
+// the voters are the rehome's; when only this leader is left to remove, it
+// hands leadership to one of them, which goes on.
 func (r *Replica) finishRehome() {
 	if time.Now().UnixNano() < r.rehomeRetryAt.Load() || !r.rehoming.CompareAndSwap(false, true) {
 		return
@@ -233,29 +269,36 @@ func (r *Replica) finishRehome() {
 		defer r.rehoming.Store(false)
 		ctx, cancel := context.WithTimeout(r.ctx, rehomeMoveTimeout)
 		defer cancel()
-		d := r.sm.Descriptor()
-		to := d.GetRehomeVoters()
-		if len(to) == 0 {
-			return
-		}
-		steps := r.moveSteps(slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(n uint64) bool { return slices.Contains(to, n) }))
-		drop := steps.Drop
-		steps.Drop = func(ctx context.Context, node uint64) error {
-			if node == r.self {
-				return nil // the node drops it once it applied the change
+		for {
+			d := r.sm.Descriptor()
+			to := d.GetRehomeVoters()
+			if len(to) == 0 {
+				return
 			}
-			return drop(ctx, node)
-		}
-		nd, err := r.changed(r.group.ReplaceVoters(ctx, to, steps))
-		if err != nil {
-			if r.ctx.Err() != nil {
-				return // the replica stopped: the change removed it, or the node closes
+			others := slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(n uint64) bool { return slices.Contains(to, n) })
+			steps := r.moveSteps(others)
+			for _, n := range to { // the rehome's learners not promoted yet stay named
+				if !slices.Contains(d.GetReplicas(), n) && (slices.Contains(d.GetNonVoters(), n) || slices.Contains(d.GetLearners(), n)) {
+					steps.Keep = append(steps.Keep, n)
+				}
 			}
-			r.rehomeRetryAt.Store(time.Now().Add(rehomeRetry).UnixNano())
-			slog.Warn("moving a rehomed range's voters (retried)", "range", r.id, "to", to, "err", err)
-			return
+			_, done, err := r.group.StepVoters(ctx, to, steps)
+			switch {
+			case errors.Is(err, raftgroup.ErrNotLeader):
+				r.rehomeRetryAt.Store(time.Now().Add(10 * r.cfg.Tick).UnixNano()) // leadership is moving
+				return
+			case err != nil:
+				if r.ctx.Err() == nil {
+					r.rehomeRetryAt.Store(time.Now().Add(rehomeRetry).UnixNano())
+					slog.Warn("moving a rehomed range's voters (retried)", "range", r.id, "to", to, "err", err)
+				}
+				return
+			case done:
+				nd := r.sm.Descriptor()
+				slog.Info("rehomed range's voters moved", "range", r.id, "region", nd.GetRegion(), "voters", nd.GetReplicas(), "generation", nd.GetGeneration())
+				return
+			}
 		}
-		slog.Info("rehomed range's voters moved", "range", r.id, "region", nd.GetRegion(), "voters", nd.GetReplicas(), "generation", nd.GetGeneration())
 	}()
 }
 
@@ -273,20 +316,22 @@ func (sm *StateMachine) applyRehome(b *pebble.Batch, cmd *pb.RehomeCmd) any {
 		len(cmd.GetVoters()) == 0 || len(d.GetRehomeVoters()) > 0 || len(sm.prepared) > 0 {
 		return Applied{Rejected: true}
 	}
+	if err := sm.rewriteRegional(b, d, cmd.GetBarrier(), cmd.GetRegionalFloor()); err != nil {
+		return err // a read of the engine failed: nothing else changed
+	}
 	ended := &pb.Lease{Seq: sm.lease.GetSeq() + 1}
 	v, _ := proto.Marshal(ended)
 	_ = b.Set(sm.sub(subLease, nil), v, nil)
 	sm.lease, sm.handover = ended, nil
-	if err := sm.rewriteRegional(b, d, cmd.GetBarrier()); err != nil {
-		return err
-	}
-	// The regional copies start over in the new home's local epochs.
-	gc := &pb.GCThreshold{Horizon: sm.gc.Load().GetHorizon()}
+	// The regional copies start over in the new home's local epochs; no
+	// regional snapshot below the floor reads them.
+	gc := &pb.GCThreshold{Horizon: sm.gc.Load().GetHorizon(), RegionalHorizon: cmd.GetRegionalFloor()}
 	v, _ = proto.Marshal(gc)
 	_ = b.Set(sm.sub(subGC, nil), v, nil)
 	sm.gc.Store(gc)
 	nd := proto.CloneOf(d)
 	nd.Region, nd.RehomeVoters, nd.Rehomed, nd.RehomeBarrier = cmd.GetRegion(), slices.Clone(cmd.GetVoters()), true, cmd.GetBarrier()
+	nd.RehomeRegionalFloor = cmd.GetRegionalFloor()
 	nd.Generation++
 	sm.storeDescriptor(b, nd)
 	return Applied{Rehomed: nd}
@@ -294,28 +339,32 @@ func (sm *StateMachine) applyRehome(b *pebble.Batch, cmd *pb.RehomeCmd) any {
 
 // rewriteRegional replaces the regional copies of d's span: the old home's
 // local-epoch versions go, and each key's newest global version at or
-// below barrier, unless a tombstone, is written at barrierVersion. It
-// reads through b, which holds what the entries before it in the same
-// apply wrote.
-func (sm *StateMachine) rewriteRegional(b *pebble.Batch, d *pb.RangeDescriptor, barrier uint64) error {
+// below barrier, unless a tombstone, is written at local epoch floor-1
+// (counter 1): visible to the regional snapshots at or above the floor
+// only, and below every version the new home writes (its lease starts
+// later). It reads through b, which holds what the entries before it in
+// the same apply wrote. The deletion is staged only once the reads are
+// done, so a failed read stages nothing.
+func (sm *StateMachine) rewriteRegional(b *pebble.Batch, d *pb.RangeDescriptor, barrier, floor uint64) error {
 	var end []byte
 	if len(d.GetEndKey()) > 0 {
 		end = d.GetEndKey()
 	}
-	lo, hi := storage.MVCCKeyBounds(regionalPrefix, d.GetStartKey(), end)
-	if err := b.DeleteRange(lo, hi, nil); err != nil {
-		return err
-	}
-	var werr error
+	var live []storage.Version
 	err := storage.ScanMVCCBatch(b, dataPrefix, d.GetStartKey(), end, storage.EpochStart(barrier+1), func(v storage.Version, _ storage.VersionID) bool {
-		if !v.Live() {
-			return true
+		if v.Live() {
+			live = append(live, v)
 		}
-		werr = b.Set(storage.EncodeMVCCKey(regionalPrefix, v.Key, barrierVersion), storage.EncodeMVCCValue(v.Value, false), nil)
-		return werr == nil
+		return true
 	})
 	if err != nil {
 		return err
 	}
-	return werr
+	lo, hi := storage.MVCCKeyBounds(regionalPrefix, d.GetStartKey(), end)
+	_ = b.DeleteRange(lo, hi, nil)
+	at := storage.VersionID{Epoch: max(floor, 1) - 1, Counter: 1}
+	for _, v := range live {
+		_ = b.Set(storage.EncodeMVCCKey(regionalPrefix, v.Key, at), storage.EncodeMVCCValue(v.Value, false), nil)
+	}
+	return nil
 }

@@ -32,7 +32,8 @@ func (sm *StateMachine) applySplit(b *pebble.Batch, cmd *pb.SplitCmd) any {
 	left := proto.Clone(d).(*pb.RangeDescriptor)
 	left.EndKey, left.Generation = k, d.GetGeneration()+1
 	right := &pb.RangeDescriptor{RangeId: cmd.GetRightRangeId(), StartKey: k, EndKey: d.GetEndKey(), Region: d.GetRegion(),
-		Replicas: d.GetReplicas(), NonVoters: d.GetNonVoters(), Generation: left.GetGeneration(), Sticky: cmd.GetSticky()}
+		Replicas: d.GetReplicas(), NonVoters: d.GetNonVoters(), Generation: left.GetGeneration(), Sticky: cmd.GetSticky(),
+		Rehomed: d.GetRehomed(), RehomeBarrier: d.GetRehomeBarrier(), RehomeRegionalFloor: d.GetRehomeRegionalFloor()}
 	rprefix := binary.BigEndian.AppendUint64([]byte{storage.PrefixState}, right.GetRangeId())
 	rsub := func(b byte, rest []byte) []byte { return append(append(append([]byte{}, rprefix...), b), rest...) }
 	v, _ := proto.Marshal(right)
@@ -105,6 +106,7 @@ func (sm *StateMachine) applyMerge(b *pebble.Batch, cmd *pb.MergeCmd) any {
 	merged := proto.Clone(d).(*pb.RangeDescriptor)
 	merged.EndKey, merged.Generation = rd.GetEndKey(), max(d.GetGeneration(), rd.GetGeneration())+1
 	merged.RehomeBarrier, merged.Rehomed = max(d.GetRehomeBarrier(), rd.GetRehomeBarrier()), d.GetRehomed() || rd.GetRehomed()
+	merged.RehomeRegionalFloor = max(d.GetRehomeRegionalFloor(), rd.GetRehomeRegionalFloor())
 	for _, rec := range cmd.GetRightPrepared() {
 		id := string(rec.GetTxn().GetId())
 		combined := &pb.PreparedRecord{Txn: rec.GetTxn(), Writes: rec.GetWrites()}

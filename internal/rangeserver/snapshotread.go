@@ -62,7 +62,8 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 	if len(end) == 0 {
 		end = nil
 	}
-	h := r.src() // one home throughout, should a rehome apply meanwhile
+	hm := r.home.Load() // one home throughout, should a rehome apply meanwhile
+	h := hm.Epochs
 	ks := Versions
 	if h.Publisher != nil && req.GetRegional() {
 		ks = RegionalVersions
@@ -74,6 +75,11 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		oldest = min(oldest, req.GetSince()) // every version from since on must be intact
 	}
 	check := func() error {
+		if d := r.sm.Descriptor(); ks == RegionalVersions && (d.GetRegion() != hm.Region || req.GetHome() != "" && req.GetHome() != d.GetRegion()) {
+			// Local epochs of another region than the reader's: the range
+			// was rehomed (DESIGN.md §13).
+			return &MismatchError{Desc: d, Keys: fmt.Sprintf("a regional read of %s's local epochs", req.GetHome()), Start: d.GetStartKey()}
+		}
 		if err := r.sm.checkSnapshotAge(ks, oldest); err != nil {
 			return err
 		}

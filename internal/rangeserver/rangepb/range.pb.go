@@ -453,8 +453,14 @@ type RangeDescriptor struct {
 	// waits until its publisher shows more than it, so every commit of the
 	// new home lands above the barrier.
 	RehomeBarrier uint64 `protobuf:"varint,13,opt,name=rehome_barrier,json=rehomeBarrier,proto3" json:"rehome_barrier,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// rehome_regional_floor is the least epoch a regional snapshot of the
+	// range's home reads at since its last rehome (local epochs of the new
+	// home; DESIGN.md §13): one below it may have begun before the
+	// transactions the barrier holds committed, so it runs again as a
+	// multi-region snapshot.
+	RehomeRegionalFloor uint64 `protobuf:"varint,14,opt,name=rehome_regional_floor,json=rehomeRegionalFloor,proto3" json:"rehome_regional_floor,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *RangeDescriptor) Reset() {
@@ -574,6 +580,13 @@ func (x *RangeDescriptor) GetRehomed() bool {
 func (x *RangeDescriptor) GetRehomeBarrier() uint64 {
 	if x != nil {
 		return x.RehomeBarrier
+	}
+	return 0
+}
+
+func (x *RangeDescriptor) GetRehomeRegionalFloor() uint64 {
+	if x != nil {
+		return x.RehomeRegionalFloor
 	}
 	return 0
 }
@@ -1299,11 +1312,14 @@ func (*Command_Rehome) isCommand_Cmd() {}
 // written since. The new home's first leaseholder serves no commit at or
 // below barrier.
 type RehomeCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
-	Barrier       uint64                 `protobuf:"varint,2,opt,name=barrier,proto3" json:"barrier,omitempty"`
-	PrevSeq       uint64                 `protobuf:"varint,3,opt,name=prev_seq,json=prevSeq,proto3" json:"prev_seq,omitempty"`
-	Voters        []uint64               `protobuf:"varint,4,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Region  string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Barrier uint64                 `protobuf:"varint,2,opt,name=barrier,proto3" json:"barrier,omitempty"`
+	PrevSeq uint64                 `protobuf:"varint,3,opt,name=prev_seq,json=prevSeq,proto3" json:"prev_seq,omitempty"`
+	Voters  []uint64               `protobuf:"varint,4,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	// regional_floor: the new home's local epoch, read once the range's
+	// transactions were decided, plus 2 (RangeDescriptor.rehome_regional_floor).
+	RegionalFloor uint64 `protobuf:"varint,5,opt,name=regional_floor,json=regionalFloor,proto3" json:"regional_floor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1364,6 +1380,13 @@ func (x *RehomeCmd) GetVoters() []uint64 {
 		return x.Voters
 	}
 	return nil
+}
+
+func (x *RehomeCmd) GetRegionalFloor() uint64 {
+	if x != nil {
+		return x.RegionalFloor
+	}
+	return 0
 }
 
 // ClosedEpochCmd closes epoch `epoch` at the range (DESIGN.md §13): every
@@ -3163,7 +3186,11 @@ type SnapshotReadRequest struct {
 	// closed epoch to reach at-1 before it refuses (µs; 0: refuse at once).
 	// A follower read (DESIGN.md §13) waits about what going to the leader
 	// instead would cost; the replica caps it.
-	ClosedWaitUs  uint64 `protobuf:"varint,13,opt,name=closed_wait_us,json=closedWaitUs,proto3" json:"closed_wait_us,omitempty"`
+	ClosedWaitUs uint64 `protobuf:"varint,13,opt,name=closed_wait_us,json=closedWaitUs,proto3" json:"closed_wait_us,omitempty"`
+	// home: for a regional read, the region whose local epochs at and
+	// local_epoch count (the range's home as the reader knows it). A range
+	// homed elsewhere now (rehomed, DESIGN.md §13) answers with a mismatch.
+	Home          string `protobuf:"bytes,14,opt,name=home,proto3" json:"home,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3287,6 +3314,13 @@ func (x *SnapshotReadRequest) GetClosedWaitUs() uint64 {
 		return x.ClosedWaitUs
 	}
 	return 0
+}
+
+func (x *SnapshotReadRequest) GetHome() string {
+	if x != nil {
+		return x.Home
+	}
+	return ""
 }
 
 // Change is one stored version of a key: a value or a deletion.
@@ -4124,7 +4158,7 @@ const file_range_proto_rawDesc = "" +
 	"\ttombstone\x18\x03 \x01(\bR\ttombstone\"2\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x8b\x03\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xbf\x03\n" +
 	"\x0fRangeDescriptor\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
 	"\tstart_key\x18\x02 \x01(\fR\bstartKey\x12\x17\n" +
@@ -4142,7 +4176,8 @@ const file_range_proto_rawDesc = "" +
 	" \x03(\x04R\tnonVoters\x12#\n" +
 	"\rrehome_voters\x18\v \x03(\x04R\frehomeVoters\x12\x18\n" +
 	"\arehomed\x18\f \x01(\bR\arehomed\x12%\n" +
-	"\x0erehome_barrier\x18\r \x01(\x04R\rrehomeBarrier\"g\n" +
+	"\x0erehome_barrier\x18\r \x01(\x04R\rrehomeBarrier\x122\n" +
+	"\x15rehome_regional_floor\x18\x0e \x01(\x04R\x13rehomeRegionalFloor\"g\n" +
 	"\x0eReplicasChange\x12\x1a\n" +
 	"\breplicas\x18\x01 \x03(\x04R\breplicas\x12\x1a\n" +
 	"\blearners\x18\x02 \x03(\x04R\blearners\x12\x1d\n" +
@@ -4185,12 +4220,13 @@ const file_range_proto_rawDesc = "" +
 	"\x06closed\x18\n" +
 	" \x01(\v2\x1d.terroir.range.ClosedEpochCmdH\x00R\x06closed\x122\n" +
 	"\x06rehome\x18\v \x01(\v2\x18.terroir.range.RehomeCmdH\x00R\x06rehomeB\x05\n" +
-	"\x03cmd\"p\n" +
+	"\x03cmd\"\x97\x01\n" +
 	"\tRehomeCmd\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\abarrier\x18\x02 \x01(\x04R\abarrier\x12\x19\n" +
 	"\bprev_seq\x18\x03 \x01(\x04R\aprevSeq\x12\x16\n" +
-	"\x06voters\x18\x04 \x03(\x04R\x06voters\"G\n" +
+	"\x06voters\x18\x04 \x03(\x04R\x06voters\x12%\n" +
+	"\x0eregional_floor\x18\x05 \x01(\x04R\rregionalFloor\"G\n" +
 	"\x0eClosedEpochCmd\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1f\n" +
 	"\vlease_start\x18\x02 \x01(\x04R\n" +
@@ -4330,7 +4366,7 @@ const file_range_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\"'\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
-	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xde\x02\n" +
+	"\x04lost\x18\x01 \x01(\bR\x04lost\"\xf2\x02\n" +
 	"\x13SnapshotReadRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
@@ -4347,7 +4383,8 @@ const file_range_proto_rawDesc = "" +
 	"\vnewest_only\x18\v \x01(\bR\n" +
 	"newestOnly\x12\x16\n" +
 	"\x06closed\x18\f \x01(\bR\x06closed\x12$\n" +
-	"\x0eclosed_wait_us\x18\r \x01(\x04R\fclosedWaitUs\"\x82\x01\n" +
+	"\x0eclosed_wait_us\x18\r \x01(\x04R\fclosedWaitUs\x12\x12\n" +
+	"\x04home\x18\x0e \x01(\tR\x04home\"\x82\x01\n" +
 	"\x06Change\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1c\n" +
