@@ -110,6 +110,15 @@ func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 			}
 		}
 	}
+	for _, r := range n.rangeReplicas() {
+		// A range no peer hosts may have been rehomed away while this node
+		// was down (DESIGN.md §13): the directories know where it went.
+		if d := r.Desc(); newest[d.GetRangeId()] == nil && !d.GetSubsumed() {
+			if nd := n.directoryDescriptor(ctx, d); nd != nil {
+				newest[d.GetRangeId()] = nd
+			}
+		}
+	}
 	var dropped []uint64
 	for _, r := range n.rangeReplicas() {
 		d := r.Desc()
@@ -126,6 +135,26 @@ func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 		dropped = append(dropped, d.GetRangeId())
 	}
 	return dropped
+}
+
+// directoryDescriptor returns the newest descriptor of d's range that a
+// region's directory holds at d's start key (nil: none answers with it).
+func (n *Node) directoryDescriptor(ctx context.Context, d *pb.RangeDescriptor) *pb.RangeDescriptor {
+	var best *pb.RangeDescriptor
+	for _, region := range n.dirs.Regions() {
+		lctx, cancel := context.WithTimeout(ctx, replicaGCTimeout)
+		ds, err := n.dirs.Of(region).Lookup(lctx, d.GetStartKey(), 1)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, o := range ds {
+			if o.GetRangeId() == d.GetRangeId() && (best == nil || o.GetGeneration() > best.GetGeneration()) {
+				best = o
+			}
+		}
+	}
+	return best
 }
 
 // gcGroupReplicas drops this node's replicas of non-range groups whose

@@ -139,8 +139,14 @@ const gcChunkKeys = 1000
 // leader), or the proposal's error; chunks applied before an error stay
 // applied, and the threshold stays raised.
 func (r *Replica) CollectGarbage(ctx context.Context, horizon, regional uint64) (storage.GCStats, error) {
+	return r.collectGarbage(ctx, horizon, regional, r.home.Load().Region)
+}
+
+// collectGarbage is CollectGarbage with regional in home's local epochs: a
+// chunk that applies once the range has another home raises no regional
+// horizon.
+func (r *Replica) collectGarbage(ctx context.Context, horizon, regional uint64, home string) (storage.GCStats, error) {
 	var total storage.GCStats
-	home := r.home.Load().Region // whose local epochs regional counts
 	for _, onRegional := range []bool{false, true} {
 		if onRegional && regional == 0 {
 			break
@@ -215,6 +221,7 @@ type gcQueue struct {
 type epochSample struct {
 	at             time.Time
 	data, regional uint64
+	home           string // the region whose local epoch regional is
 }
 
 // gcEvery is how often a leader collects once its horizon moves: an
@@ -261,7 +268,7 @@ func (r *Replica) maybeGC(local uint64) {
 		return
 	}
 	r.gcq.lastCheck = now
-	s := epochSample{at: now, data: local}
+	s := epochSample{at: now, data: local, home: r.home.Load().Region}
 	if r.src().Publisher != nil {
 		ctx, cancel := context.WithTimeout(r.ctx, time.Second)
 		g, err := r.src().Publisher.Read(ctx)
@@ -288,7 +295,7 @@ func (r *Replica) maybeGC(local uint64) {
 			return
 		}
 		began := time.Now()
-		stats, err := r.CollectGarbage(r.ctx, h.data, h.regional)
+		stats, err := r.collectGarbage(r.ctx, h.data, h.regional, h.home)
 		if err != nil {
 			slog.Debug("garbage collection", "range", r.id, "horizon", h.data, "err", err)
 			return
