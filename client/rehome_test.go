@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -223,4 +225,53 @@ func rangeOf(ctx context.Context, db *client.DB, key string) (client.RangeInfo, 
 		}
 	}
 	return client.RangeInfo{}, fmt.Errorf("no range holds %q", key)
+}
+
+// TestAutoRehomeFollowsTheWriters: with auto_rehome_after set, a us-east1
+// range written only from us-west1 moves there by itself (DESIGN.md §13),
+// and a range written from its own home stays.
+func TestAutoRehomeFollowsTheWriters(t *testing.T) {
+	src, err := os.ReadFile("../examples/three-regions.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "auto.yaml")
+	if err := os.WriteFile(path, append(src, []byte("\nauto_rehome_after: 2s\n")...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: 500 * time.Millisecond})
+	ctx := ctxT(t, 120*time.Second)
+	east, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	west, err := c.Client("us-west1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; ; i++ {
+		putKey(ctx, t, west, fmt.Sprintf("h-auto-%d", i%10), "w") // range 101, [g, m)
+		putKey(ctx, t, east, fmt.Sprintf("b-auto-%d", i%10), "e") // range 100, [, g)
+		if r, err := rangeOf(ctx, east, "h"); err == nil && r.Region == "us-west1" {
+			t.Logf("range %d rehomed to us-west1 by its writers after %d writes: %+v", r.ID, i, r)
+			break
+		}
+		if time.Now().After(deadline) {
+			r, err := rangeOf(ctx, east, "h")
+			t.Fatalf("range 101 still %+v (%v) after 60 s of writes from us-west1 alone", r, err)
+		}
+	}
+	if r, err := rangeOf(ctx, east, "b"); err != nil || r.Region != "us-east1" {
+		t.Fatalf("range 100, written from its own home: %+v, %v; want it in us-east1", r, err)
+	}
+	if err := west.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		v, ok, err := tx.Get(ctx, []byte("h-auto-3"))
+		if err == nil && (!ok || string(v) != "w") {
+			err = fmt.Errorf("h-auto-3 after the rehome: %q, %v", v, ok)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
