@@ -32,14 +32,7 @@ func getIn(ctx context.Context, t *testing.T, db *client.DB, mode client.Snapsho
 func TestFollowerReadsSeeEarlierCommits(t *testing.T) {
 	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
 	ctx := ctxT(t, 120*time.Second)
-	east, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := c.Client("us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	east, west := eastWest(t, c)
 	for _, db := range []*client.DB{east, west} {
 		db.SetFollowerReads(client.FollowerReadsPreferred)
 	}

@@ -102,14 +102,7 @@ func TestLeaseTransferUnderLoad(t *testing.T) {
 func TestLeaseTransferVersionsInGlobalEpochs(t *testing.T) {
 	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{RebalanceInterval: -1})
 	ctx := ctxT(t, 60*time.Second)
-	east, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := c.Client("us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	east, west := eastWest(t, c)
 	key := []byte("apple") // range 100, us-east1
 	put := func(v string) {
 		t.Helper()
@@ -133,6 +126,7 @@ func TestLeaseTransferVersionsInGlobalEpochs(t *testing.T) {
 		for _, db := range []*client.DB{east, west} {
 			var got []byte
 			if _, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
+				var err error
 				got, _, err = s.Get(ctx, key)
 				return err
 			}); err != nil {

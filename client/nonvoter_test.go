@@ -33,14 +33,7 @@ func waitHosted(t *testing.T, c *localcluster.Cluster, node, id uint64, gone boo
 func TestNonVoterServesItsRegion(t *testing.T) {
 	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
 	ctx := ctxT(t, 120*time.Second)
-	east, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := c.Client("us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	east, west := eastWest(t, c)
 	putKey(ctx, t, east, "b-nv", "0")
 	r, err := east.AdminAddNonVoter(ctx, []byte("b"), 4)
 	if err != nil {

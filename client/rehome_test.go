@@ -53,14 +53,7 @@ func sumRehomed(ctx context.Context, db *client.DB, mode client.SnapshotMode) (i
 func TestRehomeUnderLoad(t *testing.T) {
 	c := localcluster.StartT(t, "../examples/three-regions.yaml", localcluster.Options{})
 	ctx := ctxT(t, 240*time.Second)
-	east, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := c.Client("us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	east, west := eastWest(t, c)
 	const total = rehomeAccounts * initialBalance
 	if err := east.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
 		for i := range rehomeAccounts {
@@ -241,14 +234,7 @@ func TestAutoRehomeFollowsTheWriters(t *testing.T) {
 	}
 	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: 500 * time.Millisecond})
 	ctx := ctxT(t, 120*time.Second)
-	east, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := c.Client("us-west1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	east, west := eastWest(t, c)
 	deadline := time.Now().Add(60 * time.Second)
 	for i := 0; ; i++ {
 		putKey(ctx, t, west, fmt.Sprintf("h-auto-%d", i%10), "w") // range 101, [g, m)
@@ -274,4 +260,18 @@ func TestAutoRehomeFollowsTheWriters(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// eastWest returns clients of c in us-east1 and us-west1.
+func eastWest(t *testing.T, c *localcluster.Cluster) (east, west *client.DB) {
+	t.Helper()
+	east, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	west, err = c.Client("us-west1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return east, west
 }
