@@ -369,10 +369,9 @@ func (s *Snapshot) read(ctx context.Context, g *pb.RangeDescriptor, req *pb.Snap
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: range %d was rehomed here after the snapshot's epoch %d", ErrSnapshotRestart, g.GetRangeId(), s.at)
 	}
-	req.At, req.Regional, req.LocalEpoch, req.Closed = s.at, s.mode == Regional, s.lR[g.GetRegion()], s.closed
-	if s.mode == Regional {
-		req.Home = g.GetRegion()
-	}
+	// Home names the region whose local epoch LocalEpoch (and, regional,
+	// At) is: a range rehomed since answers with a mismatch.
+	req.At, req.Regional, req.LocalEpoch, req.Closed, req.Home = s.at, s.mode == Regional, s.lR[g.GetRegion()], s.closed, g.GetRegion()
 	s.mu.Unlock()
 	// Reads of one snapshot may run in parallel: the lock is not held here.
 	if !s.closed {

@@ -137,12 +137,16 @@ func (cp *campaign) crashHook(p client.CrashPoint, txn []byte, ranges []uint64) 
 	return a.coordinatorDie
 }
 
-// faults injects one random fault every FaultEvery until ctx ends, heals it,
-// and measures the recovery.
+// faults injects one fault every FaultEvery until ctx ends, heals it, and
+// measures the recovery. The kinds are dealt from a shuffled deck, so every
+// kind is drawn once before any is drawn again; a kind that found nothing
+// to strike (no non-voter to move, say) goes back into the deck.
 func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 	r := rand.New(rand.NewPCG(cp.cfg.Seed, 999))
 	net := cp.c.Dialer(cp.regions[0]).Network()
 	ranges := cp.cfg.Topology.Ranges()
+	var deck []string
+	undrawn := "" // the kind drawn last, until it strikes
 	for {
 		select {
 		case <-ctx.Done():
@@ -153,11 +157,18 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		if len(nodes) == 0 {
 			continue
 		}
-		kinds := cp.cfg.Faults
-		if len(kinds) == 0 {
-			kinds = FaultKinds
+		if len(deck) == 0 { // a fresh deck holds every kind, the undrawn one too
+			deck, undrawn = slices.Clone(cp.cfg.Faults), ""
+			if len(deck) == 0 {
+				deck = slices.Clone(FaultKinds)
+			}
+			r.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}
-		kind := kinds[r.IntN(len(kinds))]
+		if undrawn != "" { // it found nothing to strike: back into the deck, not first
+			deck = slices.Insert(deck, 1+r.IntN(len(deck)), undrawn)
+		}
+		kind := deck[0]
+		deck, undrawn = deck[1:], deck[0]
 		hold := time.Second + time.Duration(r.IntN(1000))*time.Millisecond
 		var heal func() error
 		var struck *firedCrash
@@ -395,6 +406,7 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				return cp.c.RestartNode(f.node)
 			}
 		}
+		undrawn = ""
 		cp.mu.Lock()
 		cp.sum.Faults[kind]++
 		cp.mu.Unlock()

@@ -113,7 +113,7 @@ func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 	for _, r := range n.rangeReplicas() {
 		// A range no peer hosts may have been rehomed away while this node
 		// was down (DESIGN.md §13): the directories know where it went.
-		if d := r.Desc(); newest[d.GetRangeId()] == nil && !d.GetSubsumed() {
+		if d := r.Desc(); newest[d.GetRangeId()] == nil && !d.GetSubsumed() && len(d.GetReplicas()) > 1 {
 			if nd := n.directoryDescriptor(ctx, d); nd != nil {
 				newest[d.GetRangeId()] = nd
 			}

@@ -309,6 +309,42 @@ func (g *Group) Status() Status {
 // Progress returns, at the leader, its commit index and each replica's
 // matched log index (ok false elsewhere). It asks the group's goroutine, so
 // it waits at most for one Ready cycle, bounded by ctx.
+// RecentlyActive returns, at the leader, which members it heard from within
+// the last election timeout (etcd raft's Progress.RecentActive; it counts
+// itself). Errors: ErrNotLeader, ErrStopped, ctx's error.
+func (g *Group) RecentlyActive(ctx context.Context) (map[uint64]bool, error) {
+	ch := make(chan map[uint64]bool, 1)
+	select {
+	case g.reports <- func(rn *raft.RawNode) {
+		st := rn.Status()
+		if st.RaftState != raft.StateLeader {
+			ch <- nil
+			return
+		}
+		active := make(map[uint64]bool, len(st.Progress))
+		for id, pr := range st.Progress {
+			active[id] = pr.RecentActive || id == g.self
+		}
+		ch <- active
+	}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-g.done:
+		return nil, ErrStopped
+	}
+	select {
+	case a := <-ch:
+		if a == nil {
+			return nil, ErrNotLeader
+		}
+		return a, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-g.done:
+		return nil, ErrStopped
+	}
+}
+
 func (g *Group) Progress(ctx context.Context) (commit uint64, match map[uint64]uint64, ok bool, err error) {
 	type answer struct {
 		commit uint64

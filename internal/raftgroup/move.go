@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -72,6 +73,10 @@ func (s MoveSteps) kept(extra ...uint64) []uint64 {
 // movePoll is how often a move checks its learner's progress and whether
 // Raft left the joint configuration.
 const movePoll = 10 * time.Millisecond
+
+// catchUpBeforePromotion bounds StepVoters' wait for a learner to catch
+// up before it promotes it.
+const catchUpBeforePromotion = 2 * time.Second
 
 // changeTimeout bounds one configuration change's proposal.
 const changeTimeout = 5 * time.Second
@@ -329,18 +334,33 @@ func (g *Group) StepVoters(ctx context.Context, to []uint64, steps MoveSteps) (r
 	}
 	staying := slices.DeleteFunc(slices.Clone(voters), func(n uint64) bool { return !slices.Contains(to, n) })
 	if remove == 0 && !slices.Contains(to, g.self) && len(staying) > 0 {
+		// Hand leadership to a voter that answers, the furthest along;
+		// among equals (no lease: no entries) any, so a retry after a
+		// failed hand-off tries another.
 		_, match, _, err := g.Progress(ctx)
 		if err != nil {
 			return nil, false, err
 		}
-		best := staying[0]
+		active, err := g.RecentlyActive(ctx)
+		if err != nil {
+			return nil, false, err
+		}
+		var best []uint64
 		for _, n := range staying {
-			if match[n] > match[best] {
-				best = n
+			switch {
+			case !active[n]:
+			case len(best) == 0 || match[n] > match[best[0]]:
+				best = []uint64{n}
+			case match[n] == match[best[0]]:
+				best = append(best, n)
 			}
 		}
-		g.TransferLeadership(best)
-		return nil, false, fmt.Errorf("%w: group %d: leadership handed to node %d, which removes this voter", ErrNotLeader, g.id, best)
+		if len(best) == 0 {
+			return nil, false, fmt.Errorf("%w: group %d: none of the voters %v answers to take leadership", ErrMoveStuck, g.id, staying)
+		}
+		to := best[rand.IntN(len(best))]
+		g.TransferLeadership(to)
+		return nil, false, fmt.Errorf("%w: group %d: leadership handed to node %d, which removes this voter", ErrNotLeader, g.id, to)
 	}
 	if add == 0 && remove == 0 {
 		return nil, true, nil
@@ -352,6 +372,14 @@ func (g *Group) StepVoters(ctx context.Context, to []uint64, steps MoveSteps) (r
 			if _, err := g.addLearner(ctx, add, voters, steps); err != nil {
 				return nil, false, err
 			}
+		}
+		// Only a learner that answers and has caught up becomes a voter, so
+		// every configuration on the way keeps a quorum that is up.
+		cctx, cancel := context.WithTimeout(ctx, catchUpBeforePromotion)
+		err := g.awaitCatchUp(cctx, add)
+		cancel()
+		if active, aerr := g.RecentlyActive(ctx); err != nil || aerr != nil || !active[add] {
+			return nil, false, fmt.Errorf("%w: group %d: node %d is not caught up and answering (%v, %v)", ErrMoveStuck, g.id, add, err, aerr)
 		}
 		changes, next = append(changes, confChange(raftpb.ConfChangeAddNode, add)), append(next, add)
 	}

@@ -81,18 +81,24 @@ func (r *Replica) Rehome(ctx context.Context, region string, voters []uint64) (*
 		return nil, 0, err
 	}
 	began := time.Now()
+	var added []uint64 // the non-voters this rehome added: removed again if it fails before the lease ends
 	for _, n := range voters { // 1.
 		d := r.sm.Descriptor()
 		if slices.Contains(d.GetNonVoters(), n) {
 			continue
 		}
 		if _, err := r.changed(r.group.AddNonVoter(ctx, n, r.moveSteps(append(slices.Clone(d.GetNonVoters()), n)))); err != nil {
+			r.removeNonVoters(ctx, added)
 			return nil, 0, err
 		}
+		added = append(added, n)
 	}
 	caughtUp := time.Since(began)
 	barrier, err := r.endLeaseForRehome(ctx, l, region, voters) // 2. and 3.
 	if err != nil {
+		if r.sm.Descriptor().GetRegion() != region {
+			r.removeNonVoters(ctx, added)
+		}
 		return nil, 0, err
 	}
 	ended := time.Now()
@@ -110,6 +116,21 @@ func (r *Replica) Rehome(ctx context.Context, region string, voters []uint64) (*
 		if !transport.SleepCtx(ctx, r.cfg.Tick) {
 			return nil, barrier, fmt.Errorf("%w: range %d: its lease ended at barrier %d and its voters are still moving to %s (its Raft leader completes it): %v",
 				ErrRehomeBusy, r.id, barrier, region, ctx.Err())
+		}
+	}
+}
+
+// removeNonVoters removes the range's non-voters on nodes, best effort
+// (a failed rehome's), under the caller's move claim.
+func (r *Replica) removeNonVoters(ctx context.Context, nodes []uint64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rehomeQuiesce)
+	defer cancel()
+	for _, n := range nodes {
+		d := r.sm.Descriptor()
+		steps := r.moveSteps(slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(x uint64) bool { return x == n }))
+		steps.Keep = d.GetNonVoters()
+		if _, err := r.changed(r.group.RemoveNonVoter(ctx, n, steps)); err != nil {
+			slog.Info("removing a failed rehome's non-voter", "range", r.id, "node", n, "err", err)
 		}
 	}
 }

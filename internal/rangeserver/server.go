@@ -103,10 +103,11 @@ func (r *Replica) toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrTransferTarget), errors.Is(err, ErrMoveTarget), errors.Is(err, ErrRehomeTarget):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy), errors.Is(err, ErrTransferBusy), errors.Is(err, ErrMoveBusy),
-		errors.Is(err, ErrRehomeBusy):
+	case errors.Is(err, ErrSplitBusy), errors.Is(err, ErrMergeBusy), errors.Is(err, ErrTransferBusy), errors.Is(err, ErrMoveBusy):
 		return notExecuted(err, r.self) // retry here
-	case errors.Is(err, ErrSplitRaced), errors.Is(err, ErrMergeRaced):
+	case errors.Is(err, ErrSplitRaced), errors.Is(err, ErrMergeRaced), errors.Is(err, ErrRehomeBusy):
+		// A busy rehome is not retried at once: each attempt stops the
+		// range's serving while it waits for its transactions.
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, ErrMergeLast), errors.Is(err, ErrMergeRegions), errors.Is(err, ErrMergeReplicas):
 		return status.Error(codes.InvalidArgument, err.Error())

@@ -75,10 +75,10 @@ func (r *Replica) SnapshotRead(ctx context.Context, req *pb.SnapshotReadRequest)
 		oldest = min(oldest, req.GetSince()) // every version from since on must be intact
 	}
 	check := func() error {
-		if d := r.sm.Descriptor(); ks == RegionalVersions && (d.GetRegion() != hm.Region || req.GetHome() != "" && req.GetHome() != d.GetRegion()) {
+		if d := r.sm.Descriptor(); req.GetHome() != "" && req.GetHome() != d.GetRegion() || ks == RegionalVersions && d.GetRegion() != hm.Region {
 			// Local epochs of another region than the reader's: the range
 			// was rehomed (DESIGN.md §13).
-			return &MismatchError{Desc: d, Keys: fmt.Sprintf("a regional read of %s's local epochs", req.GetHome()), Start: d.GetStartKey()}
+			return &MismatchError{Desc: d, Keys: fmt.Sprintf("a read in %s's local epochs", req.GetHome()), Start: d.GetStartKey()}
 		}
 		if err := r.sm.checkSnapshotAge(ks, oldest); err != nil {
 			return err

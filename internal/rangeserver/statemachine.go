@@ -397,7 +397,7 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		if x.Lease.GetPrevSeq() != sm.lease.GetSeq() || x.Lease.GetLease().GetSeq() != sm.lease.GetSeq()+1 {
 			return Applied{}
 		}
-		if d := sm.desc.Load(); len(d.GetRehomeVoters()) > 0 || !slices.Contains(d.GetReplicas(), x.Lease.GetLease().GetHolder()) {
+		if d := sm.desc.Load(); len(d.GetRehomeVoters()) > 0 || len(d.GetReplicas()) > 0 && !slices.Contains(d.GetReplicas(), x.Lease.GetLease().GetHolder()) {
 			// Mid-rehome no replica may lead; and only a voter of the
 			// range's home ever holds its lease (DESIGN.md §13): a lease
 			// proposed before a rehome applied must not follow it.

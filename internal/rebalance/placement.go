@@ -65,11 +65,13 @@ func placementSteps(v View, ranges []*pb.RangeDescriptor, settled func(*pb.Range
 		}
 	}
 	if cfg.AutoRehome {
-		for _, a := range autoRehomeSteps(v, ranges, regions, func(d *pb.RangeDescriptor) bool {
-			return settled(d) && !split[d.GetRangeId()] && moves < cfg.MaxMoves
-		}) {
-			out = append(out, a)
-			split[a.Range.GetRangeId()] = true
+		for _, d := range ranges {
+			want, ok := v.RipeRehomes[d.GetRangeId()]
+			if !ok || !settled(d) || split[d.GetRangeId()] || moves >= cfg.MaxMoves {
+				continue
+			}
+			out = append(out, Action{Kind: Rehome, Range: d, Home: want.Region, Auto: true, Why: want.Why})
+			split[d.GetRangeId()] = true
 			moves++
 		}
 	}
@@ -118,14 +120,25 @@ const (
 	AutoRehomeMinRate = 1.0
 )
 
-// autoRehomeSteps returns a Rehome for each range of ranges that may
-// change (ok) and is under no placement rule, at least AutoRehomeShare
-// and AutoRehomeMinRate of whose writes come from another data region of
-// regions.
-func autoRehomeSteps(v View, ranges []*pb.RangeDescriptor, regions []string, ok func(*pb.RangeDescriptor) bool) []Action {
-	var out []Action
-	for _, d := range ranges {
-		if !ok(d) || ruled(v.Placement, regions, d) {
+// AutoRehome is where a range's writes would take it, and why.
+type AutoRehome struct {
+	Region, Why string
+}
+
+// AutoRehomeCandidates returns, by range ID, the ranges of v homed in
+// v.Region and under no placement rule at least AutoRehomeShare and
+// AutoRehomeMinRate of whose writes come from one other data region, and
+// that region. The queue plans a Rehome for one only once it has been a
+// candidate for that region for QueueConfig.AutoRehomeAfter (View.RipeRehomes).
+func AutoRehomeCandidates(v View) map[uint64]AutoRehome {
+	regions := []string{v.Region}
+	for r := range v.Elsewhere {
+		regions = append(regions, r)
+	}
+	slices.Sort(regions)
+	out := map[uint64]AutoRehome{}
+	for _, d := range v.Ranges {
+		if d.GetSubsumed() || d.GetRegion() != v.Region || ruled(v.Placement, regions, d) {
 			continue
 		}
 		w := v.Load[d.GetRangeId()].Writes
@@ -135,8 +148,7 @@ func autoRehomeSteps(v View, ranges []*pb.RangeDescriptor, regions []string, ok 
 		}
 		for _, region := range regions {
 			if rate := w[region]; region != v.Region && rate >= AutoRehomeMinRate && rate >= AutoRehomeShare*total {
-				out = append(out, Action{Kind: Rehome, Range: d, Home: region, Auto: true,
-					Why: fmt.Sprintf("%.0f%% of its %.1f writes/s come from %s", 100*rate/total, total, region)})
+				out[d.GetRangeId()] = AutoRehome{Region: region, Why: fmt.Sprintf("%.0f%% of its %.1f writes/s come from %s", 100*rate/total, total, region)}
 				break
 			}
 		}

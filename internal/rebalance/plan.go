@@ -77,6 +77,9 @@ type View struct {
 	Nodes  []*directorypb.NodeLiveness
 	Ranges []*pb.RangeDescriptor
 	Leases map[uint64]uint64 // range ID → leaseholder (absent: unknown)
+	// RipeRehomes are the automatic rehomes (Config.AutoRehome) whose
+	// range has been a candidate long enough, by range ID (the queue's).
+	RipeRehomes map[uint64]AutoRehome
 	// Groups are the region's non-range groups (epoch, transaction-state,
 	// directory) with their voters.
 	Groups []Group
@@ -142,9 +145,8 @@ type Config struct {
 	// the same nodes, where their leader merges them (DESIGN.md §11).
 	MergeSize uint64
 	MergeQPS  float64
-	// AutoRehome: plan to rehome a range most of whose writes come from
-	// another region (autoRehomeSteps); the queue carries such a step out
-	// only once it has been planned for QueueConfig.AutoRehomeAfter.
+	// AutoRehome: plan to rehome the ranges of View.RipeRehomes, most of
+	// whose writes have come from another region for long enough.
 	AutoRehome bool
 }
 

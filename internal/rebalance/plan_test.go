@@ -399,3 +399,39 @@ func TestPlanFollowsPlacementRules(t *testing.T) {
 		t.Fatal("without the rule, small neighbours planned nothing: the bound check shows nothing")
 	}
 }
+
+// TestAutoRehomeCandidates: a range most of whose writes come from one
+// other region is a candidate to move there, unless a placement rule
+// covers it or the share or the rate is too low; Plan rehomes only the
+// ripe ones, and a candidate not yet ripe holds back no other step.
+func TestAutoRehomeCandidates(t *testing.T) {
+	a, b := rng(100, "", 1, 2, 3), rng(101, "g", 1, 2, 3)
+	a.EndKey, b.EndKey = []byte("g"), []byte("m")
+	a.Region, b.Region = "us-east1", "us-east1"
+	v := View{Region: "us-east1", Nodes: []*directorypb.NodeLiveness{live(1), live(2), live(3)}, Ranges: []*pb.RangeDescriptor{a, b},
+		Leases: map[uint64]uint64{100: 1, 101: 2}, Elsewhere: map[string][]uint64{"us-west1": {4, 5, 6}},
+		Load: map[uint64]Load{100: {Writes: map[string]float64{"us-west1": 6, "us-east1": 4}}, 101: {Writes: map[string]float64{"us-west1": 9, "us-east1": 1}}}}
+	got := AutoRehomeCandidates(v)
+	if len(got) != 1 || got[101].Region != "us-west1" {
+		t.Fatalf("candidates %v, want range 101 to us-west1 alone (range 100's share is 60%%)", got)
+	}
+	v.Load[101] = Load{Writes: map[string]float64{"us-west1": 0.5}}
+	if got := AutoRehomeCandidates(v); len(got) != 0 {
+		t.Fatalf("at 0.5 writes/s: candidates %v, want none", got)
+	}
+	v.Load[101] = Load{Writes: map[string]float64{"us-west1": 9, "us-east1": 1}}
+	v.Placement = []*directorypb.PlacementRule{{Prefix: []byte("h/"), Kind: directorypb.PlacementKind_PLACEMENT_HOME, Home: "us-east1"}}
+	if got := AutoRehomeCandidates(v); len(got) != 0 {
+		t.Fatalf("under a placement rule: candidates %v, want none", got)
+	}
+	v.Placement = nil
+	cfg := Config{MaxMoves: 2, AutoRehome: true}
+	if plan := Plan(v, cfg); slices.ContainsFunc(plan, func(a Action) bool { return a.Kind == Rehome }) {
+		t.Fatalf("no ripe rehome: plan %v", show(plan))
+	}
+	v.RipeRehomes = AutoRehomeCandidates(v)
+	plan := Plan(v, cfg)
+	if len(plan) != 1 || plan[0].Kind != Rehome || plan[0].Range.GetRangeId() != 101 || plan[0].Home != "us-west1" || !plan[0].Auto {
+		t.Fatalf("ripe: plan %v, want range 101 rehomed to us-west1", show(plan))
+	}
+}

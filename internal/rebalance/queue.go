@@ -151,7 +151,10 @@ func (q *Queue) Once(ctx context.Context) []Action {
 		return nil
 	}
 	v.InFlight = busy
-	plan := q.settleRehomes(q.settle(Plan(v, q.cfg.Config), time.Now()), time.Now())
+	if q.cfg.AutoRehome {
+		v.RipeRehomes = q.ripeRehomes(AutoRehomeCandidates(v), time.Now())
+	}
+	plan := q.settle(Plan(v, q.cfg.Config), time.Now())
 	for _, a := range plan {
 		q.start(ctx, a)
 	}
@@ -294,32 +297,27 @@ func (q *Queue) settle(plan []Action, now time.Time) []Action {
 	return slices.DeleteFunc(plan, func(a Action) bool { return a.Kind == Transfer && a.Balance })
 }
 
-// settleRehomes drops plan's automatic rehomes until each has been
-// planned, for the same range and region, in every round for
+// ripeRehomes returns the candidates (AutoRehomeCandidates) that have
+// been candidates, for the same region, in every round for
 // AutoRehomeAfter: the hysteresis that keeps a range whose writers
 // alternate from moving back and forth (DESIGN.md §13).
-func (q *Queue) settleRehomes(plan []Action, now time.Time) []Action {
+func (q *Queue) ripeRehomes(candidates map[uint64]AutoRehome, now time.Time) map[uint64]AutoRehome {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	since := map[uint64]autoRehome{}
-	out := plan[:0:0]
-	for _, a := range plan {
-		if a.Kind != Rehome || !a.Auto {
-			out = append(out, a)
-			continue
-		}
-		id := a.Range.GetRangeId()
+	ripe := map[uint64]AutoRehome{}
+	for id, c := range candidates {
 		prev, ok := q.autoRehomes[id]
-		if !ok || prev.region != a.Home {
-			prev = autoRehome{region: a.Home, since: now}
+		if !ok || prev.region != c.Region {
+			prev = autoRehome{region: c.Region, since: now}
 		}
 		since[id] = prev
 		if now.Sub(prev.since) >= q.cfg.AutoRehomeAfter {
-			out = append(out, a)
+			ripe[id] = c
 		}
 	}
 	q.autoRehomes = since
-	return out
+	return ripe
 }
 
 // autoRehome is since when an automatic rehome of a range to region has

@@ -3187,8 +3187,8 @@ type SnapshotReadRequest struct {
 	// A follower read (DESIGN.md §13) waits about what going to the leader
 	// instead would cost; the replica caps it.
 	ClosedWaitUs uint64 `protobuf:"varint,13,opt,name=closed_wait_us,json=closedWaitUs,proto3" json:"closed_wait_us,omitempty"`
-	// home: for a regional read, the region whose local epochs at and
-	// local_epoch count (the range's home as the reader knows it). A range
+	// home: the region whose local epochs local_epoch (and, for a regional
+	// read, at) count: the range's home as the reader knows it. A range
 	// homed elsewhere now (rehomed, DESIGN.md §13) answers with a mismatch.
 	Home          string `protobuf:"bytes,14,opt,name=home,proto3" json:"home,omitempty"`
 	unknownFields protoimpl.UnknownFields
