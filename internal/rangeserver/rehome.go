@@ -81,7 +81,7 @@ func (r *Replica) Rehome(ctx context.Context, region string, voters []uint64) (*
 		return nil, 0, err
 	}
 	began := time.Now()
-	var added []uint64 // the non-voters this rehome added: removed again if it fails before the lease ends
+	var added []uint64         // the non-voters this rehome added: removed again if it fails before the lease ends
 	for _, n := range voters { // 1.
 		d := r.sm.Descriptor()
 		if slices.Contains(d.GetNonVoters(), n) {
