@@ -82,7 +82,7 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 				}
 				defer store.Close()
 				cfg.Keys = ycsb.KeySpace{Prefixes: [][]byte{[]byte("y-")}}
-				res, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg)
+				res, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil)
 				if err != nil {
 					return err
 				}
@@ -140,15 +140,24 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 	return cmd
 }
 
-// runYCSB loads store and runs cfg on it.
-func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config) (*ycsb.Result, error) {
+// runYCSB loads store and runs cfg on it. With c (the embedded cluster
+// store belongs to) it prints what an operation of the run cost.
+func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config, c *localcluster.Cluster) (*ycsb.Result, error) {
 	w := cfg.Workload
 	fmt.Printf("%s: loading %d records of %d × %d B...\n", name, w.RecordCount, w.FieldCount, w.FieldLength)
 	if err := ycsb.Load(ctx, store, w, cfg.Keys, cfg.Seed); err != nil {
 		return nil, err
 	}
 	fmt.Printf("%s: running workload %s for %s...\n", name, w.Name, runLength(w, cfg.Duration))
-	return ycsb.Run(ctx, store, cfg)
+	if c == nil {
+		return ycsb.Run(ctx, store, cfg)
+	}
+	before := sampleCost(c)
+	res, err := ycsb.Run(ctx, store, cfg)
+	if err == nil {
+		printCost(before, sampleCost(c), res.Ops())
+	}
+	return res, err
 }
 
 func runLength(w ycsb.Workload, d time.Duration) string {
@@ -192,7 +201,7 @@ func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, cluster
 	if cfg.Keys, err = ycsb.RegionKeys(top, region); err != nil {
 		return nil, err
 	}
-	res, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg)
+	res, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg, c)
 	if err != nil || c == nil {
 		return res, err
 	}
