@@ -83,11 +83,10 @@ func (r *Replica) Rehome(ctx context.Context, region string, voters []uint64) (*
 	began := time.Now()
 	var added []uint64         // the non-voters this rehome added: removed again if it fails before the lease ends
 	for _, n := range voters { // 1.
-		d := r.sm.Descriptor()
-		if slices.Contains(d.GetNonVoters(), n) {
+		if slices.Contains(r.sm.Descriptor().GetNonVoters(), n) {
 			continue
 		}
-		if _, err := r.changed(r.group.AddNonVoter(ctx, n, r.moveSteps(append(slices.Clone(d.GetNonVoters()), n)))); err != nil {
+		if _, err := r.addNonVoterClaimed(ctx, n); err != nil {
 			r.removeNonVoters(ctx, added)
 			return nil, 0, err
 		}
@@ -126,10 +125,7 @@ func (r *Replica) removeNonVoters(ctx context.Context, nodes []uint64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rehomeQuiesce)
 	defer cancel()
 	for _, n := range nodes {
-		d := r.sm.Descriptor()
-		steps := r.moveSteps(slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(x uint64) bool { return x == n }))
-		steps.Keep = d.GetNonVoters()
-		if _, err := r.changed(r.group.RemoveNonVoter(ctx, n, steps)); err != nil {
+		if _, err := r.removeNonVoterClaimed(ctx, n); err != nil {
 			slog.Info("removing a failed rehome's non-voter", "range", r.id, "node", n, "err", err)
 		}
 	}

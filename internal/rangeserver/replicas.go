@@ -202,21 +202,31 @@ func (r *Replica) changeNonVoter(ctx context.Context, node uint64, add bool) (*p
 	if done, err := check(d); done || err != nil {
 		return d, err
 	}
-	var nd *pb.RangeDescriptor
-	verb := "added"
-	if add {
-		nd, err = r.changed(r.group.AddNonVoter(ctx, node, r.moveSteps(append(slices.Clone(d.GetNonVoters()), node))))
-	} else {
-		steps := r.moveSteps(slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(n uint64) bool { return n == node }))
-		steps.Keep = d.GetNonVoters() // the one to remove among them
-		nd, err = r.changed(r.group.RemoveNonVoter(ctx, node, steps))
-		verb = "removed"
+	change, verb := r.addNonVoterClaimed, "added"
+	if !add {
+		change, verb = r.removeNonVoterClaimed, "removed"
 	}
+	nd, err := change(ctx, node)
 	if err != nil {
 		return nil, err
 	}
 	slog.Info("range non-voting replica "+verb, "range", r.id, "node", node, "non_voters", nd.GetNonVoters(), "generation", nd.GetGeneration())
 	return nd, nil
+}
+
+// addNonVoterClaimed adds the non-voter on node, its caller holding the
+// range's move claim (changeNonVoter, Rehome).
+func (r *Replica) addNonVoterClaimed(ctx context.Context, node uint64) (*pb.RangeDescriptor, error) {
+	return r.changed(r.group.AddNonVoter(ctx, node, r.moveSteps(append(slices.Clone(r.sm.Descriptor().GetNonVoters()), node))))
+}
+
+// removeNonVoterClaimed removes the non-voter on node, its caller holding
+// the range's move claim.
+func (r *Replica) removeNonVoterClaimed(ctx context.Context, node uint64) (*pb.RangeDescriptor, error) {
+	d := r.sm.Descriptor()
+	steps := r.moveSteps(slices.DeleteFunc(slices.Clone(d.GetNonVoters()), func(n uint64) bool { return n == node }))
+	steps.Keep = d.GetNonVoters() // the one to remove among them
+	return r.changed(r.group.RemoveNonVoter(ctx, node, steps))
 }
 
 // checkNonVoterChange vets adding (add) or removing a non-voter on node.
