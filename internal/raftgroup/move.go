@@ -148,13 +148,8 @@ func (g *Group) MoveReplica(ctx context.Context, from, to uint64, steps MoveStep
 	if err != nil {
 		return nil, err
 	}
-	for { // Raft leaves the joint configuration by itself
-		if _, _, joint := g.Members(); !joint {
-			break
-		}
-		if !transport.SleepCtx(ctx, movePoll) {
-			return nil, ctx.Err()
-		}
+	if err := g.awaitLeftJoint(ctx); err != nil {
+		return nil, err
 	}
 	if steps.Drop != nil {
 		_ = steps.Drop(ctx, from)
@@ -264,6 +259,19 @@ func (g *Group) changeVoters(ctx context.Context, steps MoveSteps, voters, learn
 		return nil, err
 	}
 	return res, nil
+}
+
+// awaitLeftJoint waits until this replica applied the end of a joint
+// configuration, which Raft proposes by itself. Errors: ctx's.
+func (g *Group) awaitLeftJoint(ctx context.Context) error {
+	for {
+		if _, _, joint := g.Members(); !joint {
+			return nil
+		}
+		if !transport.SleepCtx(ctx, movePoll) {
+			return ctx.Err()
+		}
+	}
 }
 
 // awaitCatchUp waits until node's replica has every entry the leader had
@@ -391,13 +399,8 @@ func (g *Group) StepVoters(ctx context.Context, to []uint64, steps MoveSteps) (r
 	if res, err = g.changeVoters(ctx, steps, next, rest, changes...); err != nil {
 		return nil, false, err
 	}
-	for { // Raft leaves the joint configuration by itself
-		if _, _, joint := g.Members(); !joint {
-			break
-		}
-		if !transport.SleepCtx(ctx, movePoll) {
-			return nil, false, ctx.Err()
-		}
+	if err := g.awaitLeftJoint(ctx); err != nil {
+		return nil, false, err
 	}
 	if remove != 0 && steps.Drop != nil {
 		_ = steps.Drop(ctx, remove)

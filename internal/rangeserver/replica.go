@@ -86,12 +86,8 @@ type Config struct {
 	MergeDelay time.Duration
 	// GCTTL is how long a replaced version stays readable: the leader
 	// collects versions below the epochs that were current GCTTL ago
-	// (DESIGN.md §14). 0: never. Used when GCPolicy is nil.
+	// (DESIGN.md §14). 0: never. Used when the home has no GC policy.
 	GCTTL time.Duration
-	// GCPolicy is the region's GC policy, set at run time (its directory):
-	// the gc_ttl and the protections of long snapshots. nil: GCTTL, no
-	// protections.
-	GCPolicy GCPolicySource
 	// Sibling returns this node's replica of the range whose span starts at
 	// key (nil: none here). Merges find the right-hand neighbour with it.
 	Sibling func(key []byte) *Replica
@@ -99,10 +95,6 @@ type Config struct {
 	// node does not host it). A merge asks every replica of the subsumed
 	// range whether it has applied its subsume.
 	PeerDescriptor func(ctx context.Context, node, id uint64) (*pb.RangeDescriptor, error)
-	// NewRangeID allocates the ID of the range a split creates, one no range
-	// ever had (the region's directory, DESIGN.md §11). nil: splits are
-	// refused.
-	NewRangeID func(ctx context.Context) (uint64, error)
 	// ClosedInterval is the least time between two epochs the leader
 	// closes (DESIGN.md §13; default topology.DefaultClosedEpochInterval,
 	// negative: never, for tests). Each close is one Raft entry; a
@@ -253,15 +245,18 @@ type Replica struct {
 	wg     sync.WaitGroup
 }
 
-// NewReplica ties a range's state machine to its Raft group. Start begins its loop.
+// NewReplica ties a range's state machine to its Raft group, reading from
+// home, its range's home region (home.Region is the descriptor's). Start
+// begins its loop.
 //
-// With a publisher in epochs, version ids carry global epochs (paper §5.1);
+// With a publisher in home, version ids carry global epochs (paper §5.1);
 // without one they carry local epochs (a regional-only deployment).
 func NewReplica(self uint64, group *raftgroup.Group, sm *StateMachine,
-	epochs Epochs, deciders func(uint64) Decider, cfg Config) *Replica {
+	home Home, deciders func(uint64) Decider, cfg Config) *Replica {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Replica{id: sm.Descriptor().GetRangeId(), self: self, group: group, sm: sm, deciders: deciders, cfg: cfg.withDefaults(), ctx: ctx, cancel: cancel}
-	r.home.Store(&Home{Region: sm.Descriptor().GetRegion(), Epochs: epochs, GCPolicy: cfg.GCPolicy, NewRangeID: cfg.NewRangeID})
+	home.Region = sm.Descriptor().GetRegion()
+	r.home.Store(&home)
 	r.load = newLoadTracker(r.cfg.Clock.Now, r.cfg.SplitQPS)
 	r.reshaped.Store(r.cfg.Clock.Now().UnixNano())
 	sm.OnSplit(r.onSplit)
