@@ -364,7 +364,10 @@ func (g *Group) StepVoters(ctx context.Context, to []uint64, steps MoveSteps) (r
 			}
 		}
 		if len(best) == 0 {
-			return nil, false, fmt.Errorf("%w: group %d: none of the voters %v answers to take leadership", ErrMoveStuck, g.id, staying)
+			// None answered since the leader's last quorum check (messages
+			// dropped, or one check just reset them): any, at random, so
+			// a retry tries another.
+			best = staying
 		}
 		to := best[rand.IntN(len(best))]
 		g.TransferLeadership(to)

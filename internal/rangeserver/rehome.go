@@ -269,7 +269,7 @@ func (r *Replica) endLeaseForRehome(ctx context.Context, l *leadership, region s
 
 // rehomeRetry is how long the leader waits before it tries again to move
 // the voters of a rehome whose configuration change failed.
-const rehomeRetry = time.Second
+const rehomeRetry = 250 * time.Millisecond
 
 // finishRehome moves the range's voters to the rehome's, in the
 // background, on the Raft leader's tick (step 4): a step at a time
