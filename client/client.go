@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/terroir-db/terroir/internal/coordinator"
@@ -169,6 +170,8 @@ type DB struct {
 	dialer *transport.Dialer
 	top    *topology.Topology
 	owns   bool
+
+	retries atomic.Int64 // see Retries
 }
 
 // Open connects to the cluster of the topology file at path. It fails with a
@@ -299,24 +302,33 @@ func (tx *Txn) Abort(ctx context.Context) error { return tx.t.Abort(ctx) }
 // eventually wins) with jittered exponential backoff, until ctx ends. An error
 // returned by fn aborts the transaction and is returned as is.
 func (db *DB) Update(ctx context.Context, fn func(ctx context.Context, tx *Txn) error) error {
-	var priority uint64
-	backoff := time.Millisecond
-	for {
+	return db.retry(ctx, func(priority uint64) (uint64, error) {
 		t := db.coord.Begin(priority)
-		priority = t.Priority()
 		tx := &Txn{t: t}
 		err := fn(ctx, tx)
 		if err == nil {
 			_, err = tx.Commit(ctx)
-			if err == nil {
-				return nil
-			}
 		} else {
 			_ = tx.Abort(context.WithoutCancel(ctx))
 		}
-		if !IsRetryable(err) {
+		return t.Priority(), err
+	})
+}
+
+// retry runs attempt (given the priority to keep, 0 for the first) until it
+// succeeds, fails with an error that is not retryable, or ctx ends, sleeping
+// a jittered exponential backoff (1 ms doubling to 100 ms) between attempts.
+// attempt returns the priority its transaction had.
+func (db *DB) retry(ctx context.Context, attempt func(priority uint64) (uint64, error)) error {
+	var priority uint64
+	backoff := time.Millisecond
+	for {
+		p, err := attempt(priority)
+		if err == nil || !IsRetryable(err) {
 			return err
 		}
+		db.retries.Add(1)
+		priority = p
 		sleep := backoff/2 + rand.N(backoff/2+1)
 		timer := time.NewTimer(sleep)
 		select {
@@ -327,6 +339,48 @@ func (db *DB) Update(ctx context.Context, fn func(ctx context.Context, tx *Txn) 
 		}
 		backoff = min(backoff*2, 100*time.Millisecond)
 	}
+}
+
+// Retries returns how many transactions of Update, Get, Put and Delete ran
+// again after a retryable error since the DB was opened.
+func (db *DB) Retries() int64 { return db.retries.Load() }
+
+// Get reads key in a transaction of its own, strictly serializable, in one
+// round trip to the key's range leader (it locks, reads, validates its
+// lease and commits there), retrying as Update does; ok is false if the key
+// does not exist. Errors: ErrEmptyKey, ErrKeyTooLarge, ErrCrossRegion, or
+// ctx's.
+func (db *DB) Get(ctx context.Context, key []byte) (value []byte, ok bool, err error) {
+	err = db.retry(ctx, func(priority uint64) (uint64, error) {
+		res, err := db.coord.OneShot(ctx, priority, key, nil)
+		value, ok = res.Value, res.Found
+		return res.Priority, err
+	})
+	return value, ok, err
+}
+
+// Put sets key to value in a transaction of its own, in one round trip to
+// the key's range leader, retrying as Update does, and returns the
+// transaction's version. Errors: ErrEmptyKey, ErrKeyTooLarge,
+// ErrValueTooLarge, ErrCrossRegion, placement errors (ErrNoRegionInKey),
+// ErrCommitUnknown (the outcome is unknown), or ctx's.
+func (db *DB) Put(ctx context.Context, key, value []byte) (Version, error) {
+	return db.oneWrite(ctx, &rangepb.Write{Key: append([]byte{}, key...), Value: append([]byte{}, value...)})
+}
+
+// Delete removes key in a transaction of its own, as Put writes.
+func (db *DB) Delete(ctx context.Context, key []byte) (Version, error) {
+	return db.oneWrite(ctx, &rangepb.Write{Key: append([]byte{}, key...), Tombstone: true})
+}
+
+func (db *DB) oneWrite(ctx context.Context, w *rangepb.Write) (Version, error) {
+	var v Version
+	err := db.retry(ctx, func(priority uint64) (uint64, error) {
+		res, err := db.coord.OneShot(ctx, priority, nil, w)
+		v = Version{Epoch: res.Version.Epoch, Counter: res.Version.Counter}
+		return res.Priority, err
+	})
+	return v, err
 }
 
 // CrashPoint is a point in two-phase commit where a fault campaign can make

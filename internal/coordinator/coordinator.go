@@ -264,6 +264,20 @@ func (t *Txn) crashes(p CrashPoint) bool {
 // the priority of its first attempt (Txn.Priority), so it ages and eventually
 // wins its conflicts; 0 takes a fresh one.
 func (c *Coordinator) Begin(priority uint64) *Txn {
+	meta := c.newMeta(priority)
+	return &Txn{
+		c:      c,
+		meta:   meta,
+		writes: map[string]*pb.Write{},
+		parts:  map[uint64]*participant{},
+		hb:     newHeartbeater(c, meta.GetId()),
+	}
+}
+
+// newMeta returns a new transaction's identity: a random ID, priority (0: a
+// new one, younger than every earlier), this coordinator's region and state
+// store, and the commit mode set.
+func (c *Coordinator) newMeta(priority uint64) *pb.TxnMeta {
 	id := make([]byte, txnstate.TxnIDLen)
 	_, _ = rand.Read(id)
 	if priority == 0 {
@@ -278,13 +292,7 @@ func (c *Coordinator) Begin(priority uint64) *Txn {
 			meta.CommitMode, meta.CommitWaitUs = pb.CommitMode_COMMIT_MODE_COMMIT_WAIT, uint32(m.CommitWait/time.Microsecond)
 		}
 	}
-	return &Txn{
-		c:      c,
-		meta:   meta,
-		writes: map[string]*pb.Write{},
-		parts:  map[uint64]*participant{},
-		hb:     newHeartbeater(c, id),
-	}
+	return meta
 }
 
 // errStaleRoute: a range answered that the request's keys are not in its

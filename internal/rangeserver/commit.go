@@ -127,20 +127,37 @@ func (r *Replica) finish(ctx context.Context, txnID []byte, cmd *pb.Command, com
 
 // CommitOnePhase commits a transaction whose only participant is this range
 // (DESIGN.md §4): with every lock held, read the local epoch, validate the
-// lease, version the writes, apply them through Raft, release.
-func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Write, minEpoch uint64, lockCount uint32, incarnation, generation uint64) (*pb.VersionID, error) {
+// lease, version the writes, apply them through Raft, release. A request
+// with take_locks carries the whole transaction: its locks are taken, and
+// its reads read, here first (takeLocks), so it costs the client one round
+// trip. It returns the version and, with take_locks, the values read.
+// Errors: ErrNotLeaseholder, ErrLeaseNotActive, a *MismatchError,
+// ErrConflict (wait-die), ErrLocksLost, ErrLeaseValidation, or the
+// proposal's.
+func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (*pb.VersionID, []*pb.ReadValue, error) {
+	meta, writes, minEpoch := req.GetTxn(), req.GetWrites(), req.GetMinEpoch()
 	l, err := r.leader()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := r.checkGeneration(generation); err != nil {
-		return nil, err
+	if err := r.checkGeneration(req.GetGeneration()); err != nil {
+		return nil, nil, err
 	}
 	if err := r.checkWrites(writes); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	lockCount, incarnation := req.GetLockCount(), req.GetIncarnation()
+	var reads []*pb.ReadValue
+	if req.GetTakeLocks() {
+		if reads, lockCount, incarnation, err = r.takeLocks(ctx, l, meta, req.GetReads(), writes); err != nil {
+			return nil, nil, err
+		}
 	}
 	if err := l.txns.startCommit(meta, writes, lockCount, incarnation, txnCommitting); err != nil {
-		return nil, err
+		if req.GetTakeLocks() {
+			l.txns.release(meta.GetId(), 0)
+		}
+		return nil, nil, err
 	}
 	abort := func() { l.txns.release(meta.GetId(), 0) } // nothing written: the transaction aborts
 	// Read the epochs only now that every lock is held (invariant 4); the
@@ -164,25 +181,25 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	}
 	if err != nil {
 		abort()
-		return nil, fmt.Errorf("%w: reading epochs: %v", ErrLeaseValidation, err)
+		return nil, nil, fmt.Errorf("%w: reading epochs: %v", ErrLeaseValidation, err)
 	}
 	r.observeEpoch(e)
 	epoch := commitrule.VersionEpoch(g, l.txns.highestEpoch(), minEpoch)
 	if err := commitrule.Validate(e, epoch, commitrule.Lease{Start: l.start, End: l.end.Load()}, h.Publisher == nil); err != nil {
 		abort()
-		return nil, fmt.Errorf("%w: %v", ErrLeaseValidation, err)
+		return nil, nil, fmt.Errorf("%w: %v", ErrLeaseValidation, err)
 	}
 	for h.Publisher != nil && len(writes) > 0 && commitrule.IsQuiet(epoch, r.cfg.QuietEpochs) {
 		// Quiet epoch (paper §5.3.1): wait, locks held, for the next one.
 		if epoch, err = r.nextAfter(ctx, epoch); err != nil {
 			abort()
-			return nil, fmt.Errorf("%w: waiting out quiet epoch: %v", ErrLeaseValidation, err)
+			return nil, nil, fmt.Errorf("%w: waiting out quiet epoch: %v", ErrLeaseValidation, err)
 		}
 	}
 	mv, mr, err := r.maxVersionOf(writes)
 	if err != nil {
 		abort()
-		return nil, err
+		return nil, nil, err
 	}
 	ver := wireVersion(commitrule.ChooseVersion(epoch, mv))
 	var regional *pb.VersionID
@@ -199,7 +216,7 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 			// Otherwise the entry may still apply: the locks stay until it
 			// has applied or never will (settleOnePhase).
 			r.settleOnePhase(l, meta.GetId(), ver.GetEpoch())
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_COMMIT_WAIT && len(writes) > 0 {
@@ -210,7 +227,7 @@ func (r *Replica) CommitOnePhase(ctx context.Context, meta *pb.TxnMeta, writes [
 	if len(writes) > 0 {
 		r.load.recordWrite(meta.GetRegion())
 	}
-	return ver, nil
+	return ver, reads, nil
 }
 
 // settleOnePhase releases, in the background, the locks of a one-phase

@@ -137,3 +137,52 @@ func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) (uint6
 	}
 	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive)
 }
+
+// takeLocks serves a transaction whose whole body came in one request
+// (OnePhaseRequest.take_locks, issue 17): it takes an exclusive lock on each
+// key written and a shared one on each other key read, then reads the read
+// keys, all before the commit reads any epoch (invariant 4). It returns the
+// values in the order of reads, the number of distinct spans locked and the
+// incarnation they were taken under; on an error it releases whatever it
+// took. Errors: a *MismatchError (a key outside the range), ErrConflict
+// (wait-die), ErrLocksLost, ctx's.
+func (r *Replica) takeLocks(ctx context.Context, l *leadership, meta *pb.TxnMeta, reads [][]byte, writes []*pb.Write) (values []*pb.ReadValue, count uint32, inc uint64, err error) {
+	modes := make(map[string]locktable.Mode, len(reads)+len(writes))
+	for _, w := range writes {
+		modes[string(w.GetKey())] = locktable.Exclusive
+	}
+	for _, k := range reads {
+		if err := r.checkKey(k); err != nil {
+			return nil, 0, 0, err
+		}
+		if _, ok := modes[string(k)]; !ok {
+			modes[string(k)] = locktable.Shared
+		}
+	}
+	defer func() {
+		if err != nil {
+			l.txns.release(meta.GetId(), 0)
+		}
+	}()
+	for k, mode := range modes {
+		key := []byte(k)
+		r.load.record(key)
+		got, err := r.lock(ctx, l, meta, locktable.Point(key), mode)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		if inc != 0 && got != inc {
+			return nil, 0, 0, fmt.Errorf("%w: the transaction's record was resolved while it locked", ErrLocksLost)
+		}
+		inc = got
+	}
+	values = make([]*pb.ReadValue, 0, len(reads))
+	for _, k := range reads {
+		v, ok, _, err := r.sm.Get(Versions, k, maxVersion)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		values = append(values, &pb.ReadValue{Found: ok, Value: v.Value})
+	}
+	return values, uint32(len(modes)), inc, nil
+}

@@ -77,6 +77,20 @@ func validWrites(ws []*pb.Write) error {
 	return nil
 }
 
+// validReads checks a one-phase request's reads: keys, sent only with
+// take_locks (a transaction that took its locks earlier read then).
+func validReads(req *pb.OnePhaseRequest) error {
+	if len(req.GetReads()) > 0 && !req.GetTakeLocks() {
+		return fmt.Errorf("%w: reads in a one-phase commit without take_locks", ErrBadRequest)
+	}
+	for _, k := range req.GetReads() {
+		if err := validKey(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // toStatus maps a replica error to a gRPC status the client understands.
 func (r *Replica) toStatus(err error) error {
 	switch {
@@ -408,11 +422,14 @@ func (s *Server) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (*
 	if err := errors.Join(validTxn(req.GetTxn()), validWrites(req.GetWrites())); err != nil {
 		return nil, s.status(r, err)
 	}
-	v, err := r.CommitOnePhase(ctx, req.GetTxn(), req.GetWrites(), req.GetMinEpoch(), req.GetLockCount(), req.GetIncarnation(), req.GetGeneration())
+	if err := validReads(req); err != nil {
+		return nil, s.status(r, err)
+	}
+	v, reads, err := r.CommitOnePhase(ctx, req)
 	if err != nil {
 		return nil, s.status(r, err)
 	}
-	return &pb.OnePhaseResponse{Version: v}, nil
+	return &pb.OnePhaseResponse{Version: v, Reads: reads}, nil
 }
 
 // SnapshotRead implements pb.RangeServer.

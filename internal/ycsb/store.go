@@ -2,7 +2,6 @@ package ycsb
 
 import (
 	"context"
-	"sync/atomic"
 
 	"github.com/terroir-db/terroir/client"
 )
@@ -25,35 +24,30 @@ type Store interface {
 }
 
 // Terroir returns the Store of a Terroir client: every operation is one
-// read-write transaction run by client.DB.Update.
-func Terroir(db *client.DB) Store { return &terroirStore{db: db} }
+// strictly serializable transaction. A read or a write of one record is a
+// transaction of its own in one round trip (client.DB.Get, client.DB.Put),
+// as etcd's driver sends one request; scans, read-modify-writes and loads
+// run in client.DB.Update.
+func Terroir(db *client.DB) Store { return &terroirStore{db: db, since: db.Retries()} }
 
 type terroirStore struct {
-	db      *client.DB
-	retries atomic.Int64
+	db    *client.DB
+	since int64 // the DB's retries before the store was made
 }
 
-// update runs fn in a transaction, counting the attempts run again.
+// update runs fn in a transaction (client.DB.Update retries it).
 func (s *terroirStore) update(ctx context.Context, fn func(ctx context.Context, tx *client.Txn) error) error {
-	attempts := 0
-	err := s.db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-		if attempts++; attempts > 1 {
-			s.retries.Add(1)
-		}
-		return fn(ctx, tx)
-	})
-	return err
+	return s.db.Update(ctx, fn)
 }
 
 func (s *terroirStore) Read(ctx context.Context, key []byte) error {
-	return s.update(ctx, func(ctx context.Context, tx *client.Txn) error {
-		_, _, err := tx.Get(ctx, key)
-		return err
-	})
+	_, _, err := s.db.Get(ctx, key)
+	return err
 }
 
 func (s *terroirStore) Write(ctx context.Context, key, value []byte) error {
-	return s.update(ctx, func(ctx context.Context, tx *client.Txn) error { return tx.Put(ctx, key, value) })
+	_, err := s.db.Put(ctx, key, value)
+	return err
 }
 
 func (s *terroirStore) Scan(ctx context.Context, start, end []byte, n int) error {
@@ -83,4 +77,5 @@ func (s *terroirStore) Load(ctx context.Context, keys, values [][]byte) error {
 	})
 }
 
-func (s *terroirStore) Retries() int64 { return s.retries.Load() }
+// Retries counts the DB's retried transactions since the store was made.
+func (s *terroirStore) Retries() int64 { return s.db.Retries() - s.since }

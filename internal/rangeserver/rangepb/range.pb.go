@@ -2895,14 +2895,21 @@ func (x *AbortResponse) GetDescriptors() []*RangeDescriptor {
 }
 
 type OnePhaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
-	Txn           *TxnMeta               `protobuf:"bytes,2,opt,name=txn,proto3" json:"txn,omitempty"`
-	Writes        []*Write               `protobuf:"bytes,3,rep,name=writes,proto3" json:"writes,omitempty"`
-	MinEpoch      uint64                 `protobuf:"varint,4,opt,name=min_epoch,json=minEpoch,proto3" json:"min_epoch,omitempty"`    // the client session's highest epoch
-	LockCount     uint32                 `protobuf:"varint,5,opt,name=lock_count,json=lockCount,proto3" json:"lock_count,omitempty"` // distinct spans the transaction locked here
-	Incarnation   uint64                 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`              // the incarnation every lock here was taken under
-	Generation    uint64                 `protobuf:"varint,7,opt,name=generation,proto3" json:"generation,omitempty"`                // as in PrepareRequest
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	RangeId     uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Txn         *TxnMeta               `protobuf:"bytes,2,opt,name=txn,proto3" json:"txn,omitempty"`
+	Writes      []*Write               `protobuf:"bytes,3,rep,name=writes,proto3" json:"writes,omitempty"`
+	MinEpoch    uint64                 `protobuf:"varint,4,opt,name=min_epoch,json=minEpoch,proto3" json:"min_epoch,omitempty"`    // the client session's highest epoch
+	LockCount   uint32                 `protobuf:"varint,5,opt,name=lock_count,json=lockCount,proto3" json:"lock_count,omitempty"` // distinct spans the transaction locked here
+	Incarnation uint64                 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`              // the incarnation every lock here was taken under
+	Generation  uint64                 `protobuf:"varint,7,opt,name=generation,proto3" json:"generation,omitempty"`                // as in PrepareRequest
+	// take_locks: the request carries the whole transaction (issue 17: one
+	// round trip). The leader takes a shared lock on each key of reads and an
+	// exclusive one on each key written, reads reads, and only then reads the
+	// epochs (invariant 4); lock_count and incarnation are then ignored. Only
+	// a transaction that has locked nothing here before may send it.
+	TakeLocks     bool     `protobuf:"varint,8,opt,name=take_locks,json=takeLocks,proto3" json:"take_locks,omitempty"`
+	Reads         [][]byte `protobuf:"bytes,9,rep,name=reads,proto3" json:"reads,omitempty"` // with take_locks: keys to read, in the range
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2986,9 +2993,24 @@ func (x *OnePhaseRequest) GetGeneration() uint64 {
 	return 0
 }
 
+func (x *OnePhaseRequest) GetTakeLocks() bool {
+	if x != nil {
+		return x.TakeLocks
+	}
+	return false
+}
+
+func (x *OnePhaseRequest) GetReads() [][]byte {
+	if x != nil {
+		return x.Reads
+	}
+	return nil
+}
+
 type OnePhaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       *VersionID             `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	Reads         []*ReadValue           `protobuf:"bytes,2,rep,name=reads,proto3" json:"reads,omitempty"` // with take_locks: one per request key, in order
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3030,6 +3052,67 @@ func (x *OnePhaseResponse) GetVersion() *VersionID {
 	return nil
 }
 
+func (x *OnePhaseResponse) GetReads() []*ReadValue {
+	if x != nil {
+		return x.Reads
+	}
+	return nil
+}
+
+// ReadValue is the newest committed value of a key a one-round-trip
+// transaction read.
+type ReadValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Found         bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadValue) Reset() {
+	*x = ReadValue{}
+	mi := &file_range_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadValue) ProtoMessage() {}
+
+func (x *ReadValue) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadValue.ProtoReflect.Descriptor instead.
+func (*ReadValue) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ReadValue) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *ReadValue) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 // HeartbeatRequest tells a range leader that a transaction holding locks
 // there is alive (DESIGN.md §10): its coordinator sends one every
 // orphan_after/4 while the transaction is open.
@@ -3045,7 +3128,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3057,7 +3140,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[43]
+	mi := &file_range_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3070,7 +3153,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{43}
+	return file_range_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *HeartbeatRequest) GetRangeId() uint64 {
@@ -3113,7 +3196,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3125,7 +3208,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[44]
+	mi := &file_range_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3138,7 +3221,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{44}
+	return file_range_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *HeartbeatResponse) GetLost() bool {
@@ -3197,7 +3280,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3209,7 +3292,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[45]
+	mi := &file_range_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3222,7 +3305,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{45}
+	return file_range_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SnapshotReadRequest) GetRangeId() uint64 {
@@ -3336,7 +3419,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_range_proto_msgTypes[46]
+	mi := &file_range_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3348,7 +3431,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[46]
+	mi := &file_range_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3361,7 +3444,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{46}
+	return file_range_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Change) GetKey() []byte {
@@ -3420,7 +3503,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_range_proto_msgTypes[47]
+	mi := &file_range_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3432,7 +3515,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[47]
+	mi := &file_range_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3445,7 +3528,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{47}
+	return file_range_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SnapshotReadResponse) GetKvs() []*KeyValue {
@@ -3531,7 +3614,7 @@ type ClosedEpochRequest struct {
 
 func (x *ClosedEpochRequest) Reset() {
 	*x = ClosedEpochRequest{}
-	mi := &file_range_proto_msgTypes[48]
+	mi := &file_range_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3543,7 +3626,7 @@ func (x *ClosedEpochRequest) String() string {
 func (*ClosedEpochRequest) ProtoMessage() {}
 
 func (x *ClosedEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[48]
+	mi := &file_range_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3556,7 +3639,7 @@ func (x *ClosedEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosedEpochRequest.ProtoReflect.Descriptor instead.
 func (*ClosedEpochRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{48}
+	return file_range_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ClosedEpochRequest) GetRangeId() uint64 {
@@ -3591,7 +3674,7 @@ type ClosedEpochResponse struct {
 
 func (x *ClosedEpochResponse) Reset() {
 	*x = ClosedEpochResponse{}
-	mi := &file_range_proto_msgTypes[49]
+	mi := &file_range_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3603,7 +3686,7 @@ func (x *ClosedEpochResponse) String() string {
 func (*ClosedEpochResponse) ProtoMessage() {}
 
 func (x *ClosedEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[49]
+	mi := &file_range_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3616,7 +3699,7 @@ func (x *ClosedEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosedEpochResponse.ProtoReflect.Descriptor instead.
 func (*ClosedEpochResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{49}
+	return file_range_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ClosedEpochResponse) GetClosedEpoch() uint64 {
@@ -3636,7 +3719,7 @@ type AdminSplitRequest struct {
 
 func (x *AdminSplitRequest) Reset() {
 	*x = AdminSplitRequest{}
-	mi := &file_range_proto_msgTypes[50]
+	mi := &file_range_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3648,7 +3731,7 @@ func (x *AdminSplitRequest) String() string {
 func (*AdminSplitRequest) ProtoMessage() {}
 
 func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[50]
+	mi := &file_range_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3661,7 +3744,7 @@ func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
 func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{50}
+	return file_range_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AdminSplitRequest) GetRangeId() uint64 {
@@ -3688,7 +3771,7 @@ type AdminSplitResponse struct {
 
 func (x *AdminSplitResponse) Reset() {
 	*x = AdminSplitResponse{}
-	mi := &file_range_proto_msgTypes[51]
+	mi := &file_range_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3783,7 @@ func (x *AdminSplitResponse) String() string {
 func (*AdminSplitResponse) ProtoMessage() {}
 
 func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[51]
+	mi := &file_range_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3796,7 @@ func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
 func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{51}
+	return file_range_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
@@ -3744,7 +3827,7 @@ type TransferLeaseRequest struct {
 
 func (x *TransferLeaseRequest) Reset() {
 	*x = TransferLeaseRequest{}
-	mi := &file_range_proto_msgTypes[52]
+	mi := &file_range_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3756,7 +3839,7 @@ func (x *TransferLeaseRequest) String() string {
 func (*TransferLeaseRequest) ProtoMessage() {}
 
 func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[52]
+	mi := &file_range_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3769,7 +3852,7 @@ func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{52}
+	return file_range_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TransferLeaseRequest) GetRangeId() uint64 {
@@ -3802,7 +3885,7 @@ type TransferLeaseResponse struct {
 
 func (x *TransferLeaseResponse) Reset() {
 	*x = TransferLeaseResponse{}
-	mi := &file_range_proto_msgTypes[53]
+	mi := &file_range_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3814,7 +3897,7 @@ func (x *TransferLeaseResponse) String() string {
 func (*TransferLeaseResponse) ProtoMessage() {}
 
 func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[53]
+	mi := &file_range_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3827,7 +3910,7 @@ func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{53}
+	return file_range_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *TransferLeaseResponse) GetLease() *Lease {
@@ -3851,7 +3934,7 @@ type AdminMergeRequest struct {
 
 func (x *AdminMergeRequest) Reset() {
 	*x = AdminMergeRequest{}
-	mi := &file_range_proto_msgTypes[54]
+	mi := &file_range_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3863,7 +3946,7 @@ func (x *AdminMergeRequest) String() string {
 func (*AdminMergeRequest) ProtoMessage() {}
 
 func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[54]
+	mi := &file_range_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3876,7 +3959,7 @@ func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
 func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{54}
+	return file_range_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AdminMergeRequest) GetRangeId() uint64 {
@@ -3902,7 +3985,7 @@ type AdminMergeResponse struct {
 
 func (x *AdminMergeResponse) Reset() {
 	*x = AdminMergeResponse{}
-	mi := &file_range_proto_msgTypes[55]
+	mi := &file_range_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3914,7 +3997,7 @@ func (x *AdminMergeResponse) String() string {
 func (*AdminMergeResponse) ProtoMessage() {}
 
 func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[55]
+	mi := &file_range_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3927,7 +4010,7 @@ func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
 func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{55}
+	return file_range_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
@@ -3959,7 +4042,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[56]
+	mi := &file_range_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3971,7 +4054,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[56]
+	mi := &file_range_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3984,7 +4067,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{56}
+	return file_range_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -4058,7 +4141,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[57]
+	mi := &file_range_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4070,7 +4153,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[57]
+	mi := &file_range_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4083,7 +4166,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{57}
+	return file_range_proto_rawDescGZIP(), []int{58}
 }
 
 type RangesResponse struct {
@@ -4095,7 +4178,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[58]
+	mi := &file_range_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4107,7 +4190,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[58]
+	mi := &file_range_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4120,7 +4203,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{58}
+	return file_range_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -4344,7 +4427,7 @@ const file_range_proto_rawDesc = "" +
 	"generation\"m\n" +
 	"\rAbortResponse\x12\x1a\n" +
 	"\breshaped\x18\x01 \x01(\bR\breshaped\x12@\n" +
-	"\vdescriptors\x18\x02 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\"\x82\x02\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x1e.terroir.range.RangeDescriptorR\vdescriptors\"\xb7\x02\n" +
 	"\x0fOnePhaseRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12(\n" +
 	"\x03txn\x18\x02 \x01(\v2\x16.terroir.range.TxnMetaR\x03txn\x12,\n" +
@@ -4355,9 +4438,16 @@ const file_range_proto_rawDesc = "" +
 	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\x12\x1e\n" +
 	"\n" +
 	"generation\x18\a \x01(\x04R\n" +
-	"generation\"F\n" +
+	"generation\x12\x1d\n" +
+	"\n" +
+	"take_locks\x18\b \x01(\bR\ttakeLocks\x12\x14\n" +
+	"\x05reads\x18\t \x03(\fR\x05reads\"v\n" +
 	"\x10OnePhaseResponse\x122\n" +
-	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion\"\x86\x01\n" +
+	"\aversion\x18\x01 \x01(\v2\x18.terroir.range.VersionIDR\aversion\x12.\n" +
+	"\x05reads\x18\x02 \x03(\v2\x18.terroir.range.ReadValueR\x05reads\"7\n" +
+	"\tReadValue\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\x86\x01\n" +
 	"\x10HeartbeatRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x15\n" +
 	"\x06txn_id\x18\x02 \x01(\fR\x05txnId\x12 \n" +
@@ -4486,7 +4576,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),                // 0: terroir.range.CommitMode
 	(*VersionID)(nil),              // 1: terroir.range.VersionID
@@ -4532,23 +4622,24 @@ var file_range_proto_goTypes = []any{
 	(*AbortResponse)(nil),          // 41: terroir.range.AbortResponse
 	(*OnePhaseRequest)(nil),        // 42: terroir.range.OnePhaseRequest
 	(*OnePhaseResponse)(nil),       // 43: terroir.range.OnePhaseResponse
-	(*HeartbeatRequest)(nil),       // 44: terroir.range.HeartbeatRequest
-	(*HeartbeatResponse)(nil),      // 45: terroir.range.HeartbeatResponse
-	(*SnapshotReadRequest)(nil),    // 46: terroir.range.SnapshotReadRequest
-	(*Change)(nil),                 // 47: terroir.range.Change
-	(*SnapshotReadResponse)(nil),   // 48: terroir.range.SnapshotReadResponse
-	(*ClosedEpochRequest)(nil),     // 49: terroir.range.ClosedEpochRequest
-	(*ClosedEpochResponse)(nil),    // 50: terroir.range.ClosedEpochResponse
-	(*AdminSplitRequest)(nil),      // 51: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),     // 52: terroir.range.AdminSplitResponse
-	(*TransferLeaseRequest)(nil),   // 53: terroir.range.TransferLeaseRequest
-	(*TransferLeaseResponse)(nil),  // 54: terroir.range.TransferLeaseResponse
-	(*AdminMergeRequest)(nil),      // 55: terroir.range.AdminMergeRequest
-	(*AdminMergeResponse)(nil),     // 56: terroir.range.AdminMergeResponse
-	(*RangeStatus)(nil),            // 57: terroir.range.RangeStatus
-	(*RangesRequest)(nil),          // 58: terroir.range.RangesRequest
-	(*RangesResponse)(nil),         // 59: terroir.range.RangesResponse
-	nil,                            // 60: terroir.range.RangeStatus.WritesByRegionEntry
+	(*ReadValue)(nil),              // 44: terroir.range.ReadValue
+	(*HeartbeatRequest)(nil),       // 45: terroir.range.HeartbeatRequest
+	(*HeartbeatResponse)(nil),      // 46: terroir.range.HeartbeatResponse
+	(*SnapshotReadRequest)(nil),    // 47: terroir.range.SnapshotReadRequest
+	(*Change)(nil),                 // 48: terroir.range.Change
+	(*SnapshotReadResponse)(nil),   // 49: terroir.range.SnapshotReadResponse
+	(*ClosedEpochRequest)(nil),     // 50: terroir.range.ClosedEpochRequest
+	(*ClosedEpochResponse)(nil),    // 51: terroir.range.ClosedEpochResponse
+	(*AdminSplitRequest)(nil),      // 52: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),     // 53: terroir.range.AdminSplitResponse
+	(*TransferLeaseRequest)(nil),   // 54: terroir.range.TransferLeaseRequest
+	(*TransferLeaseResponse)(nil),  // 55: terroir.range.TransferLeaseResponse
+	(*AdminMergeRequest)(nil),      // 56: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),     // 57: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),            // 58: terroir.range.RangeStatus
+	(*RangesRequest)(nil),          // 59: terroir.range.RangesRequest
+	(*RangesResponse)(nil),         // 60: terroir.range.RangesResponse
+	nil,                            // 61: terroir.range.RangeStatus.WritesByRegionEntry
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
@@ -4595,56 +4686,57 @@ var file_range_proto_depIdxs = []int32{
 	2,  // 41: terroir.range.OnePhaseRequest.txn:type_name -> terroir.range.TxnMeta
 	4,  // 42: terroir.range.OnePhaseRequest.writes:type_name -> terroir.range.Write
 	1,  // 43: terroir.range.OnePhaseResponse.version:type_name -> terroir.range.VersionID
-	1,  // 44: terroir.range.Change.version:type_name -> terroir.range.VersionID
-	5,  // 45: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
-	47, // 46: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
-	6,  // 47: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 48: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	3,  // 49: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
-	6,  // 50: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 51: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 52: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	60, // 53: terroir.range.RangeStatus.writes_by_region:type_name -> terroir.range.RangeStatus.WritesByRegionEntry
-	57, // 54: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	30, // 55: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	32, // 56: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	34, // 57: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	36, // 58: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	38, // 59: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	40, // 60: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	42, // 61: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	46, // 62: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	44, // 63: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	51, // 64: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	55, // 65: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	53, // 66: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
-	8,  // 67: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
-	10, // 68: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
-	12, // 69: terroir.range.Range.Rehome:input_type -> terroir.range.RehomeRequest
-	58, // 70: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	49, // 71: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
-	31, // 72: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	33, // 73: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	35, // 74: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	37, // 75: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	39, // 76: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	41, // 77: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	43, // 78: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	48, // 79: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	45, // 80: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	52, // 81: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	56, // 82: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	54, // 83: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
-	9,  // 84: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
-	11, // 85: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
-	13, // 86: terroir.range.Range.Rehome:output_type -> terroir.range.RehomeResponse
-	59, // 87: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	50, // 88: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
-	72, // [72:89] is the sub-list for method output_type
-	55, // [55:72] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	44, // 44: terroir.range.OnePhaseResponse.reads:type_name -> terroir.range.ReadValue
+	1,  // 45: terroir.range.Change.version:type_name -> terroir.range.VersionID
+	5,  // 46: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
+	48, // 47: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
+	6,  // 48: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 49: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	3,  // 50: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
+	6,  // 51: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 52: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 53: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	61, // 54: terroir.range.RangeStatus.writes_by_region:type_name -> terroir.range.RangeStatus.WritesByRegionEntry
+	58, // 55: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	30, // 56: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	32, // 57: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	34, // 58: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	36, // 59: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	38, // 60: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	40, // 61: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	42, // 62: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	47, // 63: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	45, // 64: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	52, // 65: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	56, // 66: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	54, // 67: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
+	8,  // 68: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
+	10, // 69: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
+	12, // 70: terroir.range.Range.Rehome:input_type -> terroir.range.RehomeRequest
+	59, // 71: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	50, // 72: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
+	31, // 73: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	33, // 74: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	35, // 75: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	37, // 76: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	39, // 77: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	41, // 78: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	43, // 79: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	49, // 80: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	46, // 81: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	53, // 82: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	57, // 83: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	55, // 84: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
+	9,  // 85: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
+	11, // 86: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
+	13, // 87: terroir.range.Range.Rehome:output_type -> terroir.range.RehomeResponse
+	60, // 88: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	51, // 89: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
+	73, // [73:90] is the sub-list for method output_type
+	56, // [56:73] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -4671,7 +4763,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   60,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
