@@ -24,7 +24,7 @@ import (
 func benchYCSBCmd() *cobra.Command {
 	var f benchFlags
 	var conn connFlags
-	var workload, distribution, clusterPath, region, out, target string
+	var workload, distribution, clusterPath, region, out, target, targetPids, clusterPids string
 	var versus bool
 	var records, operations, clients, fieldCount, fieldLength int
 	var seed uint64
@@ -43,9 +43,28 @@ It runs against the embedded cluster of --config (default: examples/one-region.y
 in this process) or, with --cluster, against a running cluster of that topology.
 It prints P50/P95/P99 per operation and the throughput, beside this machine's
 floor measured in the same run, and with --out writes ycsb-<workload>.json and
-.md there.`,
+.md there.
+
+With --target-pids (the etcd members' processes) and --cluster-pids (the
+running cluster's node processes), it also prints each system's CPU time per
+operation of the run phase (user + system, summed over its processes, from
+/proc/<pid>/stat) and the driver's (this process's) own.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if targetPids != "" && target == "" {
+				return errors.New("--target-pids needs --target (they are the target's processes)")
+			}
+			if clusterPids != "" && clusterPath == "" {
+				return errors.New("--cluster-pids needs --cluster (they are the running cluster's node processes)")
+			}
+			etcdProcs, err := parsePids("target-pids", targetPids)
+			if err != nil {
+				return err
+			}
+			terroirProcs, err := parsePids("cluster-pids", clusterPids)
+			if err != nil {
+				return err
+			}
 			w, err := ycsb.Core(workload)
 			if err != nil {
 				return err
@@ -70,6 +89,7 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 			ctx := cmd.Context()
 			cfg := ycsb.Config{Workload: w, Clients: clients, Duration: f.duration, Seed: seed}
 			var results []*ycsb.Result
+			var costs []*cpuPerOp
 			var names []string
 			if target != "" {
 				endpoints, err := etcdpeer.ParseTarget(target)
@@ -82,26 +102,30 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 				}
 				defer store.Close()
 				cfg.Keys = ycsb.KeySpace{Prefixes: [][]byte{[]byte("y-")}}
-				res, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil)
+				res, cost, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil, etcdProcs)
 				if err != nil {
 					return err
 				}
-				results, names = append(results, res), append(names, "etcd")
+				results, costs, names = append(results, res), append(costs, cost), append(names, "etcd")
 			}
 			if target == "" || versus {
-				res, err := runTerroirYCSB(ctx, &f, &conn, clusterPath, region, cfg)
+				res, cost, err := runTerroirYCSB(ctx, &f, &conn, clusterPath, region, cfg, terroirProcs)
 				if err != nil {
 					return err
 				}
-				results, names = append(results, res), append(names, "terroir")
+				results, costs, names = append(results, res), append(costs, cost), append(names, "terroir")
 			}
 			for i, res := range results {
 				fmt.Println()
 				fmt.Print(res.Markdown(fmt.Sprintf("YCSB workload %s on %s", w.Name, names[i])))
+				if costs[i] != nil {
+					fmt.Printf("%s: %s\n", names[i], costs[i])
+				}
 			}
 			if len(results) == 2 {
 				fmt.Println()
 				fmt.Print(ycsb.SideBySide(names[0], results[0], names[1], results[1]))
+				fmt.Println(ratios(names[0], results[0], costs[0], names[1], results[1], costs[1]))
 			}
 			if out != "" {
 				for i, res := range results {
@@ -136,28 +160,64 @@ floor measured in the same run, and with --out writes ycsb-<workload>.json and
 	cmd.Flags().StringVar(&region, "region", "", "the clients' region (default: the first)")
 	cmd.Flags().StringVar(&out, "out", "", "directory to write <target>-ycsb-<workload>.json and .md to")
 	cmd.Flags().StringVar(&target, "target", "", "run against etcd instead: etcd://host:port[,host:port...]")
-	cmd.Flags().BoolVar(&versus, "versus-terroir", false, "with --target: also run the same workload on Terroir and print both side by side")
+	cmd.Flags().BoolVar(&versus, "versus-terroir", false, "with --target: also run the same workload on Terroir (the embedded cluster, or --cluster) and print both side by side")
+	cmd.Flags().StringVar(&targetPids, "target-pids", "", "with --target: comma-separated pids of the target's server processes, to print their CPU time per operation")
+	cmd.Flags().StringVar(&clusterPids, "cluster-pids", "", "with --cluster: comma-separated pids of the cluster's node processes, to print their CPU time per operation")
+	cmd.Flags().Lookup("insecure").Usage = "plaintext, no TLS: the embedded cluster, or connect to a --cluster started with --insecure"
 	return cmd
 }
 
 // runYCSB loads store and runs cfg on it. With c (the embedded cluster
-// store belongs to) it prints what an operation of the run cost.
-func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config, c *localcluster.Cluster) (*ycsb.Result, error) {
+// store belongs to) it prints what an operation of the run cost. With pids
+// (the processes serving store) it returns the CPU time an operation of the
+// run phase cost in them and in this process; else that is nil.
+func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config, c *localcluster.Cluster, pids []int) (*ycsb.Result, *cpuPerOp, error) {
 	w := cfg.Workload
 	fmt.Printf("%s: loading %d records of %d × %d B...\n", name, w.RecordCount, w.FieldCount, w.FieldLength)
 	if err := ycsb.Load(ctx, store, w, cfg.Keys, cfg.Seed); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	fmt.Printf("%s: running workload %s for %s...\n", name, w.Name, runLength(w, cfg.Duration))
-	if c == nil {
-		return ycsb.Run(ctx, store, cfg)
+	var cost runCost
+	if c != nil {
+		cost = sampleCost(c)
 	}
-	before := sampleCost(c)
+	var before cpuSample
+	var err error
+	if len(pids) > 0 {
+		if before, err = sampleCPU(pids); err != nil {
+			return nil, nil, err
+		}
+	}
 	res, err := ycsb.Run(ctx, store, cfg)
-	if err == nil {
-		printCost(before, sampleCost(c), res.Ops())
+	if err != nil {
+		return nil, nil, err
 	}
-	return res, err
+	var perOpCPU *cpuPerOp
+	if len(pids) > 0 {
+		after, err := sampleCPU(pids)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: after the run: %w", name, err)
+		}
+		per := perOp(before, after, len(pids), res.Ops())
+		perOpCPU = &per
+	}
+	if c != nil {
+		printCost(cost, sampleCost(c), res.Ops())
+	}
+	return res, perOpCPU, nil
+}
+
+// ratios is the line under the side-by-side table: b's throughput and, when
+// both were measured, b's CPU time per operation in its servers' processes,
+// each as a multiple of a's.
+func ratios(nameA string, a *ycsb.Result, costA *cpuPerOp, nameB string, b *ycsb.Result, costB *cpuPerOp) string {
+	line := fmt.Sprintf("%s/%s: throughput %.2f×", nameB, nameA, b.Throughput()/a.Throughput())
+	if costA != nil && costB != nil && costA.servers > 0 {
+		line += fmt.Sprintf(", CPU per operation %.2f× (servers' processes: %s vs %s)",
+			float64(costB.servers)/float64(costA.servers), micros(costB.servers), micros(costA.servers))
+	}
+	return line
 }
 
 func runLength(w ycsb.Workload, d time.Duration) string {
@@ -167,10 +227,10 @@ func runLength(w ycsb.Workload, d time.Duration) string {
 	return d.String()
 }
 
-// runTerroirYCSB runs cfg on a running cluster (clusterPath) or the embedded
-// one of f, with keys homed in the clients' region, and prints the machine's
-// floor for the embedded one.
-func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config) (*ycsb.Result, error) {
+// runTerroirYCSB runs cfg on a running cluster (clusterPath, whose node
+// processes are pids) or the embedded one of f, with keys homed in the
+// clients' region, and prints the machine's floor for the embedded one.
+func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config, pids []int) (*ycsb.Result, *cpuPerOp, error) {
 	var db *client.DB
 	var top *topology.Topology
 	var c *localcluster.Cluster
@@ -179,44 +239,44 @@ func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, cluster
 		conn.insecure = f.insecure
 		cn, err := conn.connect(ctx, clusterPath, region)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		defer cn.Close()
 		if db, err = cn.client(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		defer db.Close()
 		top, region = cn.top, cn.region
 	} else {
 		var group topology.Group
 		if c, group, err = f.startBench(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		defer c.Close()
 		top, region = c.Topology, group.Region
 		if db, err = c.Client(region); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if cfg.Keys, err = ycsb.RegionKeys(top, region); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	res, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg, c)
+	res, cost, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg, c, pids)
 	if err != nil || c == nil {
-		return res, err
+		return res, cost, err
 	}
 	group := top.GroupsOfKind(topology.KindLocalEpoch, region)[0]
 	rtt, err := experiment.MeasurePing(c, group, time.Second)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	fsync, err := experiment.MeasureFsync(c.DataDir(), time.Second)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	fmt.Printf("floor on this machine: loopback gRPC round trip P50 %s, fsync (4 KiB) P50 %s\n",
 		latency.MS(rtt.Quantile(50)), latency.MS(fsync.Quantile(50)))
-	return res, nil
+	return res, cost, nil
 }
 
 // writeYCSB writes res as JSON and Markdown into dir, named after the target.
