@@ -50,7 +50,7 @@ func benchCmd() *cobra.Command {
 		},
 	}
 	cmd.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
-	cmd.AddCommand(benchRaftCmd(), benchEpochCmd(), benchYCSBCmd(), benchPaperCmd(), benchCompareCmd(), benchSplitCmd(), benchRebalanceCmd(), benchSnapshotCmd(), benchGCCmd(), benchTLSCmd(), benchGeoCmd())
+	cmd.AddCommand(benchRaftCmd(), benchEpochCmd(), benchYCSBCmd(), benchPaperCmd(), benchCompareCmd(), benchSplitCmd(), benchRebalanceCmd(), benchSnapshotCmd(), benchGCCmd(), benchTLSCmd(), benchGeoCmd(), benchIdleCmd())
 	return cmd
 }
 
