@@ -491,6 +491,7 @@ func (n *Node) reader(kind topology.Kind, region string) (*epoch.Reader, error) 
 		return nil, fmt.Errorf("node: region %q has ranges but no %s group", region, kind)
 	}
 	r := epoch.NewReader(n.dialer, groups[0])
+	r.ServeLocally(n.cfg.NodeID, n.epochSrv.ReadEpoch) // this node's replica answers in process
 	n.readers[key] = r
 	return r, nil
 }
