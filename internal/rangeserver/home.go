@@ -59,6 +59,7 @@ func (r *Replica) followHome() bool {
 	h.Region = region
 	r.home.Store(&h)
 	r.lastEpoch.Store(0)
+	r.epochRead = epochReading{} // another region's epochs
 	r.gcq.samples = nil
 	slog.Info("range replica follows its new home", "range", r.id, "region", region)
 	return true

@@ -197,3 +197,37 @@ func TestInheritanceNeedsTheSameLease(t *testing.T) {
 		}
 	}
 }
+
+// TestTickReusesAFreshEpochFarFromRenewal: a leaseholder's tick skips the
+// epoch read only while its lease is active, a fresh read is younger than
+// epochRefresh, and renewal stays out of reach at twice the seen rate.
+func TestTickReusesAFreshEpochFarFromRenewal(t *testing.T) {
+	at := time.Unix(1000, 0)
+	read := epochReading{at: at, epoch: 500, perSec: 100} // 100 epochs/s: one per 10 ms
+	ours := &pb.Lease{Holder: 1, Start: 450, End: 600}
+	const renew = 50
+	for _, tc := range []struct {
+		name  string
+		read  epochReading
+		after time.Duration
+		lease *pb.Lease
+		cur   uint64
+		want  bool
+	}{
+		{"fresh read, far from renewal", read, 20 * time.Millisecond, ours, 500, true},
+		{"read too old", read, epochRefresh, ours, 500, false},
+		{"rate unknown", epochReading{at: at, epoch: 500}, 20 * time.Millisecond, ours, 500, false},
+		// 500 + 2·100·0.09 + 2 + 50 = 570 < 600: still far.
+		{"older read, still far", read, 90 * time.Millisecond, ours, 500, true},
+		// 540 + 4 + 2 + 50 = 596 < 600: far; at 545 it is not.
+		{"nearly due", read, 20 * time.Millisecond, ours, 540, true},
+		{"due", read, 20 * time.Millisecond, ours, 545, false},
+		{"another's lease", read, 20 * time.Millisecond, &pb.Lease{Holder: 2, Start: 450, End: 600}, 500, false},
+		{"lease not yet active", read, 20 * time.Millisecond, &pb.Lease{Holder: 1, Start: 520, End: 620}, 500, false},
+		{"clock went back", read, -time.Millisecond, ours, 500, false},
+	} {
+		if got := tc.read.reusable(at.Add(tc.after), tc.lease, 1, tc.cur, renew); got != tc.want {
+			t.Errorf("%s: reusable %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -227,6 +227,7 @@ type Replica struct {
 	cfg      Config
 
 	lastEpoch     atomic.Uint64 // the newest local epoch this replica has read
+	epochRead     epochReading  // the tick's alone (tickEpoch)
 	load          *loadTracker
 	splits        splitQueue
 	gcq           gcQueue
