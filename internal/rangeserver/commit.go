@@ -39,6 +39,28 @@ func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.Ver
 	return global, regional, nil
 }
 
+// maxVersionsAsync starts maxVersionOf(writes) on its own goroutine and
+// returns a function that waits for its result (at once for no writes).
+func (r *Replica) maxVersionsAsync(writes []*pb.Write) func() (global, regional storage.VersionID, err error) {
+	if len(writes) == 0 {
+		return func() (storage.VersionID, storage.VersionID, error) { return storage.VersionID{}, storage.VersionID{}, nil }
+	}
+	type result struct {
+		global, regional storage.VersionID
+		err              error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		var res result
+		res.global, res.regional, res.err = r.maxVersionOf(writes)
+		ch <- res
+	}()
+	return func() (storage.VersionID, storage.VersionID, error) {
+		res := <-ch
+		return res.global, res.regional, res.err
+	}
+}
+
 // Prepare makes txn's writes durable as a prepared record (through Raft) and
 // returns what the coordinator validates and versions with (DESIGN.md §4.2): the
 // lease, the highest epoch, and the newest existing version of the write set. A
@@ -58,17 +80,21 @@ func (r *Replica) Prepare(ctx context.Context, meta *pb.TxnMeta, writes []*pb.Wr
 	if err := l.txns.startCommit(meta, writes, lockCount, incarnation, txnPrepared); err != nil {
 		return nil, err
 	}
+	// The write set's newest versions cannot change while its exclusive
+	// locks are held: look them up while the prepare replicates.
+	newest := r.maxVersionsAsync(writes)
 	if len(writes) > 0 {
 		cmd := &pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: meta, Writes: writes, LeaseStart: l.start}}}
 		if err := r.propose(ctx, cmd); err != nil {
+			_, _, _ = newest()
 			return nil, err
 		}
 		r.load.recordWrite(meta.GetRegion())
 	}
+	mv, mr, err := newest()
 	if cur, _ := r.leader(); cur != l {
 		return nil, ErrLocksLost
 	}
-	mv, mr, err := r.maxVersionOf(writes)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +200,11 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	case len(writes) == 0:
 		globalSrc = nil
 	}
+	// The newest versions of the write set cannot change while its
+	// exclusive locks are held: look them up while the epochs are read.
+	newest := r.maxVersionsAsync(writes)
 	epochs, err := epoch.ReadAll(ctx, h.Local, globalSrc)
+	mv, mr, mvErr := newest()
 	e, g := epochs[0], epochs[1]
 	if h.Publisher == nil && len(writes) > 0 {
 		g = e // regional-only: local-epoch versions
@@ -196,10 +226,9 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 			return nil, nil, fmt.Errorf("%w: waiting out quiet epoch: %v", ErrLeaseValidation, err)
 		}
 	}
-	mv, mr, err := r.maxVersionOf(writes)
-	if err != nil {
+	if mvErr != nil {
 		abort()
-		return nil, nil, err
+		return nil, nil, mvErr
 	}
 	ver := wireVersion(commitrule.ChooseVersion(epoch, mv))
 	var regional *pb.VersionID
