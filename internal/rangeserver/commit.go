@@ -43,7 +43,9 @@ func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.Ver
 // returns a function that waits for its result (at once for no writes).
 func (r *Replica) maxVersionsAsync(writes []*pb.Write) func() (global, regional storage.VersionID, err error) {
 	if len(writes) == 0 {
-		return func() (storage.VersionID, storage.VersionID, error) { return storage.VersionID{}, storage.VersionID{}, nil }
+		return func() (storage.VersionID, storage.VersionID, error) {
+			return storage.VersionID{}, storage.VersionID{}, nil
+		}
 	}
 	type result struct {
 		global, regional storage.VersionID
