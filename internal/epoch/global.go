@@ -25,16 +25,23 @@ type Publisher struct {
 	group  *raftgroup.Group
 	sm     *StateMachine
 	lease  time.Duration
-	quorum Source // a majority read of the publisher's own group
+	quorum Quorum // majority reads of the publisher's own group
 
 	start      time.Time    // monotonic origin of lastUpdate
 	lastUpdate atomic.Int64 // ns since start of the last live update; 0: none
 }
 
+// Quorum certifies that a majority of a group's replicas has applied an
+// epoch, so that every later read returns at least it; *Reader implements
+// it (Reader.AtLeast).
+type Quorum interface {
+	AtLeast(ctx context.Context, e uint64) error
+}
+
 // NewPublisher ties a publisher's state machine to its group; lease is
 // publisher_lease, and quorum reads the group as clients do (a Reader on it):
-// Publish acknowledges an epoch only once quorum shows it.
-func NewPublisher(group *raftgroup.Group, sm *StateMachine, lease time.Duration, quorum Source) *Publisher {
+// Publish acknowledges an epoch only once quorum shows a majority holds it.
+func NewPublisher(group *raftgroup.Group, sm *StateMachine, lease time.Duration, quorum Quorum) *Publisher {
 	p := &Publisher{group: group, sm: sm, lease: lease, quorum: quorum, start: time.Now()}
 	sm.published = p.onPublish
 	return p

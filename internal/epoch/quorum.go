@@ -115,6 +115,26 @@ func (t *tally) decide() (uint64, bool) {
 	return 0, false
 }
 
+// reached reports whether a majority of every half of the newest
+// configuration reported, under it, an epoch of at least e. Every read that
+// starts later then returns at least e: the argument above holds with "a
+// majority applied the entry that made the epoch e" in place of "reported
+// exactly e", which is what it uses.
+func (t *tally) reached(e uint64) bool {
+	for _, half := range t.newest.halves {
+		n := 0
+		for _, rep := range t.replies {
+			if rep.conf.index == t.newest.index && rep.epoch >= e && slices.Contains(half, rep.node) {
+				n++
+			}
+		}
+		if n < len(half)/2+1 {
+			return false
+		}
+	}
+	return len(t.newest.halves) > 0
+}
+
 // seen reports whether a reply before the i-th under the newest
 // configuration reported e (and so was decided on already).
 func (t *tally) seen(i int, e uint64) bool {

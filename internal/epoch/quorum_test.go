@@ -81,3 +81,39 @@ func TestTallyFollowsNewerConfigurations(t *testing.T) {
 		t.Fatalf("a reply without voters counts under %v, want the bootstrap voters", c)
 	}
 }
+
+// reached certifies "a majority holds at least e" without a majority on
+// one value, counted as decide counts: the newest configuration, each half.
+func TestTallyReachedNeedsAMajorityAtLeast(t *testing.T) {
+	boot := conf(0, []uint64{1, 2, 3})
+	joint := conf(30, []uint64{1, 2, 4}, []uint64{1, 2, 3})
+	for _, tc := range []struct {
+		name    string
+		replies []reply
+		want    bool
+	}{
+		{"two replicas past e, on different values", []reply{
+			{node: 1, epoch: 5, conf: boot}, {node: 3, epoch: 6, conf: boot}}, true},
+		{"only one replica at e", []reply{
+			{node: 1, epoch: 5, conf: boot}, {node: 2, epoch: 4, conf: boot}, {node: 3, epoch: 4, conf: boot}}, false},
+		{"a failure does not count", []reply{
+			{node: 1, epoch: 5, conf: boot}, {node: 2, err: errTest}}, false},
+		{"an old configuration's majority does not count", []reply{
+			{node: 1, epoch: 5, conf: boot}, {node: 3, epoch: 5, conf: boot},
+			{node: 2, epoch: 5, conf: conf(40, []uint64{2, 4, 5})}}, false},
+		{"joint: the outgoing half only", []reply{
+			{node: 1, epoch: 5, conf: joint}, {node: 3, epoch: 6, conf: joint}}, false},
+		{"joint: both halves", []reply{
+			{node: 1, epoch: 5, conf: joint}, {node: 3, epoch: 6, conf: joint}, {node: 4, epoch: 7, conf: joint}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tl := newTally(boot)
+			for _, rep := range tc.replies {
+				tl.add(rep)
+			}
+			if got := tl.reached(5); got != tc.want {
+				t.Fatalf("reached(5) = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

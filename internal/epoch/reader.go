@@ -47,8 +47,8 @@ type Reader struct {
 	group   uint64
 	region  string
 	boot    []uint64 // the voters the reader started from: the bootstrap configuration
-	known   config   // loop only: the newest configuration a reply named
-	lost    bool     // loop only: no voter it knows answered the last attempt
+	confMu  sync.Mutex
+	known   config // under confMu: the newest configuration a reply named
 	dialer  *transport.Dialer
 	timeout time.Duration
 	self    uint64     // with serve: the node this reader runs on (0: none)
@@ -150,9 +150,40 @@ func (r *Reader) round() (uint64, error) {
 	r.rounds.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	defer cancel()
+	return r.until(ctx, (*tally).decide)
+}
+
+// AtLeast returns once a majority of the group's replicas (of each half of
+// its newest configuration) has applied an epoch of at least e, so that
+// every read that starts later returns at least e (quorum.go): the wait a
+// publisher makes before it acknowledges a global epoch (DESIGN.md §3.2).
+// Unlike Read it needs no majority on one value, so replicas that are
+// still applying the epochs after e do not make it ask again. It is not
+// batched. It fails with ErrUnavailable after the round timeout or when
+// ctx ends.
+func (r *Reader) AtLeast(ctx context.Context, e uint64) error {
+	r.mu.Lock()
+	closed := r.closed
+	if !closed {
+		r.wg.Add(1) // ask's goroutines count in wg: Close waits for them
+	}
+	r.mu.Unlock()
+	if closed {
+		return ErrReaderClosed
+	}
+	defer r.wg.Done()
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	_, err := r.until(ctx, func(t *tally) (uint64, bool) { return e, t.reached(e) })
+	return err
+}
+
+// until runs attempts, backing off between them, until one's tally decides
+// (decide) or ctx ends (ErrUnavailable).
+func (r *Reader) until(ctx context.Context, decide func(*tally) (uint64, bool)) (uint64, error) {
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		e, ok, err := r.attempt(ctx)
+		e, ok, lost, err := r.attempt(ctx, decide)
 		if ok {
 			return e, nil
 		}
@@ -160,7 +191,7 @@ func (r *Reader) round() (uint64, error) {
 			lastErr = err
 		}
 		r.splits.Add(1)
-		if r.lost {
+		if lost {
 			r.relocate(ctx)
 		}
 		// Back off briefly: a split clears as soon as the lagging replica applies.
@@ -179,11 +210,14 @@ func backoff(attempt int) time.Duration { return 100 * time.Microsecond << min(a
 // attempt asks every voter of the newest configuration the reader knows,
 // and the voters of any newer one a reply names, and returns as soon as a
 // majority of each half of the newest configuration reports the same epoch
-// under it (quorum.go); ok is false if the replies split or too many failed.
-func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error) {
+// under it (quorum.go), or whatever decide wants; ok is false if the
+// replies split or too many failed, and lost true if no voter of the newest
+// configuration answered.
+func (r *Reader) attempt(ctx context.Context, decide func(*tally) (uint64, bool)) (epoch uint64, ok, lost bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	t := newTally(r.known)
+	known := r.knownConf()
+	t := newTally(known)
 	replies := make(chan reply, 8)
 	asked := make([]uint64, 0, 5)
 	ask := func(c config) {
@@ -198,26 +232,26 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 			}
 		}
 	}
-	ask(r.known)
+	ask(known)
 	var grace <-chan time.Time // runs once a majority has answered without agreeing
 	for n := 0; n < len(asked); n++ {
 		var rep reply
 		select {
 		case rep = <-replies:
 		case <-grace:
-			return 0, false, err // a straggler: ask everyone again rather than wait for it
+			return 0, false, false, err // a straggler: ask everyone again rather than wait for it
 		case <-ctx.Done():
-			return 0, false, ctx.Err()
+			return 0, false, false, ctx.Err()
 		}
 		if rep.err != nil {
 			err = rep.err
 		}
 		if t.add(rep) {
-			r.known = t.newest // later rounds start from it
+			r.learn(t.newest) // later rounds start from it
 			ask(t.newest)
 		}
-		if e, ok := t.decide(); ok {
-			return e, true, nil
+		if e, ok := decide(t); ok {
+			return e, true, false, nil
 		}
 		if n+1 >= len(asked)/2+1 && grace == nil {
 			tm := time.NewTimer(splitGrace)
@@ -228,17 +262,34 @@ func (r *Reader) attempt(ctx context.Context) (epoch uint64, ok bool, err error)
 	// Lost: no voter of the newest configuration answered (a replica that
 	// left may still answer, under a configuration whose voters moved on).
 	members := t.newest.members()
-	r.lost = !slices.ContainsFunc(t.replies, func(rep reply) bool { return slices.Contains(members, rep.node) })
-	return 0, false, err
+	lost = !slices.ContainsFunc(t.replies, func(rep reply) bool { return slices.Contains(members, rep.node) })
+	return 0, false, lost, err
+}
+
+// knownConf returns the newest configuration the reader knows.
+func (r *Reader) knownConf() config {
+	r.confMu.Lock()
+	defer r.confMu.Unlock()
+	return r.known
+}
+
+// learn makes c the configuration later attempts start from, unless the
+// reader knows a newer one (concurrent AtLeast calls learn too).
+func (r *Reader) learn(c config) {
+	r.confMu.Lock()
+	defer r.confMu.Unlock()
+	if c.index >= r.known.index {
+		r.known = c
+	}
 }
 
 // relocate asks the nodes of the group's region for its newest
 // configuration, whose voters the next attempt asks (the halves of a joint
 // one come with the replies).
 func (r *Reader) relocate(ctx context.Context) {
-	v, err := transport.LocateGroup(ctx, r.dialer, r.group, r.dialer.RegionNodes(r.region, r.known.members()))
-	if err == nil && v.ConfIndex >= r.known.index && len(v.Voters) > 0 {
-		r.known = config{index: v.ConfIndex, halves: [][]uint64{v.Voters}}
+	v, err := transport.LocateGroup(ctx, r.dialer, r.group, r.dialer.RegionNodes(r.region, r.knownConf().members()))
+	if err == nil && len(v.Voters) > 0 {
+		r.learn(config{index: v.ConfIndex, halves: [][]uint64{v.Voters}})
 	}
 }
 

@@ -182,7 +182,7 @@ func (s *Server) Publish(ctx context.Context, req *epochpb.PublishRequest) (*epo
 	// replicas to agree, and followers apply a moment later. Acknowledge only
 	// once a majority read shows the epoch, so that every later read anywhere
 	// does too (the global epoch invariant, DESIGN.md §3.2).
-	if _, err := WaitAtLeast(ctx, r.pub.quorum, req.GetEpoch(), 100*time.Microsecond); err != nil {
+	if err := r.pub.quorum.AtLeast(ctx, req.GetEpoch()); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "publisher %d: epoch %d not yet applied by a majority: %v", req.GetGroupId(), req.GetEpoch(), err)
 	}
 	return &epochpb.PublishResponse{}, nil
