@@ -55,11 +55,14 @@ func (w *registers) client(ctx context.Context, db *client.DB, id int) {
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		call := w.cp.now()
 		switch p := r.IntN(10); {
-		case p < 4:
+		case p < 2:
 			in.Kind, kind = history.RegWrite, "register write"
 			err = db.Update(octx, func(ctx context.Context, tx *client.Txn) error {
 				return tx.Put(ctx, w.key(in.Key), []byte(strconv.Itoa(in.Value)))
 			})
+		case p < 4:
+			in.Kind, kind = history.RegWrite, "register write (one round trip)"
+			_, err = db.Put(octx, w.key(in.Key), []byte(strconv.Itoa(in.Value)))
 		case p < 6:
 			in.Kind, kind = history.RegCAS, "register compare-and-set"
 			in.Expected = history.Absent
@@ -73,12 +76,15 @@ func (w *registers) client(ctx context.Context, db *client.DB, id int) {
 				}
 				return tx.Put(ctx, w.key(in.Key), []byte(strconv.Itoa(in.Value)))
 			})
-		case p < 8:
+		case p < 7:
 			in.Kind, kind = history.RegRead, "register read (locking)"
 			err = db.Update(octx, func(ctx context.Context, tx *client.Txn) (err error) {
 				out.Value, err = w.get(ctx, tx, in.Key)
 				return err
 			})
+		case p < 8:
+			in.Kind, kind = history.RegRead, "register read (one round trip)"
+			out.Value, err = w.get(octx, db, in.Key)
 		default:
 			mode := linearizableModes[r.IntN(len(linearizableModes))]
 			in.Kind, kind = history.RegRead, fmt.Sprintf("register read (%v)", mode)
