@@ -113,6 +113,7 @@ func TestYCSBRejectsBadPidsBeforeRunning(t *testing.T) {
 		{[]string{"--target-pids", "1"}, "--target-pids needs --target"},
 		{[]string{"--cluster-pids", "1"}, "--cluster-pids needs --cluster"},
 		{[]string{"--cluster", "no-such.yaml", "--cluster-pids", "1,y"}, "not a process id"},
+		{[]string{"--every", "-1s"}, "must not be negative"},
 	} {
 		start := time.Now()
 		err := run(append([]string{"bench", "ycsb", "--duration", "1s"}, tc.args...)...)

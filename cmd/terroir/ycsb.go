@@ -24,6 +24,7 @@ func benchYCSBCmd() *cobra.Command {
 	var conn connFlags
 	var workload, distribution, clusterPath, region, out, target, targetPids, clusterPids string
 	var versus bool
+	var every time.Duration
 	var records, operations, clients, fieldCount, fieldLength int
 	var seed uint64
 	cmd := &cobra.Command{
@@ -81,6 +82,9 @@ operation of the run phase (user + system, summed over its processes, from
 			if cmd.Flags().Changed("max-scan-length") {
 				w.MaxScanLength, _ = cmd.Flags().GetInt("max-scan-length")
 			}
+			if every < 0 {
+				return fmt.Errorf("--every %v: must not be negative", every)
+			}
 			if err := w.Validate(); err != nil {
 				return err
 			}
@@ -100,14 +104,14 @@ operation of the run phase (user + system, summed over its processes, from
 				}
 				defer store.Close()
 				cfg.Keys = ycsb.KeySpace{Prefixes: [][]byte{[]byte("y-")}}
-				res, cost, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil, etcdProcs)
+				res, cost, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil, etcdProcs, every)
 				if err != nil {
 					return err
 				}
 				results, costs, names = append(results, res), append(costs, cost), append(names, "etcd")
 			}
 			if target == "" || versus {
-				res, cost, err := runTerroirYCSB(ctx, &f, &conn, clusterPath, region, cfg, terroirProcs)
+				res, cost, err := runTerroirYCSB(ctx, &f, &conn, clusterPath, region, cfg, terroirProcs, every)
 				if err != nil {
 					return err
 				}
@@ -158,6 +162,7 @@ operation of the run phase (user + system, summed over its processes, from
 	cmd.Flags().StringVar(&region, "region", "", "the clients' region (default: the first)")
 	cmd.Flags().StringVar(&out, "out", "", "directory to write <target>-ycsb-<workload>.json and .md to")
 	cmd.Flags().StringVar(&target, "target", "", "run against etcd instead: etcd://host:port[,host:port...]")
+	cmd.Flags().DurationVar(&every, "every", 0, "also print the throughput and P50/P99 of every window of this length, and the last window against the second (steady state; 0: off)")
 	cmd.Flags().BoolVar(&versus, "versus-terroir", false, "with --target: also run the same workload on Terroir (the embedded cluster, or --cluster) and print both side by side")
 	cmd.Flags().StringVar(&targetPids, "target-pids", "", "with --target: comma-separated pids of the target's server processes, to print their CPU time per operation")
 	cmd.Flags().StringVar(&clusterPids, "cluster-pids", "", "with --cluster: comma-separated pids of the cluster's node processes, to print their CPU time per operation")
@@ -169,7 +174,7 @@ operation of the run phase (user + system, summed over its processes, from
 // store belongs to) it prints what an operation of the run cost. With pids
 // (the processes serving store) it returns the CPU time an operation of the
 // run phase cost in them and in this process; else that is nil.
-func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config, c *localcluster.Cluster, pids []int) (*ycsb.Result, *cpuPerOp, error) {
+func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config, c *localcluster.Cluster, pids []int, every time.Duration) (*ycsb.Result, *cpuPerOp, error) {
 	w := cfg.Workload
 	fmt.Printf("%s: loading %d records of %d × %d B...\n", name, w.RecordCount, w.FieldCount, w.FieldLength)
 	if err := ycsb.Load(ctx, store, w, cfg.Keys, cfg.Seed); err != nil {
@@ -187,7 +192,17 @@ func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config
 			return nil, nil, err
 		}
 	}
+	var stopWindows func()
+	if every > 0 {
+		win, done, stopped := newWindows(name, every), make(chan struct{}), make(chan struct{})
+		cfg.Observe = win.observe
+		go func() { defer close(stopped); win.run(done) }()
+		stopWindows = func() { close(done); <-stopped }
+	}
 	res, err := ycsb.Run(ctx, store, cfg)
+	if stopWindows != nil {
+		stopWindows()
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -228,7 +243,7 @@ func runLength(w ycsb.Workload, d time.Duration) string {
 // runTerroirYCSB runs cfg on a running cluster (clusterPath, whose node
 // processes are pids) or the embedded one of f, with keys homed in the
 // clients' region, and prints the machine's floor for the embedded one.
-func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config, pids []int) (*ycsb.Result, *cpuPerOp, error) {
+func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config, pids []int, every time.Duration) (*ycsb.Result, *cpuPerOp, error) {
 	var db *client.DB
 	var top *topology.Topology
 	var c *localcluster.Cluster
@@ -259,7 +274,7 @@ func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, cluster
 	if cfg.Keys, err = ycsb.RegionKeys(top, region); err != nil {
 		return nil, nil, err
 	}
-	res, cost, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg, c, pids)
+	res, cost, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg, c, pids, every)
 	if err != nil || c == nil {
 		return res, cost, err
 	}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/latency"
+	"github.com/terroir-db/terroir/internal/ycsb"
+)
+
+// windows reports a long run window by window (issue 17's steady state):
+// every `every`, the window's throughput (operations per second) and the
+// P50/P99 of every operation it completed; at the end, the last window's
+// throughput against the second's (the first includes the warm-up).
+type windows struct {
+	name  string
+	every time.Duration
+
+	mu    sync.Mutex
+	cur   *latency.Histogram
+	rates []float64 // operations per second, per window
+}
+
+func newWindows(name string, every time.Duration) *windows {
+	return &windows{name: name, every: every, cur: latency.New()}
+}
+
+// observe is ycsb.Config.Observe: it counts one completed operation.
+func (w *windows) observe(_ ycsb.Op, d time.Duration) {
+	w.mu.Lock()
+	w.cur.Record(d)
+	w.mu.Unlock()
+}
+
+// run prints a line every window until done is closed, then the summary.
+func (w *windows) run(done <-chan struct{}) {
+	t := time.NewTicker(w.every)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-done:
+			w.summary()
+			return
+		case now := <-t.C:
+			w.mu.Lock()
+			h := w.cur
+			w.cur = latency.New()
+			w.mu.Unlock()
+			rate := float64(h.Count()) / now.Sub(last).Seconds()
+			last = now
+			w.rates = append(w.rates, rate)
+			fmt.Printf("  %s window %d (%v): %.0f ops/s, P50 %s, P99 %s\n", w.name, len(w.rates), w.every,
+				rate, latency.MS(h.Quantile(50)), latency.MS(h.Quantile(99)))
+		}
+	}
+}
+
+// summary prints the last full window's throughput against the second's.
+func (w *windows) summary() {
+	if n := len(w.rates); n >= 3 && w.rates[1] > 0 {
+		fmt.Printf("  %s: window %d at %.0f ops/s is %.2f× window 2 (%.0f ops/s)\n", w.name, n, w.rates[n-1], w.rates[n-1]/w.rates[1], w.rates[1])
+	}
+}
