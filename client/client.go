@@ -348,8 +348,9 @@ func (db *DB) Retries() int64 { return db.retries.Load() }
 // Get reads key in a transaction of its own, strictly serializable, in one
 // round trip to the key's range leader (it locks, reads, validates its
 // lease and commits there), retrying as Update does; ok is false if the key
-// does not exist. Errors: ErrEmptyKey, ErrKeyTooLarge, ErrCrossRegion, or
-// ctx's.
+// does not exist. Errors: ErrEmptyKey, ErrKeyTooLarge, ErrCrossRegion,
+// ErrPermissionDenied, or, once ctx ends, the last retryable error
+// (ErrConflict, ErrUnavailable) joined with ctx's.
 func (db *DB) Get(ctx context.Context, key []byte) (value []byte, ok bool, err error) {
 	err = db.retry(ctx, func(priority uint64) (uint64, error) {
 		res, err := db.coord.OneShot(ctx, priority, key, nil)
@@ -368,7 +369,8 @@ func (db *DB) Put(ctx context.Context, key, value []byte) (Version, error) {
 	return db.oneWrite(ctx, &rangepb.Write{Key: append([]byte{}, key...), Value: append([]byte{}, value...)})
 }
 
-// Delete removes key in a transaction of its own, as Put writes.
+// Delete removes key (writes a tombstone) in a transaction of its own, in
+// one round trip, and returns its version; errors as Put's.
 func (db *DB) Delete(ctx context.Context, key []byte) (Version, error) {
 	return db.oneWrite(ctx, &rangepb.Write{Key: append([]byte{}, key...), Tombstone: true})
 }

@@ -149,4 +149,33 @@ func TestOnePhaseReadsNeedTakeLocks(t *testing.T) {
 	if err != nil || len(resp.GetReads()) != 1 || resp.GetReads()[0].GetFound() {
 		t.Fatalf("then a read with take_locks: %v %v, want one read of nothing", resp, err)
 	}
+	if _, err := rc.CommitOnePhase(ctx, &pb.OnePhaseRequest{RangeId: 10, Txn: meta, TakeLocks: true}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("take_locks with no read and no write: %v, want InvalidArgument", err)
+	}
+}
+
+// TestACopyOfATransactionSentWholeDoesNotRunTwice: a leader runs a
+// transaction ID sent whole once; a copy (a retransmission) is refused with
+// AlreadyExists and writes nothing, so a write cannot apply twice.
+func TestACopyOfATransactionSentWholeDoesNotRunTwice(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{})
+	ctx := ctxT(t, 30*time.Second)
+	if _, err := db.Put(ctx, []byte("b"), []byte("x")); err != nil { // range 10 serves
+		t.Fatal(err)
+	}
+	rc, meta := rawTxn(t, c)
+	req := &pb.OnePhaseRequest{RangeId: 10, Txn: meta, TakeLocks: true, Writes: []*pb.Write{{Key: []byte("dup"), Value: []byte("1")}}}
+	first, err := rc.CommitOnePhase(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Put(ctx, []byte("dup"), []byte("2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.CommitOnePhase(ctx, req); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("a copy of a transaction sent whole: %v, want AlreadyExists", err)
+	}
+	if v, _, err := db.Get(ctx, []byte("dup")); err != nil || string(v) != "2" {
+		t.Fatalf("after the copy: %q %v, want the later write 2 (the copy of %v must not apply)", v, err, first.GetVersion())
+	}
 }

@@ -27,25 +27,28 @@ type OneShot struct {
 // §4, invariant 4 held at the leader; issue 17). priority 0 starts a new
 // transaction. Errors: as Txn.Get, Txn.Put and Txn.Commit (ErrConflict and
 // other retryable errors mean nothing was written; ErrCommitUnknown, for a
-// write, that the outcome is unknown).
+// write, that the outcome is unknown, as when the leader saw a copy of the
+// request first). The returned Priority is set on errors too.
 func (c *Coordinator) OneShot(ctx context.Context, priority uint64, key []byte, w *pb.Write) (OneShot, error) {
 	if w != nil {
 		key = w.GetKey()
-		if err := CheckValue(w.GetValue()); err != nil {
-			return OneShot{}, err
-		}
 	}
 	if err := CheckKey(key); err != nil {
 		return OneShot{}, err
 	}
 	if w != nil {
+		if err := CheckValue(w.GetValue()); err != nil {
+			return OneShot{}, err
+		}
 		if err := c.checkPlacement(key); err != nil {
 			return OneShot{}, err
 		}
 	}
-	meta := c.newMeta(priority)
-	out := OneShot{Priority: meta.GetPriority()}
-	req := &pb.OnePhaseRequest{Txn: meta, MinEpoch: c.session.Load(), TakeLocks: true}
+	if priority == 0 {
+		priority = c.priority()
+	}
+	out := OneShot{Priority: priority}
+	req := &pb.OnePhaseRequest{MinEpoch: c.session.Load(), TakeLocks: true}
 	if w != nil {
 		req.Writes = []*pb.Write{w}
 	} else {
@@ -57,6 +60,10 @@ func (c *Coordinator) OneShot(ctx context.Context, priority uint64, key []byte, 
 		// request that fails leaves no lock behind: the leader releases
 		// what it took unless the commit's outcome is unknown.
 		return c.rangeCall(ctx, g, w == nil, func(ctx context.Context, rc pb.RangeClient) error {
+			// Every attempt is a transaction of its own ID, of the same
+			// age: a leader runs an ID once (a late copy of an earlier
+			// attempt is refused, rangeserver.ErrDuplicate).
+			req.Txn = c.newMeta(priority)
 			resp, err := rc.CommitOnePhase(ctx, req)
 			if err == nil {
 				ver := resp.GetVersion()
@@ -69,7 +76,7 @@ func (c *Coordinator) OneShot(ctx context.Context, priority uint64, key []byte, 
 		})
 	})
 	if err != nil {
-		return OneShot{}, err
+		return OneShot{Priority: priority}, err
 	}
 	c.raiseSession(out.Version.Epoch)
 	if w == nil {

@@ -33,7 +33,8 @@ type Publisher struct {
 
 // Quorum certifies that a majority of a group's replicas has applied an
 // epoch, so that every later read returns at least it; *Reader implements
-// it (Reader.AtLeast).
+// it (Reader.AtLeast, whose errors AtLeast returns: ErrUnavailable,
+// ErrReaderClosed).
 type Quorum interface {
 	AtLeast(ctx context.Context, e uint64) error
 }

@@ -159,8 +159,9 @@ func (r *Reader) round() (uint64, error) {
 // publisher makes before it acknowledges a global epoch (DESIGN.md §3.2).
 // Unlike Read it needs no majority on one value, so replicas that are
 // still applying the epochs after e do not make it ask again. It is not
-// batched. It fails with ErrUnavailable after the round timeout or when
-// ctx ends.
+// batched, and Close waits for it (at most the round timeout, 2 s). Errors:
+// ErrReaderClosed; ErrUnavailable (wrapping the last reply's error) after
+// the round timeout or when ctx ends.
 func (r *Reader) AtLeast(ctx context.Context, e uint64) error {
 	r.mu.Lock()
 	closed := r.closed

@@ -8,6 +8,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/commitrule"
 	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -177,6 +178,9 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	lockCount, incarnation := req.GetLockCount(), req.GetIncarnation()
 	var reads []*pb.ReadValue
 	if req.GetTakeLocks() {
+		if !r.oneShots.claim(meta.GetId(), time.Now()) {
+			return nil, nil, fmt.Errorf("%w: transaction %x", ErrDuplicate, meta.GetId())
+		}
 		if reads, lockCount, incarnation, err = r.takeLocks(ctx, l, meta, req.GetReads(), writes); err != nil {
 			return nil, nil, err
 		}
@@ -241,8 +245,11 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 		cmd := &pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: meta.GetId(), Writes: writes, Version: ver,
 			LeaseStart: l.start, RegionalVersion: regional}}}
 		if err := r.propose(ctx, cmd); err != nil {
-			if errors.Is(err, ErrLocksLost) { // rejected at apply: nothing written
+			if errors.Is(err, ErrLocksLost) || errors.Is(err, raftgroup.ErrBusy) || errors.Is(err, raftgroup.ErrNotLeader) {
+				// Rejected at apply, or refused before it reached the log:
+				// nothing written.
 				abort()
+				return nil, nil, err
 			}
 			// Otherwise the entry may still apply: the locks stay until it
 			// has applied or never will (settleOnePhase).

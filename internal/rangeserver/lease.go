@@ -179,9 +179,10 @@ func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 		return 0, err
 	}
 	if last := r.epochRead; !last.at.IsZero() && e >= last.epoch {
-		// Follow a faster rate at once; forget a slower one gradually.
+		// The fastest rate seen, never forgotten: a stall (an epoch
+		// leader's election) must not talk the next reuse into a lapse.
 		rate := float64(e-last.epoch) / now.Sub(last.at).Seconds()
-		r.epochRead.perSec = max(rate, 0.9*last.perSec)
+		r.epochRead.perSec = max(rate, last.perSec)
 	}
 	r.epochRead.at, r.epochRead.epoch = now, e
 	return e, nil
@@ -191,7 +192,7 @@ func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 type epochReading struct {
 	at     time.Time
 	epoch  uint64
-	perSec float64 // the fastest advance seen between two reads, decaying
+	perSec float64 // the fastest advance seen between two reads (epochs/s)
 }
 
 // reusable reports whether replica self, whose newest local epoch read is

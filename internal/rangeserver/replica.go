@@ -228,6 +228,7 @@ type Replica struct {
 
 	lastEpoch     atomic.Uint64 // the newest local epoch this replica has read
 	epochRead     epochReading  // the tick's alone (tickEpoch)
+	oneShots      oneShots      // IDs of the transactions sent whole that began here
 	load          *loadTracker
 	splits        splitQueue
 	gcq           gcQueue

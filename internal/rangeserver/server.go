@@ -77,11 +77,21 @@ func validWrites(ws []*pb.Write) error {
 	return nil
 }
 
+// maxSentWhole bounds the keys of a transaction sent whole (take_locks):
+// 1000.
+const maxSentWhole = 1000
+
 // validReads checks a one-phase request's reads: keys, sent only with
 // take_locks (a transaction that took its locks earlier read then).
 func validReads(req *pb.OnePhaseRequest) error {
 	if len(req.GetReads()) > 0 && !req.GetTakeLocks() {
 		return fmt.Errorf("%w: reads in a one-phase commit without take_locks", ErrBadRequest)
+	}
+	if req.GetTakeLocks() && len(req.GetReads())+len(req.GetWrites()) == 0 {
+		return fmt.Errorf("%w: a transaction sent whole with no read and no write", ErrBadRequest)
+	}
+	if n := len(req.GetReads()) + len(req.GetWrites()); req.GetTakeLocks() && n > maxSentWhole {
+		return fmt.Errorf("%w: a transaction sent whole with %d keys, more than %d", ErrBadRequest, n, maxSentWhole)
 	}
 	for _, k := range req.GetReads() {
 		if err := validKey(k); err != nil {
@@ -127,6 +137,8 @@ func (r *Replica) toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrBadRequest):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrDuplicate): // the first copy may have committed
+		return status.Error(codes.AlreadyExists, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}
