@@ -6,6 +6,8 @@ import (
 	"sort"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/spf13/cobra"
 
 	"github.com/terroir-db/terroir/examples"
@@ -95,27 +97,17 @@ leases, closed epochs and heartbeats are all it does.`,
 // far by method (terroir_rpc_server_seconds' method label).
 func rpcsByMethod(c *localcluster.Cluster) map[string]float64 {
 	out := map[string]float64{}
-	for _, id := range c.NodeIDs() {
-		n := c.Node(id)
-		if n == nil {
-			continue
+	eachFamily(c, func(mf *dto.MetricFamily) {
+		if mf.GetName() != "terroir_rpc_server_seconds" {
+			return
 		}
-		mfs, err := n.Gather()
-		if err != nil {
-			continue
-		}
-		for _, mf := range mfs {
-			if mf.GetName() != "terroir_rpc_server_seconds" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "method" {
-						out[l.GetValue()] += float64(m.GetHistogram().GetSampleCount())
-					}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "method" {
+					out[l.GetValue()] += float64(m.GetHistogram().GetSampleCount())
 				}
 			}
 		}
-	}
+	})
 	return out
 }

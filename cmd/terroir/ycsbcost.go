@@ -28,6 +28,22 @@ func sampleCost(c *localcluster.Cluster) runCost {
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		out.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
+	eachFamily(c, func(mf *dto.MetricFamily) {
+		switch mf.GetName() {
+		case "terroir_rpc_server_seconds":
+			out.rpcs += sumMetric(mf)
+		case "terroir_raft_proposals_total":
+			out.proposals += sumMetric(mf)
+		case "terroir_raft_append_sync_seconds":
+			out.syncs += sumMetric(mf)
+		}
+	})
+	return out
+}
+
+// eachFamily calls fn with every metric family of each of c's running
+// nodes (nodes whose metrics cannot be gathered are skipped).
+func eachFamily(c *localcluster.Cluster, fn func(*dto.MetricFamily)) {
 	for _, id := range c.NodeIDs() {
 		n := c.Node(id)
 		if n == nil {
@@ -38,17 +54,9 @@ func sampleCost(c *localcluster.Cluster) runCost {
 			continue
 		}
 		for _, mf := range mfs {
-			switch mf.GetName() {
-			case "terroir_rpc_server_seconds":
-				out.rpcs += sumMetric(mf)
-			case "terroir_raft_proposals_total":
-				out.proposals += sumMetric(mf)
-			case "terroir_raft_append_sync_seconds":
-				out.syncs += sumMetric(mf)
-			}
+			fn(mf)
 		}
 	}
-	return out
 }
 
 // sumMetric adds up a family's counters, or its histograms' sample counts.
