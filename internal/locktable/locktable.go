@@ -13,9 +13,7 @@
 // A transaction that has prepared requests no more locks, so it can wait for no
 // one: a request that conflicts with a prepared transaction waits for it whatever
 // their ages (MarkPrepared), which cannot close a cycle and spares the requester
-// a restart while a commit is being released. Likewise a request from a
-// transaction that holds no other lock and will take no other (Txn.Waits)
-// waits for anyone: nothing waits for it.
+// a restart while a commit is being released.
 //
 // Snapshot reads take no lock: WaitNoExclusive waits until no exclusive lock
 // overlaps their span and never delays an acquisition (paper §5.2).
@@ -66,11 +64,6 @@ type TxnID [16]byte
 type Txn struct {
 	ID       TxnID
 	Priority uint64
-	// Waits marks a request from a transaction that holds no other lock
-	// and will request no other (a single-key transaction sent whole): it
-	// waits for any conflicting holder or older waiter instead of dying,
-	// which cannot close a cycle, since it holds nothing anyone waits for.
-	Waits bool
 }
 
 // older reports whether a has precedence over b: a lower priority, ties broken by ID.
@@ -201,14 +194,6 @@ func (t *Table) park(ctx context.Context, w *waiter) error {
 	case <-ctx.Done():
 		t.mu.Lock()
 		delete(t.waiters, w)
-		// A request that waits behind older waiters (Txn.Waits) looks again
-		// when one gives up: no release may come to wake it.
-		for o := range t.waiters {
-			if o.txn.Waits && o.span.overlaps(w.span) {
-				close(o.wake)
-				delete(t.waiters, o)
-			}
-		}
 		t.mu.Unlock()
 		return ctx.Err()
 	}
@@ -221,7 +206,7 @@ func (t *Table) conflicting(txn Txn, span Span, mode Mode) (blockers int, mustDi
 		if h.txn.ID == txn.ID || !conflicts(h.mode, mode) {
 			return true
 		}
-		if older(h.txn, txn) && !t.prepared[h.txn.ID] && !txn.Waits {
+		if older(h.txn, txn) && !t.prepared[h.txn.ID] {
 			mustDie = true
 			return false
 		}
@@ -257,10 +242,7 @@ func (t *Table) conflicting(txn Txn, span Span, mode Mode) (blockers int, mustDi
 	// Yield to older transactions already waiting for an overlapping lock.
 	for w := range t.waiters {
 		if w.txn.ID != txn.ID && conflicts(w.mode, mode) && older(w.txn, txn) && w.span.overlaps(span) {
-			if !txn.Waits {
-				return 0, true
-			}
-			blockers++ // behind it: woken by a release, or when it gives up
+			return 0, true
 		}
 	}
 	return blockers, false

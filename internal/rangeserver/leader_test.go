@@ -67,7 +67,7 @@ func TestOrphansFollowTheClock(t *testing.T) {
 	active, beating, prepared, waiter := meta(1, 10), meta(2, 20), meta(3, 30), meta(4, 5)
 	incs := map[byte]uint64{}
 	for _, m := range []*pb.TxnMeta{active, beating, prepared} {
-		inc, err := tt.acquire(ctx, m, locktable.Point([]byte{m.GetId()[15]}), locktable.Exclusive, false)
+		inc, err := tt.acquire(ctx, m, locktable.Point([]byte{m.GetId()[15]}), locktable.Exclusive)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +79,7 @@ func TestOrphansFollowTheClock(t *testing.T) {
 	// The older waiter waits for the beating transaction's lock.
 	acquired := make(chan error, 1)
 	go func() {
-		_, err := tt.acquire(ctx, waiter, locktable.Point([]byte{2}), locktable.Exclusive, false)
+		_, err := tt.acquire(ctx, waiter, locktable.Point([]byte{2}), locktable.Exclusive)
 		acquired <- err
 	}()
 	for tt.locks.Waiters() == 0 {
@@ -229,5 +229,43 @@ func TestTickReusesAFreshEpochFarFromRenewal(t *testing.T) {
 		if got := tc.read.reusable(at.Add(tc.after), tc.lease, 1, tc.cur, renew); got != tc.want {
 			t.Errorf("%s: reusable %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestYoungerWaitsForAOnePhaseCommit: once a transaction starts its
+// one-phase commit it takes no more locks, so a younger one that conflicts
+// with it waits for its release instead of dying (as for a prepared one),
+// while before that point it still dies (wait-die).
+func TestYoungerWaitsForAOnePhaseCommit(t *testing.T) {
+	tt := newTxnTable(time.Now, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	older, younger := meta(1, 10), meta(2, 20)
+	k := locktable.Point([]byte("k"))
+	inc, err := tt.acquire(ctx, older, k, locktable.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tt.acquire(ctx, younger, k, locktable.Exclusive); !errors.Is(err, ErrConflict) {
+		t.Fatalf("younger against an executing holder: %v, want ErrConflict", err)
+	}
+	if err := tt.startCommit(older, []*pb.Write{{Key: []byte("k")}}, 1, inc, txnCommitting); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := tt.acquire(ctx, younger, k, locktable.Exclusive)
+		got <- err
+	}()
+	for tt.locks.Waiters() == 0 {
+		select {
+		case err := <-got:
+			t.Fatalf("younger against a one-phase commit did not wait: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	tt.release(older.GetId(), 7)
+	if err := <-got; err != nil {
+		t.Fatalf("younger against a one-phase commit: %v, want the lock once it released", err)
 	}
 }

@@ -13,16 +13,14 @@ import (
 )
 
 // lock takes a lock for txn, bounded by ctx and by the leadership's life, and
-// returns the incarnation of the transaction's record that holds it. waits
-// is locktable.Txn.Waits: the transaction holds no other lock here and will
-// take no other.
-func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode, waits bool) (uint64, error) {
+// returns the incarnation of the transaction's record that holds it.
+func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode) (uint64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(l.ctx, cancel)
 	defer stop()
 	began := time.Now()
-	inc, err := l.txns.acquire(ctx, meta, span, mode, waits)
+	inc, err := l.txns.acquire(ctx, meta, span, mode)
 	if r.cfg.LockWait != nil {
 		r.cfg.LockWait.Observe(time.Since(began).Seconds())
 	}
@@ -80,7 +78,7 @@ func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) (*pb.Ge
 	if err != nil {
 		return nil, err
 	}
-	inc, err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Shared, false)
+	inc, err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Shared)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +109,7 @@ func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte,
 	if end == nil {
 		span.EndKey = keyspaceEnd
 	}
-	inc, err := r.lock(ctx, l, meta, span, locktable.Shared, false)
+	inc, err := r.lock(ctx, l, meta, span, locktable.Shared)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +135,7 @@ func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) (uint6
 	if err != nil {
 		return 0, err
 	}
-	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive, false)
+	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive)
 }
 
 // takeLocks serves a transaction whose whole body came in one request
@@ -169,9 +167,7 @@ func (r *Replica) takeLocks(ctx context.Context, l *leadership, meta *pb.TxnMeta
 	for k, mode := range modes {
 		key := []byte(k)
 		r.load.record(key)
-		// A transaction of one key holds nothing while it waits: it may
-		// wait for anyone rather than die (locktable.Txn.Waits).
-		got, err := r.lock(ctx, l, meta, locktable.Point(key), mode, len(modes) == 1)
+		got, err := r.lock(ctx, l, meta, locktable.Point(key), mode)
 		if err != nil {
 			return nil, 0, 0, err
 		}
