@@ -178,6 +178,7 @@ func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	now = time.Now() // when the read ended: a slow read must not inflate the rate
 	if last := r.epochRead; !last.at.IsZero() && e >= last.epoch {
 		// The fastest rate seen, never forgotten: a stall (an epoch
 		// leader's election) must not talk the next reuse into a lapse.

@@ -22,8 +22,11 @@ const oneShotMemory = 10 * time.Second
 
 // oneShots is the set of single-request transaction IDs a replica began
 // in the last oneShotMemory to 2·oneShotMemory, in two generations: a
-// transaction sent whole runs at most once here. Its memory is about 40
-// bytes per transaction per generation.
+// transaction sent whole runs at most once here within that memory. It is
+// a backstop against retransmitted copies, in memory only: a copy that
+// reaches another replica after leadership moved, or this one after a
+// restart, is not caught (clients and gRPC never resend an ID). Its memory
+// is about 40 bytes per transaction per generation.
 type oneShots struct {
 	mu        sync.Mutex
 	cur, prev map[string]struct{}

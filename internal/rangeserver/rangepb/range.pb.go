@@ -2908,8 +2908,9 @@ type OnePhaseRequest struct {
 	// exclusive one on each key written, reads reads, and only then reads the
 	// epochs (invariant 4); lock_count and incarnation are then ignored. Only
 	// a transaction that has locked nothing here before may send it, and a
-	// leader runs each transaction ID sent so at most once: a later copy is
-	// refused with AlreadyExists (the first may have committed).
+	// leader runs each transaction ID sent so at most once while it remembers
+	// it (10-20 s): a later copy is refused with AlreadyExists (the first may
+	// have committed).
 	TakeLocks     bool     `protobuf:"varint,8,opt,name=take_locks,json=takeLocks,proto3" json:"take_locks,omitempty"`
 	Reads         [][]byte `protobuf:"bytes,9,rep,name=reads,proto3" json:"reads,omitempty"` // with take_locks: keys to read, in the range
 	unknownFields protoimpl.UnknownFields
