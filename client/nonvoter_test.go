@@ -99,8 +99,20 @@ func TestNonVoterServesItsRegion(t *testing.T) {
 	}
 	waitHosted(t, c, 4, right.ID, false)
 	putKey(ctx, t, east, "c-nv", "right")
-	if got, st := getIn(ctx, t, west, client.Strong, "c-nv"); got != "right" || st.FollowerReads != 1 {
-		t.Fatalf("a strong read of the right half in us-west1: %q, stats %+v", got, st)
+	// The new range's non-voter serves once the range's first close has
+	// reached it: ask a few times, every 100 ms, for up to 3 s.
+	for attempt := 0; ; attempt++ {
+		got, st := getIn(ctx, t, west, client.Strong, "c-nv")
+		if got != "right" {
+			t.Fatalf("a strong read of the right half in us-west1: %q, want right", got)
+		}
+		if st.FollowerReads == 1 {
+			break
+		}
+		if attempt == 30 {
+			t.Fatalf("a strong read of the right half in us-west1 never served by its non-voter: stats %+v", st)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 
 	// A merge gives the right half the left's non-voters first.
