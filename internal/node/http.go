@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -22,8 +23,8 @@ import (
 // httpShutdownTimeout bounds the HTTP server's graceful stop in Close.
 const httpShutdownTimeout = 2 * time.Second
 
-// serveHTTP serves the node's metrics, health, readiness and web console on
-// the HTTP listener Start bound (before anything else ran, so a bind
+// serveHTTP serves the node's metrics, health, readiness, web console and,
+// with Config.Pprof, Go's profiles on the HTTP listener Start bound (before anything else ran, so a bind
 // failure stops the node). It is plain HTTP and read-only, with no actions,
 // but the console shows range boundaries, which are keys: bind it where
 // only operators reach (the default is loopback).
@@ -44,6 +45,13 @@ func (n *Node) serveHTTP() {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if n.cfg.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/", n.console.Handler())
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return n.stopped }} // Close ends requests in flight

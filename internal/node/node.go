@@ -67,6 +67,14 @@ type Config struct {
 	// web console ("": not at all; port 0: any free port). Start fails when
 	// it cannot be bound.
 	HTTPAddr string
+	// CacheSize is the store's block cache in bytes (0:
+	// storage.DefaultCacheSize; `terroir start --cache`).
+	CacheSize int64
+	// Pprof also serves Go's profiles (CPU, heap, goroutines, mutex) under
+	// /debug/pprof/ on HTTPAddr, for an operator diagnosing a slow node
+	// (`terroir start --pprof`). Off by default: a CPU profile costs the
+	// node while it runs, and the heap profile names code paths.
+	Pprof bool
 	// RebalanceInterval overrides the topology's rebalance_interval: how
 	// often the region's replicate queue plans, on the node leading its
 	// region's directory (0: the topology's; below 0: never, for tests
@@ -166,11 +174,7 @@ func Start(cfg Config) (_ *Node, err error) {
 			n.closeParts()
 		}
 	}()
-	open := storage.Open
-	if cfg.Crashable {
-		open = storage.OpenCrashable
-	}
-	if n.engine, err = open(cfg.DataDir, cfg.NodeID); err != nil {
+	if n.engine, err = storage.OpenWith(cfg.DataDir, cfg.NodeID, storage.Options{CacheSize: cfg.CacheSize, Crashable: cfg.Crashable}); err != nil {
 		return nil, err
 	}
 	n.host = raftgroup.NewHost(cfg.NodeID, n.engine,

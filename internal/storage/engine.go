@@ -4,6 +4,7 @@
 package storage
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -53,6 +54,9 @@ var (
 	ErrWrongNode = errors.New("storage: data directory belongs to another node")
 	// ErrInUse marks a data directory another process (or another Engine) holds open.
 	ErrInUse = errors.New("storage: data directory in use")
+	// ErrInvalidOptions marks Options a store cannot open with (a
+	// CacheSize below MinCacheSize).
+	ErrInvalidOptions = errors.New("storage: invalid options")
 	// ErrLayout marks a data directory written in another key layout than
 	// LayoutVersion; it is refused, untouched, rather than misread.
 	ErrLayout = errors.New("storage: data directory has another key layout")
@@ -72,21 +76,27 @@ type Engine struct {
 	db       *pebble.DB
 	dir      string
 	fsCloser io.Closer
-	fs       vfs.FS   // the store's file system (the crash-injecting one, if crashable)
-	crash    *crashFS // nil unless opened with OpenCrashable
+	fs       vfs.FS        // the store's file system (the crash-injecting one, if crashable)
+	crash    *crashFS      // nil unless opened with OpenCrashable
+	cache    *pebble.Cache // the block cache (db holds the reference)
 }
 
 // Open opens (creating if absent) the store in dir for node nodeID. A directory
 // initialised by another node fails with ErrWrongNode, one written in another
 // key layout with ErrLayout (naming both versions); damaged or truncated files
 // fail with an error wrapping ErrCorrupt (never a panic).
-func Open(dir string, nodeID uint64) (*Engine, error) { return open(dir, nodeID, false) }
+func Open(dir string, nodeID uint64) (*Engine, error) { return open(dir, nodeID, Options{}) }
 
 // OpenCrashable is Open for fault campaigns: the engine can also be stopped
 // with Crash, which loses what a power loss would.
-func OpenCrashable(dir string, nodeID uint64) (*Engine, error) { return open(dir, nodeID, true) }
+func OpenCrashable(dir string, nodeID uint64) (*Engine, error) {
+	return open(dir, nodeID, Options{Crashable: true})
+}
 
-func open(dir string, nodeID uint64, crashable bool) (e *Engine, err error) {
+func open(dir string, nodeID uint64, o Options) (e *Engine, err error) {
+	if o.CacheSize != 0 && o.CacheSize < MinCacheSize {
+		return nil, fmt.Errorf("%w: a cache of %d bytes is below the %d-byte minimum", ErrInvalidOptions, o.CacheSize, MinCacheSize)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("storage: create %s: %w", dir, err)
 	}
@@ -105,20 +115,18 @@ func open(dir string, nodeID uint64, crashable bool) (e *Engine, err error) {
 		}
 	}()
 	var crash *crashFS
-	if crashable {
+	if o.Crashable {
 		crash = newCrashFS(diskFS)
 		diskFS = crash
 	}
-	opts := &pebble.Options{
-		FS:                 diskFS,
-		Logger:             pebbleLogger{},
-		FormatMajorVersion: pebble.FormatNewest,
-		EventListener: &pebble.EventListener{
-			// The read that met the damage returns an error wrapping ErrCorrupt.
-			DataCorruption: func(info pebble.DataCorruptionInfo) {
-				slog.Error("storage: on-disk corruption", "path", info.Path,
-					"err", strings.SplitN(info.Details.Error(), "\n", 2)[0])
-			},
+	cache := pebble.NewCache(cmp.Or(o.CacheSize, DefaultCacheSize))
+	defer cache.Unref() // the DB holds its own reference
+	opts := pebbleOptions(diskFS, cache)
+	opts.EventListener = &pebble.EventListener{
+		// The read that met the damage returns an error wrapping ErrCorrupt.
+		DataCorruption: func(info pebble.DataCorruptionInfo) {
+			slog.Error("storage: on-disk corruption", "path", info.Path,
+				"err", strings.SplitN(info.Details.Error(), "\n", 2)[0])
 		},
 	}
 	db, err := pebble.Open(filepath.Clean(dir), opts)
@@ -134,7 +142,7 @@ func open(dir string, nodeID uint64, crashable bool) (e *Engine, err error) {
 		// missing referenced file.
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
-	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash}
+	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash, cache: cache}
 	if err := e.checkIdent(nodeID); err != nil {
 		_ = db.Close()
 		return nil, err

@@ -1,0 +1,72 @@
+package storage
+
+import (
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// DefaultCacheSize is the block cache of a store opened with
+// Options.CacheSize 0: 256 MiB. The cache fills only as blocks are read,
+// so a small store uses little of it.
+const DefaultCacheSize = 256 << 20
+
+// MinCacheSize is the smallest block cache Options.CacheSize may ask for:
+// 8 MiB.
+const MinCacheSize = 8 << 20
+
+// Options tune a node's store. The zero value is the defaults.
+type Options struct {
+	// CacheSize is the memory in bytes shared by the block cache, which
+	// keeps uncompressed sstable blocks outside Go's heap, and the
+	// memtables, which Pebble charges to it (0: DefaultCacheSize; at least
+	// MinCacheSize). A point read or Raft log read that misses the cache
+	// reads and decompresses a block from a file.
+	CacheSize int64
+	// Crashable opens the store for fault campaigns: Crash can stop it,
+	// losing what a power loss would.
+	Crashable bool
+}
+
+// OpenWith is Open with options: the cache's size, and whether the store
+// is crashable. Errors are Open's, and ErrInvalidOptions for a CacheSize
+// below MinCacheSize.
+func OpenWith(dir string, nodeID uint64, o Options) (*Engine, error) {
+	return open(dir, nodeID, o)
+}
+
+// memtableStops is how many memtables (the one taking writes and those
+// waiting to flush) may exist before writes wait for a flush.
+const memtableStops = 4
+
+// memtableSize is the largest memtable of a store whose cache holds
+// cacheSize bytes: an eighth of the cache, at most 32 MiB. Pebble charges
+// every memtable to the block cache, so at most half the cache
+// (memtableStops of them) ever goes to memtables.
+func memtableSize(cacheSize int64) uint64 { return uint64(min(cacheSize/8, 32<<20)) }
+
+// pebbleOptions is the Pebble configuration of a store on fs with the
+// given cache. Pebble's defaults suit a library embedded in a test; a node
+// writes every Raft entry twice (its log, then its applied state) and
+// reads its newest versions constantly, so (as CockroachDB configures
+// Pebble):
+//   - a block cache that the memtables leave room in: Pebble's default
+//     cache (8 MiB) was wholly reserved by its 4 MiB memtables, and every
+//     read went to a file, more of them as the data grew;
+//   - memtables that grow (from 256 KiB) to memtableSize and may pile up
+//     to memtableStops before writes wait, so a burst flushes fewer,
+//     larger L0 files;
+//   - L0 compacted once it holds 2 files, and writes never stopped for L0
+//     alone (1000): a stall there stops every Raft group of the node, and
+//     Pebble's compaction concurrency rises with the debt instead.
+func pebbleOptions(fs vfs.FS, cache *pebble.Cache) *pebble.Options {
+	return &pebble.Options{
+		FS:                          fs,
+		Cache:                       cache,
+		Logger:                      pebbleLogger{},
+		FormatMajorVersion:          pebble.FormatNewest,
+		MemTableSize:                memtableSize(cache.MaxSize()),
+		MemTableStopWritesThreshold: memtableStops,
+		L0CompactionThreshold:       2,
+		L0StopWritesThreshold:       1000,
+	}
+}

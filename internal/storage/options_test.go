@@ -1,0 +1,88 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// TestReadsHitTheBlockCache reads 20 MB of flushed keys twice: the second
+// pass must be served from the block cache. Pebble's default cache (8 MB,
+// in 2 MB shards) holds none of it, and every read went to a file.
+func TestReadsHitTheBlockCache(t *testing.T) {
+	const keys, size = 20000, 1000
+	e, err := Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	b := e.NewBatch()
+	for i := 0; i < keys; i++ {
+		_ = b.Set([]byte(fmt.Sprintf("k%05d", i)), make([]byte, size), nil)
+	}
+	if err := e.Commit(b, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	read := func() {
+		for i := 0; i < keys; i++ {
+			if v, err := e.Get([]byte(fmt.Sprintf("k%05d", i))); err != nil || len(v) != size {
+				t.Fatalf("k%05d: %d bytes, %v", i, len(v), err)
+			}
+		}
+	}
+	read()
+	before := e.Metrics().BlockCache
+	read()
+	after := e.Metrics().BlockCache
+	hits, misses := after.Hits-before.Hits, after.Misses-before.Misses
+	if hits == 0 || misses > hits/100 {
+		t.Fatalf("second pass over %d keys of %d bytes: %d block cache hits, %d misses (cache holds %d bytes); want every block cached", keys, size, hits, misses, after.Size)
+	}
+}
+
+// TestOpenWithCacheSize: the block cache is the size asked for, or
+// DefaultCacheSize.
+func TestOpenWithCacheSize(t *testing.T) {
+	for _, c := range []struct{ ask, want int64 }{{0, DefaultCacheSize}, {8 << 20, 8 << 20}} {
+		e, err := OpenWith(t.TempDir(), 1, Options{CacheSize: c.ask})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.cache.MaxSize(); got != c.want {
+			t.Errorf("CacheSize %d: a cache of %d bytes, want %d", c.ask, got, c.want)
+		}
+		e.Close()
+	}
+}
+
+// TestMemtablesLeaveHalfTheCache: however many memtables Pebble lets pile
+// up before writes wait, their reservations leave at least half of the
+// cache to blocks, for any cache size allowed.
+func TestMemtablesLeaveHalfTheCache(t *testing.T) {
+	for _, size := range []int64{MinCacheSize, 64 << 20, DefaultCacheSize, 4 << 30} {
+		c := pebble.NewCache(size)
+		o := pebbleOptions(nil, c)
+		if worst := int64(o.MemTableSize) * int64(o.MemTableStopWritesThreshold); worst > size/2 {
+			t.Errorf("cache %d bytes: memtables may reserve %d (%d × %d)", size, worst, o.MemTableStopWritesThreshold, o.MemTableSize)
+		}
+		c.Unref()
+	}
+}
+
+// TestOpenWithTooSmallACache fails with ErrInvalidOptions and creates nothing.
+func TestOpenWithTooSmallACache(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	if _, err := OpenWith(dir, 1, Options{CacheSize: MinCacheSize - 1}); !errors.Is(err, ErrInvalidOptions) {
+		t.Fatalf("OpenWith(cache %d): %v, want ErrInvalidOptions", MinCacheSize-1, err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the refused open left %s: %v", dir, err)
+	}
+}
