@@ -179,3 +179,36 @@ func TestACopyOfATransactionSentWholeDoesNotRunTwice(t *testing.T) {
 		t.Fatalf("after the copy: %q %v, want the later write 2 (the copy of %v must not apply)", v, err, first.GetVersion())
 	}
 }
+
+// TestAWaitingSingleKeyTransactionDiesBeforeItsDeadline: a transaction of
+// one key sent whole may wait for any lock holder, but only for part of its
+// request's time: it then fails as a conflict (Aborted: nothing written,
+// retry), not at its deadline, which would leave a write's outcome unknown.
+func TestAWaitingSingleKeyTransactionDiesBeforeItsDeadline(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{})
+	ctx := ctxT(t, 30*time.Second)
+	k := []byte("held")
+	held := db.Begin()
+	if err := held.Put(ctx, k, []byte("holder")); err != nil {
+		t.Fatal(err)
+	}
+	rc, meta := rawTxn(t, c) // younger than held: wait-die alone would kill it at once
+	short, cancel := context.WithTimeout(ctx, 1200*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	_, err := rc.CommitOnePhase(short, &pb.OnePhaseRequest{RangeId: 10, Txn: meta, TakeLocks: true,
+		Writes: []*pb.Write{{Key: k, Value: []byte("waiter")}}})
+	took := time.Since(began)
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("after %v: %v, want Aborted (a conflict) before the 1.2 s deadline", took, err)
+	}
+	if took < 300*time.Millisecond {
+		t.Fatalf("died after %v: it should have waited for the holder, up to half its time", took)
+	}
+	if _, err := held.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, _, err := db.Get(ctx, k); err != nil || string(v) != "holder" {
+		t.Fatalf("after the holder committed: %q %v, want holder (the waiter wrote nothing)", v, err)
+	}
+}

@@ -13,7 +13,9 @@
 // A transaction that has prepared requests no more locks, so it can wait for no
 // one: a request that conflicts with a prepared transaction waits for it whatever
 // their ages (MarkPrepared), which cannot close a cycle and spares the requester
-// a restart while a commit is being released.
+// a restart while a commit is being released. Likewise a request from a
+// transaction that holds no other lock and will take no other (Txn.Waits)
+// waits for anyone: nothing waits for it.
 //
 // Snapshot reads take no lock: WaitNoExclusive waits until no exclusive lock
 // overlaps their span and never delays an acquisition (paper §5.2).
@@ -64,6 +66,11 @@ type TxnID [16]byte
 type Txn struct {
 	ID       TxnID
 	Priority uint64
+	// Waits marks a request from a transaction that holds no other lock
+	// and will request no other (a single-key transaction sent whole): it
+	// waits for any conflicting holder or older waiter instead of dying,
+	// which cannot close a cycle, since it holds nothing anyone waits for.
+	Waits bool
 }
 
 // older reports whether a has precedence over b: a lower priority, ties broken by ID.
@@ -165,10 +172,15 @@ func (t *Table) Acquire(ctx context.Context, txn Txn, span Span, mode Mode) erro
 		}
 	}
 	span = cloneSpan(span)
-	for {
+	for parked := false; ; parked = true {
 		t.mu.Lock()
 		blockers, mustDie := t.conflicting(txn, span, mode)
 		if mustDie {
+			if parked {
+				// It waited, so Txn.Waits requests may have queued behind
+				// it; no release may come to wake them.
+				t.wakeWaitsBehind(span)
+			}
 			t.mu.Unlock()
 			return ErrWouldDie
 		}
@@ -179,6 +191,17 @@ func (t *Table) Acquire(ctx context.Context, txn Txn, span Span, mode Mode) erro
 		}
 		if err := t.park(ctx, &waiter{txn: txn, span: span, mode: mode, wake: make(chan struct{})}); err != nil {
 			return err
+		}
+	}
+}
+
+// wakeWaitsBehind wakes, with t.mu held, the Txn.Waits requests waiting on
+// span: one that queued behind a waiter that gives up looks again.
+func (t *Table) wakeWaitsBehind(span Span) {
+	for o := range t.waiters {
+		if o.txn.Waits && o.span.overlaps(span) {
+			close(o.wake)
+			delete(t.waiters, o)
 		}
 	}
 }
@@ -194,6 +217,7 @@ func (t *Table) park(ctx context.Context, w *waiter) error {
 	case <-ctx.Done():
 		t.mu.Lock()
 		delete(t.waiters, w)
+		t.wakeWaitsBehind(w.span)
 		t.mu.Unlock()
 		return ctx.Err()
 	}
@@ -206,7 +230,7 @@ func (t *Table) conflicting(txn Txn, span Span, mode Mode) (blockers int, mustDi
 		if h.txn.ID == txn.ID || !conflicts(h.mode, mode) {
 			return true
 		}
-		if older(h.txn, txn) && !t.prepared[h.txn.ID] {
+		if older(h.txn, txn) && !t.prepared[h.txn.ID] && !txn.Waits {
 			mustDie = true
 			return false
 		}
@@ -242,7 +266,10 @@ func (t *Table) conflicting(txn Txn, span Span, mode Mode) (blockers int, mustDi
 	// Yield to older transactions already waiting for an overlapping lock.
 	for w := range t.waiters {
 		if w.txn.ID != txn.ID && conflicts(w.mode, mode) && older(w.txn, txn) && w.span.overlaps(span) {
-			return 0, true
+			if !txn.Waits {
+				return 0, true
+			}
+			blockers++ // behind it: woken by a release, or when it gives up
 		}
 	}
 	return blockers, false

@@ -251,9 +251,13 @@ func TestStressNoConflictingGrantsNoDeadlock(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, seed))
 			for i := 0; i < 200; i++ {
 				x := newTxn()
+				ops := 4
+				if r.IntN(4) == 0 { // a single-key transaction sent whole: it may wait for anyone
+					x.Waits, ops = true, 1
+				}
 			attempt:
 				for try := 0; try < 50; try++ {
-					for op := 0; op < 4; op++ {
+					for op := 0; op < ops; op++ {
 						k := fmt.Sprintf("k%02d", r.IntN(20))
 						s, m := Point([]byte(k)), Shared
 						if r.IntN(2) == 0 {
@@ -301,5 +305,85 @@ func TestStressNoConflictingGrantsNoDeadlock(t *testing.T) {
 	}
 	if tb.Len() != 0 || tb.Waiters() != 0 {
 		t.Fatalf("after all transactions: %d locks, %d waiters", tb.Len(), tb.Waiters())
+	}
+}
+
+// A request marked Waits (it holds nothing else) waits for an older holder
+// instead of dying, where an unmarked one dies.
+func TestWaitsRequestWaitsForAnOlderHolder(t *testing.T) {
+	tb := New()
+	k := Point([]byte("k"))
+	mustAcquire(t, tb, txn(1), k, Exclusive)
+	if err := tb.Acquire(ctxT(t), txn(5), k, Shared); !errors.Is(err, ErrWouldDie) {
+		t.Fatalf("younger, unmarked: %v, want ErrWouldDie", err)
+	}
+	w := txn(6)
+	w.Waits = true
+	got := acquireAsync(tb, w, k, Shared)
+	waitWaiters(t, tb, 1)
+	tb.ReleaseAll(txn(1).ID)
+	if err := <-got; err != nil {
+		t.Fatalf("younger, marked Waits: %v, want the lock once the holder released", err)
+	}
+}
+
+// A request marked Waits queues behind an older waiter rather than
+// overtaking it, and looks again when that waiter gives up: here the holder
+// it could share with stays, so nothing is released to wake it.
+func TestWaitsRequestQueuesBehindAnOlderWaiterUntilItGivesUp(t *testing.T) {
+	tb := New()
+	k := Point([]byte("k"))
+	mustAcquire(t, tb, txn(5), k, Shared) // the holder, younger than the waiter
+	ctx, cancel := context.WithCancel(ctxT(t))
+	older := make(chan error, 1)
+	go func() { older <- tb.Acquire(ctx, txn(2), k, Exclusive) }()
+	waitWaiters(t, tb, 1)
+	w := txn(9)
+	w.Waits = true
+	got := acquireAsync(tb, w, k, Shared)
+	waitWaiters(t, tb, 2)
+	select {
+	case err := <-got:
+		t.Fatalf("Waits request overtook an older waiter: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-older; !errors.Is(err, context.Canceled) {
+		t.Fatalf("older waiter: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Waits request after the older waiter gave up: %v, want the shared lock", err)
+	}
+}
+
+// A request marked Waits that queued behind an older waiter looks again when
+// that waiter, woken by a release that does not touch the Waits request's
+// key, dies: nothing else would ever wake it.
+func TestWaitsRequestLooksAgainWhenTheWaiterAheadDies(t *testing.T) {
+	tb := New()
+	mustAcquire(t, tb, txn(10), Point([]byte("m")), Shared) // younger than the waiter ahead
+	ahead := acquireAsync(tb, txn(5), rng("a", "z"), Exclusive)
+	waitWaiters(t, tb, 1)
+	w := txn(20)
+	w.Waits = true
+	got := acquireAsync(tb, w, Point([]byte("q")), Shared) // conflicts only with the waiter ahead
+	waitWaiters(t, tb, 2)
+	mustAcquire(t, tb, txn(1), Point([]byte("b")), Shared) // older than the waiter ahead, which yields to no one younger
+	tb.ReleaseAll(txn(10).ID)                              // wakes the waiter ahead, which now meets txn 1 and dies
+	select {
+	case err := <-ahead:
+		if !errors.Is(err, ErrWouldDie) {
+			t.Fatalf("waiter ahead: %v, want ErrWouldDie", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter ahead was not woken")
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Waits request after the waiter ahead died: %v, want the shared lock", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Waits request still waits after the waiter ahead died: a lost wakeup")
 	}
 }

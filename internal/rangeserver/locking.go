@@ -12,21 +12,55 @@ import (
 	"github.com/terroir-db/terroir/internal/storage"
 )
 
+// maxWaitsWait bounds how long a request marked locktable.Txn.Waits waits
+// for its lock before it dies (ErrConflict).
+const maxWaitsWait = time.Second
+
+// errWaitsBound is the cause of a Txn.Waits request's wait ending at its
+// bound.
+var errWaitsBound = errors.New("rangeserver: lock wait bound reached")
+
+// waitsBound is how long a Txn.Waits request under ctx waits for its lock:
+// maxWaitsWait, or half the time ctx has left if that is less, so that the
+// request answers well before its deadline.
+func waitsBound(ctx context.Context) time.Duration {
+	d := maxWaitsWait
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	return d
+}
+
 // lock takes a lock for txn, bounded by ctx and by the leadership's life, and
-// returns the incarnation of the transaction's record that holds it.
-func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode) (uint64, error) {
+// returns the incarnation of the transaction's record that holds it. waits
+// is locktable.Txn.Waits: the transaction holds no other lock here and will
+// take no other; its wait is bounded by waitsBound, past which it fails
+// with ErrConflict.
+func (r *Replica) lock(ctx context.Context, l *leadership, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode, waits bool) (uint64, error) {
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if waits {
+		// A request that may wait for anyone waits a bounded time, then
+		// dies as wait-die would have: a definite abort its client retries,
+		// never the request's own deadline, which would leave a write's
+		// outcome unknown.
+		var stopWait context.CancelFunc
+		ctx, stopWait = context.WithTimeoutCause(ctx, waitsBound(parent), errWaitsBound)
+		defer stopWait()
+	}
 	stop := context.AfterFunc(l.ctx, cancel)
 	defer stop()
 	began := time.Now()
-	inc, err := l.txns.acquire(ctx, meta, span, mode)
+	inc, err := l.txns.acquire(ctx, meta, span, mode, waits)
 	if r.cfg.LockWait != nil {
 		r.cfg.LockWait.Observe(time.Since(began).Seconds())
 	}
 	switch {
 	case errors.Is(err, ErrConflict):
 		return 0, err
+	case err != nil && parent.Err() == nil && l.ctx.Err() == nil && errors.Is(context.Cause(ctx), errWaitsBound):
+		return 0, fmt.Errorf("%w: waited %v for a lock", ErrConflict, time.Since(began).Round(time.Millisecond))
 	case err != nil && l.ctx.Err() != nil:
 		return 0, ErrLocksLost
 	case err != nil:
@@ -78,7 +112,7 @@ func (r *Replica) Get(ctx context.Context, meta *pb.TxnMeta, key []byte) (*pb.Ge
 	if err != nil {
 		return nil, err
 	}
-	inc, err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Shared)
+	inc, err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Shared, false)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +143,7 @@ func (r *Replica) Scan(ctx context.Context, meta *pb.TxnMeta, start, end []byte,
 	if end == nil {
 		span.EndKey = keyspaceEnd
 	}
-	inc, err := r.lock(ctx, l, meta, span, locktable.Shared)
+	inc, err := r.lock(ctx, l, meta, span, locktable.Shared, false)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +169,7 @@ func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) (uint6
 	if err != nil {
 		return 0, err
 	}
-	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive)
+	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive, false)
 }
 
 // takeLocks serves a transaction whose whole body came in one request
@@ -167,7 +201,9 @@ func (r *Replica) takeLocks(ctx context.Context, l *leadership, meta *pb.TxnMeta
 	for k, mode := range modes {
 		key := []byte(k)
 		r.load.record(key)
-		got, err := r.lock(ctx, l, meta, locktable.Point(key), mode)
+		// A transaction of one key holds nothing while it waits: it may
+		// wait for anyone rather than die (locktable.Txn.Waits).
+		got, err := r.lock(ctx, l, meta, locktable.Point(key), mode, len(modes) == 1)
 		if err != nil {
 			return nil, 0, 0, err
 		}

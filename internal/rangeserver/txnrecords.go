@@ -94,15 +94,18 @@ func (tt *txnTable) touch(meta *pb.TxnMeta, create bool) (*leaderTxn, error) {
 }
 
 // acquire takes a lock for meta's transaction, waiting (bounded by ctx) under
-// wait-die, and returns the incarnation of the record that holds it. While it
-// waits the transaction is not an orphan. Errors: ErrConflict (wait-die chose
-// it to die) or ctx's error.
-func (tt *txnTable) acquire(ctx context.Context, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode) (uint64, error) {
+// wait-die (or for anyone, with waits: locktable.Txn.Waits), and returns the
+// incarnation of the record that holds it. While it waits the transaction
+// is not an orphan. Errors: ErrConflict (wait-die chose it to die) or ctx's
+// error.
+func (tt *txnTable) acquire(ctx context.Context, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode, waits bool) (uint64, error) {
 	t, _ := tt.touch(meta, true)
 	tt.mu.Lock()
 	t.waiting++
 	tt.mu.Unlock()
-	err := tt.locks.Acquire(ctx, lockTxn(meta), span, mode)
+	lt := lockTxn(meta)
+	lt.Waits = waits
+	err := tt.locks.Acquire(ctx, lt, span, mode)
 	tt.mu.Lock()
 	t.waiting--
 	tt.mu.Unlock()
