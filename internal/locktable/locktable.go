@@ -15,7 +15,9 @@
 // their ages (MarkPrepared), which cannot close a cycle and spares the requester
 // a restart while a commit is being released. Likewise a request from a
 // transaction that holds no other lock and will take no other (Txn.Waits)
-// waits for anyone: nothing waits for it.
+// waits for anyone: only younger such requests, queued behind it, wait for
+// it, so it closes no cycle. When a waiter gives up, the Txn.Waits requests
+// behind it look again (no release may come to wake them).
 //
 // Snapshot reads take no lock: WaitNoExclusive waits until no exclusive lock
 // overlaps their span and never delays an acquisition (paper §5.2).

@@ -70,7 +70,7 @@ type Config struct {
 	// CacheSize is the store's block cache in bytes (0:
 	// storage.DefaultCacheSize; `terroir start --cache`).
 	CacheSize int64
-	// Pprof also serves Go's profiles (CPU, heap, goroutines, mutex) under
+	// Pprof also serves Go's profiles (CPU, heap, goroutines) under
 	// /debug/pprof/ on HTTPAddr, for an operator diagnosing a slow node
 	// (`terroir start --pprof`). Off by default: a CPU profile costs the
 	// node while it runs, and the heap profile names code paths.

@@ -198,12 +198,14 @@ func (r *Replica) takeLocks(ctx context.Context, l *leadership, meta *pb.TxnMeta
 			l.txns.release(meta.GetId(), 0)
 		}
 	}()
+	// A transaction of one key that locked nothing here before holds
+	// nothing while it waits: it may wait for anyone rather than die
+	// (locktable.Txn.Waits). Clients send each attempt under a fresh ID.
+	waits := len(modes) == 1 && l.txns.locks.HeldBy(lockID(meta.GetId())) == 0
 	for k, mode := range modes {
 		key := []byte(k)
 		r.load.record(key)
-		// A transaction of one key holds nothing while it waits: it may
-		// wait for anyone rather than die (locktable.Txn.Waits).
-		got, err := r.lock(ctx, l, meta, locktable.Point(key), mode, len(modes) == 1)
+		got, err := r.lock(ctx, l, meta, locktable.Point(key), mode, waits)
 		if err != nil {
 			return nil, 0, 0, err
 		}

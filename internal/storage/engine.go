@@ -78,7 +78,7 @@ type Engine struct {
 	fsCloser io.Closer
 	fs       vfs.FS        // the store's file system (the crash-injecting one, if crashable)
 	crash    *crashFS      // nil unless opened with OpenCrashable
-	cache    *pebble.Cache // the block cache (db holds the reference)
+	cache    *pebble.Cache // the block cache (db holds the reference; freed by Close)
 }
 
 // Open opens (creating if absent) the store in dir for node nodeID. A directory

@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"runtime"
+
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -39,10 +41,21 @@ func OpenWith(dir string, nodeID uint64, o Options) (*Engine, error) {
 const memtableStops = 4
 
 // memtableSize is the largest memtable of a store whose cache holds
-// cacheSize bytes: an eighth of the cache, at most 32 MiB. Pebble charges
-// every memtable to the block cache, so at most half the cache
-// (memtableStops of them) ever goes to memtables.
-func memtableSize(cacheSize int64) uint64 { return uint64(min(cacheSize/8, 32<<20)) }
+// cacheSize bytes: a sixteenth of the cache, at most 32 MiB. Pebble charges
+// every memtable to the block cache: the memtableStops that may exist, and
+// one more kept for reuse, then take under a third of it.
+func memtableSize(cacheSize int64) uint64 { return uint64(min(cacheSize/16, 32<<20)) }
+
+// l0Stops is how many L0 sublevels stop writes until compactions catch up:
+// three times Pebble's 12. A stall stops every Raft group of the node at
+// once, so it should come only when compactions have fallen far behind;
+// before that, Pebble runs up to compactionsMax compactions at once as the
+// debt grows.
+const l0Stops = 36
+
+// compactionsMax is the most compactions Pebble runs at once (its
+// default is 1, however far behind it falls): the node's cores.
+func compactionsMax() int { return max(1, runtime.GOMAXPROCS(0)) }
 
 // pebbleOptions is the Pebble configuration of a store on fs with the
 // given cache. Pebble's defaults suit a library embedded in a test; a node
@@ -55,9 +68,9 @@ func memtableSize(cacheSize int64) uint64 { return uint64(min(cacheSize/8, 32<<2
 //   - memtables that grow (from 256 KiB) to memtableSize and may pile up
 //     to memtableStops before writes wait, so a burst flushes fewer,
 //     larger L0 files;
-//   - L0 compacted once it holds 2 files, and writes never stopped for L0
-//     alone (1000): a stall there stops every Raft group of the node, and
-//     Pebble's compaction concurrency rises with the debt instead.
+//   - L0 compacted once it holds 2 files, more compactions at once as the
+//     debt grows (compactionsMax), and writes stopped by L0 only at
+//     l0Stops sublevels.
 func pebbleOptions(fs vfs.FS, cache *pebble.Cache) *pebble.Options {
 	return &pebble.Options{
 		FS:                          fs,
@@ -67,6 +80,7 @@ func pebbleOptions(fs vfs.FS, cache *pebble.Cache) *pebble.Options {
 		MemTableSize:                memtableSize(cache.MaxSize()),
 		MemTableStopWritesThreshold: memtableStops,
 		L0CompactionThreshold:       2,
-		L0StopWritesThreshold:       1000,
+		L0StopWritesThreshold:       l0Stops,
+		CompactionConcurrencyRange:  func() (int, int) { return 1, compactionsMax() },
 	}
 }
