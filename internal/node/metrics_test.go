@@ -183,3 +183,37 @@ func TestGrafanaDashboardUsesServedSeries(t *testing.T) {
 		t.Fatalf("the dashboard queries only %d series", n)
 	}
 }
+
+// TestPprofOnlyWhenAsked: a node started with Pprof serves Go's profile
+// index and symbol lookup (GET and POST) on its HTTP address; one started
+// without it does not.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	top, err := topology.Load("../../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{true, false} {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := node.Start(node.Config{Topology: top.WithAddrs(map[uint64]string{1: l.Addr().String()}), NodeID: 1,
+			DataDir: t.TempDir(), Insecure: true, Listener: l, HTTPAddr: "127.0.0.1:0", Pprof: on})
+		if err != nil {
+			t.Fatalf("Pprof %v: %v", on, err)
+		}
+		base := "http://" + n.HTTPAddr() + "/debug/pprof/"
+		code, body := get(t, base)
+		posted, err := http.Post(base+"symbol", "text/plain", strings.NewReader("0x1"))
+		if err != nil {
+			n.Close()
+			t.Fatal(err)
+		}
+		posted.Body.Close()
+		n.Close()
+		served := code == http.StatusOK && strings.Contains(body, "goroutine") && posted.StatusCode == http.StatusOK
+		if served != on {
+			t.Errorf("Pprof %v: index %d (%d bytes), symbol POST %d", on, code, len(body), posted.StatusCode)
+		}
+	}
+}
