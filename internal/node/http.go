@@ -24,8 +24,8 @@ import (
 const httpShutdownTimeout = 2 * time.Second
 
 // serveHTTP serves the node's metrics, health, readiness, web console and,
-// with Config.Pprof, Go's profiles on the HTTP listener Start bound (before anything else ran, so a bind
-// failure stops the node). It is plain HTTP and read-only, with no actions,
+// with Config.Pprof, Go's profiles on the HTTP listener Start bound
+// (before anything else ran, so a bind failure stops the node). It is plain HTTP and read-only, with no actions,
 // but the console shows range boundaries, which are keys: bind it where
 // only operators reach (the default is loopback).
 func (n *Node) serveHTTP() {
