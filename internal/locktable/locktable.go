@@ -71,7 +71,8 @@ type Txn struct {
 	// Waits marks a request from a transaction that holds no other lock
 	// and will request no other (a single-key transaction sent whole): it
 	// waits for any conflicting holder or older waiter instead of dying,
-	// which cannot close a cycle, since it holds nothing anyone waits for.
+	// which cannot close a cycle: it holds nothing, and only younger Waits
+	// requests queue behind it.
 	Waits bool
 }
 
