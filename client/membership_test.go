@@ -374,3 +374,37 @@ func TestReplaceWipedNode(t *testing.T) {
 	}
 	t.Logf("%d transfers, %d total checks", load.transfers.Load(), load.checks.Load())
 }
+
+// TestDecommissionRightAfterADirectoryLeaderChange: a directory leader
+// elected a moment ago has heard no heartbeat yet; a decommission it is
+// asked for then waits until the region's live nodes have had time to
+// find it, rather than refusing with ErrTooFewNodes on an empty view.
+func TestDecommissionRightAfterADirectoryLeaderChange(t *testing.T) {
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{})
+	ctx := ctxT(t, 60*time.Second)
+	if err := c.JoinNode(4, "us-east1"); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "four live nodes", func(rows map[uint64]admin.NodeRow) bool {
+		return len(rows) == 4 && rows[1].Live && rows[2].Live && rows[3].Live && rows[4].Live
+	})
+	const dir = 3 // the directory group of threeNodes
+	from := c.Leader(dir)
+	to := from%3 + 1
+	c.Node(from).Group(dir).TransferLeadership(to)
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Leader(dir) != to {
+		if time.Now().After(deadline) {
+			t.Fatalf("directory leadership never moved from node %d to node %d", from, to)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	began := time.Now()
+	if err := admin.SetNodeState(ctx, c.Dialer("us-east1"), c.Topology, "us-east1", 4, directorypb.NodeState_NODE_DECOMMISSIONING); err != nil {
+		t.Fatalf("decommissioning node 4 of four live nodes, right after the directory's leader moved to node %d: %v", to, err)
+	}
+	t.Logf("decommissioned %v after the leader change", time.Since(began).Round(time.Millisecond))
+	if rows := nodeRows(t, ctx, c); rows[4].State != "decommissioning" {
+		t.Errorf("node 4 is %s, want decommissioning", rows[4].State)
+	}
+}

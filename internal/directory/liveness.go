@@ -40,6 +40,15 @@ func (l *liveness) beat(term, node uint64, now time.Time) {
 	l.heard[node] = now
 }
 
+// younger returns how long the table, as of now, has left before it is
+// age old (zero or less: it is). Call it after view or beat, which set the
+// table to the current term.
+func (l *liveness) younger(now time.Time, age time.Duration) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.since.Add(age).Sub(now)
+}
+
 // view returns each node's liveness under term at now: live while its last
 // heartbeat under term is within timeout. Gone nodes are never live.
 func (l *liveness) view(term uint64, now time.Time, timeout time.Duration, nodes []*directorypb.NodeRecord) []*directorypb.NodeLiveness {

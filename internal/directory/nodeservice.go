@@ -116,35 +116,66 @@ func (s *Server) Nodes(_ context.Context, req *directorypb.NodesRequest) (*direc
 
 // SetNodeState implements directorypb.DirectoryServer. A live node leaves
 // the live state only while MinLiveNodes other nodes of the region are both
-// in the live state and live (heard from within the liveness timeout).
+// in the live state and live (heard from within the liveness timeout). A
+// leader elected less than half a liveness timeout ago has not heard from
+// every node yet: it waits out that half (bounded by ctx) before it refuses.
 func (s *Server) SetNodeState(ctx context.Context, req *directorypb.SetNodeStateRequest) (*directorypb.SetNodeStateResponse, error) {
 	if caller, ok := security.PeerIdentity(ctx); ok && !caller.IsNode() && req.GetState() == directorypb.NodeState_NODE_GONE {
 		// Gone means drained: the replicate queue (a node) decides it.
 		return nil, status.Error(codes.InvalidArgument, fmt.Errorf("%w: node %d: only the replicate queue marks a drained node gone; decommission it", ErrNodeState, req.GetNodeId()).Error())
 	}
-	nodes, err := s.Nodes(ctx, &directorypb.NodesRequest{GroupId: req.GetGroupId()})
+	for {
+		nodes, err := s.Nodes(ctx, &directorypb.NodesRequest{GroupId: req.GetGroupId()})
+		if err != nil {
+			return nil, err
+		}
+		refusal := tooFewLeft(req, nodes.GetNodes())
+		if refusal == nil {
+			break
+		}
+		// A new leader has not heard from every live node yet: judge once
+		// each has had two heartbeats' time to find it.
+		wait := s.livenessOf(req.GetGroupId()).younger(time.Now(), s.livenessTimeout/2)
+		if wait <= 0 {
+			return nil, refusal
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, refusal
+		case <-t.C:
+		}
+	}
+	_, err := s.propose(ctx, req.GetGroupId(), &directorypb.Command{Cmd: &directorypb.Command_SetNodeState{SetNodeState: &directorypb.SetNodeStateCmd{Id: req.GetNodeId(), State: req.GetState()}}})
 	if err != nil {
 		return nil, err
 	}
-	for _, n := range nodes.GetNodes() {
-		if n.GetNode().GetId() != req.GetNodeId() || n.GetNode().GetState() != directorypb.NodeState_NODE_LIVE || req.GetState() == directorypb.NodeState_NODE_LIVE {
+	return &directorypb.SetNodeStateResponse{}, nil
+}
+
+// tooFewLeft returns ErrTooFewNodes (as InvalidArgument) if req takes a
+// node out of the live state while fewer than MinLiveNodes other nodes of
+// its region are in the live state and live in nodes; else nil.
+func tooFewLeft(req *directorypb.SetNodeStateRequest, nodes []*directorypb.NodeLiveness) error {
+	if req.GetState() == directorypb.NodeState_NODE_LIVE {
+		return nil
+	}
+	for _, n := range nodes {
+		if n.GetNode().GetId() != req.GetNodeId() || n.GetNode().GetState() != directorypb.NodeState_NODE_LIVE {
 			continue
 		}
 		live := 0
-		for _, o := range nodes.GetNodes() {
+		for _, o := range nodes {
 			if o.GetNode().GetId() != req.GetNodeId() && o.GetLive() && o.GetNode().GetState() == directorypb.NodeState_NODE_LIVE {
 				live++
 			}
 		}
 		if live < MinLiveNodes {
-			return nil, status.Error(codes.InvalidArgument, fmt.Errorf("%w: %s would keep %d live nodes, it needs %d", ErrTooFewNodes, n.GetNode().GetRegion(), live, MinLiveNodes).Error())
+			return status.Error(codes.InvalidArgument, fmt.Errorf("%w: %s would keep %d live nodes, it needs %d", ErrTooFewNodes, n.GetNode().GetRegion(), live, MinLiveNodes).Error())
 		}
 	}
-	_, err = s.propose(ctx, req.GetGroupId(), &directorypb.Command{Cmd: &directorypb.Command_SetNodeState{SetNodeState: &directorypb.SetNodeStateCmd{Id: req.GetNodeId(), State: req.GetState()}}})
-	if err != nil {
-		return nil, err
-	}
-	return &directorypb.SetNodeStateResponse{}, nil
+	return nil
 }
 
 // RegisterNode adds node to the region's registry, or records its new
