@@ -579,13 +579,15 @@ var (
 // ErrMergeReplicas (not merged; the neighbour may have moved), ErrUnavailable,
 // ErrCommitUnknown (whether it merged is unknown). While the right-hand range is not ready
 // (its leadership moving, transactions committing) or a range changed
-// first, the call retries until ctx ends.
+// first, the call retries until ctx ends; a replica moved between its
+// check and the leader's (the replicate queue) makes it read the ranges
+// afresh and colocate again, up to maxColocations times.
 func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDescriptor, error) {
 	if len(key) > MaxKeySize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
 	}
 	var first *pb.RangeDescriptor // the range holding key when first asked
-	colocations := 0
+	colocations, refusals := 0, 0 // colocate calls; the leader's refusals for different replicas
 	for {
 		// The checks below read the routing cache: refresh it from the
 		// nodes first, so a stale descriptor (a range that split since)
@@ -636,7 +638,14 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 				return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 			}
 		case status.Code(err) == codes.InvalidArgument:
-			return nil, mergeRefusal(status.Convert(err).Message())
+			refusal := mergeRefusal(status.Convert(err).Message())
+			if errors.Is(refusal, ErrMergeReplicas) && refusals < maxColocations {
+				// A replica moved (the replicate queue) after the routing
+				// check: read the ranges afresh and colocate again.
+				refusals++
+				continue
+			}
+			return nil, refusal
 		default:
 			return nil, err
 		}
