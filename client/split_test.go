@@ -1,9 +1,12 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +14,8 @@ import (
 
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/topology"
 )
 
@@ -243,6 +248,73 @@ func TestAutomaticSplitByLoadAndMergeBack(t *testing.T) {
 			return err
 		}); err != nil || string(v) != string(k) {
 			t.Fatalf("after the merges, read %s = %q, %v", k, v, err)
+		}
+	}
+}
+
+// TestAutomaticSplitBySize: with split_size lowered to 1 MiB (and small
+// memtables, so the data reaches files, which the size estimate counts),
+// range 10 splits by itself once its data passes it, near the middle of its
+// bytes (at a key of its data), and every key reads back.
+func TestAutomaticSplitBySize(t *testing.T) {
+	top, err := topology.Load("../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	top.SplitSize, top.SplitQPS, top.MergeSize, top.MergeQPS = 1<<20, 0, 0, 0
+	c, err := localcluster.Start(top, localcluster.Options{CacheSize: storage.MinCacheSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	var keys []string
+	values := map[string][]byte{} // 10 KiB each, random: compression leaves their size on disk
+	rnd := rand.NewChaCha8([32]byte{1})
+	for i := range 320 { // 3.2 MiB, all in range 10: [, m)
+		k := fmt.Sprintf("%c-%04d", 'a'+i%12, i)
+		keys, values[k] = append(keys, k), make([]byte, 10<<10)
+		_, _ = rnd.Read(values[k])
+	}
+	for batch := range slices.Chunk(keys, 8) {
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+			for _, k := range batch {
+				if err := tx.Put(ctx, []byte(k), values[k]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var left *rangepb.RangeDescriptor
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if d := newestDesc(c, 10); d != nil && string(d.GetEndKey()) != "m" {
+			left = d
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("range 10 holds 3.2 MiB 30 s after the writes and never split by size (split_size 1 MiB)")
+		}
+	}
+	// The split key is a key of the data (TestMidKeySplitsTheDataInHalf
+	// checks it is the middle one); range 10 may have split again since.
+	t.Logf("range 10 split at %q", left.GetEndKey())
+	if _, ok := values[string(left.GetEndKey())]; !ok || string(left.GetEndKey()) == keys[0] {
+		t.Errorf("range 10 split at %q: not a key written after the first", left.GetEndKey())
+	}
+	for _, k := range keys {
+		var v []byte
+		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+			v, _, err = tx.Get(ctx, []byte(k))
+			return err
+		}); err != nil || !bytes.Equal(v, values[k]) {
+			t.Fatalf("after the split, read %s: %d bytes, %v", k, len(v), err)
 		}
 	}
 }

@@ -58,6 +58,10 @@ type Options struct {
 	// Crashable opens every store so KillNode loses what a power loss would
 	// (node.Config.Crashable).
 	Crashable bool
+	// CacheSize is each node's block cache in bytes (node.Config.CacheSize;
+	// 0: storage.DefaultCacheSize). Memtables are a sixteenth of it, so a
+	// small cache flushes data to files early.
+	CacheSize int64
 }
 
 // Cluster is a running in-process cluster.
@@ -246,7 +250,7 @@ func (c *Cluster) startNode(id uint64, l net.Listener) error {
 	n, err := node.Start(node.Config{
 		Topology: top, NodeID: id, DataDir: c.nodeDir(id),
 		Network: c.Net, Listener: l, Addr: l.Addr().String(), CompactAfter: c.opts.CompactAfter,
-		Crashable: c.opts.Crashable, Certs: certs, Insecure: c.opts.Insecure, HTTPAddr: "127.0.0.1:0",
+		Crashable: c.opts.Crashable, CacheSize: c.opts.CacheSize, Certs: certs, Insecure: c.opts.Insecure, HTTPAddr: "127.0.0.1:0",
 		RebalanceInterval: c.opts.RebalanceInterval, ReplicaGCInterval: c.opts.ReplicaGCInterval,
 	})
 	if err != nil {

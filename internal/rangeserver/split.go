@@ -168,21 +168,20 @@ func (r *Replica) maybeSplit() {
 		return
 	}
 	r.splits.lastCheck = now
-	var key []byte
-	reason := "load"
+	var size uint64 // over SplitSize, or 0
 	if r.cfg.SplitSize > 0 {
-		if size, err := r.sm.Size(); err == nil && size >= r.cfg.SplitSize {
-			if key, err = r.sm.MidKey(); err != nil {
-				key = nil
-			}
-			reason = fmt.Sprintf("size %d bytes", size)
+		if n, err := r.sm.Size(); err == nil && n >= r.cfg.SplitSize {
+			size = n
 		}
 	}
-	if key == nil && r.cfg.SplitQPS > 0 {
-		key = r.load.splitKey(loadSplitAfter)
-		reason = fmt.Sprintf("load %.0f requests/s", r.load.QPS())
+	var key []byte
+	reason := ""
+	if r.cfg.SplitQPS > 0 {
+		if key = r.load.splitKey(loadSplitAfter); key != nil {
+			reason = fmt.Sprintf("load %.0f requests/s", r.load.QPS())
+		}
 	}
-	if key == nil {
+	if size == 0 && key == nil {
 		return
 	}
 	r.splits.running.Store(true)
@@ -190,6 +189,14 @@ func (r *Replica) maybeSplit() {
 	go func() {
 		defer r.wg.Done()
 		defer r.splits.running.Store(false)
+		if size > 0 { // finding the middle reads the range: not on the tick
+			if mid, err := r.sm.MidKey(r.ctx); err == nil && mid != nil {
+				key, reason = mid, fmt.Sprintf("size %d bytes", size)
+			}
+		}
+		if key == nil {
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.ctx, proposeTimeout+splitQuiesce)
 		defer cancel()
 		if _, _, err := r.split(ctx, key, false); err != nil {

@@ -2,6 +2,7 @@ package rangeserver
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -544,46 +545,73 @@ func (sm *StateMachine) Size() (uint64, error) {
 	return total, nil
 }
 
+// midMarks bounds how many candidate split keys MidKey keeps (its memory:
+// about midMarks keys), and midMinStep is the least data, in bytes, between
+// two of them.
+const (
+	midMarks   = 4096
+	midMinStep = 256
+)
+
 // MidKey returns the user key at which the range's data (all versions)
-// reaches half its bytes, for a split by size; nil if the range holds fewer
-// than two keys.
-func (sm *StateMachine) MidKey() ([]byte, error) {
+// reaches about half its bytes, for a split by size: the first key starting
+// a new user key once half the bytes are behind, to within the data size /
+// midMarks. Both sides of it hold data. nil if the range holds fewer than
+// two user keys. It reads the range once, so it runs off the tick loop;
+// it stops early with ctx's error.
+func (sm *StateMachine) MidKey(ctx context.Context) ([]byte, error) {
 	d := sm.desc.Load()
 	var end []byte
 	if len(d.GetEndKey()) > 0 {
 		end = d.GetEndKey()
 	}
 	lo, hi := storage.MVCCKeyBounds(dataPrefix, d.GetStartKey(), end)
-	var total int
-	if err := sm.e.Scan(lo, hi, func(k, v []byte) (bool, error) {
-		total += len(k) + len(v)
-		return true, nil
-	}); err != nil {
-		return nil, err
+	step := uint64(midMinStep)
+	if size, err := sm.e.DiskUsage(lo, hi); err == nil {
+		step = max(step, 2*size/midMarks) // on-disk bytes are compressed: about half the scanned ones
 	}
-	var mid, first []byte
-	seen := 0
+	type mark struct {
+		at  uint64 // data bytes before the key
+		key []byte // a user key
+	}
+	var (
+		marks []mark
+		first []byte // the range's first user key
+		seen  uint64
+		next  uint64 // the least seen of the next mark
+		due   bool   // a mark is due at the next new user key
+	)
 	err := sm.e.Scan(lo, hi, func(k, v []byte) (bool, error) {
-		seen += len(k) + len(v)
-		if seen*2 < total {
+		at := seen
+		seen += uint64(len(k) + len(v))
+		if at/step != seen/step && ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if first != nil && !due && at < next {
 			return true, nil
 		}
 		uk, _, err := storage.DecodeMVCCKey(dataPrefix, k)
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)
 		}
-		if first == nil {
-			first = uk
-			return true, nil
-		}
-		if !bytes.Equal(uk, first) {
-			mid = uk // the first key after the half: both sides hold data
-			return false, nil
+		switch {
+		case first == nil:
+			first, due = bytes.Clone(uk), true // mark the second user key, however close
+		case bytes.Equal(uk, first) || (len(marks) > 0 && bytes.Equal(uk, marks[len(marks)-1].key)):
+			due = true // the key has more versions: mark the next one
+		default:
+			marks = append(marks, mark{at, bytes.Clone(uk)})
+			due, next = false, at+step
 		}
 		return true, nil
 	})
-	if mid == nil && first != nil && !bytes.Equal(first, d.GetStartKey()) {
-		mid = first
+	if err != nil || len(marks) == 0 {
+		return nil, err
 	}
-	return mid, err
+	for _, m := range marks {
+		if m.at*2 >= seen {
+			return m.key, nil
+		}
+	}
+	return marks[len(marks)-1].key, nil
 }

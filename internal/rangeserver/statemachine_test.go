@@ -1,7 +1,10 @@
 package rangeserver
 
 import (
+	"context"
 	"encoding/binary"
+	"fmt"
+	"strings"
 	"errors"
 	"testing"
 
@@ -244,5 +247,70 @@ func TestCheckSpansRefusesOtherState(t *testing.T) {
 		if err := sm.CheckSpans(c.spans); (err == nil) != c.ok {
 			t.Errorf("CheckSpans(%x) = %v, want ok %v", c.spans, err, c.ok)
 		}
+	}
+}
+
+// TestMidKeySplitsTheDataInHalf: a size split's key leaves about half the
+// data's bytes on each side, counting every version, and never splits a
+// user key's versions or leaves a side empty.
+func TestMidKeySplitsTheDataInHalf(t *testing.T) {
+	ctx := context.Background()
+	val := strings.Repeat("v", 100)
+	n := 0
+	put := func(key string, epoch uint64) *pb.Command { // a 100-byte value, by a transaction of its own
+		n++
+		return onePhase(fmt.Sprintf("txn-%d", n), epoch, key, val)
+	}
+	for _, c := range []struct {
+		name   string
+		writes func() []*pb.Command
+		want   func(mid []byte) bool
+	}{
+		{"400 equal keys", func() []*pb.Command {
+			var cmds []*pb.Command
+			for i := range 400 {
+				cmds = append(cmds, put(fmt.Sprintf("k%03d", i), 5))
+			}
+			return cmds
+		}, func(mid []byte) bool { return string(mid) >= "k195" && string(mid) <= "k205" }},
+		{"the first key holds most versions", func() []*pb.Command {
+			var cmds []*pb.Command
+			for e := range 300 {
+				cmds = append(cmds, put("a", uint64(5+e)))
+			}
+			for i := range 100 {
+				cmds = append(cmds, put(fmt.Sprintf("k%03d", i), 5))
+			}
+			return cmds
+		}, func(mid []byte) bool { return string(mid) == "k000" }},
+		{"one key, many versions", func() []*pb.Command {
+			var cmds []*pb.Command
+			for e := range 300 {
+				cmds = append(cmds, put("a", uint64(5+e)))
+			}
+			return cmds
+		}, func(mid []byte) bool { return mid == nil }},
+		{"two keys", func() []*pb.Command {
+			return []*pb.Command{put("a", 5), put("b", 5)}
+		}, func(mid []byte) bool { return string(mid) == "b" }},
+		{"no data", func() []*pb.Command { return nil }, func(mid []byte) bool { return mid == nil }},
+	} {
+		sm := openSM(t, 1)
+		apply(t, sm, append([]*pb.Command{leaseCmd(1, 1, 1000, 1, 0)}, c.writes()...)...)
+		mid, err := sm.MidKey(ctx)
+		if err != nil || !c.want(mid) {
+			t.Errorf("%s: MidKey = %q, %v", c.name, mid, err)
+		}
+	}
+	sm := openSM(t, 1)
+	var cmds []*pb.Command
+	for i := range 400 {
+		cmds = append(cmds, put(fmt.Sprintf("k%03d", i), 5))
+	}
+	apply(t, sm, append([]*pb.Command{leaseCmd(1, 1, 1000, 1, 0)}, cmds...)...)
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := sm.MidKey(done); !errors.Is(err, context.Canceled) {
+		t.Errorf("MidKey with its context done = %v, want context.Canceled", err)
 	}
 }
