@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -12,10 +13,22 @@ import (
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/node/nodepb"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/rebalance"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 )
+
+// moveTimeout bounds one step of the region's replicate queue: at least
+// 30 s, and twice what streaming a full range takes when max_snapshots
+// moves share a node's snapshot rate (a range outgrows split_size by a
+// quarter before it splits; split_size off counts as the default). At the
+// defaults, 512 MiB ranges and 2 moves at 32 MiB/s: 80 s.
+func moveTimeout(top *topology.Topology) time.Duration {
+	size := float64(cmp.Or(top.SplitSize, topology.DefaultSplitSize)) * 1.25
+	stream := size * float64(max(top.MaxSnapshots, 1)) / raftgroup.DefaultSnapshotRate
+	return max(30*time.Second, time.Duration(2*stream*float64(time.Second)))
+}
 
 // regionCluster is the node's region as its replicate queue sees it
 // (rebalance.Cluster): the queue runs where the region's directory leads.

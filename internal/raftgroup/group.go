@@ -162,7 +162,7 @@ type Config struct {
 	CompactAfter uint64
 	// SnapshotRate bounds the bytes per second a node sends in streamed
 	// snapshots, all groups together, so that catching a replica up leaves
-	// the disk and network to foreground traffic (default 32 MiB/s).
+	// the disk and network to foreground traffic (default DefaultSnapshotRate).
 	SnapshotRate float64
 	// Known reports whether a node belongs to the cluster; Raft messages
 	// and snapshots from any other are dropped (nil: every node). A node
@@ -174,6 +174,9 @@ type Config struct {
 	// refused and Raft sends it later.
 	MaxSnapshots int
 }
+
+// DefaultSnapshotRate is Config.SnapshotRate's default: 32 MiB/s.
+const DefaultSnapshotRate = 32 << 20
 
 // electionTicks is Raft's election timeout in ticks (300 ms at the default
 // tick); heartbeatTicks the leader's heartbeat period (30 ms), a tenth of it as
@@ -191,7 +194,7 @@ func (c Config) withDefaults() Config {
 		c.CompactAfter = 10000
 	}
 	if c.SnapshotRate <= 0 {
-		c.SnapshotRate = 32 << 20
+		c.SnapshotRate = DefaultSnapshotRate
 	}
 	if c.MaxSnapshots <= 0 {
 		c.MaxSnapshots = 2
