@@ -3,9 +3,9 @@ package rangeserver
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strings"
-	"errors"
 	"testing"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"

@@ -233,8 +233,8 @@ func TestMergeSettings(t *testing.T) {
 		{"merge_size: off\n", 0, DefaultSplitQPS / 4, DefaultMergeDelay, false},
 		{"split_qps: off\nmerge_qps: off\n", DefaultSplitSize / 4, 0, DefaultMergeDelay, false},
 		{"merge_size: 300MiB\n", 0, 0, 0, true}, // over half of 512 MiB
-		{"merge_qps: 2000\n", 0, 0, 0, true},   // over half of 2500
-		{"merge_qps: off\n", 0, 0, 0, true},    // hot ranges would merge back
+		{"merge_qps: 2000\n", 0, 0, 0, true},    // over half of 2500
+		{"merge_qps: off\n", 0, 0, 0, true},     // hot ranges would merge back
 		{"merge_qps: -1\n", 0, 0, 0, true},
 		{"merge_delay: 0s\n", 0, 0, 0, true},
 		{"merge_size: lots\n", 0, 0, 0, true},
