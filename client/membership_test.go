@@ -378,9 +378,11 @@ func TestReplaceWipedNode(t *testing.T) {
 // TestDecommissionRightAfterADirectoryLeaderChange: a directory leader
 // elected a moment ago has heard no heartbeat yet; a decommission it is
 // asked for then waits until the region's live nodes have had time to
-// find it, rather than refusing with ErrTooFewNodes on an empty view.
+// find it (half the default 5 s liveness timeout, longer than one attempt
+// of the client's), rather than refusing with ErrTooFewNodes on an empty
+// view.
 func TestDecommissionRightAfterADirectoryLeaderChange(t *testing.T) {
-	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{})
+	c := localcluster.StartT(t, "../examples/one-region.yaml", localcluster.Options{RebalanceInterval: -1})
 	ctx := ctxT(t, 60*time.Second)
 	if err := c.JoinNode(4, "us-east1"); err != nil {
 		t.Fatal(err)
@@ -388,14 +390,22 @@ func TestDecommissionRightAfterADirectoryLeaderChange(t *testing.T) {
 	awaitRows(t, ctx, c, "four live nodes", func(rows map[uint64]admin.NodeRow) bool {
 		return len(rows) == 4 && rows[1].Live && rows[2].Live && rows[3].Live && rows[4].Live
 	})
-	const dir = 3 // the directory group of threeNodes
-	from := c.Leader(dir)
-	to := from%3 + 1
-	c.Node(from).Group(dir).TransferLeadership(to)
+	const dir = 3 // the directory group of one-region.yaml
 	deadline := time.Now().Add(10 * time.Second)
+	from := c.Leader(dir)
+	for ; from == 0 && time.Now().Before(deadline); from = c.Leader(dir) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if from == 0 {
+		t.Fatal("the directory group has no leader")
+	}
+	to := from%3 + 1
 	for c.Leader(dir) != to {
 		if time.Now().After(deadline) {
 			t.Fatalf("directory leadership never moved from node %d to node %d", from, to)
+		}
+		if l := c.Leader(dir); l != 0 {
+			c.Node(l).Group(dir).TransferLeadership(to)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -254,8 +254,8 @@ func TestAutomaticSplitByLoadAndMergeBack(t *testing.T) {
 
 // TestAutomaticSplitBySize: with split_size lowered to 1 MiB (and small
 // memtables, so the data reaches files, which the size estimate counts),
-// range 10 splits by itself once its data passes it, near the middle of its
-// bytes (at a key of its data), and every key reads back.
+// range 10 splits by itself once its data passes it, at a key of its data,
+// and every key reads back.
 func TestAutomaticSplitBySize(t *testing.T) {
 	top, err := topology.Load("../examples/one-region.yaml")
 	if err != nil {

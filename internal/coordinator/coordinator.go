@@ -581,7 +581,7 @@ var (
 // (its leadership moving, transactions committing) or a range changed
 // first, the call retries until ctx ends; a replica moved between its
 // check and the leader's (the replicate queue) makes it read the ranges
-// afresh and colocate again, up to maxColocations times.
+// afresh and colocate again, 50 ms on, up to maxColocations times.
 func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDescriptor, error) {
 	if len(key) > MaxKeySize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), MaxKeySize)
@@ -638,14 +638,14 @@ func (c *Coordinator) MergeRange(ctx context.Context, key []byte) (*pb.RangeDesc
 				return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 			}
 		case status.Code(err) == codes.InvalidArgument:
-			refusal := mergeRefusal(status.Convert(err).Message())
-			if errors.Is(refusal, ErrMergeReplicas) && refusals < maxColocations {
+			msg := status.Convert(err).Message()
+			if strings.Contains(msg, mergeDifferentReplicas) && refusals < maxColocations && routeBackoff(ctx, 25) {
 				// A replica moved (the replicate queue) after the routing
-				// check: read the ranges afresh and colocate again.
+				// check: read the ranges afresh, 50 ms on, and colocate again.
 				refusals++
 				continue
 			}
-			return nil, refusal
+			return nil, mergeRefusal(msg)
 		default:
 			return nil, err
 		}
@@ -750,12 +750,16 @@ func (c *Coordinator) colocate(ctx context.Context, left, right *pb.RangeDescrip
 	return errColocated
 }
 
+// mergeDifferentReplicas is in a leader's refusal of a merge of ranges
+// whose replicas differ (rangeserver.ErrMergeReplicas).
+const mergeDifferentReplicas = "different replicas"
+
 // mergeRefusal types a leader's refusal of a merge by its message.
 func mergeRefusal(msg string) error {
 	for _, r := range []struct {
 		says string
 		err  error
-	}{{"has no right neighbour", ErrMergeLast}, {"different home regions", ErrMergeRegions}, {"different replicas", ErrMergeReplicas}} {
+	}{{"has no right neighbour", ErrMergeLast}, {"different home regions", ErrMergeRegions}, {mergeDifferentReplicas, ErrMergeReplicas}} {
 		if strings.Contains(msg, r.says) {
 			return fmt.Errorf("%w: %s", r.err, msg)
 		}

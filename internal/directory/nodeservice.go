@@ -118,7 +118,8 @@ func (s *Server) Nodes(_ context.Context, req *directorypb.NodesRequest) (*direc
 // the live state only while MinLiveNodes other nodes of the region are both
 // in the live state and live (heard from within the liveness timeout). A
 // leader elected less than half a liveness timeout ago has not heard from
-// every node yet: it waits out that half (bounded by ctx) before it refuses.
+// every node yet: it waits out that half before it refuses; if ctx ends
+// first, it answers Unavailable, which the caller retries.
 func (s *Server) SetNodeState(ctx context.Context, req *directorypb.SetNodeStateRequest) (*directorypb.SetNodeStateResponse, error) {
 	if caller, ok := security.PeerIdentity(ctx); ok && !caller.IsNode() && req.GetState() == directorypb.NodeState_NODE_GONE {
 		// Gone means drained: the replicate queue (a node) decides it.
@@ -142,8 +143,10 @@ func (s *Server) SetNodeState(ctx context.Context, req *directorypb.SetNodeState
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			// The caller's attempt ended first (a LeaderClient's is 1 s):
+			// not a refusal, so it asks again, of an older leader.
 			t.Stop()
-			return nil, refusal
+			return nil, status.Errorf(codes.Unavailable, "directory group %d: a new leader, still hearing from the region's nodes (%v)", req.GetGroupId(), ctx.Err())
 		case <-t.C:
 		}
 	}

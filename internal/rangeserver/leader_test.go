@@ -269,3 +269,29 @@ func TestYoungerWaitsForAOnePhaseCommit(t *testing.T) {
 		t.Fatalf("younger against a one-phase commit: %v, want the lock once it released", err)
 	}
 }
+
+// TestASizeSplitsMiddleIsReadOncePerGeneration: the middle key found for
+// a split by size is reused while the range's generation holds; a range
+// found without a middle is read again only once it grew by an eighth of
+// split_size, and any new generation reads it again.
+func TestASizeSplitsMiddleIsReadOncePerGeneration(t *testing.T) {
+	const split = 800
+	var q splitQueue
+	if _, ok := q.cachedMid(1, 1000, split); ok {
+		t.Fatal("a middle before any was found")
+	}
+	q.midGen, q.midSize, q.midKey = 1, 1000, []byte("m")
+	if k, ok := q.cachedMid(1, 5000, split); !ok || string(k) != "m" {
+		t.Errorf("same generation: %q, %v; want m", k, ok)
+	}
+	if _, ok := q.cachedMid(2, 1000, split); ok {
+		t.Error("a middle reused at a new generation")
+	}
+	q.midKey = nil
+	if k, ok := q.cachedMid(1, 1099, split); !ok || k != nil {
+		t.Errorf("no middle, grown by less than an eighth: %q, %v; want none, cached", k, ok)
+	}
+	if _, ok := q.cachedMid(1, 1100, split); ok {
+		t.Error("no middle, grown by an eighth of split_size: not read again")
+	}
+}

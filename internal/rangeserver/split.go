@@ -156,6 +156,27 @@ type splitQueue struct {
 	lastCheck time.Time   // read and written by the tick loop only
 	lastMerge time.Time   // likewise, for maybeMerge
 	running   atomic.Bool // a split or merge is under way
+
+	// The last middle key found for a split by size (by the split's
+	// goroutine, one at a time): reused while the range's generation
+	// holds, so neither a split that fails (busy) nor a range without a
+	// middle (one key's long history) reads the whole range every check.
+	midGen  uint64 // the generation it was found at
+	midSize uint64 // the range's size then
+	midKey  []byte // nil: the range had no middle
+}
+
+// cachedMid returns the middle key found at generation gen, if one was and
+// is still usable at size (a range without a middle is read again once it
+// grew by an eighth of splitSize).
+func (q *splitQueue) cachedMid(gen, size, splitSize uint64) ([]byte, bool) {
+	if q.midGen != gen || q.midSize == 0 {
+		return nil, false
+	}
+	if q.midKey == nil && size >= q.midSize+splitSize/8 {
+		return nil, false
+	}
+	return q.midKey, true
 }
 
 // maybeSplit, on the leader's tick at most every splitCheck, splits the range
@@ -190,7 +211,15 @@ func (r *Replica) maybeSplit() {
 		defer r.wg.Done()
 		defer r.splits.running.Store(false)
 		if size > 0 { // finding the middle reads the range: not on the tick
-			if mid, err := r.sm.MidKey(r.ctx); err == nil && mid != nil {
+			gen := r.sm.Descriptor().GetGeneration()
+			mid, ok := r.splits.cachedMid(gen, size, r.cfg.SplitSize)
+			if !ok {
+				var err error
+				if mid, err = r.sm.MidKey(r.ctx); err == nil {
+					r.splits.midGen, r.splits.midSize, r.splits.midKey = gen, size, mid
+				}
+			}
+			if mid != nil {
 				key, reason = mid, fmt.Sprintf("size %d bytes", size)
 			}
 		}

@@ -545,9 +545,10 @@ func (sm *StateMachine) Size() (uint64, error) {
 	return total, nil
 }
 
-// midMarks bounds how many candidate split keys MidKey keeps (its memory:
-// about midMarks keys), and midMinStep is the least data, in bytes, between
-// two of them.
+// midMarks is about how many candidate split keys MidKey keeps (its
+// memory: that many keys; more if the data compresses better than 2:1 or
+// is still in memtables, which the size estimate misses), and midMinStep
+// the least data, in bytes, between two of them.
 const (
 	midMarks   = 4096
 	midMinStep = 256

@@ -45,8 +45,13 @@ type QueueConfig struct {
 	Config
 	// Interval: how often it plans (default 2 s).
 	Interval time.Duration
-	// ActionTimeout bounds one step (default 30 s).
+	// ActionTimeout bounds one step (default 30 s), but for the steps that
+	// stream a snapshot (replica and group moves, non-voters, rehomes).
 	ActionTimeout time.Duration
+	// StreamTimeout bounds one step that streams a snapshot, which takes
+	// as long as its range's data at the snapshot rate (default
+	// ActionTimeout).
+	StreamTimeout time.Duration
 	// AutoRehomeAfter: an automatic rehome (Config.AutoRehome) is carried
 	// out once it has been planned in every round for this long (topology
 	// auto_rehome_after).
@@ -114,6 +119,7 @@ func NewQueue(c Cluster, cfg QueueConfig) *Queue {
 	if cfg.ActionTimeout <= 0 {
 		cfg.ActionTimeout = 30 * time.Second
 	}
+	cfg.StreamTimeout = max(cfg.StreamTimeout, cfg.ActionTimeout)
 	if cfg.MaxMoves <= 0 {
 		cfg.MaxMoves = 2
 	}
@@ -138,7 +144,7 @@ func (q *Queue) Run(ctx context.Context) {
 }
 
 // Once plans one round and starts its steps, each bounded by
-// ActionTimeout; it returns the steps it started without waiting for
+// ActionTimeout or StreamTimeout; it returns the steps it started without waiting for
 // them: a slow step (a snapshot to stream, a range whose leader is cut
 // off) holds back only its own range or group, and the next rounds plan
 // around it. Wait waits for the steps.
@@ -197,7 +203,11 @@ func (q *Queue) start(ctx context.Context, a Action) {
 	go func() {
 		defer q.steps.Done()
 		defer q.track(a, false)
-		actx, cancel := context.WithTimeout(ctx, q.cfg.ActionTimeout)
+		timeout := q.cfg.ActionTimeout
+		if a.streams() {
+			timeout = q.cfg.StreamTimeout
+		}
+		actx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		var err error
 		switch a.Kind {

@@ -173,3 +173,28 @@ func TestQueueStepsDoNotWaitForEachOther(t *testing.T) {
 		t.Errorf("stats %+v; want nothing in flight, one failed move (the hang), one gone, one group move", st)
 	}
 }
+
+// TestAMoveGetsTheStreamTimeout: a step that streams a snapshot (a move of
+// a decommissioning node's replica) runs under StreamTimeout, not the
+// shorter ActionTimeout of the queue's other steps.
+func TestAMoveGetsTheStreamTimeout(t *testing.T) {
+	decom := live(4)
+	decom.Node.State = directorypb.NodeState_NODE_DECOMMISSIONING
+	f := &fakeCluster{
+		v: View{
+			Nodes:  []*directorypb.NodeLiveness{live(1), live(2), live(3), decom},
+			Ranges: []*pb.RangeDescriptor{rng(1, "a", 1, 2, 4)},
+			Leases: map[uint64]uint64{1: 1},
+		},
+		stuck: map[string]bool{"a": true},
+	}
+	q := NewQueue(f, QueueConfig{ActionTimeout: 50 * time.Millisecond, StreamTimeout: time.Second})
+	began := time.Now()
+	if plan := q.Once(t.Context()); len(plan) != 1 || plan[0].Kind != Move {
+		t.Fatalf("planned %+v, want one move", plan)
+	}
+	q.Wait()
+	if took := time.Since(began); took < 900*time.Millisecond {
+		t.Fatalf("the hanging move ended after %v, want its 1 s StreamTimeout", took)
+	}
+}

@@ -164,7 +164,7 @@ type Topology struct {
 	// MergeSize: two neighbouring ranges of one region and the same nodes
 	// merge automatically once together they take fewer bytes on disk than
 	// this (0: never automatically). File: merge_size, default a quarter of
-	// split_size (16 MiB if that is off); under half of split_size, so a
+	// split_size (of the default if that is off); under half of split_size, so a
 	// merged range does not split back.
 	MergeSize uint64
 	// MergeQPS: ... and together serve fewer requests per second than this
@@ -379,7 +379,7 @@ func parseRate(field, s string, def float64) (float64, error) {
 // and checks that they sit under half of the split thresholds: the
 // hysteresis that keeps a range from splitting and merging back and forth.
 func (t *Topology) parseMerges(f *fileTopology) (err error) {
-	defSize := uint64(16 << 20)
+	defSize := uint64(DefaultSplitSize / 4)
 	if t.SplitSize > 0 {
 		defSize = t.SplitSize / 4
 	}

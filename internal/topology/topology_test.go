@@ -229,7 +229,7 @@ func TestMergeSettings(t *testing.T) {
 		{"", DefaultSplitSize / 4, DefaultSplitQPS / 4, DefaultMergeDelay, false},
 		{"split_size: 8MiB\nsplit_qps: 400\n", 2 << 20, 100, DefaultMergeDelay, false},
 		{"merge_size: 1MiB\nmerge_qps: 50\nmerge_delay: 5s\n", 1 << 20, 50, 5 * time.Second, false},
-		{"split_size: off\nsplit_qps: off\n", 16 << 20, DefaultSplitQPS / 4, DefaultMergeDelay, false},
+		{"split_size: off\nsplit_qps: off\n", DefaultSplitSize / 4, DefaultSplitQPS / 4, DefaultMergeDelay, false},
 		{"merge_size: off\n", 0, DefaultSplitQPS / 4, DefaultMergeDelay, false},
 		{"split_qps: off\nmerge_qps: off\n", DefaultSplitSize / 4, 0, DefaultMergeDelay, false},
 		{"merge_size: 300MiB\n", 0, 0, 0, true}, // over half of 512 MiB
