@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"time"
 
@@ -214,6 +215,13 @@ func (d *Dialer) Close() {
 	}
 }
 
+// streamWorkers is how many goroutines a server keeps to run incoming
+// calls (4 per core, at least 8): a call runs on one whose stack has
+// already grown to a handler's depth, rather than on a fresh goroutine
+// that grows and copies its stack on every call; when all are busy (calls
+// waiting on a lock or a Raft commit), gRPC starts a goroutine as before.
+func streamWorkers() uint32 { return uint32(max(8, 4*runtime.GOMAXPROCS(0))) }
+
 // NewServer returns a gRPC server sized for Raft batches and snapshots. With
 // certs (a node's), it speaks mutual TLS only, refuses a peer without a
 // certificate of the cluster CA, and lets each identity call only the RPCs
@@ -221,7 +229,8 @@ func (d *Dialer) Close() {
 // checks, for a cluster started with --insecure. The interceptors run on
 // every unary call, before authorization (so they see refused calls too).
 func NewServer(certs *security.Certs, interceptors ...grpc.UnaryServerInterceptor) *grpc.Server {
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)}
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes),
+		grpc.NumStreamWorkers(streamWorkers())}
 	if certs != nil {
 		unary, stream := security.ServerInterceptors()
 		interceptors = append(interceptors, unary) // after the others: a refused call is still counted
