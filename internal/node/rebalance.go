@@ -1,7 +1,6 @@
 package node
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -12,26 +11,11 @@ import (
 	"github.com/terroir-db/terroir/internal/coordinator"
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/node/nodepb"
-	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/rebalance"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
 )
-
-// streamTimeout bounds one step of the region's replicate queue that
-// streams a snapshot (rebalance.QueueConfig.StreamTimeout): at least 30 s,
-// and twice what streaming a full range takes when max_snapshots moves
-// share a node's snapshot rate. A range outgrows split_size (compressed
-// bytes on disk, its regional copies included) by a quarter before it
-// splits, and streams about twice its size on disk (the rate counts the
-// keys and values as read); split_size off counts as the default. At the
-// defaults, 512 MiB ranges and 2 moves at 32 MiB/s: 160 s.
-func streamTimeout(top *topology.Topology) time.Duration {
-	streamed := 2 * 1.25 * float64(cmp.Or(top.SplitSize, topology.DefaultSplitSize))
-	secs := streamed * float64(max(top.MaxSnapshots, 1)) / raftgroup.DefaultSnapshotRate
-	return max(30*time.Second, time.Duration(2*secs*float64(time.Second)))
-}
 
 // regionCluster is the node's region as its replicate queue sees it
 // (rebalance.Cluster): the queue runs where the region's directory leads.

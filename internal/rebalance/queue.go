@@ -45,13 +45,12 @@ type QueueConfig struct {
 	Config
 	// Interval: how often it plans (default 2 s).
 	Interval time.Duration
-	// ActionTimeout bounds one step (default 30 s), but for the steps that
-	// stream a snapshot (replica and group moves, non-voters, rehomes).
+	// ActionTimeout bounds one step (default 30 s); a step that streams a
+	// range's snapshot gets more, by the range's size (stepTimeout).
 	ActionTimeout time.Duration
-	// StreamTimeout bounds one step that streams a snapshot, which takes
-	// as long as its range's data at the snapshot rate (default
-	// ActionTimeout).
-	StreamTimeout time.Duration
+	// SnapshotRate is the bytes per second a node streams snapshots at,
+	// all at once (raftgroup.Config.SnapshotRate; default 32 MiB/s).
+	SnapshotRate float64
 	// AutoRehomeAfter: an automatic rehome (Config.AutoRehome) is carried
 	// out once it has been planned in every round for this long (topology
 	// auto_rehome_after).
@@ -119,7 +118,9 @@ func NewQueue(c Cluster, cfg QueueConfig) *Queue {
 	if cfg.ActionTimeout <= 0 {
 		cfg.ActionTimeout = 30 * time.Second
 	}
-	cfg.StreamTimeout = max(cfg.StreamTimeout, cfg.ActionTimeout)
+	if cfg.SnapshotRate <= 0 {
+		cfg.SnapshotRate = 32 << 20
+	}
 	if cfg.MaxMoves <= 0 {
 		cfg.MaxMoves = 2
 	}
@@ -144,7 +145,7 @@ func (q *Queue) Run(ctx context.Context) {
 }
 
 // Once plans one round and starts its steps, each bounded by
-// ActionTimeout or StreamTimeout; it returns the steps it started without waiting for
+// stepTimeout; it returns the steps it started without waiting for
 // them: a slow step (a snapshot to stream, a range whose leader is cut
 // off) holds back only its own range or group, and the next rounds plan
 // around it. Wait waits for the steps.
@@ -162,9 +163,23 @@ func (q *Queue) Once(ctx context.Context) []Action {
 	}
 	plan := q.settle(Plan(v, q.cfg.Config), time.Now())
 	for _, a := range plan {
-		q.start(ctx, a)
+		q.start(ctx, a, q.stepTimeout(a, v.Load))
 	}
 	return plan
+}
+
+// stepTimeout bounds step a: ActionTimeout, and for a step that streams a
+// range's snapshot, twice what streaming it takes on top (the range's
+// size on disk, as load reports it, streams about twice over as read, and
+// MaxMoves streams share the node's SnapshotRate): a 512 MiB range gets
+// about 158 s; a range of a few MiB, or of unknown size, ActionTimeout
+// and a little. The stream itself gives up after 20 s without progress.
+func (q *Queue) stepTimeout(a Action, load map[uint64]Load) time.Duration {
+	if !a.streams() || a.Range == nil {
+		return q.cfg.ActionTimeout
+	}
+	streamed := 2 * float64(load[a.Range.GetRangeId()].Bytes) * float64(max(q.cfg.MaxMoves, 1))
+	return q.cfg.ActionTimeout + time.Duration(2*streamed/q.cfg.SnapshotRate*float64(time.Second))
 }
 
 // inFlight returns what plans must leave alone at now, dropping what
@@ -194,7 +209,7 @@ func (q *Queue) inFlight(now time.Time) InFlight {
 func (q *Queue) Wait() { q.steps.Wait() }
 
 // start runs a in its own goroutine, marked in flight until it ends.
-func (q *Queue) start(ctx context.Context, a Action) {
+func (q *Queue) start(ctx context.Context, a Action, timeout time.Duration) {
 	q.track(a, true)
 	q.mu.Lock()
 	q.stats.InFlight++
@@ -203,10 +218,6 @@ func (q *Queue) start(ctx context.Context, a Action) {
 	go func() {
 		defer q.steps.Done()
 		defer q.track(a, false)
-		timeout := q.cfg.ActionTimeout
-		if a.streams() {
-			timeout = q.cfg.StreamTimeout
-		}
 		actx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		var err error

@@ -174,10 +174,12 @@ func TestQueueStepsDoNotWaitForEachOther(t *testing.T) {
 	}
 }
 
-// TestAMoveGetsTheStreamTimeout: a step that streams a snapshot (a move of
-// a decommissioning node's replica) runs under StreamTimeout, not the
-// shorter ActionTimeout of the queue's other steps.
-func TestAMoveGetsTheStreamTimeout(t *testing.T) {
+// TestAMoveGetsTimeToStreamItsRange: a step that streams a range's
+// snapshot (a move of a decommissioning node's replica) runs for
+// ActionTimeout plus twice what streaming the range takes (twice its size
+// on disk, MaxMoves streams sharing the snapshot rate); other steps, and
+// ranges of unknown size, get ActionTimeout.
+func TestAMoveGetsTimeToStreamItsRange(t *testing.T) {
 	decom := live(4)
 	decom.Node.State = directorypb.NodeState_NODE_DECOMMISSIONING
 	f := &fakeCluster{
@@ -185,16 +187,32 @@ func TestAMoveGetsTheStreamTimeout(t *testing.T) {
 			Nodes:  []*directorypb.NodeLiveness{live(1), live(2), live(3), decom},
 			Ranges: []*pb.RangeDescriptor{rng(1, "a", 1, 2, 4)},
 			Leases: map[uint64]uint64{1: 1},
+			Load:   map[uint64]Load{1: {Bytes: 256 << 10}},
 		},
 		stuck: map[string]bool{"a": true},
 	}
-	q := NewQueue(f, QueueConfig{ActionTimeout: 50 * time.Millisecond, StreamTimeout: time.Second})
+	// 256 KiB on disk, 2 moves sharing 4 MiB/s: 1 MiB streamed in 0.25 s, doubled.
+	q := NewQueue(f, QueueConfig{Config: Config{MaxMoves: 2}, ActionTimeout: 50 * time.Millisecond, SnapshotRate: 4 << 20})
 	began := time.Now()
 	if plan := q.Once(t.Context()); len(plan) != 1 || plan[0].Kind != Move {
 		t.Fatalf("planned %+v, want one move", plan)
 	}
 	q.Wait()
-	if took := time.Since(began); took < 900*time.Millisecond {
-		t.Fatalf("the hanging move ended after %v, want its 1 s StreamTimeout", took)
+	if took := time.Since(began); took < 500*time.Millisecond {
+		t.Fatalf("the hanging move of a 256 KiB range ended after %v, want 550 ms", took)
+	}
+	for _, c := range []struct {
+		a    Action
+		load map[uint64]Load
+		want time.Duration
+	}{
+		{Action{Kind: Move, Range: rng(1, "a", 1, 2, 4)}, f.v.Load, 550 * time.Millisecond},
+		{Action{Kind: Move, Range: rng(1, "a", 1, 2, 4)}, nil, 50 * time.Millisecond},
+		{Action{Kind: Transfer, Range: rng(1, "a", 1, 2, 4)}, f.v.Load, 50 * time.Millisecond},
+		{Action{Kind: Split, Range: rng(1, "a", 1, 2, 4)}, f.v.Load, 50 * time.Millisecond},
+	} {
+		if got := q.stepTimeout(c.a, c.load); got != c.want {
+			t.Errorf("%v with load %v: %v, want %v", c.a.Kind, c.load, got, c.want)
+		}
 	}
 }
