@@ -163,25 +163,33 @@ func startBankLoad(t *testing.T, ctx context.Context, c *localcluster.Cluster) *
 	return load
 }
 
+// startTuned starts examples/one-region.yaml with tune applied to its
+// topology, closed when t ends, and returns it with a us-east1 client.
+func startTuned(t *testing.T, tune func(*topology.Topology), opts localcluster.Options) (*localcluster.Cluster, *client.DB) {
+	t.Helper()
+	top, err := topology.Load("../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tune(top)
+	c, err := localcluster.Start(top, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, db
+}
+
 // TestAutomaticSplitByLoadAndMergeBack: with split_qps lowered to 40, reads
 // spread over range 10's keys make it split by itself at keys that divide
 // the load; once the load stops, the ranges merge back by themselves (under
 // merge_qps for merge_delay), and every key still reads back.
 func TestAutomaticSplitByLoadAndMergeBack(t *testing.T) {
-	top, err := topology.Load("../examples/one-region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	top.SplitQPS, top.MergeQPS, top.MergeDelay = 40, 10, 2*time.Second
-	c, err := localcluster.Start(top, localcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, db := startTuned(t, func(top *topology.Topology) { top.SplitQPS, top.MergeQPS, top.MergeDelay = 40, 10, 2*time.Second }, localcluster.Options{})
 	ctx := ctxT(t, 60*time.Second)
 	keys := make([][]byte, 26)
 	for i := range keys {
@@ -257,20 +265,10 @@ func TestAutomaticSplitByLoadAndMergeBack(t *testing.T) {
 // range 10 splits by itself once its data passes it, at a key of its data,
 // and every key reads back.
 func TestAutomaticSplitBySize(t *testing.T) {
-	top, err := topology.Load("../examples/one-region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	top.SplitSize, top.SplitQPS, top.MergeSize, top.MergeQPS = 1<<20, 0, 0, 0
-	c, err := localcluster.Start(top, localcluster.Options{CacheSize: storage.MinCacheSize})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, db := startTuned(t, func(top *topology.Topology) {
+		top.SplitSize, top.SplitQPS, top.MergeSize, top.MergeQPS = 1<<20, 0, 0, 0
+	},
+		localcluster.Options{CacheSize: storage.MinCacheSize})
 	ctx := ctxT(t, 60*time.Second)
 	var keys []string
 	values := map[string][]byte{} // 10 KiB each, random: compression leaves their size on disk
