@@ -288,7 +288,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	// leads the region's directory, wherever moves took that group.
 	if every > 0 && len(top.GroupsOfKind(topology.KindDirectory, self.Region)) > 0 {
 		n.queueRegion = &regionCluster{n: n, region: self.Region}
-		n.queue = rebalance.NewQueue(n.queueRegion, rebalance.QueueConfig{Interval: every, AutoRehomeAfter: top.AutoRehomeAfter, SnapshotRate: raftgroup.DefaultSnapshotRate,
+		n.queue = rebalance.NewQueue(n.queueRegion, rebalance.QueueConfig{Interval: every, AutoRehomeAfter: top.AutoRehomeAfter,
 			Config: rebalance.Config{ReplaceAfter: top.ReplaceAfter, MaxMoves: top.MaxSnapshots, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS,
 				AutoRehome: top.AutoRehomeAfter > 0}})
 		n.background(func() { n.queue.Run(n.stopped) })

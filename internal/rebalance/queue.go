@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/raftgroup"
 	"github.com/terroir-db/terroir/internal/transport"
 )
 
@@ -49,7 +50,8 @@ type QueueConfig struct {
 	// range's snapshot gets more, by the range's size (stepTimeout).
 	ActionTimeout time.Duration
 	// SnapshotRate is the bytes per second a node streams snapshots at,
-	// all at once (raftgroup.Config.SnapshotRate; default 32 MiB/s).
+	// all at once (raftgroup.Config.SnapshotRate; default
+	// raftgroup.DefaultSnapshotRate).
 	SnapshotRate float64
 	// AutoRehomeAfter: an automatic rehome (Config.AutoRehome) is carried
 	// out once it has been planned in every round for this long (topology
@@ -119,7 +121,7 @@ func NewQueue(c Cluster, cfg QueueConfig) *Queue {
 		cfg.ActionTimeout = 30 * time.Second
 	}
 	if cfg.SnapshotRate <= 0 {
-		cfg.SnapshotRate = 32 << 20
+		cfg.SnapshotRate = raftgroup.DefaultSnapshotRate
 	}
 	if cfg.MaxMoves <= 0 {
 		cfg.MaxMoves = 2
