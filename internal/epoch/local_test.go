@@ -53,3 +53,47 @@ func TestServeLocallyAsksTheLocalReplicaInProcess(t *testing.T) {
 		t.Fatalf("the epoch did not advance past %d: %d %v", first, e, err)
 	}
 }
+
+// TestAnIdleRegionsEpochSlowsAndAReadRestoresThePace: while only background
+// reads reach the local epoch group (leaseholders keeping their leases), its
+// leader advances at the idle pace (100 ms); reads that ask for the epoch
+// bring back the full pace (10 ms) at once. It fails if background reads
+// kept the full pace, or if the pace never came back.
+func TestAnIdleRegionsEpochSlowsAndAReadRestoresThePace(t *testing.T) {
+	c := startCluster(t)
+	waitLeader(t, c, 1)
+	r, err := c.EpochReader("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// advanced returns how far the epoch moved over d, read by read.
+	advanced := func(d time.Duration, read func(context.Context) (uint64, error)) uint64 {
+		first, err := read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := first
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if last, err = read(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return last - first
+	}
+	// The cluster's start (elections, first leases) asks for the full
+	// pace; once that is a PaceHold behind, only background reads remain.
+	idle := false
+	var moved uint64
+	for deadline := time.Now().Add(15 * time.Second); !idle && time.Now().Before(deadline); {
+		moved = advanced(time.Second, r.ReadBackground)
+		idle = moved <= 15 // the idle pace gives 10 a second; the full pace 100
+	}
+	if !idle {
+		t.Fatalf("with only background reads the epoch still moved %d in a second; want the idle pace (about 10)", moved)
+	}
+	if moved = advanced(500*time.Millisecond, r.Read); moved < 3*6 {
+		t.Fatalf("reads asking for the epoch moved it only %d in 500 ms; want the full pace (about 50)", moved)
+	}
+}

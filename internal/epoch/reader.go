@@ -56,6 +56,7 @@ type Reader struct {
 
 	mu      sync.Mutex
 	waiting []chan readResult
+	paced   bool // under mu: a caller in waiting wants the full pace (not ReadBackground)
 	running bool
 	closed  bool
 	wg      sync.WaitGroup
@@ -90,8 +91,17 @@ func (r *Reader) ServeLocally(self uint64, serve ServeEpoch) {
 }
 
 // Read returns the current epoch. It fails with ErrUnavailable when no majority
-// agrees within the round timeout, or with ctx's error.
-func (r *Reader) Read(ctx context.Context) (uint64, error) {
+// agrees within the round timeout, or with ctx's error. Of a local epoch group,
+// it asks the leader to keep the full pace (Pace).
+func (r *Reader) Read(ctx context.Context) (uint64, error) { return r.read(ctx, false) }
+
+// ReadBackground is Read for housekeeping that does not need the epoch to
+// move: of a local epoch group, it leaves an idle region at its idle pace
+// (Pace; issue 17). It is batched with Read calls, and a round that serves
+// any Read asks for the full pace. Errors as Read.
+func (r *Reader) ReadBackground(ctx context.Context) (uint64, error) { return r.read(ctx, true) }
+
+func (r *Reader) read(ctx context.Context, background bool) (uint64, error) {
 	ch := make(chan readResult, 1)
 	r.mu.Lock()
 	if r.closed {
@@ -99,6 +109,7 @@ func (r *Reader) Read(ctx context.Context) (uint64, error) {
 		return 0, ErrReaderClosed
 	}
 	r.waiting = append(r.waiting, ch)
+	r.paced = r.paced || !background
 	if !r.running {
 		r.running = true
 		r.wg.Add(1)
@@ -130,15 +141,15 @@ func (r *Reader) loop() {
 	defer r.wg.Done()
 	for {
 		r.mu.Lock()
-		batch := r.waiting
-		r.waiting = nil
+		batch, paced := r.waiting, r.paced
+		r.waiting, r.paced = nil, false
 		if len(batch) == 0 {
 			r.running = false
 			r.mu.Unlock()
 			return
 		}
 		r.mu.Unlock()
-		e, err := r.round()
+		e, err := r.round(!paced)
 		for _, ch := range batch {
 			ch <- readResult{e, err}
 		}
@@ -146,11 +157,11 @@ func (r *Reader) loop() {
 }
 
 // round asks every replica until a majority agrees or the round times out.
-func (r *Reader) round() (uint64, error) {
+func (r *Reader) round(background bool) (uint64, error) {
 	r.rounds.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	defer cancel()
-	return r.until(ctx, (*tally).decide)
+	return r.until(ctx, background, (*tally).decide)
 }
 
 // AtLeast returns once a majority of the group's replicas (of each half of
@@ -175,16 +186,16 @@ func (r *Reader) AtLeast(ctx context.Context, e uint64) error {
 	defer r.wg.Done()
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	_, err := r.until(ctx, func(t *tally) (uint64, bool) { return e, t.reached(e) })
+	_, err := r.until(ctx, false, func(t *tally) (uint64, bool) { return e, t.reached(e) })
 	return err
 }
 
 // until runs attempts, backing off between them, until one's tally decides
 // (decide) or ctx ends (ErrUnavailable).
-func (r *Reader) until(ctx context.Context, decide func(*tally) (uint64, bool)) (uint64, error) {
+func (r *Reader) until(ctx context.Context, background bool, decide func(*tally) (uint64, bool)) (uint64, error) {
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		e, ok, lost, err := r.attempt(ctx, decide)
+		e, ok, lost, err := r.attempt(ctx, background, decide)
 		if ok {
 			return e, nil
 		}
@@ -214,7 +225,7 @@ func backoff(attempt int) time.Duration { return 100 * time.Microsecond << min(a
 // under it (quorum.go), or whatever decide wants; ok is false if the
 // replies split or too many failed, and lost true if no voter of the newest
 // configuration answered.
-func (r *Reader) attempt(ctx context.Context, decide func(*tally) (uint64, bool)) (epoch uint64, ok, lost bool, err error) {
+func (r *Reader) attempt(ctx context.Context, background bool, decide func(*tally) (uint64, bool)) (epoch uint64, ok, lost bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	known := r.knownConf()
@@ -229,7 +240,7 @@ func (r *Reader) attempt(ctx context.Context, decide func(*tally) (uint64, bool)
 				}
 				asked = append(asked, id)
 				r.wg.Add(1)
-				go r.ask(ctx, id, replies)
+				go r.ask(ctx, id, background, replies)
 			}
 		}
 	}
@@ -296,10 +307,10 @@ func (r *Reader) relocate(ctx context.Context) {
 
 // ask sends one ReadEpoch to node id and delivers the reply, unless ctx
 // ended (the attempt returned).
-func (r *Reader) ask(ctx context.Context, id uint64, replies chan<- reply) {
+func (r *Reader) ask(ctx context.Context, id uint64, background bool, replies chan<- reply) {
 	defer r.wg.Done()
 	rep := reply{node: id}
-	req := &epochpb.ReadEpochRequest{GroupId: r.group}
+	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}
 	var resp *epochpb.ReadEpochResponse
 	if r.serve != nil && id == r.self {
 		resp, rep.err = r.serve(ctx, req)
@@ -324,6 +335,21 @@ const splitGrace = 2 * time.Millisecond
 // Source reads an epoch; *Reader implements it.
 type Source interface {
 	Read(ctx context.Context) (uint64, error)
+}
+
+// backgroundSource is a Source that can read as housekeeping (*Reader).
+type backgroundSource interface {
+	ReadBackground(ctx context.Context) (uint64, error)
+}
+
+// ReadBackground reads src as housekeeping, leaving an idle region's local
+// epoch at its idle pace (Reader.ReadBackground); a Source without that
+// kind of read is read with Read. Errors as src's.
+func ReadBackground(ctx context.Context, src Source) (uint64, error) {
+	if b, ok := src.(backgroundSource); ok {
+		return b.ReadBackground(ctx)
+	}
+	return src.Read(ctx)
 }
 
 // ReadAll reads every source in parallel (a nil source is skipped and reads as

@@ -15,25 +15,27 @@ import (
 	"github.com/terroir-db/terroir/internal/raftgroup"
 )
 
-// Replica is one node's replica of an epoch group: the counter plus, while this
-// replica leads, the loop that advances it every interval.
+// Replica is one node's replica of a local epoch group: the counter plus,
+// while this replica leads, the loop that advances it at its pace.
 type Replica struct {
-	group    *raftgroup.Group
-	sm       *StateMachine
-	interval time.Duration
+	group *raftgroup.Group
+	sm    *StateMachine
+	pace  *Pace
 
 	ctx    context.Context // canceled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-// NewReplica ties sm to its Raft group. Call Start once the group runs.
-func NewReplica(group *raftgroup.Group, sm *StateMachine, interval time.Duration) *Replica {
+// NewReplica ties sm to its Raft group, advanced at pace. Call Start once
+// the group runs, and Server.AddLocal to serve its reads.
+func NewReplica(group *raftgroup.Group, sm *StateMachine, pace *Pace) *Replica {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Replica{group: group, sm: sm, interval: interval, ctx: ctx, cancel: cancel}
+	return &Replica{group: group, sm: sm, pace: pace, ctx: ctx, cancel: cancel}
 }
 
-// Start begins the advance loop (DESIGN.md §2: the leader advances every interval).
+// Start begins the advance loop (DESIGN.md §2: the leader advances every
+// interval, or at the idle interval while no reader asks for more: Pace).
 func (r *Replica) Start() {
 	r.wg.Add(1)
 	go r.advanceLoop()
@@ -50,8 +52,10 @@ func (r *Replica) Epoch() uint64 { return r.sm.Epoch() }
 
 func (r *Replica) advanceLoop() {
 	defer r.wg.Done()
-	t := time.NewTicker(r.interval)
+	interval := r.pace.Interval()
+	t := time.NewTicker(interval)
 	defer t.Stop()
+	var last time.Time // when this replica's last advance began
 	for {
 		select {
 		case <-r.ctx.Done():
@@ -62,9 +66,14 @@ func (r *Replica) advanceLoop() {
 		if st.Leader != st.Replica || !st.CaughtUp {
 			continue
 		}
+		now := time.Now()
+		if !r.pace.Due(now, last) {
+			continue
+		}
+		last = now
 		// One advance in flight at a time; a slow commit delays the next tick
 		// rather than queueing a burst.
-		ctx, cancel := context.WithTimeout(r.ctx, 20*r.interval+time.Second)
+		ctx, cancel := context.WithTimeout(r.ctx, 20*interval+time.Second)
 		_, err := r.group.Propose(ctx, EncodeAdvance(r.sm.Epoch()))
 		cancel()
 		if err != nil && !errors.Is(err, raftgroup.ErrNotLeader) && !errors.Is(err, context.Canceled) {
@@ -78,6 +87,7 @@ type served struct {
 	group *raftgroup.Group
 	sm    *StateMachine
 	pub   *Publisher // nil unless a publisher
+	pace  *Pace      // nil unless a local epoch
 }
 
 // Server answers the Epoch service for every epoch, publisher and global epoch
@@ -92,10 +102,19 @@ type Server struct {
 // NewServer returns a server with no replicas.
 func NewServer() *Server { return &Server{replicas: map[uint64]served{}} }
 
-// Add makes a local or global epoch replica readable through the server.
+// Add makes a global epoch replica, or a local one whose pace nothing
+// sets, readable through the server.
 func (s *Server) Add(group *raftgroup.Group, sm *StateMachine) {
 	s.mu.Lock()
 	s.replicas[group.ID()] = served{group: group, sm: sm}
+	s.mu.Unlock()
+}
+
+// AddLocal makes a local epoch replica readable through the server; the
+// reads it serves set its pace (Pace.Want).
+func (s *Server) AddLocal(r *Replica) {
+	s.mu.Lock()
+	s.replicas[r.group.ID()] = served{group: r.group, sm: r.sm, pace: r.pace}
 	s.mu.Unlock()
 }
 
@@ -136,6 +155,9 @@ func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*e
 	r, err := s.lookup(req.GetGroupId())
 	if err != nil {
 		return nil, err
+	}
+	if r.pace != nil && !req.GetBackground() {
+		r.pace.Want(time.Now())
 	}
 	st := r.group.Status()
 	if !st.CaughtUp {

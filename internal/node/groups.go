@@ -72,8 +72,8 @@ func (n *Node) hostGroup(g topology.Group, voters []uint64) (*hostedGroup, error
 		h.epoch.OnChange(func() bool { return rg.Status().CaughtUp }, func(d time.Duration) { changes.Observe(d.Seconds()) })
 		switch g.Kind {
 		case topology.KindLocalEpoch:
-			h.local = epoch.NewReplica(h.rg, h.epoch, top.LocalEpochInterval)
-			n.epochSrv.Add(h.rg, h.epoch)
+			h.local = epoch.NewReplica(h.rg, h.epoch, epoch.NewPace(top.LocalEpochInterval, top.LocalEpochIdleInterval))
+			n.epochSrv.AddLocal(h.local)
 		case topology.KindPublisher:
 			quorum, err := n.reader(topology.KindPublisher, g.Region)
 			if err != nil {

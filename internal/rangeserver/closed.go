@@ -180,7 +180,9 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		if now.Sub(l.lastClose) < r.cfg.ClosedInterval {
 			return
 		}
-		p, err := r.closingSource().Read(ctx)
+		// Housekeeping: where the local epoch is the closing source (a
+		// regional-only deployment) closes follow its pace (epoch.Pace).
+		p, err := epoch.ReadBackground(ctx, r.closingSource())
 		if err != nil {
 			return
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
 )
@@ -271,7 +272,7 @@ func (r *Replica) maybeGC(local uint64) {
 	s := epochSample{at: now, data: local, home: r.home.Load().Region}
 	if r.src().Publisher != nil {
 		ctx, cancel := context.WithTimeout(r.ctx, time.Second)
-		g, err := r.src().Publisher.Read(ctx)
+		g, err := epoch.ReadBackground(ctx, r.src().Publisher)
 		cancel()
 		if err != nil {
 			return

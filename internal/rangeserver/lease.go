@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -174,7 +175,17 @@ func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 	if r.epochRead.reusable(now, r.sm.Lease(), r.self, cur, r.cfg.LeaseRenewEpochs) {
 		return cur, nil
 	}
-	e, err := r.src().Local.Read(ctx)
+	// A leaseholder whose lease is active needs the epoch only to keep
+	// the lease: it leaves an idle region at its idle pace (epoch.Pace).
+	// Every other tick wants the epoch to move: to take over a lapsed or
+	// transferred lease, or to start its own queued one.
+	var e uint64
+	var err error
+	if l := r.sm.Lease(); l.GetHolder() == r.self && l.GetStart() <= cur && cur <= l.GetEnd() {
+		e, err = epoch.ReadBackground(ctx, r.src().Local)
+	} else {
+		e, err = r.src().Local.Read(ctx)
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -68,6 +68,9 @@ var knownKinds = map[Kind]bool{KindLocalEpoch: true, KindTxnState: true, KindRan
 const (
 	// DefaultLocalEpochInterval is how often a local epoch leader advances the epoch (paper §6.1).
 	DefaultLocalEpochInterval = 10 * time.Millisecond
+	// DefaultLocalEpochIdleInterval is how often a local epoch leader advances
+	// the epoch while no reader asks for the full pace (epoch.Pace; issue 17).
+	DefaultLocalEpochIdleInterval = 100 * time.Millisecond
 	// DefaultRaftTick is the Raft logical clock tick; elections take 30–60 ticks, heartbeats 1.
 	DefaultRaftTick = 10 * time.Millisecond
 	// DefaultReplicas is the replication factor of a group that names no replicas.
@@ -133,6 +136,10 @@ var ErrInvalid = errors.New("invalid topology")
 type Topology struct {
 	// LocalEpochInterval is the period between local epoch advances.
 	LocalEpochInterval time.Duration
+	// LocalEpochIdleInterval is the period between local epoch advances in a
+	// region whose epoch no reader asked to move for a second (epoch.Pace);
+	// at most LocalEpochInterval keeps the full pace always ("off").
+	LocalEpochIdleInterval time.Duration
 	// RaftTick is the period of one Raft tick.
 	RaftTick time.Duration
 	// PublisherLease is how long a publisher serves after its last update.
@@ -269,6 +276,7 @@ func (g Group) Contains(key []byte) bool {
 
 type fileTopology struct {
 	LocalEpochInterval string      `yaml:"local_epoch_interval"`
+	LocalEpochIdle     string      `yaml:"local_epoch_idle_interval,omitempty"`
 	PublisherLease     string      `yaml:"publisher_lease"`
 	GlobalMinInterval  string      `yaml:"global_epoch_min_interval"`
 	QuietEpochs        uint64      `yaml:"quiet_epochs"`
@@ -441,6 +449,11 @@ func build(f *fileTopology) (*Topology, error) {
 	t := &Topology{nodeByID: map[uint64]int{}, rtt: map[[2]string]time.Duration{}}
 	var err error
 	if t.LocalEpochInterval, err = parseDuration("local_epoch_interval", f.LocalEpochInterval, DefaultLocalEpochInterval); err != nil {
+		return nil, err
+	}
+	if f.LocalEpochIdle == "off" {
+		t.LocalEpochIdleInterval = t.LocalEpochInterval
+	} else if t.LocalEpochIdleInterval, err = parseDuration("local_epoch_idle_interval", f.LocalEpochIdle, max(DefaultLocalEpochIdleInterval, t.LocalEpochInterval)); err != nil {
 		return nil, err
 	}
 	if t.RaftTick, err = parseDuration("raft_tick", f.RaftTick, DefaultRaftTick); err != nil {
@@ -845,6 +858,7 @@ func (t *Topology) WithAddrs(addrs map[uint64]string) *Topology {
 func (t *Topology) Marshal() ([]byte, error) {
 	f := fileTopology{
 		LocalEpochInterval: t.LocalEpochInterval.String(),
+		LocalEpochIdle:     t.LocalEpochIdleInterval.String(),
 		RaftTick:           t.RaftTick.String(),
 		PublisherLease:     t.PublisherLease.String(),
 		OrphanAfter:        t.OrphanAfter.String(),

@@ -299,6 +299,41 @@ func TestGCTTLSetting(t *testing.T) {
 	}
 }
 
+// TestLocalEpochIdleSetting: the idle pace defaults to 100 ms (never
+// below the full pace), "off" keeps the full pace, a bad value is refused,
+// and the setting survives Marshal.
+func TestLocalEpochIdleSetting(t *testing.T) {
+	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
+	for _, c := range []struct {
+		extra string
+		idle  time.Duration
+		bad   string
+	}{
+		{"", DefaultLocalEpochIdleInterval, ""},
+		{"local_epoch_interval: 200ms\n", 200 * time.Millisecond, ""},
+		{"local_epoch_idle_interval: 250ms\n", 250 * time.Millisecond, ""},
+		{"local_epoch_idle_interval: off\n", DefaultLocalEpochInterval, ""},
+		{"local_epoch_idle_interval: 0s\n", 0, "not a positive duration"},
+		{"local_epoch_idle_interval: slow\n", 0, "not a positive duration"},
+	} {
+		top, err := Parse([]byte(c.extra + base))
+		if c.bad != "" {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
+				t.Errorf("%q: %v, want ErrInvalid saying %q", c.extra, err, c.bad)
+			}
+			continue
+		}
+		if err != nil || top.LocalEpochIdleInterval != c.idle {
+			t.Errorf("%q: %v, %v; want %v", c.extra, top, err, c.idle)
+			continue
+		}
+		out, _ := top.Marshal()
+		if again, err := Parse(out); err != nil || again.LocalEpochIdleInterval != c.idle {
+			t.Errorf("%q: round trip gave %v (%v)", c.extra, again, err)
+		}
+	}
+}
+
 func TestRangeLeaseSettings(t *testing.T) {
 	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
 	for _, c := range []struct {

@@ -27,7 +27,12 @@ const (
 type ReadEpochRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// group_id names the epoch group; one node may host replicas of several.
-	GroupId       uint64 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	GroupId uint64 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	// background marks a read made for the caller's housekeeping (a
+	// leaseholder keeping its lease): it does not ask a local epoch's leader
+	// to keep advancing at the full local_epoch_interval (issue 17: an idle
+	// region advances at local_epoch_idle_interval). Every other read does.
+	Background    bool `protobuf:"varint,2,opt,name=background,proto3" json:"background,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -67,6 +72,13 @@ func (x *ReadEpochRequest) GetGroupId() uint64 {
 		return x.GroupId
 	}
 	return 0
+}
+
+func (x *ReadEpochRequest) GetBackground() bool {
+	if x != nil {
+		return x.Background
+	}
+	return false
 }
 
 type ReadEpochResponse struct {
@@ -450,9 +462,12 @@ var File_epoch_proto protoreflect.FileDescriptor
 
 const file_epoch_proto_rawDesc = "" +
 	"\n" +
-	"\vepoch.proto\x12\rterroir.epoch\"-\n" +
+	"\vepoch.proto\x12\rterroir.epoch\"M\n" +
 	"\x10ReadEpochRequest\x12\x19\n" +
-	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\"\xa8\x01\n" +
+	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1e\n" +
+	"\n" +
+	"background\x18\x02 \x01(\bR\n" +
+	"background\"\xa8\x01\n" +
 	"\x11ReadEpochResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1d\n" +
 	"\n" +
