@@ -26,6 +26,7 @@ type Publisher struct {
 	sm     *StateMachine
 	lease  time.Duration
 	quorum Quorum // majority reads of the publisher's own group
+	demand Demand // reads of the global epoch here, told to the service with each Publish
 
 	start      time.Time    // monotonic origin of lastUpdate
 	lastUpdate atomic.Int64 // ns since start of the last live update; 0: none
@@ -81,6 +82,10 @@ type GlobalConfig struct {
 	// AutoExcludeAfter excludes a publisher that has not acknowledged for this
 	// long (0: never; an operator decides).
 	AutoExcludeAfter time.Duration
+	// IdleInterval is the least time between advances while no reader asks
+	// for the global epoch (Demand), here or at a publisher (0: no idle
+	// pace). At most a quarter of PublisherLease keeps publishers fresh.
+	IdleInterval time.Duration
 }
 
 // publishTimeout bounds one round of Publish calls: half the publisher lease,
@@ -115,6 +120,8 @@ type Global struct {
 	lastSent    []time.Time // per target: the last publish sent (at the lease's start, the conservative now)
 	lastAcked   []time.Time // per target: the last acknowledgement, or its readmission
 	wasExcluded []bool      // per target: excluded at the last round
+
+	demand Demand // reads of the service's own replica (Server.AddGlobal)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -165,7 +172,8 @@ func (g *Global) loop() {
 			}
 		}
 		e := g.sm.Epoch()
-		if err := g.publishAll(e); err != nil {
+		asked, err := g.publishAll(e)
+		if err != nil {
 			slog.Debug("global epoch: publishing failed", "epoch", e, "err", err)
 			g.autoExclude()
 			transport.SleepCtx(g.ctx, g.cfg.Tick)
@@ -179,8 +187,9 @@ func (g *Global) loop() {
 		if wait := g.cfg.MinInterval - time.Since(last); wait > 0 {
 			transport.SleepCtx(g.ctx, wait)
 		}
+		g.idleWait(last, asked)
 		ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
-		_, err := g.group.Propose(ctx, EncodeAdvance(e))
+		_, err = g.group.Propose(ctx, EncodeAdvance(e))
 		cancel()
 		if err != nil {
 			if !errors.Is(err, context.Canceled) {
@@ -225,11 +234,36 @@ func (g *Global) autoExclude() {
 	}
 }
 
-// publishAll pushes e to every publisher in the set in parallel and waits for all.
-func (g *Global) publishAll(e uint64) error {
+// idleWait holds the next advance, while no reader asks for the global
+// epoch, until IdleInterval after the last one (issue 17: an idle cluster's
+// epochs cost little). asked says a publisher reported a reader in its last
+// acknowledgement; a read of the service's own replica ends the wait within
+// a tick. Between advances the publishers hold the epoch the service does,
+// so a strong snapshot that asks waits one advance, as at the full pace.
+// The pace changes when epochs pass, never what DESIGN.md §3.2 needs.
+func (g *Global) idleWait(last time.Time, asked bool) {
+	if asked || g.cfg.IdleInterval <= 0 {
+		return
+	}
+	for {
+		now := time.Now()
+		left := last.Add(g.cfg.IdleInterval).Sub(now)
+		if left <= 0 || g.demand.Active(now) {
+			return
+		}
+		if !transport.SleepCtx(g.ctx, min(left, g.cfg.Tick)) {
+			return
+		}
+	}
+}
+
+// publishAll pushes e to every publisher in the set in parallel and waits
+// for all; asked is true when one reported a reader asking for the epoch.
+func (g *Global) publishAll(e uint64) (asked bool, _ error) {
 	ctx, cancel := context.WithTimeout(g.ctx, g.publishTimeout())
 	defer cancel()
 	errs := make(chan error, len(g.clients))
+	var active atomic.Bool
 	n := 0
 	for i, c := range g.clients {
 		if g.sm.Excluded(g.targets[i].Group) {
@@ -244,7 +278,10 @@ func (g *Global) publishAll(e uint64) error {
 		g.lastSent[i] = time.Now()
 		go func(i int, c *transport.LeaderClient) {
 			err := c.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
-				_, err := epochpb.NewEpochClient(conn).Publish(ctx, &epochpb.PublishRequest{GroupId: g.targets[i].Group, Epoch: e})
+				resp, err := epochpb.NewEpochClient(conn).Publish(ctx, &epochpb.PublishRequest{GroupId: g.targets[i].Group, Epoch: e})
+				if resp.GetActive() {
+					active.Store(true)
+				}
 				return err
 			})
 			if err == nil {
@@ -259,5 +296,5 @@ func (g *Global) publishAll(e uint64) error {
 			first = err
 		}
 	}
-	return first
+	return active.Load(), first
 }

@@ -144,3 +144,60 @@ func TestPublisherRefusesWhenCutOff(t *testing.T) {
 	}
 	t.Logf("publisher refused %v after the cut (publisher_lease %v), served again after healing", refusedAfter, lease)
 }
+
+// TestAnIdleGlobalEpochSlowsAndAReadRestoresThePace: while only background
+// reads reach the global epoch, the service advances every idle interval
+// (100 ms); reads of a region's publisher — told to the service with each
+// Publish — and reads of the service itself bring back the full pace (an
+// advance per publish round, about 40 ms here). It fails if background
+// reads kept the full pace, or if either kind of read did not restore it.
+func TestAnIdleGlobalEpochSlowsAndAReadRestoresThePace(t *testing.T) {
+	c := startThreeRegions(t)
+	service, err := c.Reader(topology.KindGlobalEpoch, "us-central1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	publisher, err := c.Reader(topology.KindPublisher, "us-east1", "us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// advanced returns how far the global epoch moved over d while read
+	// reads every 20 ms.
+	advanced := func(d time.Duration, read func(context.Context) (uint64, error)) uint64 {
+		first, err := service.ReadBackground(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if _, err := read(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		last, err := service.ReadBackground(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the global epoch moved %d in %v", last-first, d)
+		return last - first
+	}
+	waitIdle := func() {
+		t.Helper()
+		var moved uint64
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+			if moved = advanced(2*time.Second, service.ReadBackground); moved <= 24 {
+				return // the idle pace gives about 20 in 2 s, the full pace about 50
+			}
+		}
+		t.Fatalf("with only background reads the global epoch still moved %d in 2 s; want the idle pace (about 20)", moved)
+	}
+	waitIdle()
+	if moved := advanced(2*time.Second, publisher.Read); moved < 30 {
+		t.Fatalf("reads of a publisher moved the global epoch only %d in 2 s; want the full pace (about 50)", moved)
+	}
+	waitIdle()
+	if moved := advanced(2*time.Second, service.Read); moved < 30 {
+		t.Fatalf("reads of the service moved the global epoch only %d in 2 s; want the full pace (about 50)", moved)
+	}
+}

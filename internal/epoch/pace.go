@@ -5,26 +5,42 @@ import (
 	"time"
 )
 
-// PaceHold is how long one read that asks for the full pace keeps a local
-// epoch advancing every interval: 1 s, the paper's lease length of 100
-// epochs at the default 10 ms interval.
+// PaceHold is how long one read that asks for an epoch keeps that epoch at
+// its full pace: 1 s, the paper's lease length of 100 local epochs at the
+// default 10 ms interval.
 const PaceHold = time.Second
 
-// Pace decides when a local epoch's leader advances (DESIGN.md §2; issue 17:
-// an idle region should cost little). While the region is active — a reader
-// asked for the full pace (Reader.Read, not ReadBackground) within PaceHold —
-// the leader advances every interval, the paper's pace (§2.2). Otherwise it
-// advances every idle interval: nothing then waits for the epoch to move,
-// since commits only read it, and a leaseholder keeping its lease reads in
-// the background. Whatever needs the epoch to move asks by reading it: a
-// regional snapshot waiting for an epoch, a replica waiting out a dead
-// leaseholder's lease or for a transferred lease to start, a commit. The
-// pace changes how fast epochs pass, never their order, so no invariant of
-// DESIGN.md §3 depends on it. Every replica of the group records the reads
-// it serves, so a new leader starts from what its replica saw.
+// Demand records when a reader last asked for an epoch to move (issue 17:
+// an idle cluster should cost little). Every read does (Reader.Read) but a
+// housekeeping one (Reader.ReadBackground, Reader.AtLeast): a leaseholder
+// keeping its lease, a range leader closing an epoch or sampling one for GC,
+// a publisher certifying an update. Whatever needs an epoch to move asks by
+// reading it — a commit, a snapshot waiting for an epoch, a replica waiting
+// out a dead leaseholder's lease or for a transferred one to start, a new
+// leader waiting for the global epoch to advance (DESIGN.md §3.5). Every
+// replica records the reads it serves, so a new leader starts from what its
+// replica saw. The zero value has seen none.
+type Demand struct {
+	wanted atomic.Int64 // unix ns of the last read that asked; 0: none
+}
+
+// Want records, at now, a read that asks for the epoch.
+func (d *Demand) Want(now time.Time) { d.wanted.Store(now.UnixNano()) }
+
+// Active reports whether a read asked within PaceHold before now.
+func (d *Demand) Active(now time.Time) bool {
+	w := d.wanted.Load()
+	return w != 0 && now.UnixNano()-w < int64(PaceHold)
+}
+
+// Pace decides when a local epoch's leader advances (DESIGN.md §2): every
+// interval while its Demand is active, the paper's pace (§2.2), and every
+// idle interval otherwise. The pace changes how fast epochs pass, never
+// their order, so no invariant of DESIGN.md §3 depends on it: leases are
+// intervals of epochs, and a replica that waits for one to end asks.
 type Pace struct {
+	Demand
 	interval, idle time.Duration
-	wanted         atomic.Int64 // unix ns of the last read that asked for the full pace; 0: none
 }
 
 // NewPace returns the pace of a local epoch advanced every interval while
@@ -36,15 +52,8 @@ func NewPace(interval, idle time.Duration) *Pace {
 // Interval returns the full pace's period: the advance loop's tick.
 func (p *Pace) Interval() time.Duration { return p.interval }
 
-// Want records, at now, a read that asks for the full pace.
-func (p *Pace) Want(now time.Time) { p.wanted.Store(now.UnixNano()) }
-
 // Due reports whether a leader whose last advance began at last should
 // advance at now: always while active, else once idle has passed since last.
 func (p *Pace) Due(now, last time.Time) bool {
-	if p.idle <= p.interval || now.Sub(last) >= p.idle {
-		return true
-	}
-	w := p.wanted.Load()
-	return w != 0 && now.UnixNano()-w < int64(PaceHold)
+	return p.idle <= p.interval || now.Sub(last) >= p.idle || p.Active(now)
 }

@@ -169,7 +169,8 @@ func (r *Reader) round(background bool) (uint64, error) {
 // every read that starts later returns at least e (quorum.go): the wait a
 // publisher makes before it acknowledges a global epoch (DESIGN.md §3.2).
 // Unlike Read it needs no majority on one value, so replicas that are
-// still applying the epochs after e do not make it ask again. It is not
+// still applying the epochs after e do not make it ask again. It is
+// housekeeping: it does not ask for the epoch to move (Demand). It is not
 // batched, and Close waits for it (at most the round timeout, 2 s). Errors:
 // ErrReaderClosed; ErrUnavailable (wrapping the last reply's error) after
 // the round timeout or when ctx ends.
@@ -186,7 +187,7 @@ func (r *Reader) AtLeast(ctx context.Context, e uint64) error {
 	defer r.wg.Done()
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	_, err := r.until(ctx, false, func(t *tally) (uint64, bool) { return e, t.reached(e) })
+	_, err := r.until(ctx, true, func(t *tally) (uint64, bool) { return e, t.reached(e) })
 	return err
 }
 

@@ -84,10 +84,10 @@ func (r *Replica) advanceLoop() {
 
 // served is one epoch-like replica the server answers for.
 type served struct {
-	group *raftgroup.Group
-	sm    *StateMachine
-	pub   *Publisher // nil unless a publisher
-	pace  *Pace      // nil unless a local epoch
+	group  *raftgroup.Group
+	sm     *StateMachine
+	pub    *Publisher // nil unless a publisher
+	demand *Demand    // the reads it serves ask for its epoch to move (nil: no pace)
 }
 
 // Server answers the Epoch service for every epoch, publisher and global epoch
@@ -102,26 +102,26 @@ type Server struct {
 // NewServer returns a server with no replicas.
 func NewServer() *Server { return &Server{replicas: map[uint64]served{}} }
 
-// Add makes a global epoch replica, or a local one whose pace nothing
-// sets, readable through the server.
-func (s *Server) Add(group *raftgroup.Group, sm *StateMachine) {
+// AddLocal makes a local epoch replica readable through the server; the
+// reads it serves set its pace (Demand).
+func (s *Server) AddLocal(r *Replica) {
 	s.mu.Lock()
-	s.replicas[group.ID()] = served{group: group, sm: sm}
+	s.replicas[r.group.ID()] = served{group: r.group, sm: r.sm, demand: &r.pace.Demand}
 	s.mu.Unlock()
 }
 
-// AddLocal makes a local epoch replica readable through the server; the
-// reads it serves set its pace (Pace.Want).
-func (s *Server) AddLocal(r *Replica) {
+// AddGlobal makes a global epoch service replica readable through the
+// server; the reads it serves set its pace (Demand).
+func (s *Server) AddGlobal(g *Global) {
 	s.mu.Lock()
-	s.replicas[r.group.ID()] = served{group: r.group, sm: r.sm, pace: r.pace}
+	s.replicas[g.group.ID()] = served{group: g.group, sm: g.sm, demand: &g.demand}
 	s.mu.Unlock()
 }
 
 // AddPublisher makes a publisher replica readable and publishable.
 func (s *Server) AddPublisher(p *Publisher) {
 	s.mu.Lock()
-	s.replicas[p.group.ID()] = served{group: p.group, sm: p.sm, pub: p}
+	s.replicas[p.group.ID()] = served{group: p.group, sm: p.sm, pub: p, demand: &p.demand}
 	s.mu.Unlock()
 }
 
@@ -156,8 +156,8 @@ func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*e
 	if err != nil {
 		return nil, err
 	}
-	if r.pace != nil && !req.GetBackground() {
-		r.pace.Want(time.Now())
+	if r.demand != nil && !req.GetBackground() {
+		r.demand.Want(time.Now())
 	}
 	st := r.group.Status()
 	if !st.CaughtUp {
@@ -207,7 +207,7 @@ func (s *Server) Publish(ctx context.Context, req *epochpb.PublishRequest) (*epo
 	if err := r.pub.quorum.AtLeast(ctx, req.GetEpoch()); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "publisher %d: epoch %d not yet applied by a majority: %v", req.GetGroupId(), req.GetEpoch(), err)
 	}
-	return &epochpb.PublishResponse{}, nil
+	return &epochpb.PublishResponse{Active: r.pub.demand.Active(time.Now())}, nil
 }
 
 // SetExcluded implements epochpb.EpochServer: it proposes the exclusion or

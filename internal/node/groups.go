@@ -86,8 +86,9 @@ func (n *Node) hostGroup(g topology.Group, voters []uint64) (*hostedGroup, error
 				targets = append(targets, epoch.PublisherTarget{Group: p.ID, Replicas: p.Replicas, Region: p.Region})
 			}
 			h.global = epoch.NewGlobal(h.rg, h.epoch, n.dialer, targets, epoch.GlobalConfig{Tick: top.RaftTick,
-				MinInterval: top.GlobalEpochMinInterval, PublisherLease: top.PublisherLease, AutoExcludeAfter: top.AutoExcludeAfter})
-			n.epochSrv.Add(h.rg, h.epoch)
+				MinInterval: top.GlobalEpochMinInterval, PublisherLease: top.PublisherLease, AutoExcludeAfter: top.AutoExcludeAfter,
+				IdleInterval: top.GlobalEpochIdleInterval})
+			n.epochSrv.AddGlobal(h.global)
 		}
 	case topology.KindTxnState:
 		sm, err := txnstate.NewStateMachine(n.engine, g.ID)

@@ -71,6 +71,9 @@ const (
 	// DefaultLocalEpochIdleInterval is how often a local epoch leader advances
 	// the epoch while no reader asks for the full pace (epoch.Pace; issue 17).
 	DefaultLocalEpochIdleInterval = 100 * time.Millisecond
+	// DefaultGlobalEpochIdleInterval is the least time between global epoch
+	// advances while no reader asks for the global epoch (epoch.Demand).
+	DefaultGlobalEpochIdleInterval = 100 * time.Millisecond
 	// DefaultRaftTick is the Raft logical clock tick; elections take 30–60 ticks, heartbeats 1.
 	DefaultRaftTick = 10 * time.Millisecond
 	// DefaultReplicas is the replication factor of a group that names no replicas.
@@ -147,6 +150,10 @@ type Topology struct {
 	// GlobalEpochMinInterval is the least time between global epoch advances
 	// (0: as fast as every publisher acknowledges).
 	GlobalEpochMinInterval time.Duration
+	// GlobalEpochIdleInterval is the least time between global epoch
+	// advances while no reader asked for the global epoch for a second
+	// (epoch.Demand; 0: off). It is at most a quarter of PublisherLease.
+	GlobalEpochIdleInterval time.Duration
 	// QuietEpochs is k of the paper's §5.3.1: no transaction commits at a
 	// global epoch that is a multiple of k, which bounds linearizable snapshot
 	// retries (0: off).
@@ -279,6 +286,7 @@ type fileTopology struct {
 	LocalEpochIdle     string      `yaml:"local_epoch_idle_interval,omitempty"`
 	PublisherLease     string      `yaml:"publisher_lease"`
 	GlobalMinInterval  string      `yaml:"global_epoch_min_interval"`
+	GlobalIdle         string      `yaml:"global_epoch_idle_interval,omitempty"`
 	QuietEpochs        uint64      `yaml:"quiet_epochs"`
 	AutoExcludeAfter   string      `yaml:"auto_exclude_after"`
 	OrphanAfter        string      `yaml:"orphan_after,omitempty"`
@@ -461,6 +469,18 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	if t.PublisherLease, err = parseDuration("publisher_lease", f.PublisherLease, DefaultPublisherLease); err != nil {
 		return nil, err
+	}
+	switch f.GlobalIdle {
+	case "off":
+	case "":
+		t.GlobalEpochIdleInterval = min(DefaultGlobalEpochIdleInterval, t.PublisherLease/4)
+	default:
+		if t.GlobalEpochIdleInterval, err = parseDuration("global_epoch_idle_interval", f.GlobalIdle, 0); err != nil {
+			return nil, err
+		}
+		if t.GlobalEpochIdleInterval > t.PublisherLease/4 {
+			return nil, invalid("global_epoch_idle_interval: %v is above a quarter of publisher_lease (%v): publishers would lapse", t.GlobalEpochIdleInterval, t.PublisherLease)
+		}
 	}
 	if f.GlobalMinInterval != "" {
 		if t.GlobalEpochMinInterval, err = parseDuration("global_epoch_min_interval", f.GlobalMinInterval, 0); err != nil {
@@ -903,6 +923,10 @@ func (t *Topology) Marshal() ([]byte, error) {
 	}
 	if t.GlobalEpochMinInterval > 0 {
 		f.GlobalMinInterval = t.GlobalEpochMinInterval.String()
+	}
+	f.GlobalIdle = "off"
+	if t.GlobalEpochIdleInterval > 0 {
+		f.GlobalIdle = t.GlobalEpochIdleInterval.String()
 	}
 	for i, a := range t.Regions {
 		for _, b := range t.Regions[i+1:] {

@@ -334,6 +334,41 @@ func TestLocalEpochIdleSetting(t *testing.T) {
 	}
 }
 
+// TestGlobalEpochIdleSetting: the global epoch's idle pace defaults to
+// 100 ms, or a quarter of a short publisher_lease; off is 0; more than a
+// quarter of the lease is refused; the setting survives Marshal.
+func TestGlobalEpochIdleSetting(t *testing.T) {
+	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
+	for _, c := range []struct {
+		extra string
+		idle  time.Duration
+		bad   string
+	}{
+		{"", DefaultGlobalEpochIdleInterval, ""},
+		{"publisher_lease: 200ms\n", 50 * time.Millisecond, ""},
+		{"global_epoch_idle_interval: 250ms\n", 250 * time.Millisecond, ""},
+		{"global_epoch_idle_interval: off\n", 0, ""},
+		{"global_epoch_idle_interval: 300ms\n", 0, "above a quarter of publisher_lease"},
+		{"global_epoch_idle_interval: soon\n", 0, "not a positive duration"},
+	} {
+		top, err := Parse([]byte(c.extra + base))
+		if c.bad != "" {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
+				t.Errorf("%q: %v, want ErrInvalid saying %q", c.extra, err, c.bad)
+			}
+			continue
+		}
+		if err != nil || top.GlobalEpochIdleInterval != c.idle {
+			t.Errorf("%q: %v, %v; want %v", c.extra, top, err, c.idle)
+			continue
+		}
+		out, _ := top.Marshal()
+		if again, err := Parse(out); err != nil || again.GlobalEpochIdleInterval != c.idle {
+			t.Errorf("%q: round trip gave %v (%v)", c.extra, again, err)
+		}
+	}
+}
+
 func TestRangeLeaseSettings(t *testing.T) {
 	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
 	for _, c := range []struct {

@@ -29,9 +29,10 @@ type ReadEpochRequest struct {
 	// group_id names the epoch group; one node may host replicas of several.
 	GroupId uint64 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
 	// background marks a read made for the caller's housekeeping (a
-	// leaseholder keeping its lease): it does not ask a local epoch's leader
-	// to keep advancing at the full local_epoch_interval (issue 17: an idle
-	// region advances at local_epoch_idle_interval). Every other read does.
+	// leaseholder keeping its lease, a leader closing an epoch): it does not
+	// ask for the epoch to keep its full pace (issue 17: an idle cluster's
+	// epochs advance at their idle intervals; epoch.Demand). Every other read
+	// does.
 	Background    bool `protobuf:"varint,2,opt,name=background,proto3" json:"background,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -219,7 +220,10 @@ func (x *PublishRequest) GetEpoch() uint64 {
 }
 
 type PublishResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// active says a reader asked the publisher for the global epoch within
+	// the last second (epoch.Demand): the service keeps its full pace.
+	Active        bool `protobuf:"varint,1,opt,name=active,proto3" json:"active,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -252,6 +256,13 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
 	return file_epoch_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PublishResponse) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
 }
 
 // SetExcludedRequest excludes a publisher from the global epoch service's set,
@@ -478,8 +489,9 @@ const file_epoch_proto_rawDesc = "" +
 	"\x0fvoters_outgoing\x18\x05 \x03(\x04R\x0evotersOutgoing\"A\n" +
 	"\x0ePublishRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x11\n" +
-	"\x0fPublishResponse\"t\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\")\n" +
+	"\x0fPublishResponse\x12\x16\n" +
+	"\x06active\x18\x01 \x01(\bR\x06active\"t\n" +
 	"\x12SetExcludedRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12'\n" +
 	"\x0fpublisher_group\x18\x02 \x01(\x04R\x0epublisherGroup\x12\x1a\n" +
