@@ -53,7 +53,7 @@ func (b *bank) run(ctx context.Context, dbs []*client.DB, wg *sync.WaitGroup) {
 // transfers moves money between random accounts until ctx ends.
 func (b *bank) transfers(ctx context.Context, db *client.DB, id int) {
 	r := rand.New(rand.NewPCG(b.cp.cfg.Seed, uint64(id)))
-	for ctx.Err() == nil {
+	for b.cp.waitLoud(ctx) {
 		from, to, amount := r.IntN(accounts), r.IntN(accounts), 1+r.IntN(10)
 		if from == to {
 			continue
@@ -105,6 +105,9 @@ func (b *bank) auditor(ctx context.Context, db *client.DB, region int) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if !b.cp.waitLoud(ctx) {
+			return
 		}
 		b.audit(ctx, db, snapshotModes[n%len(snapshotModes)])
 	}

@@ -217,7 +217,7 @@ func (f *changefeeds) verify(ctx context.Context, db *client.DB) {
 			return
 		case s = <-f.samples:
 		}
-		if !sleep(ctx, time.Until(s.at.Add(sampleDelay))) {
+		if !sleep(ctx, time.Until(s.at.Add(sampleDelay))) || !f.cp.waitLoud(ctx) {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)

@@ -88,7 +88,11 @@ func (m *epochMonitor) poll(ctx context.Context, i int) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		call := m.cp.now()
-		e, err := m.sources[i].reader.Read(rctx)
+		read := m.sources[i].reader.Read
+		if m.cp.quiet() { // a read in a quiet spell leaves the epochs idle
+			read = m.sources[i].reader.ReadBackground
+		}
+		e, err := read(rctx)
 		ret := m.cp.now()
 		cancel()
 		if err == nil {

@@ -50,6 +50,7 @@ const (
 	faultCutNonVoter   = "cut off the region of a non-voting replica; once healed it must serve again"
 	faultPlacement     = "change a placement rule under load"
 	faultRehome        = "rehome a range to another region under load"
+	faultQuietKill     = "hush the load until the epochs idle, then kill a range leader"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
@@ -57,7 +58,7 @@ var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultD
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
 	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
-	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome}
+	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -185,6 +186,27 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				continue
 			}
 			heal = func() error { return cp.c.RestartNode(id) }
+		case faultQuietKill:
+			// Epochs at their idle pace (epoch.Pace), then a leaseholder
+			// dies: its successor must bring the pace back to take over,
+			// and the first operations after the spell meet the change.
+			end := cp.hush()
+			if cp.idleEpochs(ctx) {
+				cp.count("quiet spell, epochs idle")
+			} else {
+				cp.count("quiet spell, epochs not idle")
+			}
+			id := cp.c.Leader(ranges[r.IntN(len(ranges))].ID)
+			if id == 0 {
+				end()
+				continue
+			}
+			if err := cp.c.KillNode(id); err != nil {
+				end()
+				cp.anomaly("stopping node %d: %v", id, err)
+				continue
+			}
+			heal = func() error { defer end(); return cp.c.RestartNode(id) }
 		case faultCutRegion:
 			net.CutRegion(cp.regions[r.IntN(len(cp.regions))])
 			heal = func() error { net.Heal(); return nil }

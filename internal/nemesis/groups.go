@@ -56,7 +56,7 @@ func (w *txnGroups) run(ctx context.Context, dbs []*client.DB, wg *sync.WaitGrou
 
 func (w *txnGroups) client(ctx context.Context, db *client.DB, id int) {
 	r := rand.New(rand.NewPCG(w.cp.cfg.Seed, uint64(id)))
-	for seq := 0; ctx.Err() == nil; seq++ {
+	for seq := 0; w.cp.waitLoud(ctx); seq++ {
 		g := r.IntN(groups)
 		snapshot := seq%4 == 3
 		txn := history.RandomTxn(r, id+1, seq)

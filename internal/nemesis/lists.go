@@ -42,7 +42,7 @@ func (w *lists) run(ctx context.Context, dbs []*client.DB, wg *sync.WaitGroup) {
 
 func (w *lists) client(ctx context.Context, db *client.DB, id int) {
 	r := rand.New(rand.NewPCG(w.cp.cfg.Seed, uint64(id)))
-	for seq := 1; ctx.Err() == nil; seq++ {
+	for seq := 1; w.cp.waitLoud(ctx); seq++ {
 		touched := r.Perm(listCount)[:1+r.IntN(3)]
 		op := history.ListOp{Client: id, Reads: map[int][]int{}, Fresh: true}
 		var err error

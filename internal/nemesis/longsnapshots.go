@@ -38,7 +38,7 @@ func (l *longSnapshots) run(ctx context.Context, dbs []*client.DB, wg *sync.Wait
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for n := 0; ctx.Err() == nil; n++ {
+		for n := 0; l.cp.waitLoud(ctx); n++ {
 			l.hold(ctx, dbs[n%len(dbs)], l.cp.regions[n%len(dbs)], n%2 == 0)
 		}
 	}()
@@ -94,6 +94,9 @@ func (l *longSnapshots) hold(ctx context.Context, db *client.DB, region string, 
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if l.cp.quiet() {
+			continue // no reread in a quiet spell
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		again, err := l.read(rctx, s)

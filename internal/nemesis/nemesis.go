@@ -92,6 +92,7 @@ type campaign struct {
 	start   time.Time
 
 	mu       sync.Mutex
+	hushed   chan struct{} // under mu: closed when the quiet spell under way ends (nil: none; quiet.go)
 	sum      *Summary
 	armed    *armedCrash // a mid-2PC fault waiting for its transaction
 	nextNode uint64      // the last node id given out (faultAddNode)

@@ -47,7 +47,7 @@ func (w *registers) run(ctx context.Context, dbs []*client.DB, wg *sync.WaitGrou
 func (w *registers) client(ctx context.Context, db *client.DB, id int) {
 	r := rand.New(rand.NewPCG(w.cp.cfg.Seed, uint64(id)))
 	seen := map[int]int{} // register → the value this client last saw
-	for seq := 1; ctx.Err() == nil; seq++ {
+	for seq := 1; w.cp.waitLoud(ctx); seq++ {
 		in := history.RegisterInput{Key: r.IntN(registerCount), Value: id*1_000_000 + seq}
 		var out history.RegisterOutput
 		var err error
