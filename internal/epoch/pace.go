@@ -21,16 +21,20 @@ const PaceHold = time.Second
 // replica records the reads it serves, so a new leader starts from what its
 // replica saw. The zero value has seen none.
 type Demand struct {
-	wanted atomic.Int64 // unix ns of the last read that asked; 0: none
+	wanted atomic.Int64 // when the last read that asked came, in ns since demandOrigin; 0: none
 }
 
+// demandOrigin is the monotonic origin of Demand's times: a step of the
+// wall clock neither stretches nor cuts a hold.
+var demandOrigin = time.Now()
+
 // Want records, at now, a read that asks for the epoch.
-func (d *Demand) Want(now time.Time) { d.wanted.Store(now.UnixNano()) }
+func (d *Demand) Want(now time.Time) { d.wanted.Store(max(int64(now.Sub(demandOrigin)), 1)) }
 
 // Active reports whether a read asked within PaceHold before now.
 func (d *Demand) Active(now time.Time) bool {
 	w := d.wanted.Load()
-	return w != 0 && now.UnixNano()-w < int64(PaceHold)
+	return w != 0 && int64(now.Sub(demandOrigin))-w < int64(PaceHold)
 }
 
 // Pace decides when a local epoch's leader advances (DESIGN.md §2): every

@@ -96,8 +96,8 @@ func (r *Reader) ServeLocally(self uint64, serve ServeEpoch) {
 func (r *Reader) Read(ctx context.Context) (uint64, error) { return r.read(ctx, false) }
 
 // ReadBackground is Read for housekeeping that does not need the epoch to
-// move: of a local epoch group, it leaves an idle region at its idle pace
-// (Pace; issue 17). It is batched with Read calls, and a round that serves
+// move: it leaves an idle local epoch, publisher or global epoch service at
+// its idle pace (Demand; issue 17). It is batched with Read calls, and a round that serves
 // any Read asks for the full pace. Errors as Read.
 func (r *Reader) ReadBackground(ctx context.Context) (uint64, error) { return r.read(ctx, true) }
 
@@ -343,8 +343,8 @@ type backgroundSource interface {
 	ReadBackground(ctx context.Context) (uint64, error)
 }
 
-// ReadBackground reads src as housekeeping, leaving an idle region's local
-// epoch at its idle pace (Reader.ReadBackground); a Source without that
+// ReadBackground reads src as housekeeping, leaving an idle epoch at its
+// idle pace (Reader.ReadBackground); a Source without that
 // kind of read is read with Read. Errors as src's.
 func ReadBackground(ctx context.Context, src Source) (uint64, error) {
 	if b, ok := src.(backgroundSource); ok {

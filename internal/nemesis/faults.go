@@ -191,7 +191,12 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			// dies: its successor must bring the pace back to take over,
 			// and the first operations after the spell meet the change.
 			end := cp.hush()
-			if cp.idleEpochs(ctx) {
+			idle := cp.idleEpochs(ctx)
+			if ctx.Err() != nil {
+				end() // the campaign ended meanwhile: no fault
+				continue
+			}
+			if idle {
 				cp.count("quiet spell, epochs idle")
 			} else {
 				cp.count("quiet spell, epochs not idle")

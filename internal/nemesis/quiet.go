@@ -14,9 +14,9 @@ import (
 const quietIdleWithin = epoch.PaceHold + 6*time.Second
 
 // hush begins a quiet spell: the workloads' clients hold their next
-// operation until end is called, and the epoch monitor reads in the
-// background, so every epoch falls to its idle pace (epoch.Pace). end is
-// idempotent.
+// operation until end is called (the changefeed keeps streaming: it reads
+// no epoch), and the epoch monitor reads in the background, so every epoch
+// falls to its idle pace (epoch.Pace). end is idempotent.
 func (cp *campaign) hush() (end func()) {
 	ch := make(chan struct{})
 	cp.mu.Lock()

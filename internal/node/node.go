@@ -334,7 +334,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 		return nil, err
 	}
 	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, home, n.decider,
-		rangeserver.Config{Tick: rangeTick(top), LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
+		rangeserver.Config{Tick: rangeTick(top), EpochInterval: top.LocalEpochInterval, LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval,
 			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor,
 			LockWait: n.metrics.lockWait, ClosedLag: n.metrics.closedLag, AddReplica: n.addReplica, RemoveReplica: n.removeRemote,

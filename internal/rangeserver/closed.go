@@ -180,8 +180,9 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		if now.Sub(l.lastClose) < r.cfg.ClosedInterval {
 			return
 		}
-		// Housekeeping: where the local epoch is the closing source (a
-		// regional-only deployment) closes follow its pace (epoch.Pace).
+		// Housekeeping: closes follow the closing source's pace — the
+		// global epoch's, or in a regional-only deployment the local
+		// epoch's — rather than keep it at the full pace (epoch.Demand).
 		p, err := epoch.ReadBackground(ctx, r.closingSource())
 		if err != nil {
 			return

@@ -193,8 +193,10 @@ func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 	if last := r.epochRead; !last.at.IsZero() && e >= last.epoch {
 		// The fastest rate seen, never forgotten: a stall (an epoch
 		// leader's election) must not talk the next reuse into a lapse.
+		// Never below the full pace: a leaseholder that saw only the idle
+		// pace must not reuse a read while the pace returns (epoch.Pace).
 		rate := float64(e-last.epoch) / now.Sub(last.at).Seconds()
-		r.epochRead.perSec = max(rate, last.perSec)
+		r.epochRead.perSec = max(rate, last.perSec, float64(time.Second)/float64(r.cfg.EpochInterval))
 	}
 	r.epochRead.at, r.epochRead.epoch = now, e
 	return e, nil

@@ -56,6 +56,11 @@ type Config struct {
 	LeaseRenewEpochs uint64
 	// Tick is the period of the lease and resolver loop (default 10 ms).
 	Tick time.Duration
+	// EpochInterval is the local epoch's full-pace interval (topology
+	// local_epoch_interval; default 10 ms): a leaseholder that reuses an
+	// epoch read assumes the epoch may move this fast even if it only saw
+	// the idle pace (epoch.Pace).
+	EpochInterval time.Duration
 	// OrphanAfter is how long a transaction may hold locks here, or stay
 	// prepared without a decision, without a word from its coordinator (an
 	// operation or a heartbeat) before the leader resolves it through the
@@ -148,6 +153,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Tick <= 0 {
 		c.Tick = 10 * time.Millisecond
+	}
+	if c.EpochInterval <= 0 {
+		c.EpochInterval = topology.DefaultLocalEpochInterval
 	}
 	if c.OrphanAfter <= 0 {
 		c.OrphanAfter = topology.DefaultOrphanAfter

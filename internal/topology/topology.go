@@ -463,6 +463,8 @@ func build(f *fileTopology) (*Topology, error) {
 		t.LocalEpochIdleInterval = t.LocalEpochInterval
 	} else if t.LocalEpochIdleInterval, err = parseDuration("local_epoch_idle_interval", f.LocalEpochIdle, max(DefaultLocalEpochIdleInterval, t.LocalEpochInterval)); err != nil {
 		return nil, err
+	} else if t.LocalEpochIdleInterval > time.Second {
+		return nil, invalid("local_epoch_idle_interval: %v is above 1s: an idle region's leases and closed epochs would crawl", t.LocalEpochIdleInterval)
 	}
 	if t.RaftTick, err = parseDuration("raft_tick", f.RaftTick, DefaultRaftTick); err != nil {
 		return nil, err
@@ -878,7 +880,7 @@ func (t *Topology) WithAddrs(addrs map[uint64]string) *Topology {
 func (t *Topology) Marshal() ([]byte, error) {
 	f := fileTopology{
 		LocalEpochInterval: t.LocalEpochInterval.String(),
-		LocalEpochIdle:     t.LocalEpochIdleInterval.String(),
+		LocalEpochIdle:     "off",
 		RaftTick:           t.RaftTick.String(),
 		PublisherLease:     t.PublisherLease.String(),
 		OrphanAfter:        t.OrphanAfter.String(),
@@ -927,6 +929,9 @@ func (t *Topology) Marshal() ([]byte, error) {
 	f.GlobalIdle = "off"
 	if t.GlobalEpochIdleInterval > 0 {
 		f.GlobalIdle = t.GlobalEpochIdleInterval.String()
+	}
+	if t.LocalEpochIdleInterval > t.LocalEpochInterval {
+		f.LocalEpochIdle = t.LocalEpochIdleInterval.String()
 	}
 	for i, a := range t.Regions {
 		for _, b := range t.Regions[i+1:] {

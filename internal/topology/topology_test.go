@@ -315,6 +315,7 @@ func TestLocalEpochIdleSetting(t *testing.T) {
 		{"local_epoch_idle_interval: off\n", DefaultLocalEpochInterval, ""},
 		{"local_epoch_idle_interval: 0s\n", 0, "not a positive duration"},
 		{"local_epoch_idle_interval: slow\n", 0, "not a positive duration"},
+		{"local_epoch_idle_interval: 2s\n", 0, "above 1s"},
 	} {
 		top, err := Parse([]byte(c.extra + base))
 		if c.bad != "" {
