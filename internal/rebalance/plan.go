@@ -233,9 +233,21 @@ func Plan(v View, cfg Config) []Action {
 	}
 	replicaCount := func(n *node) int { return n.replicas }
 	// A learner a failed move left does not hold a range back: its next
-	// move removes it first. A range the queue changes already waits.
+	// move removes it first. A range the queue changes already waits. So
+	// does one whose right-hand neighbour is subsumed: its leader finishes
+	// that merge only while both are on the same nodes, and the subsumed
+	// range cannot move (rangeserver.AdminMerge), so a move would leave
+	// the merge, and the keys the directory still routes to the subsumed
+	// range, stuck for good.
+	subsumedAt := map[string]bool{} // start keys of subsumed ranges
+	for _, d := range ranges {
+		if d.GetSubsumed() {
+			subsumedAt[string(d.GetStartKey())] = true
+		}
+	}
 	settled := func(d *pb.RangeDescriptor) bool {
-		return !d.GetSubsumed() && len(d.GetRehomeVoters()) == 0 && !v.InFlight.Ranges[d.GetRangeId()]
+		absorbing := len(d.GetEndKey()) > 0 && subsumedAt[string(d.GetEndKey())]
+		return !d.GetSubsumed() && !absorbing && len(d.GetRehomeVoters()) == 0 && !v.InFlight.Ranges[d.GetRangeId()]
 	}
 
 	moving := map[uint64]bool{} // ranges this plan changes already: one change per range

@@ -217,6 +217,28 @@ func TestPlanFillsJoinersAndDrains(t *testing.T) {
 // up to four other groups on the first three nodes, plans settle (an empty
 // plan) within a bounded number of rounds, with replica counts (ranges and
 // groups together) and lease counts within one across the nodes.
+// TestPlanLeavesAMergeItsReplicas: a range whose right-hand neighbour is
+// subsumed keeps its replicas, even on a draining node, until the merge
+// finishes; the plan drains it once the neighbour is gone. It fails if the
+// plan moves the absorbing range (the merge could never finish).
+func TestPlanLeavesAMergeItsReplicas(t *testing.T) {
+	v := View{Nodes: []*directorypb.NodeLiveness{live(1), live(2), live(3), live(4)}, Leases: map[uint64]uint64{10: 1, 11: 1}}
+	left, right := rng(10, "a", 1, 2, 3), rng(11, "m", 1, 2, 3)
+	left.EndKey, right.Subsumed = []byte("m"), true
+	v.Ranges = []*pb.RangeDescriptor{left, right}
+	v.Nodes[2].Node.State = directorypb.NodeState_NODE_DECOMMISSIONING
+	for _, a := range Plan(v, Config{MaxMoves: 2}) {
+		if a.Kind == Move {
+			t.Fatalf("the plan moves a replica while range 10 absorbs range 11: %v", show([]Action{a}))
+		}
+	}
+	v.Ranges = v.Ranges[:1] // merged
+	left.EndKey = nil
+	if got := show(Plan(v, Config{MaxMoves: 2})); !slices.Contains(got, "move r10 3->4") {
+		t.Fatalf("after the merge the plan does not drain node 3: %v", got)
+	}
+}
+
 func TestPlanSettlesFromAnyPlacement(t *testing.T) {
 	for seed := range uint64(200) {
 		r := rand.New(rand.NewPCG(seed, 0))
