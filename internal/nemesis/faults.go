@@ -50,7 +50,7 @@ const (
 	faultCutNonVoter   = "cut off the region of a non-voting replica; once healed it must serve again"
 	faultPlacement     = "change a placement rule under load"
 	faultRehome        = "rehome a range to another region under load"
-	faultQuietKill     = "hush the load until the epochs idle, then kill a range leader"
+	faultQuietKill     = "hush the load until the epochs idle and then kill a range leader"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
