@@ -265,13 +265,40 @@ func TestMergeSettings(t *testing.T) {
 	}
 }
 
-func TestGCTTLSetting(t *testing.T) {
+// durationCase is one case of a duration setting: extra lines for the file,
+// and the value wanted, or the text of the ErrInvalid wanted.
+type durationCase struct {
+	extra string
+	want  time.Duration
+	bad   string
+}
+
+// checkDurationSetting parses a one-node file with each case's extra lines
+// and checks the setting get reads, the refusal, and a Marshal round trip.
+func checkDurationSetting(t *testing.T, get func(*Topology) time.Duration, cases []durationCase) {
+	t.Helper()
 	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
-	for _, c := range []struct {
-		extra string
-		ttl   time.Duration
-		bad   string
-	}{
+	for _, c := range cases {
+		top, err := Parse([]byte(c.extra + base))
+		if c.bad != "" {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
+				t.Errorf("%q: %v, want ErrInvalid saying %q", c.extra, err, c.bad)
+			}
+			continue
+		}
+		if err != nil || get(top) != c.want {
+			t.Errorf("%q: %v, %v; want %v", c.extra, top, err, c.want)
+			continue
+		}
+		out, _ := top.Marshal()
+		if again, err := Parse(out); err != nil || get(again) != c.want {
+			t.Errorf("%q: round trip gave %v (%v)", c.extra, again, err)
+		}
+	}
+}
+
+func TestGCTTLSetting(t *testing.T) {
+	checkDurationSetting(t, func(top *Topology) time.Duration { return top.GCTTL }, []durationCase{
 		{"", DefaultGCTTL, ""},
 		{"gc_ttl: 1m\n", time.Minute, ""},
 		{"gc_ttl: 1s\n", time.Second, ""},
@@ -280,35 +307,14 @@ func TestGCTTLSetting(t *testing.T) {
 		{"closed_epoch_interval: soon\n", 0, "not a positive duration"},
 		{"gc_ttl: 0s\n", 0, "not a positive duration"},
 		{"gc_ttl: forever\n", 0, "not a positive duration"},
-	} {
-		top, err := Parse([]byte(c.extra + base))
-		if c.bad != "" {
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
-				t.Errorf("%q: %v, want ErrInvalid saying %q", c.extra, err, c.bad)
-			}
-			continue
-		}
-		if err != nil || top.GCTTL != c.ttl {
-			t.Errorf("%q: %v, %v; want %v", c.extra, top, err, c.ttl)
-			continue
-		}
-		out, _ := top.Marshal()
-		if again, err := Parse(out); err != nil || again.GCTTL != c.ttl {
-			t.Errorf("%q: round trip gave %v (%v)", c.extra, again, err)
-		}
-	}
+	})
 }
 
 // TestLocalEpochIdleSetting: the idle pace defaults to 100 ms (never
-// below the full pace), "off" keeps the full pace, a bad value is refused,
-// and the setting survives Marshal.
+// below the full pace), "off" keeps the full pace, a bad value or one above
+// 1 s is refused, and the setting survives Marshal.
 func TestLocalEpochIdleSetting(t *testing.T) {
-	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
-	for _, c := range []struct {
-		extra string
-		idle  time.Duration
-		bad   string
-	}{
+	checkDurationSetting(t, func(top *Topology) time.Duration { return top.LocalEpochIdleInterval }, []durationCase{
 		{"", DefaultLocalEpochIdleInterval, ""},
 		{"local_epoch_interval: 200ms\n", 200 * time.Millisecond, ""},
 		{"local_epoch_idle_interval: 250ms\n", 250 * time.Millisecond, ""},
@@ -316,58 +322,21 @@ func TestLocalEpochIdleSetting(t *testing.T) {
 		{"local_epoch_idle_interval: 0s\n", 0, "not a positive duration"},
 		{"local_epoch_idle_interval: slow\n", 0, "not a positive duration"},
 		{"local_epoch_idle_interval: 2s\n", 0, "above 1s"},
-	} {
-		top, err := Parse([]byte(c.extra + base))
-		if c.bad != "" {
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
-				t.Errorf("%q: %v, want ErrInvalid saying %q", c.extra, err, c.bad)
-			}
-			continue
-		}
-		if err != nil || top.LocalEpochIdleInterval != c.idle {
-			t.Errorf("%q: %v, %v; want %v", c.extra, top, err, c.idle)
-			continue
-		}
-		out, _ := top.Marshal()
-		if again, err := Parse(out); err != nil || again.LocalEpochIdleInterval != c.idle {
-			t.Errorf("%q: round trip gave %v (%v)", c.extra, again, err)
-		}
-	}
+	})
 }
 
 // TestGlobalEpochIdleSetting: the global epoch's idle pace defaults to
 // 100 ms, or a quarter of a short publisher_lease; off is 0; more than a
 // quarter of the lease is refused; the setting survives Marshal.
 func TestGlobalEpochIdleSetting(t *testing.T) {
-	base := "regions: [r]\nnodes:\n  - {id: 1, region: r, addr: \"127.0.0.1:1\"}\ngroups:\n  - {id: 1, kind: local-epoch, region: r, replicas: [1]}\n"
-	for _, c := range []struct {
-		extra string
-		idle  time.Duration
-		bad   string
-	}{
+	checkDurationSetting(t, func(top *Topology) time.Duration { return top.GlobalEpochIdleInterval }, []durationCase{
 		{"", DefaultGlobalEpochIdleInterval, ""},
 		{"publisher_lease: 200ms\n", 50 * time.Millisecond, ""},
 		{"global_epoch_idle_interval: 250ms\n", 250 * time.Millisecond, ""},
 		{"global_epoch_idle_interval: off\n", 0, ""},
 		{"global_epoch_idle_interval: 300ms\n", 0, "above a quarter of publisher_lease"},
 		{"global_epoch_idle_interval: soon\n", 0, "not a positive duration"},
-	} {
-		top, err := Parse([]byte(c.extra + base))
-		if c.bad != "" {
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.bad) {
-				t.Errorf("%q: %v, want ErrInvalid saying %q", c.extra, err, c.bad)
-			}
-			continue
-		}
-		if err != nil || top.GlobalEpochIdleInterval != c.idle {
-			t.Errorf("%q: %v, %v; want %v", c.extra, top, err, c.idle)
-			continue
-		}
-		out, _ := top.Marshal()
-		if again, err := Parse(out); err != nil || again.GlobalEpochIdleInterval != c.idle {
-			t.Errorf("%q: round trip gave %v (%v)", c.extra, again, err)
-		}
-	}
+	})
 }
 
 func TestRangeLeaseSettings(t *testing.T) {
