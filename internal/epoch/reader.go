@@ -91,14 +91,14 @@ func (r *Reader) ServeLocally(self uint64, serve ServeEpoch) {
 }
 
 // Read returns the current epoch. It fails with ErrUnavailable when no majority
-// agrees within the round timeout, or with ctx's error. Of a local epoch group,
-// it asks the leader to keep the full pace (Pace).
+// agrees within the round timeout, or with ctx's error. It asks the group to
+// keep its full pace (Demand).
 func (r *Reader) Read(ctx context.Context) (uint64, error) { return r.read(ctx, false) }
 
 // ReadBackground is Read for housekeeping that does not need the epoch to
 // move: it leaves an idle local epoch, publisher or global epoch service at
-// its idle pace (Demand; issue 17). It is batched with Read calls, and a round that serves
-// any Read asks for the full pace. Errors as Read.
+// its idle pace (Demand; issue 17). It is batched with Read calls, and a
+// round that serves any Read asks for the full pace. Errors as Read.
 func (r *Reader) ReadBackground(ctx context.Context) (uint64, error) { return r.read(ctx, true) }
 
 func (r *Reader) read(ctx context.Context, background bool) (uint64, error) {
@@ -344,8 +344,8 @@ type backgroundSource interface {
 }
 
 // ReadBackground reads src as housekeeping, leaving an idle epoch at its
-// idle pace (Reader.ReadBackground); a Source without that
-// kind of read is read with Read. Errors as src's.
+// idle pace (Reader.ReadBackground); a Source without that kind of read is
+// read with Read. Errors as src's.
 func ReadBackground(ctx context.Context, src Source) (uint64, error) {
 	if b, ok := src.(backgroundSource); ok {
 		return b.ReadBackground(ctx)
