@@ -58,6 +58,13 @@ type testNode struct {
 // 127.0.0.1 and serves the Transport service on each.
 func startNodes(t *testing.T, rttMS int) (*Network, map[uint64]*testNode) {
 	t.Helper()
+	return startNodesListening(t, rttMS, nil)
+}
+
+// startNodesListening is startNodes with each node serving on wrap(id,
+// listener) (nil: the listener itself).
+func startNodesListening(t *testing.T, rttMS int, wrap func(id uint64, l net.Listener) net.Listener) (*Network, map[uint64]*testNode) {
+	t.Helper()
 	ls := map[uint64]net.Listener{}
 	addrs := map[uint64]string{}
 	for id := uint64(1); id <= 3; id++ {
@@ -86,6 +93,9 @@ nodes:
 		r := NewRaft(d, rec)
 		s := NewServer(nil)
 		r.Register(s)
+		if wrap != nil {
+			l = wrap(id, l)
+		}
 		done := make(chan struct{})
 		go func() { _ = s.Serve(l); close(done) }()
 		nodes[id] = &testNode{raft: r, rec: rec, stop: func() { r.Close(); s.Stop(); <-done; d.Close() }}
