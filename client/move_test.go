@@ -102,3 +102,52 @@ func TestMoveReplicasUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d transfers, %d total checks", load.transfers.Load(), load.checks.Load())
 }
+
+// TestAMoveRechecksAStaleRoute: a client whose routing cache still lists a
+// range's replicas from before another client moved one asks to move the
+// new replica back. Its cached descriptor says the node hosts no replica,
+// but the range does: once the directory has the move, the client vets the
+// range again as resolved afresh and the move goes ahead, rather than
+// being refused for good (the replicate queue once retried such a move,
+// refused on its own stale cache, until its test timed out).
+func TestAMoveRechecksAStaleRoute(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "four.yaml")
+	if err := os.WriteFile(path, []byte(fourNodes), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: -1})
+	mover, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	key := []byte("acct-00") // range 10, on nodes 1, 2 and 3
+	// The stale client caches range 10's descriptor.
+	if _, _, err := stale.Get(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mover.AdminMoveReplica(ctx, key, 3, 4); err != nil {
+		t.Fatalf("moving range 10 from node 3 to 4: %v", err)
+	}
+	for { // the range's leader writes its descriptor to the directory
+		ranges, err := mover.Ranges(ctx)
+		if err == nil && slices.ContainsFunc(ranges, func(r client.RangeInfo) bool { return r.ID == 10 && slices.Contains(r.Replicas, 4) }) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the directory never listed range 10 on node 4: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r, err := stale.AdminMoveReplica(ctx, key, 4, 3)
+	if err != nil {
+		t.Fatalf("moving range 10 back from node 4 to 3 through a client that cached it before the move: %v", err)
+	}
+	if !slices.Contains(r.Replicas, 3) || slices.Contains(r.Replicas, 4) {
+		t.Fatalf("after the move back, range 10 has replicas %v", r.Replicas)
+	}
+}

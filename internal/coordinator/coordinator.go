@@ -452,9 +452,11 @@ func lookupRetryable(err error) bool { return errors.Is(err, routing.ErrNoRange)
 // again at the range the cache then names after each mismatch reply
 // (errStaleRoute), so a stale cache is never a final error. check, if set,
 // vets the range first (c.local: a range homed where this client cannot
-// write is ErrCrossRegion).
+// write is ErrCrossRegion); a range it refuses is vetted once more as
+// resolved afresh (recheck) before the refusal stands.
 func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.RangeDescriptor) error, f func(*pb.RangeDescriptor) error) error {
 	var err error
+	rechecked := false
 	for attempt := 0; attempt < maxRouteAttempts && routeBackoff(ctx, attempt); attempt++ {
 		var d *pb.RangeDescriptor
 		if d, err = c.routes.Lookup(ctx, key); err != nil {
@@ -465,6 +467,9 @@ func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.R
 		}
 		if check != nil {
 			if err = check(d); err != nil {
+				if c.recheck(d, &rechecked) {
+					continue
+				}
 				return err
 			}
 		}
@@ -475,6 +480,22 @@ func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.R
 	return c.routeUnavailable(ctx, key, err)
 }
 
+// recheck drops d, a cached descriptor a check refused, from the routing
+// cache so that the next attempt vets the range as resolved afresh, and
+// reports whether it did: once per call (*done). A cached descriptor can
+// be stale in what the checks look at without any reply ever saying so
+// (a replica moved by another client, or a lease with it): refusing on it
+// would refuse, for good, what the range itself accepts, as the replicate
+// queue found retrying a move from a node its cache did not list.
+func (c *Coordinator) recheck(d *pb.RangeDescriptor, done *bool) bool {
+	if *done {
+		return false
+	}
+	*done = true
+	c.routes.Forget(d.GetRangeId())
+	return true
+}
+
 // routeSpan runs f on each part of [lo, hi) (a nil hi: to the end of the key
 // space) in key order, as the routing cache splits it by range, until f
 // returns done or an error. After a mismatch reply it splits the rest of the
@@ -482,6 +503,7 @@ func (c *Coordinator) routeKey(ctx context.Context, key []byte, check func(*pb.R
 func (c *Coordinator) routeSpan(ctx context.Context, lo, hi []byte, check func(*pb.RangeDescriptor) error,
 	f func(p routing.Part) (done bool, err error)) error {
 	var err error
+	rechecked := false
 	for attempt := 0; attempt < maxRouteAttempts && routeBackoff(ctx, attempt); attempt++ {
 		var parts []routing.Part
 		if parts, err = c.routes.Overlapping(ctx, lo, hi); err != nil {
@@ -494,6 +516,10 @@ func (c *Coordinator) routeSpan(ctx context.Context, lo, hi []byte, check func(*
 		for _, p := range parts {
 			if check != nil {
 				if err := check(p.Desc); err != nil {
+					if c.recheck(p.Desc, &rechecked) {
+						lo, stale = p.Start, true
+						break
+					}
 					return err
 				}
 			}
