@@ -213,10 +213,6 @@ func TestPlanFillsJoinersAndDrains(t *testing.T) {
 	}
 }
 
-// TestPlanSettlesFromAnyPlacement: from random placements of ranges, with
-// up to four other groups on the first three nodes, plans settle (an empty
-// plan) within a bounded number of rounds, with replica counts (ranges and
-// groups together) and lease counts within one across the nodes.
 // TestPlanLeavesAMergeItsReplicas: a range whose right-hand neighbour is
 // subsumed keeps its replicas, even on a draining node, until the merge
 // finishes; the plan drains it once the neighbour is gone. It fails if the
@@ -239,6 +235,10 @@ func TestPlanLeavesAMergeItsReplicas(t *testing.T) {
 	}
 }
 
+// TestPlanSettlesFromAnyPlacement: from random placements of ranges, with
+// up to four other groups on the first three nodes, plans settle (an empty
+// plan) within a bounded number of rounds, with replica counts (ranges and
+// groups together) and lease counts within one across the nodes.
 func TestPlanSettlesFromAnyPlacement(t *testing.T) {
 	for seed := range uint64(200) {
 		r := rand.New(rand.NewPCG(seed, 0))

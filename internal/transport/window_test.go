@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"encoding/binary"
 	"net"
 	"sync"
 	"testing"
@@ -30,7 +29,7 @@ func (f *frameCounter) feed(p []byte) {
 	}
 	f.buf = append(f.buf, p...)
 	for len(f.buf) >= 9 {
-		length := int(binary.BigEndian.Uint32(append([]byte{0}, f.buf[:3]...)))
+		length := int(f.buf[0])<<16 | int(f.buf[1])<<8 | int(f.buf[2])
 		if len(f.buf) < 9+length {
 			return
 		}
