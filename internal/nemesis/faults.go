@@ -170,6 +170,7 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		}
 		kind := deck[0]
 		deck, undrawn = deck[1:], deck[0]
+		at := cp.drawn(kind)
 		hold := time.Second + time.Duration(r.IntN(1000))*time.Millisecond
 		var heal func() error
 		var struck *firedCrash
@@ -436,6 +437,7 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		undrawn = ""
 		cp.mu.Lock()
 		cp.sum.Faults[kind]++
+		cp.sum.Timeline[at].Struck = true
 		cp.mu.Unlock()
 		time.Sleep(hold)
 		if err := heal(); err != nil {
@@ -443,6 +445,9 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			continue
 		}
 		healed := time.Now()
+		cp.mu.Lock()
+		cp.sum.Timeline[at].Healed = healed.Sub(cp.start)
+		cp.mu.Unlock()
 		cp.checkQuorums()
 		if err := cp.probe(dbs); err != nil {
 			cp.anomaly("no recovery within %v after %q: %v", recoveryBound, kind, err)
@@ -463,6 +468,15 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			cp.awaitRelease(*struck)
 		}
 	}
+}
+
+// drawn adds kind, drawn now, to the summary's timeline and returns its
+// index there.
+func (cp *campaign) drawn(kind string) int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.sum.Timeline = append(cp.sum.Timeline, FaultEvent{Kind: kind, Began: time.Since(cp.start)})
+	return len(cp.sum.Timeline) - 1
 }
 
 // pauseClosing stops (or resumes) the closing of epochs at every live

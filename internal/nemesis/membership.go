@@ -228,7 +228,9 @@ func (cp *campaign) checkQuorums() {
 }
 
 // moveGroup moves the replica of a random non-range group on one of its
-// voters to a running node of the group's region that is not one, through
+// voters to a running node of the group's region that is not one and was
+// not picked for decommissioning (a drain that outlived drainBound leaves
+// such a node running, and the registry refuses it as a target), through
 // the operator's path (admin.MoveGroupReplica); it reports whether it did.
 // A move refused as bad is an anomaly: the campaign picked it from the
 // group's own view.
@@ -251,7 +253,9 @@ func (cp *campaign) moveGroup(ctx context.Context, r *rand.Rand) bool {
 	if err != nil || v.Joint {
 		return false
 	}
-	targets := slices.DeleteFunc(slices.Clone(running), func(id uint64) bool { return slices.Contains(v.Voters, id) })
+	targets := slices.DeleteFunc(slices.Clone(running), func(id uint64) bool {
+		return slices.Contains(v.Voters, id) || cp.decommissioned[id] // a decommissioning node is refused as a target
+	})
 	if len(targets) == 0 {
 		return false
 	}

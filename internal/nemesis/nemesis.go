@@ -74,8 +74,21 @@ type Summary struct {
 	// QuorumChecks counts the checks, after each healed fault, that every
 	// group has a majority of its voters running.
 	QuorumChecks int
+	// Timeline is every fault drawn, in order; Write prints it when
+	// there are anomalies, to place them among the faults.
+	Timeline []FaultEvent
 	// Anomalies found; a correct system finds none.
 	Anomalies []string
+}
+
+// FaultEvent is one fault drawn from the schedule: when it began, whether
+// it struck (a draw that found nothing to strike goes back in the deck)
+// and when it was healed, each since the campaign began (Healed 0: it
+// struck nothing, or healing failed).
+type FaultEvent struct {
+	Kind          string
+	Began, Healed time.Duration
+	Struck        bool
 }
 
 // opTimeout bounds one transaction with its retries.
@@ -133,7 +146,9 @@ func (cp *campaign) countOutcome(what string, err error) outcome {
 
 func (cp *campaign) anomaly(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
-	slog.Error("nemesis: anomaly", "what", msg) // as it happens, for whoever watches a long campaign
+	// As it happens, for whoever watches a long campaign; at: seconds since
+	// it began, as in the summary's timeline.
+	slog.Error("nemesis: anomaly", "what", msg, "at", fmt.Sprintf("%.3f s", time.Since(cp.start).Seconds()))
 	cp.mu.Lock()
 	cp.sum.Anomalies = append(cp.sum.Anomalies, msg)
 	cp.mu.Unlock()
@@ -327,6 +342,20 @@ func (s *Summary) Write(w io.Writer) {
 	fmt.Fprintf(w, "\nanomalies: %d\n", len(s.Anomalies))
 	for _, a := range s.Anomalies {
 		fmt.Fprintf(w, "  %s\n", a)
+	}
+	if len(s.Anomalies) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nfaults in order (s since the campaign began):\n")
+	for _, e := range s.Timeline {
+		switch {
+		case !e.Struck:
+			fmt.Fprintf(w, "  %8.3f  %s: did not strike (nothing to strike, or it failed)\n", e.Began.Seconds(), e.Kind)
+		case e.Healed == 0:
+			fmt.Fprintf(w, "  %8.3f  %s: not healed\n", e.Began.Seconds(), e.Kind)
+		default:
+			fmt.Fprintf(w, "  %8.3f  %s: healed at %.3f\n", e.Began.Seconds(), e.Kind, e.Healed.Seconds())
+		}
 	}
 }
 

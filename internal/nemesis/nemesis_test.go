@@ -126,3 +126,32 @@ func TestFaultKindsNameable(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryPlacesAnomaliesAmongFaults: a summary with anomalies lists
+// every fault drawn, in order, with whether it struck and when it healed;
+// one without prints no timeline.
+func TestSummaryPlacesAnomaliesAmongFaults(t *testing.T) {
+	sum := &Summary{Seed: 1, Timeline: []FaultEvent{
+		{Kind: faultDecommission, Began: 45 * time.Second},
+		{Kind: faultRestartAll, Began: 108 * time.Second, Healed: 109500 * time.Millisecond, Struck: true},
+		{Kind: faultDelay, Began: 112 * time.Second, Struck: true},
+	}}
+	var clean strings.Builder
+	sum.Write(&clean)
+	if strings.Contains(clean.String(), "faults in order") {
+		t.Errorf("a summary without anomalies printed the timeline:\n%s", clean.String())
+	}
+	sum.Anomalies = []string{"registers: the history of 3 operations is not linearizable"}
+	var out strings.Builder
+	sum.Write(&out)
+	for _, want := range []string{
+		"faults in order (s since the campaign began):\n",
+		"    45.000  " + faultDecommission + ": did not strike (nothing to strike, or it failed)\n" +
+			"   108.000  " + faultRestartAll + ": healed at 109.500\n" +
+			"   112.000  " + faultDelay + ": not healed\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the summary lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -28,12 +28,16 @@ var linearizableModes = []client.SnapshotMode{client.Strong, client.StrongLocal,
 // either locking or in a snapshot of a per-key linearizable mode, and checks
 // them with porcupine's register model.
 type registers struct {
-	cp  *campaign
-	mu  sync.Mutex
-	ops []porcupine.Operation
+	cp    *campaign
+	mu    sync.Mutex
+	ops   []porcupine.Operation
+	kinds []string // of ops, by index: what the client ran
+	// failed: the writes a client was told failed, by value (unique per
+	// write), with the error: a read of one is an anomaly to name.
+	failed map[int]string
 }
 
-func newRegisters(cp *campaign) *registers { return &registers{cp: cp} }
+func newRegisters(cp *campaign) *registers { return &registers{cp: cp, failed: map[int]string{}} }
 
 func (w *registers) key(k int) []byte { return w.cp.key(k, fmt.Sprintf("nemesis-reg-%d", k)) }
 
@@ -107,9 +111,15 @@ func (w *registers) client(ctx context.Context, db *client.DB, id int) {
 			case in.Kind == history.RegWrite || out.OK:
 				seen[in.Key] = in.Value
 			}
-			w.record(id, in, out, call, ret)
+			w.record(id, kind, in, out, call, ret)
 		case unknown:
-			w.record(id, in, history.RegisterOutput{Unknown: true}, call, never)
+			w.record(id, kind, in, history.RegisterOutput{Unknown: true}, call, never)
+		case failed:
+			if in.Kind != history.RegRead {
+				w.mu.Lock()
+				w.failed[in.Value] = fmt.Sprintf("%s of %d to register %d by client %d at %s: %v", kind, in.Value, in.Key, id, span(call, ret), err)
+				w.mu.Unlock()
+			}
 		}
 	}
 }
@@ -123,11 +133,31 @@ func (w *registers) get(ctx context.Context, tx reader, k int) (int, error) {
 	return strconv.Atoi(string(v))
 }
 
-func (w *registers) record(id int, in history.RegisterInput, out history.RegisterOutput, call, ret int64) {
+func (w *registers) record(id int, kind string, in history.RegisterInput, out history.RegisterOutput, call, ret int64) {
 	w.mu.Lock()
 	w.ops = append(w.ops, porcupine.Operation{ClientId: id, Input: in, Output: out, Call: call, Return: ret})
+	w.kinds = append(w.kinds, kind)
 	w.mu.Unlock()
 }
+
+// span formats an operation's call and return, in seconds since the
+// campaign began (never: its outcome is unknown).
+func span(call, ret int64) string {
+	if ret == never {
+		return fmt.Sprintf("%.3f s–(unknown)", float64(call)/1e9)
+	}
+	return fmt.Sprintf("%.3f–%.3f s", float64(call)/1e9, float64(ret)/1e9)
+}
+
+// name describes operation i for a witness: what it was, its client and
+// its times.
+func (w *registers) name(i int) string {
+	op := w.ops[i]
+	return fmt.Sprintf("%s (%s) by client %d at %s", w.kinds[i], history.RegisterModel.DescribeOperation(op.Input, op.Output), op.ClientId, span(op.Call, op.Return))
+}
+
+// witnessCount bounds the witnesses a failed check names.
+const witnessCount = 5
 
 // final reads every register in a locking transaction.
 func (w *registers) final(ctx context.Context, db *client.DB) {
@@ -142,7 +172,7 @@ func (w *registers) final(ctx context.Context, db *client.DB) {
 			w.cp.anomaly("final read of register %d: %v", k, err)
 			continue
 		}
-		w.record(finalClient, history.RegisterInput{Key: k, Kind: history.RegRead}, history.RegisterOutput{Value: v}, call, w.cp.now())
+		w.record(finalClient, "final read (locking)", history.RegisterInput{Key: k, Kind: history.RegRead}, history.RegisterOutput{Value: v}, call, w.cp.now())
 	}
 }
 
@@ -153,6 +183,25 @@ func (w *registers) check() {
 		w.cp.anomaly("registers: porcupine could not decide within %v", checkTimeout)
 	default:
 		w.cp.anomaly("registers: the history of %d operations is not linearizable", len(w.ops))
+		w.explain()
+	}
+}
+
+// explain records, as anomalies, the witnesses of an illegal history:
+// reads of a value whose write was reported failed, and the reads
+// history.RegisterWitnesses names (none if the illegality spans more
+// operations than it looks at; the dump then shows it).
+func (w *registers) explain() {
+	n := 0
+	for i, op := range w.ops {
+		in, out := op.Input.(history.RegisterInput), op.Output.(history.RegisterOutput)
+		if f, ok := w.failed[out.Value]; ok && in.Kind == history.RegRead && !out.Unknown && n < witnessCount {
+			w.cp.anomaly("registers: %s read the value of a write reported failed: %s", w.name(i), f)
+			n++
+		}
+	}
+	for _, s := range history.RegisterWitnesses(w.ops, w.name, witnessCount) {
+		w.cp.anomaly("registers: %s", s)
 	}
 }
 
