@@ -124,7 +124,8 @@ func (cp *campaign) decommission(ctx context.Context, r *rand.Rand) bool {
 
 // holdings describes what keeps node from being marked gone: the ranges
 // naming it (as their running replicas see them), the groups naming it,
-// its leases, and what it reports hosting.
+// its leases, what it reports hosting, and the last step each queue
+// failed.
 func (cp *campaign) holdings(ctx context.Context, node uint64) string {
 	var out []string
 	seen := map[uint64]bool{}
@@ -150,6 +151,13 @@ func (cp *campaign) holdings(ctx context.Context, node uint64) string {
 			}
 			if rg := n.Range(rid); rg != nil && rg.LeaderHint() == node && nid == node {
 				out = append(out, fmt.Sprintf("range %d lease", rid))
+			}
+		}
+	}
+	for _, nid := range cp.c.NodeIDs() {
+		if n := cp.c.Node(nid); n != nil {
+			if st, ok := n.QueueStats(); ok && st.LastFailed != "" {
+				out = append(out, fmt.Sprintf("node %d's queue last failed: %s", nid, st.LastFailed))
 			}
 		}
 	}

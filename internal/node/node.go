@@ -536,6 +536,15 @@ func (n *Node) DataStats() (storage.MVCCStats, error) {
 }
 
 // Group returns the node's replica of group id, or nil.
+// QueueStats returns what this node's replicate queue did so far
+// (rebalance.Stats), and false if the node runs none (no region queue).
+func (n *Node) QueueStats() (rebalance.Stats, bool) {
+	if n.queue == nil {
+		return rebalance.Stats{}, false
+	}
+	return n.queue.Stats(), true
+}
+
 func (n *Node) Group(id uint64) *raftgroup.Group { return n.host.Group(id) }
 
 // EpochReplica returns the node's replica of local epoch group id, or nil.

@@ -529,6 +529,19 @@ func mergePairs(ranges []*pb.RangeDescriptor, load map[uint64]Load, cfg Config) 
 // streams reports whether a counts against Config.MaxMoves: a range's
 // replica move, or a group's for balance (a group's moves to drain are
 // few and small, and go first).
+// String describes a for a log line or a status: its kind, what it
+// changes, from and to where, and why.
+func (a Action) String() string {
+	what := fmt.Sprintf("range %d", a.Range.GetRangeId())
+	switch a.Kind {
+	case MoveGroup:
+		what = fmt.Sprintf("group %d", a.Group)
+	case Gone:
+		what = fmt.Sprintf("node %d", a.From)
+	}
+	return fmt.Sprintf("%s %s %d→%d (%s)", a.Kind, what, a.From, a.To, a.Why)
+}
+
 func (a Action) streams() bool {
 	return a.Kind == Move || a.Kind == MoveNonVoter || a.Kind == AddNonVoter || a.Kind == Rehome || a.Kind == MoveGroup && a.Balance
 }

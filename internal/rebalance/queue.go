@@ -2,6 +2,7 @@ package rebalance
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -110,6 +111,10 @@ type Stats struct {
 	Done, Failed [numKinds]int
 	// InFlight: steps started and not yet ended.
 	InFlight int
+	// LastFailed describes the last step that failed, with its error and
+	// when ("" if none has): what an operator, or a campaign whose drain
+	// stalls, reads first.
+	LastFailed string
 }
 
 // NewQueue returns a queue over c.
@@ -281,6 +286,7 @@ func (q *Queue) count(a Action, err error) {
 	q.stats.InFlight--
 	if err != nil {
 		q.stats.Failed[a.Kind]++
+		q.stats.LastFailed = fmt.Sprintf("%s at %s: %v", a, time.Now().Format(time.TimeOnly), err)
 	} else {
 		q.stats.Done[a.Kind]++
 	}

@@ -3,6 +3,7 @@ package rebalance
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -171,6 +172,9 @@ func TestQueueStepsDoNotWaitForEachOther(t *testing.T) {
 	q.Wait()
 	if st := q.Stats(); st.InFlight != 0 || st.Failed[Move] != 1 || st.Done[Gone] != 1 || st.Done[MoveGroup] != 1 {
 		t.Errorf("stats %+v; want nothing in flight, one failed move (the hang), one gone, one group move", st)
+	}
+	if got, want := q.Stats().LastFailed, "move range 1 4→"; !strings.HasPrefix(got, want) || !strings.Contains(got, context.DeadlineExceeded.Error()) {
+		t.Errorf("last failed step %q; want the hanging move (%q…) and its timeout", got, want)
 	}
 }
 
