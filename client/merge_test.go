@@ -3,7 +3,9 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 )
 
 // TestSplitIntoEightAndMergeBackUnderLoad splits both ranges of
@@ -224,5 +227,100 @@ func TestMergeColocatesNeighbours(t *testing.T) {
 	load.stop()
 	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
 		t.Errorf("total %d, %v after the merge", sum, err)
+	}
+}
+
+// TestAMergeWaitsForAMoveOfItsRange: while range 10 moves a replica to a
+// new node 4 (a learner receiving a snapshot of range 10's span), merges
+// of range 10 with range 11 are attempted at its leader again and again.
+// None may apply meanwhile: node 4 would apply it from its log on top of a
+// snapshot without range 11's data, and serve range 11's keys empty. Once
+// the move is done the merge goes through, and node 4, given the merged
+// range's lease, reads range 11's key.
+func TestAMergeWaitsForAMoveOfItsRange(t *testing.T) {
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 120*time.Second)
+	blob := make([]byte, 1<<20-64) // 32 MiB in range 10: its snapshot streams for about a second
+	for i := range 32 {
+		_, _ = rand.Read(blob)
+		if _, err := db.Put(ctx, []byte(fmt.Sprintf("a-blob-%02d", i)), blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Put(ctx, []byte("n-register"), []byte("1")); err != nil { // in range 11
+		t.Fatal(err)
+	}
+	if err := c.JoinNode(4, "us-east1"); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "node 4 live", func(rows map[uint64]admin.NodeRow) bool { return rows[4].Live })
+	leader := c.Leader(10)
+	from := uint64(1)
+	if from == leader {
+		from = 2
+	}
+	conn, err := c.Dialer("us-east1").Conn(leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := rangepb.NewRangeClient(conn)
+	moved := make(chan error, 1)
+	go func() { // at the leader itself: no client retries the move elsewhere
+		_, err := rc.MoveReplica(ctx, &rangepb.MoveReplicaRequest{RangeId: 10, From: from, To: 4})
+		moved <- err
+	}()
+	for !slices.Contains(c.Node(leader).Range(10).Desc().GetLearners(), 4) {
+		select {
+		case err := <-moved:
+			t.Fatalf("the move ended (%v) before node 4 was seen as a learner", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	attempts, mergedDuring := 0, false
+	var moveErr error
+merging:
+	for {
+		select {
+		case moveErr = <-moved:
+			break merging
+		default:
+		}
+		attempts++
+		mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := rc.AdminMerge(mctx, &rangepb.AdminMergeRequest{RangeId: 10, EndKey: []byte("m")})
+		cancel()
+		if err == nil {
+			mergedDuring = true
+			t.Logf("range 10 merged while node 4 was joining it (attempt %d): %v", attempts, newestDesc(c, 10))
+			moveErr = <-moved
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if moveErr != nil {
+		t.Fatalf("the move: %v", moveErr)
+	}
+	t.Logf("%d merges attempted during the move", attempts)
+	if attempts == 0 {
+		t.Fatal("no merge was attempted during the move")
+	}
+	if !mergedDuring {
+		if _, err := db.AdminMerge(ctx, nil); err != nil { // colocates range 11 with range 10 first
+			t.Fatalf("the merge after the move: %v", err)
+		}
+	}
+	if _, _, err := db.AdminTransferLease(ctx, nil, 4); err != nil {
+		t.Fatalf("moving the merged range's lease to node 4: %v", err)
+	}
+	var v []byte
+	if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+		v, _, err = tx.Get(ctx, []byte("n-register"))
+		return err
+	}); err != nil || string(v) != "1" {
+		t.Fatalf("range 11's key read at node 4 = %q, %v; want 1 (merged during the move: %v)", v, err, mergedDuring)
 	}
 }

@@ -33,7 +33,7 @@ kill and restart a node or a range leader; kill a participant's leader between
 prepare and commit record or between commit record and notification, with or
 without the coordinator dying too; stall a coordinator there briefly, or past
 the transaction-record grace; split and merge ranges, killing the leader as
-they apply; pause a range's closing of epochs; restart the whole cluster from
+they apply or merging while the left range moves a replica; pause a range's closing of epochs; restart the whole cluster from
 disk; cut a region off, or cut it, exclude it and readmit it; drop 10%,
 duplicate 20% or delay by 20 ms every message. After
 each fault it measures how long until every data region commits again, and

@@ -33,6 +33,7 @@ const (
 	faultSplitKill     = "split a range and kill its leader as the split applies"
 	faultMerge         = "merge two ranges under load"
 	faultMergeKill     = "merge two ranges and kill the leader as the merge applies"
+	faultMergeMove     = "merge two ranges while a replica of the left one moves"
 	faultDirectory     = "kill a region's directory leader and split a range there"
 	faultStall         = "stall a coordinator between prepare and commit record past the record grace"
 	faultStallBrief    = "stall a coordinator between prepare and commit record for 0.5 s"
@@ -56,13 +57,13 @@ const (
 // FaultKinds lists every kind of fault a campaign injects.
 var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultDrop, faultDuplicate, faultDelay,
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
-	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
+	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultMergeMove, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
 	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
 	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
-var reshapes = map[string]bool{faultSplit: true, faultSplitKill: true, faultMerge: true, faultMergeKill: true, faultDirectory: true}
+var reshapes = map[string]bool{faultSplit: true, faultSplitKill: true, faultMerge: true, faultMergeKill: true, faultMergeMove: true, faultDirectory: true}
 
 // midCommit describes the faults that strike inside two-phase commit.
 var midCommit = map[string]struct {
@@ -303,6 +304,15 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 					heal = func() error { return cp.c.RestartNode(id) }
 				}
 			}
+		case faultMergeMove:
+			// A replica the move adds gets a snapshot of the left range's
+			// span only: a merge applied before it caught up would leave
+			// it serving the right range's keys empty (the reads and the
+			// final checks find that).
+			if !cp.mergeDuringMove(ctx, r, dbs[0]) {
+				continue
+			}
+			heal = func() error { return nil }
 		case faultExclude:
 			region := cp.regions[r.IntN(len(cp.regions))]
 			net.CutRegion(region)
@@ -468,6 +478,31 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			cp.awaitRelease(*struck)
 		}
 	}
+}
+
+// mergeDuringMove moves a replica of a random range and, while the move
+// is under way, merges the range with its right-hand neighbour; it
+// reports whether either happened. A merge refused as the move holds the
+// range (busy, retried until its deadline) is expected.
+func (cp *campaign) mergeDuringMove(ctx context.Context, r *rand.Rand, db *client.DB) bool {
+	key := cp.splitKey(r)
+	pause := time.Duration(r.IntN(300)) * time.Millisecond // the learner joins, its snapshot streams
+	moved := make(chan bool, 1)
+	go func() { // r is the move's until it ends
+		m, _ := cp.moveReplica(ctx, r, db, key, 0)
+		moved <- m
+	}()
+	time.Sleep(pause)
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err := db.AdminMerge(mctx, key)
+	cancel()
+	switch {
+	case err == nil, errors.Is(err, client.ErrMergeLast), errors.Is(err, client.ErrMergeRegions), errors.Is(err, client.ErrMergeReplicas),
+		client.IsRetryable(err), errors.Is(err, client.ErrCommitUnknown), ctx.Err() != nil:
+	default:
+		cp.anomaly("merging at %q during a replica move: %v", key, err)
+	}
+	return <-moved || err == nil
 }
 
 // drawn adds kind, drawn now, to the summary's timeline and returns its

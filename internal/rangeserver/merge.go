@@ -66,9 +66,20 @@ const mergeWait = 10 * time.Second
 // ErrMergeLast, ErrMergeRegions, ErrMergeReplicas, ErrMergeBusy,
 // ErrMergeRaced, or ctx's error.
 func (r *Replica) AdminMerge(ctx context.Context, endKey []byte) (*pb.RangeDescriptor, error) {
-	if _, err := r.leader(); err != nil {
+	l, err := r.leader()
+	if err != nil {
 		return nil, err
 	}
+	// This range's move claim, for the whole merge: a replica this range
+	// adds meanwhile would apply the merge from its log without the
+	// right-hand range's data, which it never hosted, and serve its keys
+	// empty. (applyMerge rejects such a merge too, for a claim another
+	// leader holds.)
+	release, ok := l.txns.claimMove()
+	if !ok {
+		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMergeBusy, r.id)
+	}
+	defer release()
 	if d := r.sm.Descriptor(); endKey != nil && !bytes.Equal(d.GetEndKey(), endKey) {
 		if len(d.GetEndKey()) == 0 || bytes.Compare(d.GetEndKey(), endKey) > 0 {
 			return d, nil // merged already
@@ -110,6 +121,10 @@ func (r *Replica) rightNeighbour() (*Replica, error) {
 		return nil, fmt.Errorf("%w: node %d hosts no range starting at %q, where range %d ends", ErrMergeReplicas, r.self, d.GetEndKey(), d.GetRangeId())
 	}
 	rd := right.Desc()
+	if len(d.GetLearners()) > 0 || len(rd.GetLearners()) > 0 {
+		return nil, fmt.Errorf("%w: range %d (learners %v) or range %d (learners %v) is adding a replica", ErrMergeBusy,
+			d.GetRangeId(), d.GetLearners(), rd.GetRangeId(), rd.GetLearners())
+	}
 	if rd.GetRegion() != d.GetRegion() {
 		return nil, fmt.Errorf("%w: range %d is homed in %s, range %d in %s", ErrMergeRegions, d.GetRangeId(), d.GetRegion(), rd.GetRangeId(), rd.GetRegion())
 	}
@@ -118,6 +133,39 @@ func (r *Replica) rightNeighbour() (*Replica, error) {
 			d.GetRangeId(), d.GetReplicas(), d.GetNonVoters(), rd.GetRangeId(), rd.GetReplicas(), rd.GetNonVoters())
 	}
 	return right, nil
+}
+
+// absorbing reports whether a merge into this range is under way: this
+// node's replica of the range that starts where this one ends is
+// subsumed, and its ID. The merge applies only while both ranges have the
+// same replicas (mergeable), so no replica change may start until it is
+// done; the leader finishes it on its next check (maybeMerge).
+func (r *Replica) absorbing() (uint64, bool) {
+	d := r.sm.Descriptor()
+	if len(d.GetEndKey()) == 0 || r.cfg.Sibling == nil {
+		return 0, false
+	}
+	right := r.cfg.Sibling(d.GetEndKey())
+	if right == nil || !right.Desc().GetSubsumed() {
+		return 0, false
+	}
+	return right.id, true
+}
+
+// claimReplicaChange takes l's move claim for a change of this range's
+// replicas (a move, a non-voter, a rehome); busy wraps the error if a
+// split, merge or other change holds it, or a merge into this range is
+// under way (absorbing).
+func (r *Replica) claimReplicaChange(l *leadership, busy error) (release func(), err error) {
+	release, ok := l.txns.claimMove()
+	if !ok {
+		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", busy, r.id)
+	}
+	if id, ok := r.absorbing(); ok {
+		release()
+		return nil, fmt.Errorf("%w: range %d is absorbing the subsumed range %d: its replicas stay until the merge is done", busy, r.id, id)
+	}
+	return release, nil
 }
 
 func sameNodes(a, b []uint64) bool {

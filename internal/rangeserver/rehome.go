@@ -72,9 +72,9 @@ func (r *Replica) Rehome(ctx context.Context, region string, voters []uint64) (*
 	if err != nil {
 		return nil, 0, err
 	}
-	release, ok := l.txns.claimMove() // no split, merge or other move meanwhile
-	if !ok {
-		return nil, 0, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrRehomeBusy, r.id)
+	release, err := r.claimReplicaChange(l, ErrRehomeBusy) // no split, merge or other move meanwhile
+	if err != nil {
+		return nil, 0, err
 	}
 	defer release()
 	if err := r.checkRehome(r.sm.Descriptor(), region, voters); err != nil {

@@ -73,9 +73,9 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 		}
 		return nil, fmt.Errorf("%w: the lease moved to node %d before moving node %d's replica", ErrNotLeaseholder, succ, from)
 	}
-	release, ok := l.txns.claimMove() // no split or merge meanwhile
-	if !ok {
-		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMoveBusy, r.id)
+	release, err := r.claimReplicaChange(l, ErrMoveBusy) // no split or merge meanwhile
+	if err != nil {
+		return nil, err
 	}
 	defer release()
 	// Another move may have finished while this one waited for the claim.
@@ -193,9 +193,9 @@ func (r *Replica) changeNonVoter(ctx context.Context, node uint64, add bool) (*p
 	if err != nil {
 		return nil, err
 	}
-	release, ok := l.txns.claimMove()
-	if !ok {
-		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", ErrMoveBusy, r.id)
+	release, err := r.claimReplicaChange(l, ErrMoveBusy)
+	if err != nil {
+		return nil, err
 	}
 	defer release()
 	d = r.sm.Descriptor()

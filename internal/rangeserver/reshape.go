@@ -3,6 +3,7 @@ package rangeserver
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/proto"
@@ -95,12 +96,13 @@ func (sm *StateMachine) applySubsume(b *pebble.Batch, cmd *pb.SubsumeCmd) any {
 // record with the writes of both), and a generation above both; the node
 // records the neighbour as removed in the same batch. Rejected unless the
 // range is at cmd's generation under cmd's lease and the neighbour is
-// subsumed, of the same region, and starts where the range ends.
+// subsumed, of the same region, and starts where the range ends, and
+// every replica of the range hosted the neighbour (mergeable).
 func (sm *StateMachine) applyMerge(b *pebble.Batch, cmd *pb.MergeCmd) any {
 	d, rd := sm.desc.Load(), cmd.GetRight()
 	if cmd.GetGeneration() != d.GetGeneration() || d.GetSubsumed() || cmd.GetLeaseStart() != sm.lease.GetStart() ||
 		!rd.GetSubsumed() || len(d.GetEndKey()) == 0 || !bytes.Equal(d.GetEndKey(), rd.GetStartKey()) ||
-		rd.GetRegion() != d.GetRegion() || rd.GetRangeId() == d.GetRangeId() {
+		rd.GetRegion() != d.GetRegion() || rd.GetRangeId() == d.GetRangeId() || !mergeable(d, rd) {
 		return Applied{Rejected: true}
 	}
 	merged := proto.Clone(d).(*pb.RangeDescriptor)
@@ -125,6 +127,24 @@ func (sm *StateMachine) applyMerge(b *pebble.Batch, cmd *pb.MergeCmd) any {
 	m := Merge{Merged: merged, Right: rd, Prepared: cmd.GetRightPrepared()}
 	sm.merges = append(sm.merges, m)
 	return Applied{Merge: &m}
+}
+
+// mergeable reports whether every replica of d, as it applies a merge
+// over rd, hosted rd when rd was subsumed: d has no learners, the same
+// voters as rd, and non-voters among rd's (a merge drops the non-voters
+// behind on the subsume from d first). A replica of d that never hosted rd
+// (one a move added after the merge began) would apply the merge without
+// rd's data, and serve rd's keys empty.
+func mergeable(d, rd *pb.RangeDescriptor) bool {
+	if len(d.GetLearners()) > 0 || !sameNodes(d.GetReplicas(), rd.GetReplicas()) {
+		return false
+	}
+	for _, n := range d.GetNonVoters() {
+		if !slices.Contains(rd.GetNonVoters(), n) {
+			return false
+		}
+	}
+	return true
 }
 
 // storeDescriptor makes d the range's descriptor, in b and in memory.

@@ -2,7 +2,12 @@ package rangeserver
 
 import (
 	"bytes"
+	"errors"
+	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/storage"
@@ -57,7 +62,10 @@ func TestSubsumeAndMerge(t *testing.T) {
 	notSubsumed := &pb.RangeDescriptor{RangeId: 11, StartKey: []byte("m"), EndKey: []byte("t"), Region: "r", Generation: 6}
 	notAdjacent := &pb.RangeDescriptor{RangeId: 12, StartKey: []byte("n"), EndKey: []byte("t"), Region: "r", Generation: 6, Subsumed: true}
 	otherRegion := &pb.RangeDescriptor{RangeId: 11, StartKey: []byte("m"), EndKey: []byte("t"), Region: "s", Generation: 6, Subsumed: true}
-	for i, r := range apply(t, left, merge(2, 1, rd), merge(3, 9, rd), merge(3, 1, notSubsumed), merge(3, 1, notAdjacent), merge(3, 1, otherRegion)) {
+	otherNodes := proto.Clone(rd).(*pb.RangeDescriptor)
+	otherNodes.Replicas = []uint64{1, 2, 3} // the left range has no such replicas
+	for i, r := range apply(t, left, merge(2, 1, rd), merge(3, 9, rd), merge(3, 1, notSubsumed), merge(3, 1, notAdjacent), merge(3, 1, otherRegion),
+		merge(3, 1, otherNodes)) {
 		if !r.(Applied).Rejected {
 			t.Errorf("merge %d (stale generation or lease, or a bad neighbour) applied", i)
 		}
@@ -108,5 +116,85 @@ func TestSubsumeAndMerge(t *testing.T) {
 	}
 	if string(behind.Descriptor().GetEndKey()) != "t" {
 		t.Fatalf("descriptor after the restore %v; want the merged span", behind.Descriptor())
+	}
+}
+
+// TestMergeableOnlyOverTheSameReplicas: a merge applies only where every
+// replica of the left-hand range hosted the subsumed one: no learner (a
+// move under way, whose snapshot lacks the right-hand range's data), the
+// same voters in any order, non-voters among the right-hand range's (a
+// lagging one dropped).
+func TestMergeableOnlyOverTheSameReplicas(t *testing.T) {
+	right := &pb.RangeDescriptor{Replicas: []uint64{1, 2, 3}, NonVoters: []uint64{7, 8}}
+	for _, tc := range []struct {
+		name string
+		left *pb.RangeDescriptor
+		want bool
+	}{
+		{"the same replicas", &pb.RangeDescriptor{Replicas: []uint64{1, 2, 3}, NonVoters: []uint64{7, 8}}, true},
+		{"in another order", &pb.RangeDescriptor{Replicas: []uint64{3, 1, 2}, NonVoters: []uint64{8, 7}}, true},
+		{"a lagging non-voter dropped", &pb.RangeDescriptor{Replicas: []uint64{1, 2, 3}, NonVoters: []uint64{7}}, true},
+		{"a learner joining", &pb.RangeDescriptor{Replicas: []uint64{1, 2, 3}, Learners: []uint64{4}, NonVoters: []uint64{7, 8}}, false},
+		{"a voter moved", &pb.RangeDescriptor{Replicas: []uint64{1, 2, 4}, NonVoters: []uint64{7, 8}}, false},
+		{"a voter fewer", &pb.RangeDescriptor{Replicas: []uint64{1, 2}, NonVoters: []uint64{7, 8}}, false},
+		{"a non-voter added", &pb.RangeDescriptor{Replicas: []uint64{1, 2, 3}, NonVoters: []uint64{7, 8, 9}}, false},
+	} {
+		if got := mergeable(tc.left, right); got != tc.want {
+			t.Errorf("%s: mergeable = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestNoReplicaChangeWhileAbsorbing: once the right-hand neighbour is
+// subsumed, the left-hand range's replicas stay as they are until the
+// merge is done (it applies only over the same replicas): a move,
+// non-voter change or rehome is refused busy. Before the subsume, and
+// after the merge, it takes the claim; so does nothing while another
+// change holds it.
+func TestNoReplicaChangeWhileAbsorbing(t *testing.T) {
+	e, err := storage.Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	lsm, _ := NewStateMachine(e, &pb.RangeDescriptor{RangeId: 10, EndKey: []byte("m"), Region: "r", Generation: 3})
+	rsm, _ := NewStateMachine(e, &pb.RangeDescriptor{RangeId: 11, StartKey: []byte("m"), EndKey: []byte("t"), Region: "r", Generation: 5})
+	apply(t, lsm, leaseCmd(1, 1, 100, 1, 0))
+	apply(t, rsm, leaseCmd(2, 7, 120, 1, 0))
+	right := &Replica{id: 11, sm: rsm}
+	left := &Replica{id: 10, sm: lsm, cfg: Config{Sibling: func(key []byte) *Replica {
+		if bytes.Equal(key, rsm.Descriptor().GetStartKey()) {
+			return right
+		}
+		return nil
+	}}}
+	l := &leadership{txns: newTxnTable(time.Now, 0)}
+	claim := func() error {
+		release, err := left.claimReplicaChange(l, ErrMoveBusy)
+		if err == nil {
+			release()
+		}
+		return err
+	}
+	if err := claim(); err != nil {
+		t.Fatalf("a move before any merge = %v; want the claim", err)
+	}
+	held, _ := l.txns.claimMove()
+	if err := claim(); !errors.Is(err, ErrMoveBusy) {
+		t.Errorf("a move while another holds the claim = %v; want ErrMoveBusy", err)
+	}
+	held()
+	rd := apply(t, rsm, &pb.Command{Cmd: &pb.Command_Subsume{Subsume: &pb.SubsumeCmd{Generation: 5, LeaseStart: 7}}})[0].(Applied).Subsumed
+	if err := claim(); !errors.Is(err, ErrMoveBusy) || !strings.Contains(err.Error(), "absorbing the subsumed range 11") {
+		t.Errorf("a move while absorbing = %v; want ErrMoveBusy naming range 11", err)
+	}
+	if release, ok := l.txns.claimMove(); ok {
+		release() // the refusal gave the claim back
+	} else {
+		t.Error("a refused move kept the claim")
+	}
+	apply(t, lsm, &pb.Command{Cmd: &pb.Command_Merge{Merge: &pb.MergeCmd{Generation: 3, LeaseStart: 1, Right: rd}}})
+	if err := claim(); err != nil {
+		t.Errorf("a move after the merge = %v; want the claim", err)
 	}
 }
