@@ -480,12 +480,31 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 	}
 }
 
-// mergeDuringMove moves a replica of a random range and, while the move
-// is under way, merges the range with its right-hand neighbour; it
-// reports whether either happened. A merge refused as the move holds the
+// The filler mergeDuringMove writes: fillerValues values of
+// fillerValueBytes each.
+const (
+	fillerValues     = 16
+	fillerValueBytes = 512 << 10
+)
+
+// mergeDuringMove moves a replica of a random region's filler range and,
+// while the move is under way, merges the range with its right-hand
+// neighbour; it reports whether either happened. A merge refused as the move holds the
 // range (busy, retried until its deadline) is expected.
 func (cp *campaign) mergeDuringMove(ctx context.Context, r *rand.Rand, db *client.DB) bool {
-	key := cp.splitKey(r)
+	// The range holding the filler, about 8 MiB (rewritten each time; the
+	// old versions are collected): its snapshot streams for about 250 ms
+	// at the default rate, long enough for the merge to meet the move.
+	key := cp.key(r.IntN(len(cp.keys)), "nemesis-filler")
+	blob := make([]byte, fillerValueBytes)
+	for i := range fillerValues {
+		for j := range blob {
+			blob[j] = byte(r.Uint32())
+		}
+		if _, err := db.Put(ctx, fmt.Appendf(slices.Clone(key), "-%02d", i), blob); err != nil {
+			return false
+		}
+	}
 	pause := time.Duration(r.IntN(300)) * time.Millisecond // the learner joins, its snapshot streams
 	moved := make(chan bool, 1)
 	go func() { // r is the move's until it ends

@@ -265,6 +265,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 	cp.checkPlacement(ctx, dbs[0])
 	cp.drainLocks()
+	cp.checkReplicas()
 	for _, w := range workloads {
 		w.check()
 	}
