@@ -487,9 +487,10 @@ const (
 	fillerValueBytes = 512 << 10
 )
 
-// mergeDuringMove moves a replica of a random region's filler range and,
-// while the move is under way, merges the range with its right-hand
-// neighbour; it reports whether either happened. A merge refused as the move holds the
+// mergeDuringMove splits a random region's filler range off on its right,
+// moves a replica of it and, while the move is under way, merges it with
+// that right-hand neighbour; it reports whether the move or the merge
+// happened. A merge refused as the move holds the
 // range (busy, retried until its deadline) is expected.
 func (cp *campaign) mergeDuringMove(ctx context.Context, r *rand.Rand, db *client.DB) bool {
 	// The range holding the filler, about 8 MiB (rewritten each time; the
@@ -505,6 +506,11 @@ func (cp *campaign) mergeDuringMove(ctx context.Context, r *rand.Rand, db *clien
 			return false
 		}
 	}
+	// A right-hand neighbour of the same region to merge with, split off
+	// right after the filler (a split there already is refused: fine).
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_ = db.AdminSplit(sctx, append(slices.Clone(key), '~'))
+	cancel()
 	pause := time.Duration(r.IntN(300)) * time.Millisecond // the learner joins, its snapshot streams
 	moved := make(chan bool, 1)
 	go func() { // r is the move's until it ends
@@ -516,12 +522,19 @@ func (cp *campaign) mergeDuringMove(ctx context.Context, r *rand.Rand, db *clien
 	_, err := db.AdminMerge(mctx, key)
 	cancel()
 	switch {
-	case err == nil, errors.Is(err, client.ErrMergeLast), errors.Is(err, client.ErrMergeRegions), errors.Is(err, client.ErrMergeReplicas),
+	case err == nil:
+		cp.count("merge during a replica move: merged")
+	case errors.Is(err, client.ErrMergeLast), errors.Is(err, client.ErrMergeRegions), errors.Is(err, client.ErrMergeReplicas),
 		client.IsRetryable(err), errors.Is(err, client.ErrCommitUnknown), ctx.Err() != nil:
+		cp.count("merge during a replica move: refused")
 	default:
 		cp.anomaly("merging at %q during a replica move: %v", key, err)
 	}
-	return <-moved || err == nil
+	m := <-moved
+	if m {
+		cp.count("merge during a replica move: the move done")
+	}
+	return m || err == nil
 }
 
 // drawn adds kind, drawn now, to the summary's timeline and returns its
