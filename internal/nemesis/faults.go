@@ -307,8 +307,8 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 		case faultMergeMove:
 			// A replica the move adds gets a snapshot of the left range's
 			// span only: a merge applied before it caught up would leave
-			// it serving the right range's keys empty (the reads and the
-			// final checks find that).
+			// it serving the right range's keys empty (the reads, the
+			// final reads and the replica digests find that).
 			if !cp.mergeDuringMove(ctx, r, dbs[0]) {
 				continue
 			}
@@ -490,8 +490,8 @@ const (
 // mergeDuringMove splits a random region's filler range off on its right,
 // moves a replica of it and, while the move is under way, merges it with
 // that right-hand neighbour; it reports whether the move or the merge
-// happened. A merge refused as the move holds the
-// range (busy, retried until its deadline) is expected.
+// happened. A merge refused while the move holds the range (busy,
+// retried until its deadline) is expected.
 func (cp *campaign) mergeDuringMove(ctx context.Context, r *rand.Rand, db *client.DB) bool {
 	// The range holding the filler, about 8 MiB (rewritten each time; the
 	// old versions are collected): its snapshot streams for about 250 ms

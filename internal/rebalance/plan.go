@@ -532,14 +532,13 @@ func mergePairs(ranges []*pb.RangeDescriptor, load map[uint64]Load, cfg Config) 
 // String describes a for a log line or a status: its kind, what it
 // changes, from and to where, and why.
 func (a Action) String() string {
-	what := fmt.Sprintf("range %d", a.Range.GetRangeId())
 	switch a.Kind {
-	case MoveGroup:
-		what = fmt.Sprintf("group %d", a.Group)
 	case Gone:
-		what = fmt.Sprintf("node %d", a.From)
+		return fmt.Sprintf("%s node %d (%s)", a.Kind, a.From, a.Why)
+	case MoveGroup:
+		return fmt.Sprintf("%s group %d %d→%d (%s)", a.Kind, a.Group, a.From, a.To, a.Why)
 	}
-	return fmt.Sprintf("%s %s %d→%d (%s)", a.Kind, what, a.From, a.To, a.Why)
+	return fmt.Sprintf("%s range %d %d→%d (%s)", a.Kind, a.Range.GetRangeId(), a.From, a.To, a.Why)
 }
 
 func (a Action) streams() bool {
