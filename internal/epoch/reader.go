@@ -43,6 +43,14 @@ const DefaultRoundTimeout = 2 * time.Second
 // Concurrent Read calls are batched: callers that arrive while a round is in
 // flight wait for the next round, which starts after they called, and that round
 // sends one request per replica for all of them.
+//
+// The goroutines that run rounds and ask replicas live as long as the
+// reader (issue 17): one runs rounds, and one per replica asks it. A
+// goroutine started for each round and each request grew its stack anew
+// every time (gRPC's call path is deep): about 3% of a range leader's CPU
+// under load. A request to a replica whose asker is still waiting on an
+// earlier one gets a goroutine of its own, so a slow replica delays no
+// round. Close stops them all.
 type Reader struct {
 	group   uint64
 	region  string
@@ -57,9 +65,15 @@ type Reader struct {
 	mu      sync.Mutex
 	waiting []chan readResult
 	paced   bool // under mu: a caller in waiting wants the full pace (not ReadBackground)
-	running bool
-	closed  bool
-	wg      sync.WaitGroup
+	running bool // under mu: the round goroutine (loop) has started
+	// lastPaced is whether the batch loop took last wants the full pace
+	// (loop's alone).
+	lastPaced bool
+	closed    bool
+	askers    map[uint64]chan askJob // under mu: each replica's asker goroutine, by node
+	kick      chan struct{}          // tells loop a caller is waiting (buffered 1)
+	done      chan struct{}          // closed by Close: loop and the askers return
+	wg        sync.WaitGroup
 
 	rounds, splits atomic.Uint64
 }
@@ -76,7 +90,8 @@ type readResult struct {
 // where the group went (transport.LocateGroup).
 func NewReader(dialer *transport.Dialer, g topology.Group) *Reader {
 	boot := slices.Clone(g.Replicas)
-	return &Reader{group: g.ID, region: g.Region, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout}
+	return &Reader{group: g.ID, region: g.Region, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout,
+		askers: map[uint64]chan askJob{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // ServeEpoch answers a ReadEpoch as the Epoch service does (Server.ReadEpoch).
@@ -102,11 +117,21 @@ func (r *Reader) Read(ctx context.Context) (uint64, error) { return r.read(ctx, 
 func (r *Reader) ReadBackground(ctx context.Context) (uint64, error) { return r.read(ctx, true) }
 
 func (r *Reader) read(ctx context.Context, background bool) (uint64, error) {
+	ch, err := r.start(background)
+	if err != nil {
+		return 0, err
+	}
+	return wait(ctx, ch)
+}
+
+// start joins the next round: its result arrives on the channel returned.
+// Errors: ErrReaderClosed.
+func (r *Reader) start(background bool) (<-chan readResult, error) {
 	ch := make(chan readResult, 1)
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
-		return 0, ErrReaderClosed
+		return nil, ErrReaderClosed
 	}
 	r.waiting = append(r.waiting, ch)
 	r.paced = r.paced || !background
@@ -116,6 +141,15 @@ func (r *Reader) read(ctx context.Context, background bool) (uint64, error) {
 		go r.loop()
 	}
 	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default: // already kicked: the loop takes every caller waiting when it wakes
+	}
+	return ch, nil
+}
+
+// wait returns the result of a read start began, or ctx's error.
+func wait(ctx context.Context, ch <-chan readResult) (uint64, error) {
 	select {
 	case res := <-ch:
 		return res.epoch, res.err
@@ -128,32 +162,53 @@ func (r *Reader) read(ctx context.Context, background bool) (uint64, error) {
 // found the replicas split (and asked again).
 func (r *Reader) Stats() (rounds, splits uint64) { return r.rounds.Load(), r.splits.Load() }
 
-// Close waits for the round in flight and makes later reads fail.
+// Close waits for the round in flight and makes later reads fail; the
+// reader's goroutines have returned when it does.
 func (r *Reader) Close() {
 	r.mu.Lock()
-	r.closed = true
+	if !r.closed {
+		r.closed = true
+		close(r.done)
+	}
 	r.mu.Unlock()
 	r.wg.Wait()
 }
 
-// loop runs rounds until no caller is waiting.
+// loop runs a round for the callers waiting whenever there are any, until
+// Close; callers still waiting then get ErrReaderClosed.
 func (r *Reader) loop() {
 	defer r.wg.Done()
 	for {
-		r.mu.Lock()
-		batch, paced := r.waiting, r.paced
-		r.waiting, r.paced = nil, false
-		if len(batch) == 0 {
-			r.running = false
-			r.mu.Unlock()
+		select {
+		case <-r.kick:
+		case <-r.done:
+			for _, ch := range r.take() {
+				ch <- readResult{err: ErrReaderClosed}
+			}
 			return
 		}
-		r.mu.Unlock()
-		e, err := r.round(!paced)
-		for _, ch := range batch {
-			ch <- readResult{e, err}
+		for {
+			batch := r.take()
+			if len(batch) == 0 {
+				break
+			}
+			e, err := r.round(!r.lastPaced)
+			for _, ch := range batch {
+				ch <- readResult{e, err}
+			}
 		}
 	}
+}
+
+// take returns the callers waiting and forgets them; lastPaced records
+// whether any of them wants the full pace.
+func (r *Reader) take() []chan readResult {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	batch := r.waiting
+	r.lastPaced = r.paced
+	r.waiting, r.paced = nil, false
+	return batch
 }
 
 // round asks every replica until a majority agrees or the round times out.
@@ -240,8 +295,7 @@ func (r *Reader) attempt(ctx context.Context, background bool, decide func(*tall
 					continue
 				}
 				asked = append(asked, id)
-				r.wg.Add(1)
-				go r.ask(ctx, id, background, replies)
+				r.send(askJob{ctx: ctx, node: id, background: background, replies: replies})
 			}
 		}
 	}
@@ -306,10 +360,56 @@ func (r *Reader) relocate(ctx context.Context) {
 	}
 }
 
+// askJob is one ReadEpoch to send: to node, in an attempt's ctx, its reply
+// delivered on replies.
+type askJob struct {
+	ctx        context.Context
+	node       uint64
+	background bool
+	replies    chan<- reply
+}
+
+// send hands j to its replica's asker goroutine if that is idle, and
+// otherwise (busy, not started yet, or the reader closed) runs it on a
+// goroutine of its own. The attempt calling it holds a count of wg (a
+// round, or AtLeast), so Close waits for what it starts.
+func (r *Reader) send(j askJob) {
+	r.mu.Lock()
+	jobs, ok := r.askers[j.node]
+	if !ok && !r.closed {
+		jobs = make(chan askJob)
+		r.askers[j.node] = jobs
+		r.wg.Add(1)
+		go r.asker(jobs)
+	}
+	r.mu.Unlock()
+	select {
+	case jobs <- j: // nil once closed: never ready
+	default:
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.ask(j.ctx, j.node, j.background, j.replies)
+		}()
+	}
+}
+
+// asker sends the jobs handed to it, one at a time, until Close.
+func (r *Reader) asker(jobs <-chan askJob) {
+	defer r.wg.Done()
+	for {
+		select {
+		case j := <-jobs:
+			r.ask(j.ctx, j.node, j.background, j.replies)
+		case <-r.done:
+			return
+		}
+	}
+}
+
 // ask sends one ReadEpoch to node id and delivers the reply, unless ctx
 // ended (the attempt returned).
 func (r *Reader) ask(ctx context.Context, id uint64, background bool, replies chan<- reply) {
-	defer r.wg.Done()
 	rep := reply{node: id}
 	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}
 	var resp *epochpb.ReadEpochResponse
@@ -356,21 +456,44 @@ func ReadBackground(ctx context.Context, src Source) (uint64, error) {
 // ReadAll reads every source in parallel (a nil source is skipped and reads as
 // 0) and returns the epochs in the order of sources, or the errors joined.
 func ReadAll(ctx context.Context, sources ...Source) ([]uint64, error) {
+	return StartAll(ctx, sources...)()
+}
+
+// StartAll begins ReadAll's reads and returns the function that waits for
+// them and returns what ReadAll does, so a caller can work while the reads
+// are under way: a range leader looks up its write set's newest versions
+// (issue 17). Each read starts before StartAll returns, so the epochs are
+// at least those of its call (DESIGN.md §3.1). A *Reader's read joins its
+// next round with no goroutine of its own; any other Source is read on a
+// goroutine. The function must be called once, and it waits for every
+// read to end (ctx bounds them).
+func StartAll(ctx context.Context, sources ...Source) func() ([]uint64, error) {
 	out := make([]uint64, len(sources))
 	errs := make([]error, len(sources))
+	started := make([]<-chan readResult, len(sources))
 	var wg sync.WaitGroup
 	for i, src := range sources {
-		if src == nil {
-			continue
+		switch src := src.(type) {
+		case nil:
+		case *Reader:
+			started[i], errs[i] = src.start(false)
+		default:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out[i], errs[i] = src.Read(ctx)
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out[i], errs[i] = src.Read(ctx)
-		}()
 	}
-	wg.Wait()
-	return out, errors.Join(errs...)
+	return func() ([]uint64, error) {
+		for i, ch := range started {
+			if ch != nil {
+				out[i], errs[i] = wait(ctx, ch)
+			}
+		}
+		wg.Wait()
+		return out, errors.Join(errs...)
+	}
 }
 
 // WaitAtLeast reads src every poll until it shows at least e, and returns the

@@ -208,9 +208,9 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	}
 	// The newest versions of the write set cannot change while its
 	// exclusive locks are held: look them up while the epochs are read.
-	newest := r.maxVersionsAsync(writes)
-	epochs, err := epoch.ReadAll(ctx, h.Local, globalSrc)
-	mv, mr, mvErr := newest()
+	reading := epoch.StartAll(ctx, h.Local, globalSrc)
+	mv, mr, mvErr := r.maxVersionOf(writes)
+	epochs, err := reading()
 	e, g := epochs[0], epochs[1]
 	if h.Publisher == nil && len(writes) > 0 {
 		g = e // regional-only: local-epoch versions

@@ -217,11 +217,16 @@ func (d *Dialer) Close() {
 }
 
 // streamWorkers is how many goroutines a server keeps to run incoming
-// calls (4 per core, at least 8): a call runs on one whose stack has
+// calls (16 per core, at least 64): a call runs on one whose stack has
 // already grown to a handler's depth, rather than on a fresh goroutine
-// that grows and copies its stack on every call; when all are busy (calls
-// waiting on a lock or a Raft commit), gRPC starts a goroutine as before.
-func streamWorkers() uint32 { return uint32(max(8, 4*runtime.GOMAXPROCS(0))) }
+// that grows and copies its stack on every call. A call holds its worker
+// while it waits (on a lock, an epoch read, a Raft commit), and a stream
+// (each peer's Raft stream, a changefeed) for its whole life, so a node
+// under 16 clients has a few dozen in use: at 8, most calls found every
+// worker busy and gRPC started a goroutine for them (issue 17: stack
+// growth in those was about 2% of a range leader's CPU). Idle workers cost
+// only their stacks.
+func streamWorkers() uint32 { return uint32(max(64, 16*runtime.GOMAXPROCS(0))) }
 
 // streamWindowBytes and connWindowBytes are the HTTP/2 flow-control
 // windows every connection between nodes opens with, per stream and per
