@@ -202,9 +202,9 @@ func benchEpochCmd() *cobra.Command {
 					return err
 				})
 				printRow(fmt.Sprintf("ReadEpoch, %d reader(s)", readers), h, d, fails)
-				rounds, splits := r.Stats()
-				fmt.Printf("  %d reads in %d rounds (%.1f reads per round of %d requests), %d split replies retried\n",
-					h.Count(), rounds, float64(h.Count())/float64(max(rounds, 1)), len(group.Replicas), splits)
+				rounds, splits, hedges := r.Stats()
+				fmt.Printf("  %d reads in %d rounds (%.1f reads per round of %d requests, %d asked first), %d split replies retried, %d rounds asked the rest\n",
+					h.Count(), rounds, float64(h.Count())/float64(max(rounds, 1)), len(group.Replicas), len(group.Replicas)/2+1, splits, hedges)
 			}
 			return nil
 		})

@@ -61,21 +61,25 @@ type Reader struct {
 	timeout time.Duration
 	self    uint64     // with serve: the node this reader runs on (0: none)
 	serve   ServeEpoch // answers for self's replica without a network round trip
+	// call asks node id's replica: readRemote, or a test's fake.
+	call func(ctx context.Context, id uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error)
 
 	mu      sync.Mutex
 	waiting []chan readResult
 	paced   bool // under mu: a caller in waiting wants the full pace (not ReadBackground)
 	running bool // under mu: the round goroutine (loop) has started
+	closed  bool
+	askers  map[uint64]chan askJob // under mu: each replica's asker goroutine, by node
+	kick    chan struct{}          // tells loop a caller is waiting (buffered 1)
+	done    chan struct{}          // closed by Close: loop and the askers return
+	wg      sync.WaitGroup
+
 	// lastPaced is whether the batch loop took last wants the full pace
 	// (loop's alone).
 	lastPaced bool
-	closed    bool
-	askers    map[uint64]chan askJob // under mu: each replica's asker goroutine, by node
-	kick      chan struct{}          // tells loop a caller is waiting (buffered 1)
-	done      chan struct{}          // closed by Close: loop and the askers return
-	wg        sync.WaitGroup
 
-	rounds, splits atomic.Uint64
+	rounds, splits, hedges atomic.Uint64
+	preferred              atomic.Uint64 // a voter that agreed with the last decision (firstAsks)
 }
 
 type readResult struct {
@@ -90,8 +94,10 @@ type readResult struct {
 // where the group went (transport.LocateGroup).
 func NewReader(dialer *transport.Dialer, g topology.Group) *Reader {
 	boot := slices.Clone(g.Replicas)
-	return &Reader{group: g.ID, region: g.Region, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout,
+	r := &Reader{group: g.ID, region: g.Region, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout,
 		askers: map[uint64]chan askJob{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	r.call = r.readRemote
+	return r
 }
 
 // ServeEpoch answers a ReadEpoch as the Epoch service does (Server.ReadEpoch).
@@ -158,9 +164,12 @@ func wait(ctx context.Context, ch <-chan readResult) (uint64, error) {
 	}
 }
 
-// Stats returns how many rounds the reader ran and how many of their attempts
-// found the replicas split (and asked again).
-func (r *Reader) Stats() (rounds, splits uint64) { return r.rounds.Load(), r.splits.Load() }
+// Stats returns how many rounds the reader ran, how many of their attempts
+// found the replicas split (and asked again), and how many attempts asked
+// more than the bare majority they asked first (firstAsks).
+func (r *Reader) Stats() (rounds, splits, hedges uint64) {
+	return r.rounds.Load(), r.splits.Load(), r.hedges.Load()
+}
 
 // Close waits for the round in flight and makes later reads fail; the
 // reader's goroutines have returned when it does.
@@ -299,12 +308,35 @@ func (r *Reader) attempt(ctx context.Context, background bool, decide func(*tall
 			}
 		}
 	}
-	ask(known)
+	// A bare majority first; the other voters once one of those fails,
+	// they answer without deciding, or hedgeAfter passes.
+	var hedge <-chan time.Time
+	all := true
+	if first := r.firstAsks(known); first != nil {
+		ask(config{index: known.index, halves: [][]uint64{first}})
+		all = false
+		tm := time.NewTimer(hedgeAfter)
+		defer tm.Stop()
+		hedge = tm.C
+	} else {
+		ask(known)
+	}
+	askAll := func() {
+		if !all {
+			all, hedge = true, nil
+			r.hedges.Add(1)
+			ask(known)
+		}
+	}
 	var grace <-chan time.Time // runs once a majority has answered without agreeing
 	for n := 0; n < len(asked); n++ {
 		var rep reply
 		select {
 		case rep = <-replies:
+		case <-hedge:
+			askAll()
+			n-- // no reply taken
+			continue
 		case <-grace:
 			return 0, false, false, err // a straggler: ask everyone again rather than wait for it
 		case <-ctx.Done():
@@ -312,15 +344,20 @@ func (r *Reader) attempt(ctx context.Context, background bool, decide func(*tall
 		}
 		if rep.err != nil {
 			err = rep.err
+			askAll()
 		}
 		if t.add(rep) {
 			r.learn(t.newest) // later rounds start from it
 			ask(t.newest)
 		}
 		if e, ok := decide(t); ok {
+			r.prefer(t, e)
 			return e, true, false, nil
 		}
-		if n+1 >= len(asked)/2+1 && grace == nil {
+		if n+1 == len(asked) {
+			askAll() // those asked first answered without deciding
+		}
+		if all && n+1 >= len(asked)/2+1 && grace == nil {
 			tm := time.NewTimer(splitGrace)
 			defer tm.Stop()
 			grace = tm.C
@@ -331,6 +368,53 @@ func (r *Reader) attempt(ctx context.Context, background bool, decide func(*tall
 	members := t.newest.members()
 	lost = !slices.ContainsFunc(t.replies, func(rep reply) bool { return slices.Contains(members, rep.node) })
 	return 0, false, lost, err
+}
+
+// hedgeAfter is how long an attempt waits for the bare majority it asked
+// first before it asks the group's other voters too: 1 ms, ten loopback
+// round trips of an epoch read.
+const hedgeAfter = time.Millisecond
+
+// firstAsks returns the voters an attempt asks first under c, or nil to
+// ask them all at once (a joint configuration, or fewer than three
+// voters): a bare majority of c's voters, led by this node's replica
+// (answered in process, ServeLocally) and then the replica that last
+// agreed with a decision (preferred). A read needs a majority reporting
+// the same epoch (quorum.go), so asking the others too bought only a
+// spare: one RPC in three of every read (issue 17). Replicas that agreed
+// last time most likely agree again: followers learn each epoch from the
+// same message. Which voters are asked never changes what a read may
+// return, only how many RPCs it takes: the decision rule is the tally's.
+func (r *Reader) firstAsks(c config) []uint64 {
+	if len(c.halves) != 1 || len(c.halves[0]) < 3 {
+		return nil
+	}
+	half := c.halves[0]
+	need := len(half)/2 + 1
+	first := make([]uint64, 0, len(half))
+	if r.serve != nil && slices.Contains(half, r.self) {
+		first = append(first, r.self)
+	}
+	if p := r.preferred.Load(); p != r.self && slices.Contains(half, p) {
+		first = append(first, p)
+	}
+	for _, id := range half {
+		if !slices.Contains(first, id) {
+			first = append(first, id)
+		}
+	}
+	return first[:need]
+}
+
+// prefer records a replica other than this node's that reported e, the
+// epoch t decided on, for the next attempts to ask first.
+func (r *Reader) prefer(t *tally, e uint64) {
+	for _, rep := range t.replies {
+		if rep.node != r.self && rep.epoch == e {
+			r.preferred.Store(rep.node)
+			return
+		}
+	}
 }
 
 // knownConf returns the newest configuration the reader knows.
@@ -415,10 +499,8 @@ func (r *Reader) ask(ctx context.Context, id uint64, background bool, replies ch
 	var resp *epochpb.ReadEpochResponse
 	if r.serve != nil && id == r.self {
 		resp, rep.err = r.serve(ctx, req)
-	} else if conn, err := r.dialer.Conn(id); err != nil {
-		rep.err = err
 	} else {
-		resp, rep.err = epochpb.NewEpochClient(conn).ReadEpoch(ctx, req)
+		resp, rep.err = r.call(ctx, id, req)
 	}
 	if rep.err == nil {
 		rep.epoch, rep.conf = resp.GetEpoch(), replyConfig(resp, r.boot)
@@ -427,6 +509,15 @@ func (r *Reader) ask(ctx context.Context, id uint64, background bool, replies ch
 	case replies <- rep:
 	case <-ctx.Done():
 	}
+}
+
+// readRemote sends req to node id's replica by RPC: Reader.call's default.
+func (r *Reader) readRemote(ctx context.Context, id uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+	conn, err := r.dialer.Conn(id)
+	if err != nil {
+		return nil, err
+	}
+	return epochpb.NewEpochClient(conn).ReadEpoch(ctx, req)
 }
 
 // splitGrace is how long an attempt waits for the remaining replicas once a

@@ -98,12 +98,12 @@ func TestStartAllReadsWhileTheCallerWorks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rounds, _ := r.Stats()
+	rounds, _, _ := r.Stats()
 	wait := epoch.StartAll(ctx, r, nil, fixedSource{e: 7})
 	// The read must be under way without wait being called: its round runs.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if now, _ := r.Stats(); now > rounds {
+		if now, _, _ := r.Stats(); now > rounds {
 			break
 		}
 		if time.Now().After(deadline) {

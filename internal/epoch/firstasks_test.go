@@ -1,0 +1,172 @@
+package epoch
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/epoch/epochpb"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// fakeReplicas answers a Reader's ReadEpoch requests in place of a group's
+// replicas: each node reports its epoch under the bootstrap configuration,
+// or fails, or hangs until the request's context ends.
+type fakeReplicas struct {
+	mu     sync.Mutex
+	epochs map[uint64]uint64
+	failed map[uint64]bool
+	hung   map[uint64]bool
+	asked  map[uint64]int
+}
+
+func newFakeReplicas(epochs map[uint64]uint64) *fakeReplicas {
+	return &fakeReplicas{epochs: epochs, failed: map[uint64]bool{}, hung: map[uint64]bool{}, asked: map[uint64]int{}}
+}
+
+func (f *fakeReplicas) serve(ctx context.Context, id uint64, _ *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+	f.mu.Lock()
+	f.asked[id]++
+	e, failed, hung := f.epochs[id], f.failed[id], f.hung[id]
+	f.mu.Unlock()
+	switch {
+	case hung:
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case failed:
+		return nil, errors.New("replica down")
+	}
+	return &epochpb.ReadEpochResponse{Epoch: e}, nil
+}
+
+// counts returns how many requests each node got, and forgets them.
+func (f *fakeReplicas) counts() map[uint64]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.asked
+	f.asked = map[uint64]int{}
+	return out
+}
+
+// fakeReader is a Reader of a 3-voter group on nodes 1–3, running on node
+// 1 (whose replica answers in process), whose requests f answers.
+func fakeReader(t *testing.T, f *fakeReplicas) *Reader {
+	r := NewReader(nil, topology.Group{ID: 1, Region: "r", Replicas: []uint64{1, 2, 3}})
+	r.call = f.serve
+	r.ServeLocally(1, func(ctx context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+		return f.serve(ctx, 1, req)
+	})
+	t.Cleanup(r.Close)
+	return r
+}
+
+// TestAReadAsksABareMajorityFirst: replicas that agree are asked two at a
+// time, this node's and one other, always the same one; a read pays
+// for the third only when one of the two fails, hangs past hedgeAfter, or
+// disagrees, and then still returns what a majority reports. It fails if
+// every read asks all three replicas ("asked map[1:20 2:20 3:20]").
+func TestAReadAsksABareMajorityFirst(t *testing.T) {
+	f := newFakeReplicas(map[uint64]uint64{1: 50, 2: 50, 3: 50})
+	r := fakeReader(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	read := func(want uint64) {
+		t.Helper()
+		if e, err := r.Read(ctx); err != nil || e != want {
+			t.Fatalf("read %d, %v; want %d", e, err, want)
+		}
+	}
+	const reads = 20
+	for i := 0; i < reads; i++ {
+		read(50)
+	}
+	got := f.counts()
+	other := r.preferred.Load()
+	if got[1] != reads || got[other] != reads || got[1]+got[2]+got[3] != 2*reads {
+		t.Fatalf("agreeing replicas: asked %v (preferred %d); want %d reads of node 1 and one other each", got, other, reads)
+	}
+	if _, _, hedges := r.Stats(); hedges != 0 {
+		t.Fatalf("%d attempts asked a third replica among agreeing ones", hedges)
+	}
+	third := 5 - other // of nodes 2 and 3, the one not preferred
+
+	f.mu.Lock()
+	f.failed[other] = true
+	f.mu.Unlock()
+	read(50) // node 1 and the third
+	if got := f.counts(); got[third] != 1 {
+		t.Fatalf("with node %d down: asked %v; want the third, node %d, too", other, got, third)
+	}
+	if p := r.preferred.Load(); p != third {
+		t.Fatalf("preferred %d after it agreed; want %d", p, third)
+	}
+
+	f.mu.Lock()
+	f.failed[other] = false
+	f.hung[third] = true
+	f.mu.Unlock()
+	began := time.Now()
+	read(50) // node 1 and, after hedgeAfter, node `other`
+	if took := time.Since(began); took < hedgeAfter {
+		t.Fatalf("with node %d hung the read took %v; it should have waited %v before asking the third", third, took, hedgeAfter)
+	}
+	if got := f.counts(); got[other] != 1 {
+		t.Fatalf("with node %d hung: asked %v; want node %d after the hedge", third, got, other)
+	}
+
+	f.mu.Lock()
+	f.hung[third] = false
+	f.epochs = map[uint64]uint64{1: 51, 2: 50, 3: 50} // node 1 applied 51 first
+	f.mu.Unlock()
+	read(50) // 1 and `other` split: the third sides with `other`
+	if got := f.counts(); got[1]+got[2]+got[3] != 3 {
+		t.Fatalf("split replicas: asked %v; want all three once", got)
+	}
+	_, splits, hedges := r.Stats()
+	if splits != 0 || hedges != 3 {
+		t.Fatalf("splits %d, hedges %d; want 0 and 3 (a failure, a hang, a disagreement)", splits, hedges)
+	}
+}
+
+// TestFirstAsksCoversEveryConfiguration: a bare majority of a single
+// half, led by this node and the preferred voter; every voter at once for
+// a joint configuration or a group under three voters.
+func TestFirstAsksCoversEveryConfiguration(t *testing.T) {
+	r := NewReader(nil, topology.Group{ID: 1, Region: "r", Replicas: []uint64{1, 2, 3}})
+	defer r.Close()
+	r.ServeLocally(3, func(context.Context, *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) { return nil, nil })
+	for _, tc := range []struct {
+		name      string
+		halves    [][]uint64
+		preferred uint64
+		want      []uint64
+	}{
+		{"three voters, none preferred", [][]uint64{{1, 2, 3}}, 0, []uint64{3, 1}},
+		{"three voters, 2 preferred", [][]uint64{{1, 2, 3}}, 2, []uint64{3, 2}},
+		{"preferred voter gone", [][]uint64{{1, 3, 4}}, 2, []uint64{3, 1}},
+		{"five voters", [][]uint64{{1, 2, 3, 4, 5}}, 5, []uint64{3, 5, 1}},
+		{"self not a voter", [][]uint64{{1, 2, 4}}, 4, []uint64{4, 1}},
+		{"joint", [][]uint64{{1, 2, 3}, {1, 2, 4}}, 0, nil},
+		{"two voters", [][]uint64{{1, 3}}, 0, nil},
+	} {
+		r.preferred.Store(tc.preferred)
+		got := r.firstAsks(config{index: 1, halves: tc.halves})
+		if len(got) != len(tc.want) || (tc.want != nil && !equalIDs(got, tc.want)) {
+			t.Errorf("%s: first asks %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func equalIDs(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
