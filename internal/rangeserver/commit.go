@@ -19,7 +19,7 @@ import (
 // does not store them twice).
 func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.VersionID, err error) {
 	for _, w := range writes {
-		_, _, newest, err := r.sm.Get(Versions, w.GetKey(), maxVersion)
+		newest, err := r.sm.Newest(Versions, w.GetKey())
 		if err != nil {
 			return global, regional, err
 		}
@@ -29,7 +29,7 @@ func (r *Replica) maxVersionOf(writes []*pb.Write) (global, regional storage.Ver
 		if r.src().Publisher == nil {
 			continue
 		}
-		_, _, newest, err = r.sm.Get(RegionalVersions, w.GetKey(), maxVersion)
+		newest, err = r.sm.Newest(RegionalVersions, w.GetKey())
 		if err != nil {
 			return global, regional, err
 		}

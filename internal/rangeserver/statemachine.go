@@ -292,6 +292,14 @@ func (sm *StateMachine) Get(ks Keyspace, key []byte, below storage.VersionID) (v
 	return sm.e.GetMVCC(ks.prefix(), key, below)
 }
 
+// Newest returns the id of key's newest version in ks, tombstones
+// included (the zero id when it has none), reading no value
+// (storage.Engine.NewestVersion). Errors wrap storage.ErrCorrupt.
+func (sm *StateMachine) Newest(ks Keyspace, key []byte) (storage.VersionID, error) {
+	v, _, err := sm.e.NewestVersion(ks.prefix(), key)
+	return v, err
+}
+
 // Scan calls fn with every key of [start, end) in ks that has a version, in
 // key order, as storage.Engine.ScanMVCC does. The caller keeps the bounds
 // inside the range's span.

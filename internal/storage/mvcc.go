@@ -283,6 +283,38 @@ func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok boo
 	return v, ok, newest, err
 }
 
+// NewestVersion returns the id of key's newest version under prefix,
+// tombstones included (ok false when it has none), reading neither the
+// value nor a copy of the key: a commit's look at its write set (DESIGN.md
+// §4.2), which needs the id alone (GetMVCC copies a value out, a whole
+// row's; issue 17). Errors wrap ErrCorrupt.
+func (e *Engine) NewestVersion(prefix, key []byte) (v VersionID, ok bool, err error) {
+	lo := appendEscaped(append(make([]byte, 0, len(prefix)+len(key)+2), prefix...), key)
+	// Every key in [lo, hi) is lo and a version: hi is lo with its
+	// terminator's last byte raised.
+	hi := bytes.Clone(lo)
+	hi[len(hi)-1]++
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return v, false, wrapReadErr(err)
+	}
+	if ok = it.First(); ok {
+		ver := it.Key()[len(lo):]
+		if len(ver) != versionLen {
+			err = fmt.Errorf("%w: %v: version of %d bytes", ErrCorrupt, ErrBadKey, len(ver))
+		} else {
+			v = VersionID{Epoch: ^binary.BigEndian.Uint64(ver), Counter: ^binary.BigEndian.Uint32(ver[8:])}
+		}
+	}
+	if cerr := it.Close(); err == nil && cerr != nil {
+		err = wrapReadErr(cerr)
+	}
+	if err != nil {
+		return VersionID{}, false, err
+	}
+	return v, ok, nil
+}
+
 // ScanVersions calls fn, in key order and newest first within a key, with
 // every version of the user keys in [start, end) under prefix whose id lies in
 // [from, below), tombstones included (a changefeed's or an incremental

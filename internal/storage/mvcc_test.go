@@ -180,3 +180,51 @@ func FuzzDecodeMVCCValue(f *testing.F) {
 		}
 	})
 }
+
+// TestNewestVersionIsGetMVCCs: NewestVersion returns what GetMVCC reports
+// as a key's newest version, tombstones included, for keys that are
+// prefixes of others, hold a NUL byte, or were never written, under two
+// key spaces that share a prefix byte.
+func TestNewestVersionIsGetMVCCs(t *testing.T) {
+	e, err := Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	prefix, other := []byte{PrefixState, 3}, []byte{PrefixState, 3, 0}
+	b := e.NewBatch()
+	put := func(p []byte, k string, ep uint64, c uint32, tomb bool) {
+		_ = b.Set(EncodeMVCCKey(p, []byte(k), VersionID{ep, c}), EncodeMVCCValue([]byte("v"), tomb), nil)
+	}
+	put(prefix, "a", 1, 1, false)
+	put(prefix, "a", 3, 2, false)
+	put(prefix, "ab", 9, 1, false) // "a" is its prefix
+	put(prefix, "b", 2, 1, false)
+	put(prefix, "b", 4, 2, true) // deleted: the tombstone is the newest
+	put(prefix, "a\x00", 7, 1, false)
+	put(prefix, "\x00", 5, 5, false)
+	put(other, "c", 8, 1, false)
+	if err := e.Commit(b, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key  string
+		want VersionID
+		ok   bool
+	}{
+		{"a", VersionID{3, 2}, true},
+		{"ab", VersionID{9, 1}, true},
+		{"b", VersionID{4, 2}, true},
+		{"a\x00", VersionID{7, 1}, true},
+		{"\x00", VersionID{5, 5}, true},
+		{"c", VersionID{}, false}, // only under the other prefix
+		{"", VersionID{}, false},
+		{"zz", VersionID{}, false},
+	} {
+		got, ok, err := e.NewestVersion(prefix, []byte(tc.key))
+		_, _, viaGet, gerr := e.GetMVCC(prefix, []byte(tc.key), VersionID{Epoch: ^uint64(0), Counter: ^uint32(0)})
+		if err != nil || gerr != nil || got != tc.want || ok != tc.ok || got != viaGet {
+			t.Errorf("NewestVersion(%q) = %v %v %v; want %v %v (GetMVCC's newest %v %v)", tc.key, got, ok, err, tc.want, tc.ok, viaGet, gerr)
+		}
+	}
+}
