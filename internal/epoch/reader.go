@@ -42,7 +42,8 @@ const DefaultRoundTimeout = 2 * time.Second
 //
 // Concurrent Read calls are batched: callers that arrive while a round is in
 // flight wait for the next round, which starts after they called, and that round
-// sends one request per replica for all of them.
+// sends one request per replica it asks for all of them: a bare majority
+// first, the other voters when those do not decide (firstAsks).
 //
 // The goroutines that run rounds and ask replicas live as long as the
 // reader (issue 17): one runs rounds, and one per replica asks it. A
@@ -220,7 +221,7 @@ func (r *Reader) take() []chan readResult {
 	return batch
 }
 
-// round asks every replica until a majority agrees or the round times out.
+// round asks the replicas until a majority agrees or the round times out.
 func (r *Reader) round(background bool) (uint64, error) {
 	r.rounds.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
