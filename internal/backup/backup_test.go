@@ -105,8 +105,15 @@ func TestBackupDuringTransfersRestoresTheSnapshot(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "bk")
 	dirs := directory.NewDirectories(src.Topology, src.Dialer("us-east1"))
 	began := time.Now()
+	// Calls of the last pass: a snapshot the linearizable check or a lost
+	// lease sends round again reports from its first range once more.
 	var calls int
-	m, err := backup.Take(ctx, db, dirs, dir, func(done, total, keys int, bytes int64) { calls++ })
+	m, err := backup.Take(ctx, db, dirs, dir, func(done, total, keys int, bytes int64) {
+		if done == 1 {
+			calls = 0
+		}
+		calls++
+	})
 	ended := time.Now()
 	time.Sleep(1500 * time.Millisecond)
 	stopTransfers()
@@ -115,7 +122,7 @@ func TestBackupDuringTransfersRestoresTheSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	if calls != len(m.Ranges) || len(m.Ranges) != 4 || m.Epoch == 0 {
-		t.Fatalf("manifest: epoch %d, %d ranges, %d progress calls; want 4 ranges, a call each", m.Epoch, len(m.Ranges), calls)
+		t.Fatalf("manifest: epoch %d, %d ranges, %d progress calls in the last pass; want 4 ranges, a call each", m.Epoch, len(m.Ranges), calls)
 	}
 	t.Logf("backup at epoch %d: %d pairs, %d bytes, in %v", m.Epoch, m.Keys(), m.Bytes(), ended.Sub(began))
 
