@@ -3,6 +3,7 @@ package epoch
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -153,20 +154,8 @@ func TestFirstAsksCoversEveryConfiguration(t *testing.T) {
 	} {
 		r.preferred.Store(tc.preferred)
 		got := r.firstAsks(config{index: 1, halves: tc.halves})
-		if len(got) != len(tc.want) || (tc.want != nil && !equalIDs(got, tc.want)) {
+		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: first asks %v, want %v", tc.name, got, tc.want)
 		}
 	}
-}
-
-func equalIDs(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
