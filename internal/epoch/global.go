@@ -115,6 +115,11 @@ type Global struct {
 	targets []PublisherTarget
 	clients []*transport.LeaderClient
 	cfg     GlobalConfig
+	quorum  Quorum // majority reads of the service's own group
+
+	// certified is the newest epoch a majority of the service's replicas is
+	// known to have applied (quorum): the newest it may publish.
+	certified uint64
 
 	// Leader-only state, touched by the loop goroutine alone.
 	lastSent    []time.Time // per target: the last publish sent (at the lease's start, the conservative now)
@@ -128,10 +133,12 @@ type Global struct {
 	wg     sync.WaitGroup
 }
 
-// NewGlobal returns the global epoch service replica, updating targets.
-func NewGlobal(group *raftgroup.Group, sm *StateMachine, dialer *transport.Dialer, targets []PublisherTarget, cfg GlobalConfig) *Global {
+// NewGlobal returns the global epoch service replica, updating targets;
+// quorum reads the service's own group as clients do (a Reader on it): the
+// service publishes an epoch only once quorum shows a majority holds it.
+func NewGlobal(group *raftgroup.Group, sm *StateMachine, dialer *transport.Dialer, targets []PublisherTarget, quorum Quorum, cfg GlobalConfig) *Global {
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &Global{group: group, sm: sm, targets: targets, cfg: cfg, ctx: ctx, cancel: cancel,
+	g := &Global{group: group, sm: sm, targets: targets, cfg: cfg, quorum: quorum, ctx: ctx, cancel: cancel,
 		lastSent: make([]time.Time, len(targets)), lastAcked: make([]time.Time, len(targets)), wasExcluded: make([]bool, len(targets))}
 	for _, t := range targets {
 		g.clients = append(g.clients, transport.NewLeaderClient(dialer, t.Replicas).Follow(t.Group, t.Region))
@@ -172,6 +179,11 @@ func (g *Global) loop() {
 			}
 		}
 		e := g.sm.Epoch()
+		if err := g.certify(e); err != nil {
+			slog.Debug("global epoch: a majority of the service has not applied it", "epoch", e, "err", err)
+			transport.SleepCtx(g.ctx, g.cfg.Tick)
+			continue
+		}
 		asked, err := g.publishAll(e)
 		if err != nil {
 			slog.Debug("global epoch: publishing failed", "epoch", e, "err", err)
@@ -199,6 +211,27 @@ func (g *Global) loop() {
 		}
 		last = time.Now()
 	}
+}
+
+// certify returns once a majority of the service's replicas has applied e,
+// so that every read of the service from then on returns at least e. Only
+// then may a publisher show e: a transaction that commits at e in a region
+// must be seen by every strong snapshot that begins after it, and a strong
+// snapshot reads at the service's epoch + 1 (DESIGN.md §5, §7). The leader
+// alone having applied e is not enough: until its followers learn the
+// commit, a majority read of the service can still return e-1. Errors:
+// Quorum.AtLeast's, after publishTimeout.
+func (g *Global) certify(e uint64) error {
+	if e <= g.certified {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.publishTimeout())
+	defer cancel()
+	if err := g.quorum.AtLeast(ctx, e); err != nil {
+		return err
+	}
+	g.certified = e
+	return nil
 }
 
 // excludedLeaseWait returns how long until every excluded publisher's lease

@@ -3,8 +3,10 @@ package epoch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -210,5 +212,100 @@ func TestAnIdleGlobalEpochSlowsAndAReadRestoresThePace(t *testing.T) {
 	waitIdle()
 	if moved := advanced(2*time.Second, service.Read); moved < 20 {
 		t.Fatalf("reads of the service moved the global epoch only %d in 2 s; want the full pace (about 50)", moved)
+	}
+}
+
+// TestAServiceReadIsNeverBelowAPublishedEpoch: once a publisher shows a
+// global epoch, no later read of the global epoch service returns less (a
+// strong snapshot reads the service and must see every transaction that
+// committed at an epoch a publisher showed before it began). It holds
+// because the service publishes an epoch only once a majority of its
+// replicas has applied it. The WAN is made instant and 25% of messages are
+// dropped, so a leader's commit often reaches neither follower for a
+// heartbeat while its publish gets through. It fails if the service
+// publishes an epoch its leader alone has applied: "a read of the service
+// returned 1041, after a publisher showed 1042".
+func TestAServiceReadIsNeverBelowAPublishedEpoch(t *testing.T) {
+	c := startThreeRegions(t)
+	regions := []string{"us-east1", "us-west1", "us-central1"}
+	for i, a := range regions {
+		for _, b := range regions[i+1:] {
+			c.Net.SetRTT(a, b, 0)
+		}
+	}
+	stop, cancel := context.WithTimeout(context.Background(), 12*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var published, served []read
+	record := func(r *epoch.Reader, into *[]read) {
+		for stop.Err() == nil {
+			ctx, cancel := context.WithTimeout(stop, time.Second)
+			start := time.Now()
+			e, err := r.Read(ctx)
+			end := time.Now()
+			cancel()
+			if err == nil {
+				mu.Lock()
+				*into = append(*into, read{start, end, e})
+				mu.Unlock()
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, region := range regions {
+		kind, of, into := topology.KindPublisher, region, &published
+		if region == "us-central1" {
+			kind, of, into = topology.KindGlobalEpoch, "", &served
+		}
+		r, err := c.Reader(kind, region, of)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			wg.Add(1)
+			go func() { defer wg.Done(); record(r, into) }()
+		}
+	}
+	time.Sleep(time.Second)
+	c.Net.SetDropRate(0.25)
+	wg.Wait()
+	c.Net.Heal()
+	if len(published) < 100 || len(served) < 100 {
+		t.Fatalf("too few reads to check: %d of publishers, %d of the service", len(published), len(served))
+	}
+	if err := checkServiceNotBehind(published, served); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d publisher reads and %d service reads checked", len(published), len(served))
+}
+
+// checkServiceNotBehind returns an error naming a read of the service that
+// returned less than a publisher read that completed before it started.
+func checkServiceNotBehind(published, served []read) error {
+	byEnd := slices.SortedFunc(slices.Values(published), func(a, b read) int { return a.end.Compare(b.end) })
+	prefixMax := make([]uint64, len(byEnd))
+	var m uint64
+	for i, r := range byEnd {
+		m = max(m, r.epoch)
+		prefixMax[i] = m
+	}
+	for _, s := range served {
+		n, _ := slices.BinarySearchFunc(byEnd, s.start, func(r read, t time.Time) int { return r.end.Compare(t) })
+		if n > 0 && prefixMax[n-1] > s.epoch {
+			return fmt.Errorf("a read of the service returned %d, after a publisher showed %d", s.epoch, prefixMax[n-1])
+		}
+	}
+	return nil
+}
+
+func TestCheckServiceNotBehindCatchesAStaleServiceRead(t *testing.T) {
+	t0 := time.Now()
+	published := []read{{t0, t0.Add(2), 7}, {t0.Add(3), t0.Add(5), 8}}
+	ok := []read{{t0.Add(1), t0.Add(4), 7}, {t0.Add(6), t0.Add(7), 8}} // the first overlaps the read of 8
+	if err := checkServiceNotBehind(published, ok); err != nil {
+		t.Fatalf("rejected a valid history: %v", err)
+	}
+	if err := checkServiceNotBehind(published, append(ok, read{t0.Add(8), t0.Add(9), 7})); err == nil {
+		t.Fatal("accepted a service read of 7 after a publisher showed 8")
 	}
 }

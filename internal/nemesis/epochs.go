@@ -24,7 +24,10 @@ const epochPoll = 20 * time.Millisecond
 //   - invariant 1 (and the same of publishers and the service): a read that
 //     begins after another of the same group returned is not lower;
 //   - invariant 2: a read of a publisher that begins after any read of the
-//     global epoch (a publisher's or the service's) returned e is ≥ e-1.
+//     global epoch (a publisher's or the service's) returned e is ≥ e-1;
+//   - a read of the service that begins after a publisher showed e is ≥ e:
+//     a strong snapshot reads at the service's epoch + 1, so it would miss
+//     a transaction that committed at e in that publisher's region.
 //
 // A publisher cut off and excluded must refuse to serve, not serve stale.
 type epochMonitor struct {
@@ -122,8 +125,8 @@ func (m *epochMonitor) violations() []string {
 	sort.Slice(byCall, func(a, b int) bool { return byCall[a].Call < byCall[b].Call })
 	sort.Slice(byReturn, func(a, b int) bool { return byReturn[a].Return < byReturn[b].Return })
 	highest := make([]uint64, len(m.sources))
-	var global uint64
-	globalFrom := 0
+	var global, published uint64
+	globalFrom, publishedFrom := 0, 0
 	var out []string
 	j := 0
 	for _, r := range byCall {
@@ -133,6 +136,9 @@ func (m *epochMonitor) violations() []string {
 			if m.sources[done.Source].global && done.Epoch > global {
 				global, globalFrom = done.Epoch, done.Source
 			}
+			if m.sources[done.Source].pub && done.Epoch > published {
+				published, publishedFrom = done.Epoch, done.Source
+			}
 		}
 		src := m.sources[r.Source]
 		if r.Epoch < highest[r.Source] {
@@ -141,6 +147,10 @@ func (m *epochMonitor) violations() []string {
 		if src.pub && r.Epoch+1 < global {
 			out = append(out, fmt.Sprintf("%s served %d after %s had returned %d (read at %v): global epoch invariant broken",
 				src.name, r.Epoch, m.sources[globalFrom].name, global, time.Duration(r.Call)))
+		}
+		if src.global && !src.pub && r.Epoch < published {
+			out = append(out, fmt.Sprintf("%s returned %d after %s had shown %d (read at %v): a strong snapshot would miss what committed at %d",
+				src.name, r.Epoch, m.sources[publishedFrom].name, published, time.Duration(r.Call), published))
 		}
 		if len(out) > 20 {
 			return append(out, "… (more)")

@@ -89,8 +89,9 @@ func TestQuietSpellIdlesTheEpochs(t *testing.T) {
 	}
 }
 
-// TestEpochViolations: the epoch checks flag a group going back and a
-// publisher serving two below a global epoch read before it, and pass
+// TestEpochViolations: the epoch checks flag a group going back, a
+// publisher serving two below a global epoch read before it, and the
+// service returning less than a publisher showed before, and pass
 // overlapping reads.
 func TestEpochViolations(t *testing.T) {
 	m := &epochMonitor{sources: []epochSource{
@@ -110,9 +111,12 @@ func TestEpochViolations(t *testing.T) {
 	m.reads = append(m.reads,
 		epochRead{Source: 0, Call: 40, Return: 50, Epoch: 4}, // went back below 5
 		epochRead{Source: 2, Call: 40, Return: 50, Epoch: 7}, // two below 9
+		epochRead{Source: 1, Call: 60, Return: 70, Epoch: 10},
+		epochRead{Source: 3, Call: 80, Return: 90, Epoch: 9}, // the service below what a publisher showed
 	)
 	v := strings.Join(m.violations(), "\n")
-	if !strings.Contains(v, "us-east1 local went back from 5 to 4") || !strings.Contains(v, "us-west1 publisher served 7 after global had returned 9") {
+	if !strings.Contains(v, "us-east1 local went back from 5 to 4") || !strings.Contains(v, "us-west1 publisher served 7 after global had returned 9") ||
+		!strings.Contains(v, "global returned 9 after us-east1 publisher had shown 10") {
 		t.Fatalf("violations = %q", v)
 	}
 }

@@ -85,7 +85,11 @@ func (n *Node) hostGroup(g topology.Group, voters []uint64) (*hostedGroup, error
 			for _, p := range top.GroupsOfKind(topology.KindPublisher, "") {
 				targets = append(targets, epoch.PublisherTarget{Group: p.ID, Replicas: p.Replicas, Region: p.Region})
 			}
-			h.global = epoch.NewGlobal(h.rg, h.epoch, n.dialer, targets, epoch.GlobalConfig{Tick: top.RaftTick,
+			quorum, err := n.reader(topology.KindGlobalEpoch, "")
+			if err != nil {
+				return nil, err
+			}
+			h.global = epoch.NewGlobal(h.rg, h.epoch, n.dialer, targets, quorum, epoch.GlobalConfig{Tick: top.RaftTick,
 				MinInterval: top.GlobalEpochMinInterval, PublisherLease: top.PublisherLease, AutoExcludeAfter: top.AutoExcludeAfter,
 				IdleInterval: top.GlobalEpochIdleInterval})
 			n.epochSrv.AddGlobal(h.global)
