@@ -200,10 +200,7 @@ func (g *Global) loop() {
 			transport.SleepCtx(g.ctx, wait)
 		}
 		g.idleWait(last, asked)
-		ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
-		_, err = g.group.Propose(ctx, EncodeAdvance(e))
-		cancel()
-		if err != nil {
+		if err := g.advance(e); err != nil {
 			if !errors.Is(err, context.Canceled) {
 				slog.Debug("global epoch: advance failed", "epoch", e, "err", err)
 			}
@@ -211,6 +208,25 @@ func (g *Global) loop() {
 		}
 		last = time.Now()
 	}
+}
+
+// advance durably advances the service from e to e+1. It certifies e+1
+// meanwhile: the replicas asked answer as soon as they apply it, so
+// certify has nothing left to wait for unless a majority had not applied
+// e+1 by then. Errors: the proposal's.
+func (g *Global) advance(e uint64) error {
+	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	defer cancel()
+	certified := make(chan error, 1)
+	go func() { certified <- g.quorum.AtLeast(ctx, e+1) }()
+	_, err := g.group.Propose(ctx, EncodeAdvance(e))
+	if err != nil {
+		cancel()
+	}
+	if cerr := <-certified; err == nil && cerr == nil {
+		g.certified = max(g.certified, e+1)
+	}
+	return err
 }
 
 // certify returns once a majority of the service's replicas has applied e,

@@ -226,14 +226,20 @@ func (r *Reader) round(background bool) (uint64, error) {
 	r.rounds.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	defer cancel()
-	return r.until(ctx, background, (*tally).decide)
+	return r.until(ctx, &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}, (*tally).decide)
 }
+
+// atLeastWait is how long a replica AtLeast asks waits for the epoch to
+// reach it before answering (epochpb.ReadEpochRequest.wait_us): a follower
+// answers the moment it applies the epoch, within a heartbeat (50 ms).
+const atLeastWait = 50 * time.Millisecond
 
 // AtLeast returns once a majority of the group's replicas (of each half of
 // its newest configuration) has applied an epoch of at least e, so that
 // every read that starts later returns at least e (quorum.go): the wait a
-// publisher makes before it acknowledges a global epoch (DESIGN.md §3.2).
-// Unlike Read it needs no majority on one value, so replicas that are
+// publisher makes before it acknowledges a global epoch (DESIGN.md §3.2),
+// and the service before it publishes one. Each replica asked answers once
+// it has applied e, or after atLeastWait. Unlike Read it needs no majority on one value, so replicas that are
 // still applying the epochs after e do not make it ask again. It is
 // housekeeping: it does not ask for the epoch to move (Demand). It is not
 // batched, and Close waits for it (at most the round timeout, 2 s). Errors:
@@ -252,16 +258,17 @@ func (r *Reader) AtLeast(ctx context.Context, e uint64) error {
 	defer r.wg.Done()
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	_, err := r.until(ctx, true, func(t *tally) (uint64, bool) { return e, t.reached(e) })
+	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: true, AtLeast: e, WaitUs: uint32(atLeastWait / time.Microsecond)}
+	_, err := r.until(ctx, req, func(t *tally) (uint64, bool) { return e, t.reached(e) })
 	return err
 }
 
-// until runs attempts, backing off between them, until one's tally decides
-// (decide) or ctx ends (ErrUnavailable).
-func (r *Reader) until(ctx context.Context, background bool, decide func(*tally) (uint64, bool)) (uint64, error) {
+// until runs attempts of req, backing off between them, until one's tally
+// decides (decide) or ctx ends (ErrUnavailable).
+func (r *Reader) until(ctx context.Context, req *epochpb.ReadEpochRequest, decide func(*tally) (uint64, bool)) (uint64, error) {
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		e, ok, lost, err := r.attempt(ctx, background, decide)
+		e, ok, lost, err := r.attempt(ctx, req, decide)
 		if ok {
 			return e, nil
 		}
@@ -291,7 +298,7 @@ func backoff(attempt int) time.Duration { return 100 * time.Microsecond << min(a
 // under it (quorum.go), or whatever decide wants; ok is false if the
 // replies split or too many failed, and lost true if no voter of the newest
 // configuration answered.
-func (r *Reader) attempt(ctx context.Context, background bool, decide func(*tally) (uint64, bool)) (epoch uint64, ok, lost bool, err error) {
+func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, decide func(*tally) (uint64, bool)) (epoch uint64, ok, lost bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	known := r.knownConf()
@@ -305,7 +312,7 @@ func (r *Reader) attempt(ctx context.Context, background bool, decide func(*tall
 					continue
 				}
 				asked = append(asked, id)
-				r.send(askJob{ctx: ctx, node: id, background: background, replies: replies})
+				r.send(askJob{ctx: ctx, node: id, req: req, replies: replies})
 			}
 		}
 	}
@@ -445,13 +452,13 @@ func (r *Reader) relocate(ctx context.Context) {
 	}
 }
 
-// askJob is one ReadEpoch to send: to node, in an attempt's ctx, its reply
-// delivered on replies.
+// askJob is one ReadEpoch to send: req to node, in an attempt's ctx, its
+// reply delivered on replies. req is shared by the attempt's jobs, read-only.
 type askJob struct {
-	ctx        context.Context
-	node       uint64
-	background bool
-	replies    chan<- reply
+	ctx     context.Context
+	node    uint64
+	req     *epochpb.ReadEpochRequest
+	replies chan<- reply
 }
 
 // send hands j to its replica's asker goroutine if that is idle, and
@@ -474,7 +481,7 @@ func (r *Reader) send(j askJob) {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			r.ask(j.ctx, j.node, j.background, j.replies)
+			r.ask(j.ctx, j.node, j.req, j.replies)
 		}()
 	}
 }
@@ -485,18 +492,17 @@ func (r *Reader) asker(jobs <-chan askJob) {
 	for {
 		select {
 		case j := <-jobs:
-			r.ask(j.ctx, j.node, j.background, j.replies)
+			r.ask(j.ctx, j.node, j.req, j.replies)
 		case <-r.done:
 			return
 		}
 	}
 }
 
-// ask sends one ReadEpoch to node id and delivers the reply, unless ctx
-// ended (the attempt returned).
-func (r *Reader) ask(ctx context.Context, id uint64, background bool, replies chan<- reply) {
+// ask sends req to node id and delivers the reply, unless ctx ended (the
+// attempt returned).
+func (r *Reader) ask(ctx context.Context, id uint64, req *epochpb.ReadEpochRequest, replies chan<- reply) {
 	rep := reply{node: id}
-	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}
 	var resp *epochpb.ReadEpochResponse
 	if r.serve != nil && id == r.self {
 		resp, rep.err = r.serve(ctx, req)

@@ -135,3 +135,39 @@ type fixedSource struct {
 }
 
 func (s fixedSource) Read(context.Context) (uint64, error) { return s.e, s.err }
+
+// TestAtLeastHearsAReplicaWhenItApplies: AtLeast asks each replica once and
+// hears it the moment it applies the epoch (the replica waits for it),
+// instead of asking again after backing off (issue 17: a publisher's
+// acknowledgement, and so the global epoch's interval, waited for the
+// retries). Each of 20 AtLeasts waits for the next local epoch, 10 ms
+// away. It fails if AtLeast polls: "20 AtLeasts retried 102 attempts".
+func TestAtLeastHearsAReplicaWhenItApplies(t *testing.T) {
+	c := startCluster(t)
+	pacer, err := c.EpochReader("us-east1") // its reads keep the full pace
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.EpochReader("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 20
+	for range n {
+		cur, err := pacer.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.AtLeast(ctx, cur+1); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := pacer.Read(ctx); err != nil || e < cur+1 {
+			t.Fatalf("after AtLeast(%d) a read returned %d, %v", cur+1, e, err)
+		}
+	}
+	if _, splits, _ := r.Stats(); splits >= n/2 {
+		t.Fatalf("%d AtLeasts retried %d attempts; a replica asked should answer once it applies the epoch", n, splits)
+	}
+}

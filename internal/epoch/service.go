@@ -146,18 +146,28 @@ func (s *Server) lookup(id uint64) (served, error) {
 	return r, nil
 }
 
+// maxEpochWait bounds how long ReadEpoch waits for its at_least epoch.
+const maxEpochWait = time.Second
+
 // ReadEpoch implements epochpb.EpochServer: the replica's applied epoch with
-// the configuration it was applied under. It fails with NotFound for a group
+// the configuration it was applied under; with at_least and wait_us, once
+// the replica has applied at_least or waited wait_us (at most maxEpochWait,
+// or until ctx ends). It fails with NotFound for a group
 // the node does not host, and Unavailable while the replica replays its log,
 // while it applies a configuration change, or, for a publisher, once it has
 // not been updated for its lease.
-func (s *Server) ReadEpoch(_ context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+func (s *Server) ReadEpoch(ctx context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
 	r, err := s.lookup(req.GetGroupId())
 	if err != nil {
 		return nil, err
 	}
 	if r.demand != nil && !req.GetBackground() {
 		r.demand.Want(time.Now())
+	}
+	if at, wait := req.GetAtLeast(), time.Duration(req.GetWaitUs())*time.Microsecond; at > 0 && wait > 0 {
+		wctx, cancel := context.WithTimeout(ctx, min(wait, maxEpochWait))
+		r.sm.WaitFor(wctx, at)
+		cancel()
 	}
 	st := r.group.Status()
 	if !st.CaughtUp {
@@ -193,19 +203,28 @@ func (s *Server) Publish(ctx context.Context, req *epochpb.PublishRequest) (*epo
 	if r.pub == nil {
 		return nil, status.Errorf(codes.InvalidArgument, "epoch group %d is not a publisher", req.GetGroupId())
 	}
+	// Committed and applied here is not yet enough: a read needs a majority of
+	// replicas to agree, and followers apply a moment later. Acknowledge only
+	// once a majority read shows the epoch, so that every later read anywhere
+	// does too (the global epoch invariant, DESIGN.md §3.2). The read starts
+	// with the proposal: the replicas it asks answer as soon as they apply
+	// the epoch, one round trip sooner than a read begun after the commit.
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	certified := make(chan error, 1)
+	go func() { certified <- r.pub.quorum.AtLeast(qctx, req.GetEpoch()) }()
 	_, err = r.group.Propose(ctx, EncodePublish(req.GetEpoch()))
+	if err != nil {
+		cancel()
+	}
+	cerr := <-certified
 	switch {
 	case errors.Is(err, raftgroup.ErrNotLeader):
 		return nil, status.Errorf(codes.FailedPrecondition, "publisher %d: not the leader", req.GetGroupId())
 	case err != nil:
 		return nil, status.Errorf(codes.Unavailable, "publisher %d: %v", req.GetGroupId(), err)
-	}
-	// Committed and applied here is not yet enough: a read needs a majority of
-	// replicas to agree, and followers apply a moment later. Acknowledge only
-	// once a majority read shows the epoch, so that every later read anywhere
-	// does too (the global epoch invariant, DESIGN.md §3.2).
-	if err := r.pub.quorum.AtLeast(ctx, req.GetEpoch()); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "publisher %d: epoch %d not yet applied by a majority: %v", req.GetGroupId(), req.GetEpoch(), err)
+	case cerr != nil:
+		return nil, status.Errorf(codes.Unavailable, "publisher %d: epoch %d not yet applied by a majority: %v", req.GetGroupId(), req.GetEpoch(), cerr)
 	}
 	return &epochpb.PublishResponse{Active: r.pub.demand.Active(time.Now())}, nil
 }

@@ -6,6 +6,7 @@
 package epoch
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -106,6 +107,44 @@ type StateMachine struct {
 	// live change at each live change (the epoch advance interval metric).
 	live     func() bool
 	onChange func(interval time.Duration)
+
+	// moved, if not nil, is closed at the next change of the epoch (and
+	// replaced by the next WaitFor): what WaitFor waits on.
+	waitMu sync.Mutex
+	moved  chan struct{}
+}
+
+// WaitFor waits until the applied epoch reaches e, or ctx ends, and returns
+// the applied epoch then (below e if ctx ended first). Safe from any
+// goroutine; it costs the apply path nothing while no one waits.
+func (sm *StateMachine) WaitFor(ctx context.Context, e uint64) uint64 {
+	for {
+		sm.waitMu.Lock()
+		if sm.moved == nil {
+			sm.moved = make(chan struct{})
+		}
+		moved := sm.moved
+		sm.waitMu.Unlock()
+		if cur := sm.epoch.Load(); cur >= e { // after taking moved: a change since is not missed
+			return cur
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return sm.epoch.Load()
+		}
+	}
+}
+
+// setEpoch makes e the applied epoch and wakes WaitFor's waiters.
+func (sm *StateMachine) setEpoch(e uint64) {
+	sm.epoch.Store(e)
+	sm.waitMu.Lock()
+	if sm.moved != nil {
+		close(sm.moved)
+		sm.moved = nil
+	}
+	sm.waitMu.Unlock()
 }
 
 // OnChange makes the replica time its epoch's changes: while live() holds
@@ -265,7 +304,7 @@ func (sm *StateMachine) Apply(b *pebble.Batch, _ uint64, cmd []byte) any {
 		cur = from
 	}
 	if cur != sm.epoch.Load() {
-		sm.epoch.Store(cur)
+		sm.setEpoch(cur)
 		_ = b.Set(sm.key, binary.BigEndian.AppendUint64(nil, cur), nil)
 		if sm.live == nil || sm.live() {
 			now := time.Now().UnixNano()
@@ -326,7 +365,7 @@ func (sm *StateMachine) Restore(b *pebble.Batch, data []byte) error {
 	sm.mu.Lock()
 	sm.excluded = excluded
 	sm.mu.Unlock()
-	sm.epoch.Store(binary.BigEndian.Uint64(data))
+	sm.setEpoch(binary.BigEndian.Uint64(data))
 	sm.changed.Store(0) // when the snapshot's epoch was reached is unknown here
 	if err := b.Set(sm.excludedKey(), encodeExclusions(excluded), nil); err != nil {
 		return err

@@ -1,9 +1,12 @@
 package epoch
 
 import (
+	"context"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/terroir-db/terroir/internal/storage"
 )
@@ -76,4 +79,61 @@ func TestExcludedPublishersSurviveRestartAndSnapshot(t *testing.T) {
 		}
 	}
 	e.Close()
+}
+
+// TestWaitForWakesAtTheEpoch: WaitFor returns at once for an epoch already
+// applied, wakes when an apply (or a snapshot's restore) reaches the
+// epoch — not at an earlier change — and returns the applied epoch when
+// its context ends first.
+func TestWaitForWakesAtTheEpoch(t *testing.T) {
+	e, err := storage.Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	sm, err := NewStateMachine(e, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sm.WaitFor(context.Background(), InitialEpoch); got != InitialEpoch {
+		t.Fatalf("WaitFor(applied) = %d, want %d", got, InitialEpoch)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	got := sm.WaitFor(ctx, InitialEpoch+1)
+	cancel()
+	if got != InitialEpoch {
+		t.Fatalf("WaitFor with nothing applied = %d, want %d once its context ended", got, InitialEpoch)
+	}
+	done := make(chan uint64, 1)
+	go func() { done <- sm.WaitFor(context.Background(), InitialEpoch+2) }()
+	b := e.NewBatch()
+	defer b.Close()
+	sm.Apply(b, 0, EncodeAdvance(InitialEpoch))
+	select {
+	case got := <-done:
+		t.Fatalf("WaitFor(%d) returned %d at an earlier epoch", InitialEpoch+2, got)
+	case <-time.After(20 * time.Millisecond):
+	}
+	sm.Apply(b, 0, EncodeAdvance(InitialEpoch+1))
+	select {
+	case got := <-done:
+		if got != InitialEpoch+2 {
+			t.Fatalf("WaitFor woke at %d, want %d", got, InitialEpoch+2)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitFor did not wake when the epoch was applied")
+	}
+	go func() { done <- sm.WaitFor(context.Background(), 100) }()
+	snap := binary.BigEndian.AppendUint64(nil, 100)
+	if err := sm.Restore(b, snap); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-done:
+		if got != 100 {
+			t.Fatalf("WaitFor woke at %d after a restore to 100", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitFor did not wake at a restore")
+	}
 }

@@ -33,7 +33,14 @@ type ReadEpochRequest struct {
 	// ask for the epoch to keep its full pace (issue 17: an idle cluster's
 	// epochs advance at their idle intervals; epoch.Demand). Every other read
 	// does.
-	Background    bool `protobuf:"varint,2,opt,name=background,proto3" json:"background,omitempty"`
+	Background bool `protobuf:"varint,2,opt,name=background,proto3" json:"background,omitempty"`
+	// at_least, with wait_us > 0, makes the replica wait up to wait_us µs
+	// (at most a second) for its applied epoch to reach at_least before it
+	// answers, so that a reader certifying an epoch (Reader.AtLeast) hears a
+	// follower the moment it applies it instead of asking again. The answer
+	// is the applied epoch either way, reached or not.
+	AtLeast       uint64 `protobuf:"varint,3,opt,name=at_least,json=atLeast,proto3" json:"at_least,omitempty"`
+	WaitUs        uint32 `protobuf:"varint,4,opt,name=wait_us,json=waitUs,proto3" json:"wait_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -80,6 +87,20 @@ func (x *ReadEpochRequest) GetBackground() bool {
 		return x.Background
 	}
 	return false
+}
+
+func (x *ReadEpochRequest) GetAtLeast() uint64 {
+	if x != nil {
+		return x.AtLeast
+	}
+	return 0
+}
+
+func (x *ReadEpochRequest) GetWaitUs() uint32 {
+	if x != nil {
+		return x.WaitUs
+	}
+	return 0
 }
 
 type ReadEpochResponse struct {
@@ -473,12 +494,14 @@ var File_epoch_proto protoreflect.FileDescriptor
 
 const file_epoch_proto_rawDesc = "" +
 	"\n" +
-	"\vepoch.proto\x12\rterroir.epoch\"M\n" +
+	"\vepoch.proto\x12\rterroir.epoch\"\x81\x01\n" +
 	"\x10ReadEpochRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1e\n" +
 	"\n" +
 	"background\x18\x02 \x01(\bR\n" +
-	"background\"\xa8\x01\n" +
+	"background\x12\x19\n" +
+	"\bat_least\x18\x03 \x01(\x04R\aatLeast\x12\x17\n" +
+	"\await_us\x18\x04 \x01(\rR\x06waitUs\"\xa8\x01\n" +
 	"\x11ReadEpochResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1d\n" +
 	"\n" +
