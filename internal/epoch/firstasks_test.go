@@ -66,11 +66,14 @@ func fakeReader(t *testing.T, f *fakeReplicas) *Reader {
 // TestAReadAsksABareMajorityFirst: replicas that agree are asked two at a
 // time, this node's and one other, always the same one; a read pays
 // for the third only when one of the two fails, hangs past hedgeAfter, or
-// disagrees, and then still returns what a majority reports. It fails if
-// every read asks all three replicas ("asked map[1:20 2:20 3:20]").
+// disagrees, and then still returns what a majority reports. Only the
+// first read asks all three: one per demandEvery does (demandDue). It
+// fails if every read asks all three replicas ("asked map[1:20 2:20
+// 3:20]").
 func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	f := newFakeReplicas(map[uint64]uint64{1: 50, 2: 50, 3: 50})
 	r := fakeReader(t, f)
+	r.demandEvery = time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	read := func(want uint64) {
@@ -85,8 +88,8 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	}
 	got := f.counts()
 	other := r.preferred.Load()
-	if got[1] != reads || got[other] != reads || got[1]+got[2]+got[3] != 2*reads {
-		t.Fatalf("agreeing replicas: asked %v (preferred %d); want %d reads of node 1 and one other each", got, other, reads)
+	if got[1] != reads || got[other] != reads || got[1]+got[2]+got[3] != 2*reads+1 {
+		t.Fatalf("agreeing replicas: asked %v (preferred %d); want %d reads of node 1 and one other each, and one of the third", got, other, reads)
 	}
 	if _, _, hedges := r.Stats(); hedges != 0 {
 		t.Fatalf("%d attempts asked a third replica among agreeing ones", hedges)
@@ -129,6 +132,49 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	if splits != 0 || hedges != 3 {
 		t.Fatalf("splits %d, hedges %d; want 0 and 3 (a failure, a hang, a disagreement)", splits, hedges)
 	}
+}
+
+// TestAReadThatAsksReachesEveryVoterOncePerPeriod: a read that asks for
+// the epoch (Read) asks every voter once per demandEvery, so the group's
+// leader, whichever voter it is, hears the demand and keeps the full pace;
+// background reads never do. It fails if reads that ask reach only a bare
+// majority: "the first read asked 2 replicas; want all 3".
+func TestAReadThatAsksReachesEveryVoterOncePerPeriod(t *testing.T) {
+	f := newFakeReplicas(map[uint64]uint64{1: 50, 2: 50, 3: 50})
+	r := fakeReader(t, f)
+	r.demandEvery = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	asks := func(what string, read func(context.Context) (uint64, error), want int) {
+		t.Helper()
+		if _, err := read(ctx); err != nil {
+			t.Fatal(err)
+		}
+		total := func() int {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return f.asked[1] + f.asked[2] + f.asked[3]
+		}
+		// A third ask may still be on its way when two replies decided.
+		for deadline := time.Now().Add(time.Second); total() < want && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		got := f.counts()
+		if n := got[1] + got[2] + got[3]; n != want {
+			t.Fatalf("%s asked %d replicas (%v); want %d", what, n, got, want)
+		}
+	}
+	for range 3 {
+		asks("a background read", r.ReadBackground, 2)
+	}
+	asks("the first read", r.Read, 3)
+	asks("the next read", r.Read, 2)
+	r.demandEvery = 10 * time.Millisecond
+	time.Sleep(20 * time.Millisecond)
+	asks("a read a period later", r.Read, 3)
+	r.demandEvery = time.Hour
+	asks("a background read", r.ReadBackground, 2)
+	asks("a read", r.Read, 2)
 }
 
 // TestFirstAsksCoversEveryConfiguration: a bare majority of a single

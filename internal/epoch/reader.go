@@ -81,6 +81,12 @@ type Reader struct {
 
 	rounds, splits, hedges atomic.Uint64
 	preferred              atomic.Uint64 // a voter that agreed with the last decision (firstAsks)
+
+	// demanded is when (ns since demandOrigin; 0: never) an attempt that
+	// asks for the epoch last asked every voter; demandEvery how often one
+	// does (demandDue).
+	demanded    atomic.Int64
+	demandEvery time.Duration
 }
 
 type readResult struct {
@@ -96,7 +102,7 @@ type readResult struct {
 func NewReader(dialer *transport.Dialer, g topology.Group) *Reader {
 	boot := slices.Clone(g.Replicas)
 	r := &Reader{group: g.ID, region: g.Region, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout,
-		askers: map[uint64]chan askJob{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+		askers: map[uint64]chan askJob{}, kick: make(chan struct{}, 1), done: make(chan struct{}), demandEvery: PaceHold / 4}
 	r.call = r.readRemote
 	return r
 }
@@ -320,7 +326,7 @@ func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, dec
 	// they answer without deciding, or hedgeAfter (waitHedgeAfter) passes.
 	var hedge <-chan time.Time
 	all := true
-	if first := r.firstAsks(known); first != nil {
+	if first := r.firstAsks(known); first != nil && (req.GetBackground() || !r.demandDue()) {
 		ask(config{index: known.index, halves: [][]uint64{first}})
 		all = false
 		after := hedgeAfter
@@ -392,6 +398,18 @@ const hedgeAfter = time.Millisecond
 // few ms after its leader on a loaded machine (P90 4.4 ms under bench
 // paper), so only a replica silent for longer is taken as slow.
 const waitHedgeAfter = 5 * time.Millisecond
+
+// demandDue reports whether an attempt that asks for the epoch should ask
+// every voter now, which it does once per demandEvery (a quarter of
+// PaceHold). The group's leader keeps the full pace only while reads that
+// ask for it reach its own replica (Demand), and a bare majority asked
+// first may leave the leader out: without this, reads served by two
+// followers let the epoch fall to its idle pace under load.
+func (r *Reader) demandDue() bool {
+	now := max(int64(time.Since(demandOrigin)), 1)
+	last := r.demanded.Load()
+	return (last == 0 || now-last >= int64(r.demandEvery)) && r.demanded.CompareAndSwap(last, now)
+}
 
 // firstAsks returns the voters an attempt asks first under c, or nil to
 // ask them all at once (a joint configuration, or fewer than three
