@@ -42,6 +42,24 @@ func (f *fakeReplicas) serve(ctx context.Context, id uint64, _ *epochpb.ReadEpoc
 	return &epochpb.ReadEpochResponse{Epoch: e}, nil
 }
 
+// settle waits, at most a second, until the nodes have got want requests
+// in all: an ask sent on a goroutine of its own may still be on its way
+// when the read it served has returned.
+func (f *fakeReplicas) settle(want int) {
+	total := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		n := 0
+		for _, c := range f.asked {
+			n += c
+		}
+		return n
+	}
+	for deadline := time.Now().Add(time.Second); total() < want && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // counts returns how many requests each node got, and forgets them.
 func (f *fakeReplicas) counts() map[uint64]int {
 	f.mu.Lock()
@@ -86,6 +104,7 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	for i := 0; i < reads; i++ {
 		read(50)
 	}
+	f.settle(2*reads + 1)
 	got := f.counts()
 	other := r.preferred.Load()
 	if got[1] != reads || got[other] != reads || got[1]+got[2]+got[3] != 2*reads+1 {
@@ -150,15 +169,7 @@ func TestAReadThatAsksReachesEveryVoterOncePerPeriod(t *testing.T) {
 		if _, err := read(ctx); err != nil {
 			t.Fatal(err)
 		}
-		total := func() int {
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			return f.asked[1] + f.asked[2] + f.asked[3]
-		}
-		// A third ask may still be on its way when two replies decided.
-		for deadline := time.Now().Add(time.Second); total() < want && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-		}
+		f.settle(want)
 		got := f.counts()
 		if n := got[1] + got[2] + got[3]; n != want {
 			t.Fatalf("%s asked %d replicas (%v); want %d", what, n, got, want)
