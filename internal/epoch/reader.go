@@ -245,8 +245,9 @@ const atLeastWait = 50 * time.Millisecond
 // every read that starts later returns at least e (quorum.go): the wait a
 // publisher makes before it acknowledges a global epoch (DESIGN.md §3.2),
 // and the service before it publishes one. Each replica asked answers once
-// it has applied e, or after atLeastWait. Unlike Read it needs no majority on one value, so replicas that are
-// still applying the epochs after e do not make it ask again. It is
+// it has applied e, or after atLeastWait. Unlike Read it needs no majority
+// on one value, so replicas that are still applying the epochs after e do
+// not make it ask again. It is
 // housekeeping: it does not ask for the epoch to move (Demand). It is not
 // batched, and Close waits for it (at most the round timeout, 2 s). Errors:
 // ErrReaderClosed; ErrUnavailable (wrapping the last reply's error) after
