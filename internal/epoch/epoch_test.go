@@ -3,13 +3,14 @@ package epoch_test
 import (
 	"context"
 	"errors"
-	"sort"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/localcluster"
 )
 
@@ -63,26 +64,18 @@ func readContinuously(t *testing.T, ctx context.Context, c *localcluster.Cluster
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for ctx.Err() == nil {
-					rctx, cancel := context.WithTimeout(ctx, time.Second)
-					start := time.Now()
-					e, err := r.Read(rctx)
-					end := time.Now()
-					cancel()
-					if err != nil {
-						if !errors.Is(err, context.Canceled) {
-							h.mu.Lock()
-							h.fails++
-							h.lastErr = err
-							h.mu.Unlock()
-						}
-						continue
-					}
-					h.add(read{start, end, e})
-				}
+				readUntil(ctx, r, h.add, h.fail)
 			}()
 		}
 	}
+}
+
+// fail records a failed read.
+func (h *history) fail(err error) {
+	h.mu.Lock()
+	h.fails++
+	h.lastErr = err
+	h.mu.Unlock()
 }
 
 func (h *history) add(r read) {
@@ -100,20 +93,48 @@ func checkMonotonic(t *testing.T, reads []read) { checkMonotonicWithin(t, reads,
 // that completed before it started (slack 1 is the global epoch invariant, §3.2).
 func checkMonotonicWithin(t *testing.T, reads []read, slack uint64) {
 	t.Helper()
-	byEnd := append([]read(nil), reads...)
-	sort.Slice(byEnd, func(i, j int) bool { return byEnd[i].end.Before(byEnd[j].end) })
+	newest := newestEndedBefore(reads)
+	for _, r := range reads {
+		if m := newest(r.start); m > r.epoch+slack {
+			t.Fatalf("monotonicity violated: read started %v returned %d, but a read completed before it returned %d",
+				r.start.Format(time.StampMicro), r.epoch, m)
+		}
+	}
+}
+
+// newestEndedBefore returns a lookup of the largest epoch among the reads
+// that ended strictly before a time (0 if none).
+func newestEndedBefore(reads []read) func(time.Time) uint64 {
+	byEnd := slices.SortedFunc(slices.Values(reads), func(a, b read) int { return a.end.Compare(b.end) })
 	prefixMax := make([]uint64, len(byEnd))
 	var m uint64
 	for i, r := range byEnd {
 		m = max(m, r.epoch)
 		prefixMax[i] = m
 	}
-	for _, r := range reads {
-		// Reads that ended strictly before r started.
-		n := sort.Search(len(byEnd), func(i int) bool { return !byEnd[i].end.Before(r.start) })
-		if n > 0 && prefixMax[n-1] > r.epoch+slack {
-			t.Fatalf("monotonicity violated: read started %v returned %d, but a read completed before it returned %d",
-				r.start.Format(time.StampMicro), r.epoch, prefixMax[n-1])
+	return func(t time.Time) uint64 {
+		n, _ := slices.BinarySearchFunc(byEnd, t, func(r read, t time.Time) int { return r.end.Compare(t) })
+		if n == 0 {
+			return 0
+		}
+		return prefixMax[n-1]
+	}
+}
+
+// readUntil reads r, one read at a time, until stop, giving each completed
+// read to done and each failure but stop's to failed (if not nil).
+func readUntil(stop context.Context, r *epoch.Reader, done func(read), failed func(error)) {
+	for stop.Err() == nil {
+		ctx, cancel := context.WithTimeout(stop, time.Second)
+		start := time.Now()
+		e, err := r.Read(ctx)
+		end := time.Now()
+		cancel()
+		switch {
+		case err == nil:
+			done(read{start, end, e})
+		case failed != nil && !errors.Is(err, context.Canceled):
+			failed(err)
 		}
 	}
 }

@@ -2,11 +2,9 @@ package epoch_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -35,20 +33,7 @@ func readPublishers(t *testing.T, c *localcluster.Cluster, h *history, stop cont
 			wg.Add(1)
 			go func(r *epoch.Reader) {
 				defer wg.Done()
-				for stop.Err() == nil {
-					ctx, cancel := context.WithTimeout(stop, time.Second)
-					start := time.Now()
-					e, err := r.Read(ctx)
-					end := time.Now()
-					cancel()
-					if err == nil {
-						h.add(read{start, end, e})
-					} else if !errors.Is(err, context.Canceled) {
-						h.mu.Lock()
-						h.fails++
-						h.mu.Unlock()
-					}
-				}
+				readUntil(stop, r, h.add, h.fail)
 			}(r)
 		}
 	}
@@ -238,18 +223,11 @@ func TestAServiceReadIsNeverBelowAPublishedEpoch(t *testing.T) {
 	var mu sync.Mutex
 	var published, served []read
 	record := func(r *epoch.Reader, into *[]read) {
-		for stop.Err() == nil {
-			ctx, cancel := context.WithTimeout(stop, time.Second)
-			start := time.Now()
-			e, err := r.Read(ctx)
-			end := time.Now()
-			cancel()
-			if err == nil {
-				mu.Lock()
-				*into = append(*into, read{start, end, e})
-				mu.Unlock()
-			}
-		}
+		readUntil(stop, r, func(rd read) {
+			mu.Lock()
+			*into = append(*into, rd)
+			mu.Unlock()
+		}, nil)
 	}
 	var wg sync.WaitGroup
 	for _, region := range regions {
@@ -282,17 +260,10 @@ func TestAServiceReadIsNeverBelowAPublishedEpoch(t *testing.T) {
 // checkServiceNotBehind returns an error naming a read of the service that
 // returned less than a publisher read that completed before it started.
 func checkServiceNotBehind(published, served []read) error {
-	byEnd := slices.SortedFunc(slices.Values(published), func(a, b read) int { return a.end.Compare(b.end) })
-	prefixMax := make([]uint64, len(byEnd))
-	var m uint64
-	for i, r := range byEnd {
-		m = max(m, r.epoch)
-		prefixMax[i] = m
-	}
+	newest := newestEndedBefore(published)
 	for _, s := range served {
-		n, _ := slices.BinarySearchFunc(byEnd, s.start, func(r read, t time.Time) int { return r.end.Compare(t) })
-		if n > 0 && prefixMax[n-1] > s.epoch {
-			return fmt.Errorf("a read of the service returned %d, after a publisher showed %d", s.epoch, prefixMax[n-1])
+		if m := newest(s.start); m > s.epoch {
+			return fmt.Errorf("a read of the service returned %d, after a publisher showed %d", s.epoch, m)
 		}
 	}
 	return nil
