@@ -194,7 +194,11 @@ func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config
 	}
 	var stopWindows func()
 	if every > 0 {
-		win, done, stopped := newWindows(name, every), make(chan struct{}), make(chan struct{})
+		var sample func() runCost
+		if c != nil {
+			sample = func() runCost { return sampleCost(c) }
+		}
+		win, done, stopped := newWindows(name, every, sample), make(chan struct{}), make(chan struct{})
 		cfg.Observe = win.observe
 		go func() { defer close(stopped); win.run(done) }()
 		stopWindows = func() { close(done); <-stopped }

@@ -16,12 +16,20 @@ import (
 type runCost struct {
 	cpu                    time.Duration
 	rpcs, proposals, syncs float64
+	// wal, flushed and compacted are the bytes the nodes' stores wrote to
+	// disk: to the WAL, by memtable flushes and by compactions.
+	wal, flushed, compacted float64
+	// stalled is the seconds the stores held back all writes (summed
+	// over the nodes).
+	stalled float64
 }
 
 // sampleCost reads the process's CPU time (user + system) and, summed over
 // c's running nodes, the RPCs they served (terroir_rpc_server_seconds),
-// the Raft entries proposed (terroir_raft_proposals_total) and the Raft
-// log appends synced to disk (terroir_raft_append_sync_seconds).
+// the Raft entries proposed (terroir_raft_proposals_total), the Raft
+// log appends synced to disk (terroir_raft_append_sync_seconds) and the
+// bytes their stores wrote (terroir_pebble_{wal_written,flushed,compacted}_bytes_total)
+// and the time their writes stalled (terroir_pebble_write_stall_seconds_total).
 func sampleCost(c *localcluster.Cluster) runCost {
 	var out runCost
 	var ru syscall.Rusage
@@ -36,6 +44,14 @@ func sampleCost(c *localcluster.Cluster) runCost {
 			out.proposals += sumMetric(mf)
 		case "terroir_raft_append_sync_seconds":
 			out.syncs += sumMetric(mf)
+		case "terroir_pebble_wal_written_bytes_total":
+			out.wal += sumMetric(mf)
+		case "terroir_pebble_flushed_bytes_total":
+			out.flushed += sumMetric(mf)
+		case "terroir_pebble_compacted_bytes_total":
+			out.compacted += sumMetric(mf)
+		case "terroir_pebble_write_stall_seconds_total":
+			out.stalled += sumMetric(mf)
 		}
 	})
 	return out
@@ -82,4 +98,19 @@ func printCost(before, after runCost, ops int64) {
 	per := func(a, b float64) float64 { return (b - a) / float64(ops) }
 	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's)\n",
 		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs))
+	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all\n", diskPerOp(before, after, ops), stalledFor(before, after))
+}
+
+// diskPerOp is the bytes the stores wrote per operation between two
+// samples, in KiB: in all, and to the WAL, by flushes and by compactions.
+func diskPerOp(before, after runCost, ops int64) string {
+	kib := func(a, b float64) float64 { return (b - a) / 1024 / float64(ops) }
+	wal, fl, co := kib(before.wal, after.wal), kib(before.flushed, after.flushed), kib(before.compacted, after.compacted)
+	return fmt.Sprintf("%.1f KiB (WAL %.1f, flushes %.1f, compactions %.1f)", wal+fl+co, wal, fl, co)
+}
+
+// stalledFor is how long the stores' writes stalled between two samples,
+// summed over the nodes.
+func stalledFor(before, after runCost) time.Duration {
+	return time.Duration((after.stalled - before.stalled) * float64(time.Second)).Round(time.Millisecond)
 }

@@ -13,17 +13,21 @@ import (
 // every `every`, the window's throughput (operations per second) and the
 // P50/P99 of every operation it completed; at the end, the last window's
 // throughput against the second's (the first includes the warm-up).
+// With cost (the embedded cluster's), each window also prints what an
+// operation of it cost: CPU and disk writes, which tell why a window is
+// slower than another.
 type windows struct {
 	name  string
 	every time.Duration
+	cost  func() runCost // nil: not printed
 
 	mu    sync.Mutex
 	cur   *latency.Histogram
 	rates []float64 // operations per second, per window
 }
 
-func newWindows(name string, every time.Duration) *windows {
-	return &windows{name: name, every: every, cur: latency.New()}
+func newWindows(name string, every time.Duration, cost func() runCost) *windows {
+	return &windows{name: name, every: every, cost: cost, cur: latency.New()}
 }
 
 // observe is ycsb.Config.Observe: it counts one completed operation.
@@ -38,6 +42,10 @@ func (w *windows) run(done <-chan struct{}) {
 	t := time.NewTicker(w.every)
 	defer t.Stop()
 	last := time.Now()
+	var lastCost runCost
+	if w.cost != nil {
+		lastCost = w.cost()
+	}
 	for {
 		select {
 		case <-done:
@@ -51,8 +59,14 @@ func (w *windows) run(done <-chan struct{}) {
 			rate := float64(h.Count()) / now.Sub(last).Seconds()
 			last = now
 			w.rates = append(w.rates, rate)
-			fmt.Printf("  %s window %d (%v): %.0f ops/s, P50 %s, P99 %s\n", w.name, len(w.rates), w.every,
+			line := fmt.Sprintf("  %s window %d (%v): %.0f ops/s, P50 %s, P99 %s", w.name, len(w.rates), w.every,
 				rate, latency.MS(h.Quantile(50)), latency.MS(h.Quantile(99)))
+			if ops := h.Count(); w.cost != nil && ops > 0 {
+				c := w.cost()
+				line += fmt.Sprintf("; per operation CPU %.0f µs, disk writes %s; writes stalled %s", float64(c.cpu-lastCost.cpu)/float64(time.Microsecond)/float64(ops), diskPerOp(lastCost, c, ops), stalledFor(lastCost, c))
+				lastCost = c
+			}
+			fmt.Println(line)
 		}
 	}
 }

@@ -216,6 +216,10 @@ var (
 		{prometheus.NewDesc("terroir_pebble_compactions_total", "Compactions run.", nil, nil), func(s pebbleStats) float64 { return s.compactions }},
 		{prometheus.NewDesc("terroir_pebble_flushes_total", "Memtable flushes.", nil, nil), func(s pebbleStats) float64 { return s.flushes }},
 		{prometheus.NewDesc("terroir_pebble_wal_written_bytes_total", "Bytes written to the WAL.", nil, nil), func(s pebbleStats) float64 { return s.walWritten }},
+		{prometheus.NewDesc("terroir_pebble_flushed_bytes_total", "Bytes written to tables (and blob files) by memtable flushes.", nil, nil), func(s pebbleStats) float64 { return s.flushed }},
+		{prometheus.NewDesc("terroir_pebble_write_stalls_total", "Times the store held back every write until flushes or compactions caught up.", nil, nil), func(s pebbleStats) float64 { return s.stalls }},
+		{prometheus.NewDesc("terroir_pebble_write_stall_seconds_total", "Time the store's writes spent held back by write stalls.", nil, nil), func(s pebbleStats) float64 { return s.stallSecs }},
+		{prometheus.NewDesc("terroir_pebble_compacted_bytes_total", "Bytes written to tables (and blob files) by compactions: with the WAL's and the flushes', what the store wrote to disk.", nil, nil), func(s pebbleStats) float64 { return s.compacted }},
 		{prometheus.NewDesc("terroir_pebble_block_cache_hits_total", "Block cache hits.", nil, nil), func(s pebbleStats) float64 { return s.hits }},
 		{prometheus.NewDesc("terroir_pebble_block_cache_misses_total", "Block cache misses.", nil, nil), func(s pebbleStats) float64 { return s.misses }},
 	}
@@ -224,6 +228,7 @@ var (
 type pebbleStats struct {
 	readAmp, l0Files, disk, memtable, wal, debt, cacheSize float64
 	compactions, flushes, walWritten, hits, misses         float64
+	flushed, compacted, stalls, stallSecs                  float64
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -289,6 +294,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		memtable: float64(pm.MemTable.Size), wal: float64(pm.WAL.Size), debt: float64(pm.Compact.EstimatedDebt),
 		cacheSize: float64(pm.BlockCache.Size), compactions: float64(pm.Compact.Count), flushes: float64(pm.Flush.Count),
 		walWritten: float64(pm.WAL.BytesWritten), hits: float64(pm.BlockCache.Hits), misses: float64(pm.BlockCache.Misses),
+	}
+	stalls, stalled := n.engine.WriteStalls()
+	s.stalls, s.stallSecs = float64(stalls), stalled.Seconds()
+	for _, l := range pm.Levels { // not pm.Total(), which adds the WAL's bytes to the flushes'
+		s.flushed += float64(l.TableBytesFlushed + l.BlobBytesFlushed)
+		s.compacted += float64(l.TableBytesCompacted + l.BlobBytesCompacted)
 	}
 	for _, g := range pebbleGauges {
 		ch <- prometheus.MustNewConstMetric(g.d, prometheus.GaugeValue, g.f(s))

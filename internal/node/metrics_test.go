@@ -115,6 +115,11 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 			t.Errorf("%s = %v across the nodes, want > 0", want, v)
 		}
 	}
+	for _, want := range []string{"terroir_pebble_flushed_bytes_total ", "terroir_pebble_compacted_bytes_total ", "terroir_pebble_write_stall_seconds_total "} {
+		if !strings.Contains(all, want) { // zero until the first flush or stall
+			t.Errorf("no %sseries", want)
+		}
+	}
 	if !regexp.MustCompile(`terroir_epoch\{group="\d+",kind="local-epoch",region="us-east1"\} [1-9]`).MatchString(all) {
 		t.Error("no terroir_epoch series for the local epoch group")
 	}

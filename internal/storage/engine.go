@@ -79,6 +79,7 @@ type Engine struct {
 	fs       vfs.FS        // the store's file system (the crash-injecting one, if crashable)
 	crash    *crashFS      // nil unless opened with OpenCrashable
 	cache    *pebble.Cache // the block cache (db holds the reference; freed by Close)
+	stalls   *stalls
 }
 
 // Open opens (creating if absent) the store in dir for node nodeID. A directory
@@ -129,6 +130,8 @@ func open(dir string, nodeID uint64, o Options) (e *Engine, err error) {
 				"err", strings.SplitN(info.Details.Error(), "\n", 2)[0])
 		},
 	}
+	st := &stalls{}
+	st.listen(opts.EventListener)
 	db, err := pebble.Open(filepath.Clean(dir), opts)
 	switch {
 	case err == nil:
@@ -142,7 +145,7 @@ func open(dir string, nodeID uint64, o Options) (e *Engine, err error) {
 		// missing referenced file.
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
-	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash, cache: cache}
+	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash, cache: cache, stalls: st}
 	if err := e.checkIdent(nodeID); err != nil {
 		_ = db.Close()
 		return nil, err
