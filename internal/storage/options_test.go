@@ -1,8 +1,11 @@
 package storage
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -84,5 +87,69 @@ func TestOpenWithTooSmallACache(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the refused open left %s: %v", dir, err)
+	}
+}
+
+// TestMVCCValuesGoToBlobFilesAndRaftValuesStayInline: a flush keeps the
+// MVCC spaces' large values in blob files and every other space's inline
+// (no blob bytes written for 1 KiB Raft entries), small MVCC values
+// inline too, and every value reads back after a compaction.
+func TestMVCCValuesGoToBlobFilesAndRaftValuesStayInline(t *testing.T) {
+	const n, size = 200, 1024
+	e, err := Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	value := func(i, size int) []byte { // incompressible
+		v := make([]byte, size)
+		_, _ = rand.NewChaCha8([32]byte{byte(i), byte(i >> 8)}).Read(v)
+		return v
+	}
+	blobBytes := func() (blob, table uint64) {
+		for _, l := range e.Metrics().Levels {
+			blob += l.BlobBytesFlushed + l.BlobBytesCompacted
+			table += l.TableBytesFlushed + l.TableBytesCompacted
+		}
+		return blob, table
+	}
+	write := func(prefix byte, size int) {
+		b := e.NewBatch()
+		for i := 0; i < n; i++ {
+			_ = b.Set(fmt.Appendf([]byte{prefix}, "k%04d", i), value(i, size), nil)
+		}
+		if err := e.Commit(b, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(PrefixRaft, size)
+	write(PrefixState, size)
+	if blob, table := blobBytes(); blob != 0 || table < 2*n*size/2 {
+		t.Fatalf("Raft and state values: %d bytes to blob files, %d to tables; want none to blob files", blob, table)
+	}
+	write(PrefixRegional, 100) // below separateAtLeast
+	if blob, _ := blobBytes(); blob != 0 {
+		t.Fatalf("%d-byte MVCC values: %d bytes to blob files; want none", 100, blob)
+	}
+	write(PrefixData, size)
+	if blob, _ := blobBytes(); blob < n*size {
+		t.Fatalf("%d MVCC values of %d bytes: %d bytes to blob files; want them all", n, size, blob)
+	}
+	if err := e.db.Compact(context.Background(), []byte{PrefixMeta}, []byte{PrefixRegional + 1}, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		prefix byte
+		size   int
+	}{{PrefixRaft, size}, {PrefixState, size}, {PrefixData, size}, {PrefixRegional, 100}} {
+		for i := 0; i < n; i++ {
+			k := fmt.Appendf([]byte{c.prefix}, "k%04d", i)
+			if v, err := e.Get(k); err != nil || !bytes.Equal(v, value(i, c.size)) {
+				t.Fatalf("%q after a compaction: %d bytes, %v; want the %d written", k, len(v), err, c.size)
+			}
+		}
 	}
 }
