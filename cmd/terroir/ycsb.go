@@ -42,7 +42,10 @@ It runs against the embedded cluster of --config (default: examples/one-region.y
 in this process) or, with --cluster, against a running cluster of that topology.
 It prints P50/P95/P99 per operation and the throughput, beside this machine's
 floor measured in the same run, and with --out writes ycsb-<workload>.json and
-.md there.
+.md there. On the embedded cluster it also prints what an operation cost: the
+process's CPU time, RPCs, Raft proposals and log syncs, the bytes the stores
+wrote (WAL, flushes, compactions) and how long their writes stalled; with
+--every, each window prints its own CPU, disk writes and stalls.
 
 With --target-pids (the etcd members' processes) and --cluster-pids (the
 running cluster's node processes), it also prints each system's CPU time per
