@@ -14,8 +14,9 @@ import (
 // P50/P99 of every operation it completed; at the end, the last window's
 // throughput against the second's (the first includes the warm-up).
 // With cost (the embedded cluster's), each window also prints what an
-// operation of it cost: CPU and disk writes, which tell why a window is
-// slower than another.
+// operation of it cost: CPU, RPCs (more when a split or a lease transfer
+// puts a range's leader on another node than the client's) and disk
+// writes, which tell why a window is slower than another.
 type windows struct {
 	name  string
 	every time.Duration
@@ -63,7 +64,8 @@ func (w *windows) run(done <-chan struct{}) {
 				rate, latency.MS(h.Quantile(50)), latency.MS(h.Quantile(99)))
 			if ops := h.Count(); w.cost != nil && ops > 0 {
 				c := w.cost()
-				line += fmt.Sprintf("; per operation CPU %.0f µs, disk writes %s; writes stalled %s", float64(c.cpu-lastCost.cpu)/float64(time.Microsecond)/float64(ops), diskPerOp(lastCost, c, ops), stalledFor(lastCost, c))
+				line += fmt.Sprintf("; per operation CPU %.0f µs, RPCs %.2f, disk writes %s; writes stalled %s", float64(c.cpu-lastCost.cpu)/float64(time.Microsecond)/float64(ops),
+					(c.rpcs-lastCost.rpcs)/float64(ops), diskPerOp(lastCost, c, ops), stalledFor(lastCost, c))
 				lastCost = c
 			}
 			fmt.Println(line)
