@@ -566,8 +566,10 @@ const (
 // reaches about half its bytes, for a split by size: the first key starting
 // a new user key once half the bytes are behind, to within the data size /
 // midMarks. Both sides of it hold data. nil if the range holds fewer than
-// two user keys. It reads the range once, so it runs off the tick loop;
-// it stops early with ctx's error.
+// two user keys. It reads the range's keys once, and the values' lengths
+// but not their bytes (storage.ScanLazy: a range's history is mostly in
+// blob files), so it runs off the tick loop; it stops early with ctx's
+// error.
 func (sm *StateMachine) MidKey(ctx context.Context) ([]byte, error) {
 	d := sm.desc.Load()
 	var end []byte
@@ -590,9 +592,9 @@ func (sm *StateMachine) MidKey(ctx context.Context) ([]byte, error) {
 		next  uint64 // the least seen of the next mark
 		due   bool   // a mark is due at the next new user key
 	)
-	err := sm.e.Scan(lo, hi, func(k, v []byte) (bool, error) {
+	err := sm.e.ScanLazy(lo, hi, func(k []byte, vlen int, _ func() ([]byte, error)) (bool, error) {
 		at := seen
-		seen += uint64(len(k) + len(v))
+		seen += uint64(len(k) + vlen)
 		if at/step != seen/step && ctx.Err() != nil {
 			return false, ctx.Err()
 		}

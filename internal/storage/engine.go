@@ -362,6 +362,39 @@ func scan(r reader, lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
 	return nil
 }
 
+// ScanLazy is Scan for readers that need the sizes of most values but not
+// their bytes (a split's search for a range's middle, GC): fn gets each key
+// in [lo, hi), in order, with its value's length in bytes and value, which
+// reads the value only when called. A value of separateAtLeast bytes or
+// more lives in a blob file, where reading it costs a block read and
+// decompression that its length does not. k and what value returns are
+// valid only during the call. fn returning false stops the scan. Errors are
+// Scan's.
+func (e *Engine) ScanLazy(lo, hi []byte, fn func(k []byte, valueLen int, value func() ([]byte, error)) (bool, error)) error {
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return wrapReadErr(err)
+	}
+	for valid := it.First(); valid; valid = it.Next() {
+		lv := it.LazyValue()
+		more, err := fn(it.Key(), lv.Len(), func() ([]byte, error) {
+			v, _, err := lv.Value(nil)
+			if err != nil {
+				return nil, wrapReadErr(err)
+			}
+			return v, nil
+		})
+		if err != nil || !more {
+			_ = it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return wrapReadErr(err)
+	}
+	return nil
+}
+
 // Close closes the store. Data committed without sync may be lost, as in a
 // crash; after Crash it is.
 func (e *Engine) Close() error {

@@ -1,8 +1,10 @@
 package storage
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -174,5 +176,74 @@ func TestOtherLayoutIsRefused(t *testing.T) {
 				t.Fatalf("the refused store's data = %q, %v", v, err)
 			}
 		})
+	}
+}
+
+// TestScanLazyReadsNoSeparatedValueItIsNotAskedFor: over flushed MVCC
+// values in blob files, ScanLazy gives every key its value's length while
+// reading a fraction of the blocks Scan reads, and a value it is asked for
+// is the one written.
+func TestScanLazyReadsNoSeparatedValueItIsNotAskedFor(t *testing.T) {
+	const n, size = 2000, 1024
+	e, err := Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	value := func(i int) []byte {
+		v := make([]byte, size)
+		_, _ = rand.NewChaCha8([32]byte{byte(i), byte(i >> 8)}).Read(v)
+		return v
+	}
+	b := e.NewBatch()
+	for i := 0; i < n; i++ {
+		_ = b.Set(fmt.Appendf([]byte{PrefixData}, "k%04d", i), value(i), nil)
+	}
+	if err := e.Commit(b, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := []byte{PrefixData}, []byte{PrefixData + 1}
+	blocks := func(scan func()) int64 {
+		before := e.Metrics().BlockCache
+		scan()
+		after := e.Metrics().BlockCache
+		return (after.Hits + after.Misses) - (before.Hits + before.Misses)
+	}
+	full := blocks(func() {
+		if err := e.Scan(lo, hi, func(k, v []byte) (bool, error) { return true, nil }); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var keys int
+	lazy := blocks(func() {
+		err := e.ScanLazy(lo, hi, func(k []byte, vlen int, v func() ([]byte, error)) (bool, error) {
+			if vlen != size {
+				t.Fatalf("%q: length %d, want %d", k, vlen, size)
+			}
+			keys++
+			return true, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	if keys != n || lazy*4 > full {
+		t.Fatalf("ScanLazy saw %d keys reading %d blocks, Scan %d; want %d keys and under a quarter of Scan's blocks", keys, lazy, full, n)
+	}
+	i := 0
+	err = e.ScanLazy(lo, hi, func(k []byte, _ int, v func() ([]byte, error)) (bool, error) {
+		if i%500 == 0 {
+			if got, err := v(); err != nil || !bytes.Equal(got, value(i)) {
+				t.Fatalf("%q: %d bytes, %v; want the value written", k, len(got), err)
+			}
+		}
+		i++
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

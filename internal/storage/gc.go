@@ -48,7 +48,10 @@ func (s *GCStats) Add(o GCStats) {
 // the key to resume from, or nil when it reached end. The deletions depend
 // only on versions below horizon, which no commit writes any more, so every
 // replica applying the same call at the same log index deletes the same
-// versions. Errors wrap ErrCorrupt for an undecodable key or value.
+// versions. It reads the value of no version but a key's newest below
+// horizon, and that one only when it is short enough to be a tombstone
+// (the others may be in blob files). Errors wrap ErrCorrupt for an
+// undecodable key or such a value.
 func (e *Engine) CollectMVCC(b *pebble.Batch, prefix, start, end []byte, horizon VersionID, maxKeys int) (stats GCStats, resume []byte, err error) {
 	lo, hi := MVCCKeyBounds(prefix, start, end)
 	var (
@@ -56,7 +59,7 @@ func (e *Engine) CollectMVCC(b *pebble.Batch, prefix, start, end []byte, horizon
 		seen bool   // cur's newest version below horizon has been seen
 		g    garbage
 	)
-	err = e.Scan(lo, hi, func(k, v []byte) (bool, error) {
+	err = e.ScanLazy(lo, hi, func(k []byte, vlen int, value func() ([]byte, error)) (bool, error) {
 		key, ver, err := DecodeMVCCKey(prefix, k)
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -76,16 +79,23 @@ func (e *Engine) CollectMVCC(b *pebble.Batch, prefix, start, end []byte, horizon
 			return true, nil // a read at or above horizon may see it
 		}
 		if seen {
-			g.add(k, v) // shadowed below horizon
+			g.add(k, vlen) // shadowed below horizon
 			return true, nil
 		}
 		seen = true
+		if vlen > len(EncodeMVCCValue(nil, true)) {
+			return true, nil // longer than a tombstone, whose value is its kind alone: kept unread
+		}
+		v, err := value()
+		if err != nil {
+			return false, err
+		}
 		_, tomb, err := DecodeMVCCValue(v)
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
 		}
 		if tomb {
-			g.add(k, v) // hides only what goes with it
+			g.add(k, vlen) // hides only what goes with it
 		}
 		return true, nil
 	})
@@ -104,7 +114,7 @@ type garbage struct {
 	bytes  int64
 }
 
-func (g *garbage) add(k, v []byte) {
+func (g *garbage) add(k []byte, vlen int) {
 	if g.n == 0 {
 		g.first = append(g.first[:0], k...)
 	}
@@ -114,7 +124,7 @@ func (g *garbage) add(k, v []byte) {
 		g.points = g.points[:0]
 	}
 	g.n++
-	g.bytes += int64(len(k) + len(v))
+	g.bytes += int64(len(k) + vlen)
 }
 
 // flush stages the deletion of key's collectable versions and resets g.
