@@ -592,9 +592,9 @@ func (sm *StateMachine) MidKey(ctx context.Context) ([]byte, error) {
 		next  uint64 // the least seen of the next mark
 		due   bool   // a mark is due at the next new user key
 	)
-	err := sm.e.ScanLazy(lo, hi, func(k []byte, vlen int, _ func() ([]byte, error)) (bool, error) {
+	err := sm.e.ScanLazy(lo, hi, func(k []byte, v *storage.LazyValue) (bool, error) {
 		at := seen
-		seen += uint64(len(k) + vlen)
+		seen += uint64(len(k) + v.Len())
 		if at/step != seen/step && ctx.Err() != nil {
 			return false, ctx.Err()
 		}

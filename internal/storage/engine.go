@@ -340,18 +340,24 @@ func (e *Engine) Scan(lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
 }
 
 func scan(r reader, lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
+	return iterate(r, lo, hi, func(it *pebble.Iterator) (bool, error) {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return false, wrapReadErr(err)
+		}
+		return fn(it.Key(), v)
+	})
+}
+
+// iterate calls step at each key of an iterator over [lo, hi) of r, in
+// order, until step returns false or an error, then closes the iterator.
+func iterate(r reader, lo, hi []byte, step func(*pebble.Iterator) (bool, error)) error {
 	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return wrapReadErr(err)
 	}
 	for valid := it.First(); valid; valid = it.Next() {
-		v, err := it.ValueAndErr()
-		if err != nil {
-			_ = it.Close()
-			return wrapReadErr(err)
-		}
-		more, err := fn(it.Key(), v)
-		if err != nil || !more {
+		if more, err := step(it); err != nil || !more {
 			_ = it.Close()
 			return err
 		}
@@ -364,35 +370,33 @@ func scan(r reader, lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
 
 // ScanLazy is Scan for readers that need the sizes of most values but not
 // their bytes (a split's search for a range's middle, GC): fn gets each key
-// in [lo, hi), in order, with its value's length in bytes and value, which
-// reads the value only when called. A value of separateAtLeast bytes or
-// more lives in a blob file, where reading it costs a block read and
-// decompression that its length does not. k and what value returns are
-// valid only during the call. fn returning false stops the scan. Errors are
-// Scan's.
-func (e *Engine) ScanLazy(lo, hi []byte, fn func(k []byte, valueLen int, value func() ([]byte, error)) (bool, error)) error {
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+// in [lo, hi), in order, with its value unread (LazyValue). A value of
+// separateAtLeast bytes or more lives in a blob file, where reading it
+// costs a block read and decompression that its length does not. k and v
+// are valid only during the call. fn returning false stops the scan.
+// Errors are Scan's.
+func (e *Engine) ScanLazy(lo, hi []byte, fn func(k []byte, v *LazyValue) (bool, error)) error {
+	v := &LazyValue{}
+	return iterate(e.db, lo, hi, func(it *pebble.Iterator) (bool, error) {
+		v.lv = it.LazyValue()
+		return fn(it.Key(), v)
+	})
+}
+
+// LazyValue is a value ScanLazy passes unread.
+type LazyValue struct{ lv pebble.LazyValue }
+
+// Len is the value's length in bytes, known without reading it.
+func (v *LazyValue) Len() int { return v.lv.Len() }
+
+// Value reads the value (from its blob file, if it is in one). The bytes
+// are valid only during the ScanLazy call. Errors are Scan's.
+func (v *LazyValue) Value() ([]byte, error) {
+	b, _, err := v.lv.Value(nil)
 	if err != nil {
-		return wrapReadErr(err)
+		return nil, wrapReadErr(err)
 	}
-	for valid := it.First(); valid; valid = it.Next() {
-		lv := it.LazyValue()
-		more, err := fn(it.Key(), lv.Len(), func() ([]byte, error) {
-			v, _, err := lv.Value(nil)
-			if err != nil {
-				return nil, wrapReadErr(err)
-			}
-			return v, nil
-		})
-		if err != nil || !more {
-			_ = it.Close()
-			return err
-		}
-	}
-	if err := it.Close(); err != nil {
-		return wrapReadErr(err)
-	}
-	return nil
+	return b, nil
 }
 
 // Close closes the store. Data committed without sync may be lost, as in a

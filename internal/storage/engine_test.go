@@ -219,9 +219,9 @@ func TestScanLazyReadsNoSeparatedValueItIsNotAskedFor(t *testing.T) {
 	})
 	var keys int
 	lazy := blocks(func() {
-		err := e.ScanLazy(lo, hi, func(k []byte, vlen int, v func() ([]byte, error)) (bool, error) {
-			if vlen != size {
-				t.Fatalf("%q: length %d, want %d", k, vlen, size)
+		err := e.ScanLazy(lo, hi, func(k []byte, v *LazyValue) (bool, error) {
+			if v.Len() != size {
+				t.Fatalf("%q: length %d, want %d", k, v.Len(), size)
 			}
 			keys++
 			return true, nil
@@ -234,9 +234,9 @@ func TestScanLazyReadsNoSeparatedValueItIsNotAskedFor(t *testing.T) {
 		t.Fatalf("ScanLazy saw %d keys reading %d blocks, Scan %d; want %d keys and under a quarter of Scan's blocks", keys, lazy, full, n)
 	}
 	i := 0
-	err = e.ScanLazy(lo, hi, func(k []byte, _ int, v func() ([]byte, error)) (bool, error) {
+	err = e.ScanLazy(lo, hi, func(k []byte, v *LazyValue) (bool, error) {
 		if i%500 == 0 {
-			if got, err := v(); err != nil || !bytes.Equal(got, value(i)) {
+			if got, err := v.Value(); err != nil || !bytes.Equal(got, value(i)) {
 				t.Fatalf("%q: %d bytes, %v; want the value written", k, len(got), err)
 			}
 		}

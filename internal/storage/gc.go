@@ -59,7 +59,8 @@ func (e *Engine) CollectMVCC(b *pebble.Batch, prefix, start, end []byte, horizon
 		seen bool   // cur's newest version below horizon has been seen
 		g    garbage
 	)
-	err = e.ScanLazy(lo, hi, func(k []byte, vlen int, value func() ([]byte, error)) (bool, error) {
+	err = e.ScanLazy(lo, hi, func(k []byte, lv *LazyValue) (bool, error) {
+		vlen := lv.Len()
 		key, ver, err := DecodeMVCCKey(prefix, k)
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -86,7 +87,7 @@ func (e *Engine) CollectMVCC(b *pebble.Batch, prefix, start, end []byte, horizon
 		if vlen > len(EncodeMVCCValue(nil, true)) {
 			return true, nil // longer than a tombstone, whose value is its kind alone: kept unread
 		}
-		v, err := value()
+		v, err := lv.Value()
 		if err != nil {
 			return false, err
 		}
