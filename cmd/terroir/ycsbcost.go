@@ -36,22 +36,18 @@ func sampleCost(c *localcluster.Cluster) runCost {
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		out.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
+	counted := map[string]*float64{
+		"terroir_rpc_server_seconds":               &out.rpcs,
+		"terroir_raft_proposals_total":             &out.proposals,
+		"terroir_raft_append_sync_seconds":         &out.syncs,
+		"terroir_pebble_wal_written_bytes_total":   &out.wal,
+		"terroir_pebble_flushed_bytes_total":       &out.flushed,
+		"terroir_pebble_compacted_bytes_total":     &out.compacted,
+		"terroir_pebble_write_stall_seconds_total": &out.stalled,
+	}
 	eachFamily(c, func(mf *dto.MetricFamily) {
-		switch mf.GetName() {
-		case "terroir_rpc_server_seconds":
-			out.rpcs += sumMetric(mf)
-		case "terroir_raft_proposals_total":
-			out.proposals += sumMetric(mf)
-		case "terroir_raft_append_sync_seconds":
-			out.syncs += sumMetric(mf)
-		case "terroir_pebble_wal_written_bytes_total":
-			out.wal += sumMetric(mf)
-		case "terroir_pebble_flushed_bytes_total":
-			out.flushed += sumMetric(mf)
-		case "terroir_pebble_compacted_bytes_total":
-			out.compacted += sumMetric(mf)
-		case "terroir_pebble_write_stall_seconds_total":
-			out.stalled += sumMetric(mf)
+		if sum, ok := counted[mf.GetName()]; ok {
+			*sum += sumMetric(mf)
 		}
 	})
 	return out
