@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -190,14 +189,9 @@ func TestScanLazyReadsNoSeparatedValueItIsNotAskedFor(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	value := func(i int) []byte {
-		v := make([]byte, size)
-		_, _ = rand.NewChaCha8([32]byte{byte(i), byte(i >> 8)}).Read(v)
-		return v
-	}
 	b := e.NewBatch()
 	for i := 0; i < n; i++ {
-		_ = b.Set(fmt.Appendf([]byte{PrefixData}, "k%04d", i), value(i), nil)
+		_ = b.Set(fmt.Appendf([]byte{PrefixData}, "k%04d", i), incompressible(i, size), nil)
 	}
 	if err := e.Commit(b, false); err != nil {
 		t.Fatal(err)
@@ -236,7 +230,7 @@ func TestScanLazyReadsNoSeparatedValueItIsNotAskedFor(t *testing.T) {
 	i := 0
 	err = e.ScanLazy(lo, hi, func(k []byte, v *LazyValue) (bool, error) {
 		if i%500 == 0 {
-			if got, err := v.Value(); err != nil || !bytes.Equal(got, value(i)) {
+			if got, err := v.Value(); err != nil || !bytes.Equal(got, incompressible(i, size)) {
 				t.Fatalf("%q: %d bytes, %v; want the value written", k, len(got), err)
 			}
 		}

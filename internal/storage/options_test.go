@@ -101,11 +101,6 @@ func TestMVCCValuesGoToBlobFilesAndRaftValuesStayInline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	value := func(i, size int) []byte { // incompressible
-		v := make([]byte, size)
-		_, _ = rand.NewChaCha8([32]byte{byte(i), byte(i >> 8)}).Read(v)
-		return v
-	}
 	blobBytes := func() (blob, table uint64) {
 		for _, l := range e.Metrics().Levels {
 			blob += l.BlobBytesFlushed + l.BlobBytesCompacted
@@ -116,7 +111,7 @@ func TestMVCCValuesGoToBlobFilesAndRaftValuesStayInline(t *testing.T) {
 	write := func(prefix byte, size int) {
 		b := e.NewBatch()
 		for i := 0; i < n; i++ {
-			_ = b.Set(fmt.Appendf([]byte{prefix}, "k%04d", i), value(i, size), nil)
+			_ = b.Set(fmt.Appendf([]byte{prefix}, "k%04d", i), incompressible(i, size), nil)
 		}
 		if err := e.Commit(b, false); err != nil {
 			t.Fatal(err)
@@ -147,9 +142,17 @@ func TestMVCCValuesGoToBlobFilesAndRaftValuesStayInline(t *testing.T) {
 	}{{PrefixRaft, size}, {PrefixState, size}, {PrefixData, size}, {PrefixRegional, 100}} {
 		for i := 0; i < n; i++ {
 			k := fmt.Appendf([]byte{c.prefix}, "k%04d", i)
-			if v, err := e.Get(k); err != nil || !bytes.Equal(v, value(i, c.size)) {
+			if v, err := e.Get(k); err != nil || !bytes.Equal(v, incompressible(i, c.size)) {
 				t.Fatalf("%q after a compaction: %d bytes, %v; want the %d written", k, len(v), err, c.size)
 			}
 		}
 	}
+}
+
+// incompressible returns size bytes that Snappy cannot shrink, the same for
+// the same i: a value whose stored size is its length.
+func incompressible(i, size int) []byte {
+	v := make([]byte, size)
+	_, _ = rand.NewChaCha8([32]byte{byte(i), byte(i >> 8)}).Read(v)
+	return v
 }
