@@ -29,7 +29,11 @@ import (
 // codes.Unavailable (they may have executed), and new calls to the node fail
 // at once with a NotSent error until a later ping is answered. Lock waits and
 // other long calls to a live node are untouched: the node answers the ping.
-// Calls that complete cost two atomic adds and a clock read.
+// A node never declares itself unresponsive: its calls to itself are slow
+// only when its own process is (a disk stall, a loaded machine), and
+// failing them would turn that into errors of unknown outcome for its
+// clients, without any node to fail over from. Calls that complete cost two
+// atomic adds and a clock read.
 
 // DetectorConfig tunes failure detection. Zero fields take the defaults.
 type DetectorConfig struct {
@@ -207,6 +211,9 @@ func (det *detector) run(ctx context.Context) {
 		now := time.Now().UnixNano()
 		det.peers.Range(func(_, v any) bool {
 			p := v.(*peerHealth)
+			if self := det.d.self.Node; self != 0 && p.node == self {
+				return true // never this node itself (see above)
+			}
 			stuck := p.inflight.Load() > 0 && now-p.progress.Load() > int64(det.cfg.ProbeAfter)
 			retry := p.down.Load() != 0 && now-p.progress.Load() > int64(det.cfg.ProbeAfter)
 			if (stuck || retry) && p.probing.CompareAndSwap(false, true) {

@@ -222,3 +222,34 @@ func TestDetectorSparesSlowNode(t *testing.T) {
 		t.Fatal("a slow node was declared unresponsive")
 	}
 }
+
+// A node's calls to itself are never failed by its detector: through a
+// frozen path (here, the freezer in front of its own server) they wait for
+// their own deadline, where calls from elsewhere fail soon after a ping
+// goes unanswered (TestDetectorFailsCallsToFrozenNode).
+func TestDetectorNeverDeclaresItsOwnNodeUnresponsive(t *testing.T) {
+	_, f, nw := frozenPair(t, 0)
+	self := NewDialer(nw, nw.NodeEndpoint(1), nil)
+	self.SetDetector(DetectorConfig{ProbeAfter: 100 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond})
+	defer self.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := ping(self, ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.freeze(true)
+	cctx, ccancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer ccancel()
+	start := time.Now()
+	err := ping(self, cctx)
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a node's call to itself through a frozen path: %v after %v, want its own deadline (1.5 s)", err, time.Since(start).Round(time.Millisecond))
+	}
+	if p := self.det.peer(1); p.down.Load() != 0 {
+		t.Fatal("the node declared itself unresponsive")
+	}
+	f.freeze(false)
+	if err := ping(self, ctx); err != nil {
+		t.Fatalf("thawed: %v", err)
+	}
+}
