@@ -8,6 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
 )
 
 func oneRegion(t *testing.T) *topology.Topology {
@@ -47,5 +48,29 @@ func TestEpochAdvancesAndCloseLeavesNoGoroutine(t *testing.T) {
 	t.Logf("epoch %d -> %d", first, second)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Under the race detector every dialer of the cluster, its nodes' and its
+// clients', pings with raceProbeScale times the default bound; otherwise
+// with the default (what a deployment runs).
+func TestRaceDetectorWidensThePingBound(t *testing.T) {
+	c, err := Start(oneRegion(t), Options{Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	want := transport.DefaultProbeTimeout
+	if raceEnabled {
+		want *= raceProbeScale
+	}
+	node, err := c.NodeDialer(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, d := range map[string]*transport.Dialer{"client": c.Dialer("us-east1"), "node 1": node} {
+		if got := d.Detector().ProbeTimeout; got != want {
+			t.Fatalf("%s's dialer pings with a %v bound (race detector: %v), want %v", name, got, raceEnabled, want)
+		}
 	}
 }

@@ -253,3 +253,24 @@ func TestDetectorNeverDeclaresItsOwnNodeUnresponsive(t *testing.T) {
 		t.Fatalf("thawed: %v", err)
 	}
 }
+
+// A dialer takes its failure detection from its network's SetDetector, with
+// the defaults for the fields left zero.
+func TestDialerTakesItsNetworksDetector(t *testing.T) {
+	top, err := topology.Parse([]byte("regions: [east]\nnodes:\n  - {id: 1, region: east, addr: \"127.0.0.1:1\"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw := NewNetwork(top)
+	before := NewDialer(nw, Endpoint{Region: "east"}, nil)
+	defer before.Close()
+	nw.SetDetector(DetectorConfig{ProbeTimeout: 2 * time.Second})
+	after := NewDialer(nw, Endpoint{Region: "east"}, nil)
+	defer after.Close()
+	if got := before.det.cfg; got.ProbeTimeout != DefaultProbeTimeout || got.ProbeAfter != DefaultProbeAfter {
+		t.Fatalf("a dialer made before SetDetector: %+v, want the defaults", got)
+	}
+	if got := after.det.cfg; got.ProbeTimeout != 2*time.Second || got.ProbeAfter != DefaultProbeAfter {
+		t.Fatalf("a dialer made after SetDetector{ProbeTimeout: 2s}: %+v, want 2s and the default ProbeAfter", got)
+	}
+}

@@ -60,7 +60,7 @@ func NewDialer(net *Network, self Endpoint, certs *security.Certs) *Dialer {
 		creds = credentials.NewTLS(certs.ClientTLS())
 	}
 	d := &Dialer{net: net, self: self, creds: creds, tls: certs != nil, conns: map[uint64]*grpc.ClientConn{}, addrs: map[uint64]string{}, life: life, stop: stop}
-	d.det = detector{cfg: DetectorConfig{}.withDefaults(), d: d}
+	d.det = detector{cfg: net.detectorConfig().withDefaults(), d: d}
 	return d
 }
 
@@ -70,6 +70,13 @@ func (d *Dialer) SetDetector(cfg DetectorConfig) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.det.cfg = cfg.withDefaults()
+}
+
+// Detector returns the dialer's failure detection, defaults filled in.
+func (d *Dialer) Detector() DetectorConfig {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.det.cfg
 }
 
 // Secure reports whether the dialer speaks mutual TLS.

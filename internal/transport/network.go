@@ -41,6 +41,7 @@ type Network struct {
 	dupRate    float64
 	extraDelay time.Duration
 	rtt        map[[2]string]time.Duration // overrides of the topology's RTT
+	detector   DetectorConfig              // failure detection of the dialers made on it (SetDetector)
 
 	bookMu  sync.RWMutex
 	book    map[uint64]topology.Node // every node's region and address: the topology's, then the registry's
@@ -113,6 +114,23 @@ func NewNetwork(top *topology.Topology) *Network {
 		n.book[nd.ID] = nd
 	}
 	return n
+}
+
+// SetDetector sets the failure detection of every Dialer made on the
+// network after it (zero fields: the defaults; Dialer.SetDetector still
+// overrides it): a whole cluster's in one call, as an in-process test
+// cluster under the race detector needs (localcluster).
+func (n *Network) SetDetector(cfg DetectorConfig) {
+	n.mu.Lock()
+	n.detector = cfg
+	n.mu.Unlock()
+}
+
+// detectorConfig returns what SetDetector set.
+func (n *Network) detectorConfig() DetectorConfig {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.detector
 }
 
 // Node returns node id's region and address as the network knows them:

@@ -1,0 +1,6 @@
+//go:build race
+
+package localcluster
+
+// raceEnabled reports a build with the race detector (go test -race).
+const raceEnabled = true
