@@ -84,7 +84,7 @@ func (e *Engine) CollectMVCC(b *pebble.Batch, prefix, start, end []byte, horizon
 			return true, nil
 		}
 		seen = true
-		if vlen > len(EncodeMVCCValue(nil, true)) {
+		if vlen > tombstoneLen {
 			return true, nil // longer than a tombstone, whose value is its kind alone: kept unread
 		}
 		v, err := lv.Value()

@@ -182,3 +182,14 @@ func TestCollectNeverChangesAReadAtOrAboveTheHorizon(t *testing.T) {
 	}
 	t.Logf("%d keys collected by a range deletion", ranged)
 }
+
+// GC tells a tombstone by its value's length alone (tombstoneLen): the
+// constant must be what EncodeMVCCValue writes, and no put is that short.
+func TestTombstoneLenIsATombstonesEncoding(t *testing.T) {
+	if got := len(EncodeMVCCValue(nil, true)); got != tombstoneLen {
+		t.Fatalf("a tombstone's value is %d bytes, tombstoneLen %d", got, tombstoneLen)
+	}
+	if got := len(EncodeMVCCValue([]byte("x"), false)); got <= tombstoneLen {
+		t.Fatalf("a 1-byte put's value is %d bytes, not longer than a tombstone's", got)
+	}
+}

@@ -144,6 +144,11 @@ const (
 	valueKindTombstone byte = 2
 )
 
+// tombstoneLen is the length of a tombstone's value (EncodeMVCCValue(nil,
+// true)): its kind byte alone. A longer value is no tombstone, which lets
+// GC tell without reading it (CollectMVCC).
+const tombstoneLen = 1
+
 // EncodeMVCCValue encodes a value, or a tombstone if tombstone is set.
 func EncodeMVCCValue(value []byte, tombstone bool) []byte {
 	if tombstone {
