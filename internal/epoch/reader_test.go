@@ -75,9 +75,12 @@ func TestAReaderAsksAReplicaOnTheSameGoroutine(t *testing.T) {
 		n += c
 	}
 	// A round that finds the asker still busy with a slow earlier request
-	// runs on a goroutine of its own; a loaded machine may see a few.
-	if n < reads || len(on) > reads/4 {
-		t.Fatalf("%d requests ran on %d goroutines; want at least %d requests on a handful", n, len(on), reads)
+	// runs on a goroutine of its own, and a loaded machine retries and
+	// hedges more (CI once saw 108 requests on 14 goroutines). So the bound
+	// is relative to the requests made: a goroutine per request gives one
+	// request per goroutine, the asker at least four.
+	if n < reads || len(on)*4 > n {
+		t.Fatalf("%d requests ran on %d goroutines; want at least %d requests, at least 4 per goroutine", n, len(on), reads)
 	}
 }
 
