@@ -73,17 +73,13 @@ var (
 
 // Engine is a node's Pebble store. It is safe for concurrent use.
 type Engine struct {
-	db   *pebble.DB
-	opts *pebble.Options // db's options: the comparer and table options its SSTs are written with
-	// prefixSeek: the store's comparer is mvccComparer, so a key's versions
-	// are read with a prefix seek, which the bloom filters serve.
-	prefixSeek bool
-	dir        string
-	fsCloser   io.Closer
-	fs         vfs.FS        // the store's file system (the crash-injecting one, if crashable)
-	crash      *crashFS      // nil unless opened with OpenCrashable
-	cache      *pebble.Cache // the block cache (db holds the reference; freed by Close)
-	stalls     *stalls
+	db       *pebble.DB
+	dir      string
+	fsCloser io.Closer
+	fs       vfs.FS        // the store's file system (the crash-injecting one, if crashable)
+	crash    *crashFS      // nil unless opened with OpenCrashable
+	cache    *pebble.Cache // the block cache (db holds the reference; freed by Close)
+	stalls   *stalls
 }
 
 // Open opens (creating if absent) the store in dir for node nodeID. A directory
@@ -126,14 +122,7 @@ func open(dir string, nodeID uint64, o Options) (e *Engine, err error) {
 	}
 	cache := pebble.NewCache(cmp.Or(o.CacheSize, DefaultCacheSize))
 	defer cache.Unref() // the DB holds its own reference
-	cmp, err := storeComparer(diskFS, filepath.Clean(dir))
-	if err != nil {
-		return nil, err
-	}
-	opts := pebbleOptions(diskFS, cache, cmp)
-	// The defaults filled in, so the SSTs written for ingestion
-	// (NewSSTWriter) get the tables' own options; Open fills its copy alike.
-	opts.EnsureDefaults()
+	opts := pebbleOptions(diskFS, cache)
 	opts.EventListener = &pebble.EventListener{
 		// The read that met the damage returns an error wrapping ErrCorrupt.
 		DataCorruption: func(info pebble.DataCorruptionInfo) {
@@ -156,7 +145,7 @@ func open(dir string, nodeID uint64, o Options) (e *Engine, err error) {
 		// missing referenced file.
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
-	e = &Engine{db: db, opts: opts, prefixSeek: cmp == mvccComparer, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash, cache: cache, stalls: st}
+	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash, cache: cache, stalls: st}
 	if err := e.checkIdent(nodeID); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -351,13 +340,7 @@ func (e *Engine) Scan(lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
 }
 
 func scan(r reader, lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
-	return scanFrom(r, lo, hi, nil, fn)
-}
-
-// scanFrom is scan, started by a prefix seek to seekPrefix when it is not
-// nil (iterateFrom).
-func scanFrom(r reader, lo, hi, seekPrefix []byte, fn func(k, v []byte) (bool, error)) error {
-	return iterateFrom(r, lo, hi, seekPrefix, func(it *pebble.Iterator) (bool, error) {
+	return iterate(r, lo, hi, func(it *pebble.Iterator) (bool, error) {
 		v, err := it.ValueAndErr()
 		if err != nil {
 			return false, wrapReadErr(err)
@@ -369,24 +352,11 @@ func scanFrom(r reader, lo, hi, seekPrefix []byte, fn func(k, v []byte) (bool, e
 // iterate calls step at each key of an iterator over [lo, hi) of r, in
 // order, until step returns false or an error, then closes the iterator.
 func iterate(r reader, lo, hi []byte, step func(*pebble.Iterator) (bool, error)) error {
-	return iterateFrom(r, lo, hi, nil, step)
-}
-
-// iterateFrom is iterate, started by a prefix seek to seekPrefix when it is
-// not nil: the iterator then stops at the last key of that prefix (the
-// comparer's Split), and skips the tables whose bloom filters lack it.
-func iterateFrom(r reader, lo, hi, seekPrefix []byte, step func(*pebble.Iterator) (bool, error)) error {
 	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return wrapReadErr(err)
 	}
-	var valid bool
-	if seekPrefix != nil {
-		valid = it.SeekPrefixGE(seekPrefix)
-	} else {
-		valid = it.First()
-	}
-	for ; valid; valid = it.Next() {
+	for valid := it.First(); valid; valid = it.Next() {
 		if more, err := step(it); err != nil || !more {
 			_ = it.Close()
 			return err

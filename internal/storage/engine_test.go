@@ -158,7 +158,7 @@ func TestOtherLayoutIsRefused(t *testing.T) {
 				t.Fatalf("Open = %v; want ErrLayout saying %q", err, c.want)
 			}
 			// Nothing was changed: put the current layout back and read.
-			raw, err := pebble.Open(dir, &pebble.Options{Comparer: mvccComparer})
+			raw, err := pebble.Open(dir, &pebble.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -264,7 +264,7 @@ func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok boo
 	lo := appendEscaped(append([]byte{}, prefix...), key)
 	hi := PrefixEnd(lo)
 	first := true
-	err = scanFrom(e.db, lo, hi, e.versionsPrefix(lo), func(k, val []byte) (bool, error) {
+	err = e.Scan(lo, hi, func(k, val []byte) (bool, error) {
 		_, ver, err := DecodeMVCCKey(prefix, k)
 		if err != nil {
 			return false, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -288,18 +288,6 @@ func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok boo
 	return v, ok, newest, err
 }
 
-// versionsPrefix returns lo, a user key's escaped and terminated form
-// under an MVCC key space, when the store's comparer makes it the prefix of
-// every version of that key, so the versions are read with a prefix seek
-// that the tables' bloom filters serve; nil otherwise (a store under the
-// default comparer, or lo under another prefix), for a bounded scan.
-func (e *Engine) versionsPrefix(lo []byte) []byte {
-	if e.prefixSeek && len(lo) > 0 && (lo[0] == PrefixData || lo[0] == PrefixRegional) && splitMVCC(lo) == len(lo) {
-		return lo
-	}
-	return nil
-}
-
 // NewestVersion returns the id of key's newest version under prefix,
 // tombstones included (ok false when it has none), reading neither the
 // value nor a copy of the key: a commit's look at its write set (DESIGN.md
@@ -315,12 +303,7 @@ func (e *Engine) NewestVersion(prefix, key []byte) (v VersionID, ok bool, err er
 	if err != nil {
 		return v, false, wrapReadErr(err)
 	}
-	if seek := e.versionsPrefix(lo); seek != nil {
-		ok = it.SeekPrefixGE(seek)
-	} else {
-		ok = it.First()
-	}
-	if ok {
+	if ok = it.First(); ok {
 		ver := it.Key()[len(lo):]
 		if len(ver) != versionLen {
 			err = fmt.Errorf("%w: %v: version of %d bytes", ErrCorrupt, ErrBadKey, len(ver))

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -73,16 +72,11 @@ func compactionsMax() int { return max(1, runtime.GOMAXPROCS(0)) }
 //   - L0 compacted once it holds 2 files, more compactions at once as the
 //     debt grows (compactionsMax), and writes stopped by L0 only at
 //     l0Stops sublevels;
-//   - the MVCC data's values kept out of the compactions (valueSeparation);
-//   - a bloom filter in every table (bloomBitsPerKey), built from the
-//     comparer's prefixes (cmp: mvccComparer, or the default for a store
-//     created before it; storeComparer), so a point read skips the tables
-//     without its key.
-func pebbleOptions(fs vfs.FS, cache *pebble.Cache, cmp *pebble.Comparer) *pebble.Options {
+//   - the MVCC data's values kept out of the compactions (valueSeparation).
+func pebbleOptions(fs vfs.FS, cache *pebble.Cache) *pebble.Options {
 	o := &pebble.Options{
 		FS:                          fs,
 		Cache:                       cache,
-		Comparer:                    cmp,
 		Logger:                      pebbleLogger{},
 		FormatMajorVersion:          pebble.FormatNewest,
 		MemTableSize:                memtableSize(cache.MaxSize()),
@@ -91,18 +85,10 @@ func pebbleOptions(fs vfs.FS, cache *pebble.Cache, cmp *pebble.Comparer) *pebble
 		L0StopWritesThreshold:       l0Stops,
 		CompactionConcurrencyRange:  func() (int, int) { return 1, compactionsMax() },
 	}
-	for i := range o.Levels {
-		o.Levels[i].FilterPolicy = bloom.FilterPolicy(bloomBitsPerKey)
-	}
 	o.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy { return valueSeparation }
 	o.Experimental.SpanPolicyFunc = separateDataOnly
 	return o
 }
-
-// bloomBitsPerKey sizes the tables' bloom filters: 10 bits per key give
-// about 1% false positives (CockroachDB's and RocksDB's choice), at 1.25
-// bytes per key, held in the block cache.
-const bloomBitsPerKey = 10
 
 // valueSeparation keeps the values of MVCC versions (at least
 // separateAtLeast bytes) in blob files, which flushes write once and

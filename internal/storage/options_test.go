@@ -71,7 +71,7 @@ func TestOpenWithCacheSize(t *testing.T) {
 func TestMemtablesLeaveHalfTheCache(t *testing.T) {
 	for _, size := range []int64{MinCacheSize, 64 << 20, DefaultCacheSize, 4 << 30} {
 		c := pebble.NewCache(size)
-		o := pebbleOptions(nil, c, mvccComparer)
+		o := pebbleOptions(nil, c)
 		if worst := int64(o.MemTableSize) * int64(o.MemTableStopWritesThreshold+1); worst > size/2 {
 			t.Errorf("cache %d bytes: memtables may reserve %d ((%d+1) × %d)", size, worst, o.MemTableStopWritesThreshold, o.MemTableSize)
 		}

@@ -65,7 +65,7 @@ func (e *Engine) NewSSTWriter() (*SSTWriter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage: stage %s: %w", path, err)
 	}
-	w := sstable.NewWriter(objstorageprovider.NewFileWritable(f), e.opts.MakeWriterOptions(len(e.opts.Levels)-1, e.db.TableFormat()))
+	w := sstable.NewWriter(objstorageprovider.NewFileWritable(f), sstable.WriterOptions{TableFormat: e.db.TableFormat()})
 	return &SSTWriter{w: w, fs: e.fs, path: path}, nil
 }
 
