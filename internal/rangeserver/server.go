@@ -110,6 +110,10 @@ func (r *Replica) toStatus(err error) error {
 		return notExecuted(err, r.LeaderHint())
 	case errors.Is(err, ErrLeaseNotActive), errors.Is(err, raftgroup.ErrBusy), errors.Is(err, epoch.ErrUnavailable):
 		return notExecuted(err, r.self) // retry here: the lease or leader is about to serve
+	case errors.Is(err, epoch.ErrReaderClosed):
+		// The node is stopping: its epoch reader closed before the read
+		// that needed it, which precedes any proposal. Ask another replica.
+		return notExecuted(err, 0)
 	case errors.Is(err, ErrConflict), errors.Is(err, ErrLocksLost), errors.Is(err, ErrLeaseValidation):
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrStopped):
