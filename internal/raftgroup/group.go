@@ -16,7 +16,6 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/terroir-db/terroir/internal/storage"
@@ -75,9 +74,6 @@ type Status struct {
 	Leader, Term uint64
 	// Applied is the last applied log index.
 	Applied uint64
-	// LogFirst is the first index of the replica's log: the entries before
-	// it were truncated behind a snapshot (maybeCompact).
-	LogFirst uint64
 	// CaughtUp is true once the replica has applied everything the group had
 	// committed when the replica (re)started, as learned through a Raft ReadIndex
 	// after the start. Until then its state may be older than state it served
@@ -163,8 +159,6 @@ type Config struct {
 	// CompactAfter is how many applied entries accumulate before the log is
 	// truncated behind a snapshot (default 10000); the newest CompactAfter/2
 	// entries are kept so a follower slightly behind catches up from the log.
-	// A range's replica truncates earlier while every replica keeps up
-	// (earlyTruncation), unless CompactAfter is eagerAfter or less.
 	CompactAfter uint64
 	// SnapshotRate bounds the bytes per second a node sends in streamed
 	// snapshots, all groups together, so that catching a replica up leaves
@@ -263,7 +257,7 @@ func newGroup(id, self uint64, voters, learners []uint64, e *storage.Engine, sm 
 	g.catchUp.applied = ls.applied
 	ch := make(chan struct{})
 	g.leaderChanged.Store(&ch)
-	g.status = Status{Group: id, Replica: self, Applied: ls.applied, LogFirst: ls.first}
+	g.status = Status{Group: id, Replica: self, Applied: ls.applied}
 	g.members.Store(&configuration{ls.ci, proto.Clone(ls.cs).(*raftpb.ConfState)})
 	g.confInLog.Store(ls.confInLog)
 	g.applied.Store(ls.applied)
@@ -572,7 +566,6 @@ func (g *Group) setApplied(index uint64) {
 	g.applied.Store(index)
 	g.mu.Lock()
 	g.status.Applied = index
-	g.status.LogFirst = g.ls.first
 	g.status.CaughtUp = g.catchUp.done()
 	close(g.appliedC)
 	g.appliedC = make(chan struct{})
@@ -969,53 +962,10 @@ func (g *Group) maybeCompact() error {
 		// in it), as CockroachDB starts range logs past an initial index.
 		return g.truncateLogStart()
 	}
-	if applied < g.ls.first {
+	if applied < g.ls.first || applied-g.ls.first < g.cfg.CompactAfter {
 		return nil
 	}
-	if held := applied - g.ls.first; held >= g.cfg.CompactAfter {
-		return g.compact(applied, applied-g.cfg.CompactAfter/2)
-	} else if to, ok := g.earlyTruncation(applied, held); ok {
-		return g.compact(applied, to)
-	}
-	return nil
-}
-
-// A range's replica truncates its log early (earlyTruncation) once it
-// holds eagerAfter applied entries, through all but the newest eagerKeep.
-const (
-	eagerAfter = 1000
-	eagerKeep  = 500
-)
-
-// earlyTruncation returns the index through which a range's replica
-// (a Streamed group's) truncates its log before CompactAfter entries
-// accumulate: once it holds eagerAfter applied entries (held), through all
-// but the newest eagerKeep, and at the leader no further than any other
-// replica's matched index, so a follower a little behind still catches up
-// from the log; one that stays behind holds the leader's log until
-// CompactAfter, as before. ok is false when there is nothing worth
-// truncating (fewer than eagerKeep entries).
-//
-// A range's entries carry its writes' values. Kept for CompactAfter
-// entries (seconds under load), they outlived the memtable, so every store
-// flushed them, compacted them, and compacted their deletion again (issue
-// 17's steady state). Truncated within eagerAfter entries, most of them
-// are deleted while still in the memtable and never reach a file. Groups
-// whose snapshots copy their whole state (Snapshotter) keep to
-// CompactAfter: each truncation would copy it.
-func (g *Group) earlyTruncation(applied, held uint64) (to uint64, ok bool) {
-	if !g.ls.streamed || held < eagerAfter || g.cfg.CompactAfter <= eagerAfter {
-		return 0, false
-	}
-	to = applied - eagerKeep
-	if g.rn.BasicStatus().RaftState == raft.StateLeader {
-		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
-			if id != g.self && pr.Match < to {
-				to = pr.Match
-			}
-		})
-	}
-	return to, to >= g.ls.first+eagerKeep
+	return g.compact(applied, applied-g.cfg.CompactAfter/2)
 }
 
 // truncateLogStart drops the log's first entry behind a snapshot at the
@@ -1046,13 +996,7 @@ func (g *Group) compact(applied, truncateTo uint64) error {
 		return err
 	}
 	// Ordered after the applied state in the WAL, so it never survives without it.
-	if err := g.e.Commit(b, false); err != nil {
-		return err
-	}
-	g.mu.Lock()
-	g.status.LogFirst = g.ls.first
-	g.mu.Unlock()
-	return nil
+	return g.e.Commit(b, false)
 }
 
 // raftLogger routes etcd raft's logs to slog at debug level (errors stay errors).
