@@ -110,15 +110,17 @@ func (r *Replica) toStatus(err error) error {
 		return notExecuted(err, r.LeaderHint())
 	case errors.Is(err, ErrLeaseNotActive), errors.Is(err, raftgroup.ErrBusy), errors.Is(err, epoch.ErrUnavailable):
 		return notExecuted(err, r.self) // retry here: the lease or leader is about to serve
-	case errors.Is(err, epoch.ErrReaderClosed):
-		// The node is stopping: its epoch reader closed before the read
-		// that needed it, which precedes any proposal. Ask another replica.
-		return notExecuted(err, 0)
 	case errors.Is(err, ErrConflict), errors.Is(err, ErrLocksLost), errors.Is(err, ErrLeaseValidation):
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, raftgroup.ErrOutcomeUnknown), errors.Is(err, raftgroup.ErrStopped):
 		// The command may still apply: callers must not assume it failed.
 		return status.Error(codes.Unknown, err.Error())
+	case errors.Is(err, epoch.ErrReaderClosed):
+		// The node is stopping: its epoch reader closed before the read
+		// that needed it, which precedes any proposal (after the
+		// case above, so an error that also says a proposal may apply keeps
+		// saying so). Ask another replica.
+		return notExecuted(err, 0)
 	case errors.Is(err, ErrSnapshotEpoch):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, ErrNotClosed):

@@ -1,6 +1,7 @@
 package rangeserver
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 )
 
@@ -30,5 +32,10 @@ func TestAStoppingNodesEpochReadIsNotExecuted(t *testing.T) {
 	}
 	if hint == nil || hint.GetLeaderHint() != 0 {
 		t.Fatalf("details %v, want a NotLeader without a hint", st.Details())
+	}
+	// An error that also says a proposal may still apply keeps saying so.
+	both := errors.Join(raftgroup.ErrStopped, epoch.ErrReaderClosed)
+	if got := status.Code(r.toStatus(both)); got != codes.Unknown {
+		t.Fatalf("a stopped proposal joined with a closed reader maps to %v, want Unknown", got)
 	}
 }
