@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/terroir-db/terroir/internal/transport/transportpb"
@@ -63,17 +64,20 @@ func (c DetectorConfig) withDefaults() DetectorConfig {
 	return c
 }
 
-// notSentError is a call refused before it left this process because its
-// node is unresponsive: it did not execute.
+// notSentError is a call that never left this process (its node is
+// unresponsive, or no connection to it took the call): it did not execute.
 type notSentError struct{ st *status.Status }
 
 func (e *notSentError) Error() string              { return e.st.Err().Error() }
 func (e *notSentError) GRPCStatus() *status.Status { return e.st }
 
-// NotSent reports whether err is a call the dialer refused to send because
-// its node did not answer the last ping (codes.Unavailable): unlike other
-// Unavailable errors, it proves the call did not execute, so even a
-// non-idempotent call may be sent elsewhere or again.
+// NotSent reports whether err is a call that never left this process
+// (codes.Unavailable): the dialer refused it because its node did not
+// answer the last ping, or it found no connection to the node and gRPC
+// failed it before any connection took it (the dial was refused: a node
+// stopped or restarting). Unlike other Unavailable errors, it proves the
+// call did not execute, so even a non-idempotent call may be sent
+// elsewhere or again.
 func NotSent(err error) bool {
 	var ns *notSentError
 	return errors.As(err, &ns)
@@ -86,6 +90,7 @@ type peerHealth struct {
 	progress atomic.Int64 // unix ns of the last call that completed with an answer, or of the last answered ping
 	down     atomic.Int64 // unix ns since the node is unresponsive, 0 while it answers
 	probing  atomic.Bool
+	open     atomic.Int32 // sockets open to the node (dialed and not yet closed)
 
 	mu    sync.Mutex
 	socks map[net.Conn]struct{} // the connection's open sockets
@@ -106,6 +111,7 @@ type trackedConn struct {
 
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
+		c.p.open.Add(-1)
 		c.p.mu.Lock()
 		delete(c.p.socks, c)
 		c.p.mu.Unlock()
@@ -122,6 +128,7 @@ func (p *peerHealth) dial(ctx context.Context, addr string) (net.Conn, error) {
 		return nil, err
 	}
 	tc := &trackedConn{Conn: c, p: p}
+	p.open.Add(1)
 	p.mu.Lock()
 	p.socks[tc] = struct{}{}
 	p.mu.Unlock()
@@ -144,8 +151,9 @@ func (p *peerHealth) closeSockets() {
 
 type probeKey struct{}
 
-// interceptor fails calls to an unresponsive node at once, and counts the
-// others in flight.
+// interceptor fails calls to an unresponsive node at once, counts the
+// others in flight, and marks a call that failed without reaching any
+// connection as NotSent.
 func (p *peerHealth) interceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	if ctx.Value(probeKey{}) != nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
@@ -158,10 +166,21 @@ func (p *peerHealth) interceptor(ctx context.Context, method string, req, reply 
 	if p.inflight.Add(1) == 1 {
 		p.progress.Store(time.Now().UnixNano()) // an idle connection's first call: the wait starts now
 	}
+	var reached *peer.Peer
+	if p.open.Load() == 0 {
+		// No socket to the node: gRPC dials for this call. grpc.Peer is
+		// filled only once a connection took the call, so if it stays empty
+		// the call failed before any byte of it left (a dial refused or
+		// timed out: a node stopped, restarting or gone).
+		reached = &peer.Peer{}
+		opts = append(opts[:len(opts):len(opts)], grpc.Peer(reached))
+	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	p.inflight.Add(-1)
 	if answered(err) {
 		p.progress.Store(time.Now().UnixNano())
+	} else if reached != nil && reached.Addr == nil && status.Code(err) == codes.Unavailable {
+		return &notSentError{status.Newf(codes.Unavailable, "transport: call to node %d not sent, no connection: %s", p.node, status.Convert(err).Message())}
 	} else if since := p.down.Load(); since != 0 && status.Code(err) == codes.Unavailable {
 		return status.Errorf(codes.Unavailable, "transport: node %d stopped answering (no answer to a ping; the call may have executed): %v", p.node, status.Convert(err).Message())
 	}

@@ -274,3 +274,64 @@ func TestDialerTakesItsNetworksDetector(t *testing.T) {
 		t.Fatalf("a dialer made after SetDetector{ProbeTimeout: 2s}: %+v, want 2s and the default ProbeAfter", got)
 	}
 }
+
+// A call that finds no connection to its node, and whose dial is refused,
+// never left the process: it fails as NotSent, so a coordinator may send
+// even a commit elsewhere. A call a connection took before the node went
+// away may have executed: it fails Unavailable but not NotSent.
+func TestCallsNoConnectionTookAreNotSent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// Nothing listens at node 1's address: every dial is refused.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	top, err := topology.Parse([]byte("regions: [east]\nnodes:\n  - {id: 1, region: east, addr: \"" + addr + "\"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := NewDialer(NewNetwork(top), Endpoint{Region: "east"}, nil)
+	defer refused.Close()
+	for i := 0; i < 3; i++ {
+		if err := ping(refused, ctx); status.Code(err) != codes.Unavailable || !NotSent(err) {
+			t.Fatalf("call %d to a node that refuses connections: %v, want Unavailable and NotSent", i, err)
+		}
+	}
+
+	// A call on an open connection when the node goes away.
+	d, f, _ := frozenPair(t, 0)
+	if err := ping(d, ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.freeze(true)
+	inflight := make(chan error, 1)
+	go func() { inflight <- ping(d, ctx) }()
+	time.Sleep(30 * time.Millisecond) // the request is on the socket, held by the freezer
+	f.mu.Lock()
+	conns := f.conns
+	f.mu.Unlock()
+	f.l.Close() // later dials are refused
+	for _, c := range conns {
+		c.Close()
+	}
+	f.freeze(false)
+	if err := <-inflight; status.Code(err) != codes.Unavailable || NotSent(err) {
+		t.Fatalf("a call sent before its node went away: %v, want Unavailable and not NotSent (it may have executed)", err)
+	}
+	// Once gRPC has dropped the dead socket, calls dial, are refused, and
+	// are NotSent.
+	for {
+		err := ping(d, ctx)
+		if NotSent(err) {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			t.Fatalf("call after the node went away: %v, want Unavailable, and soon NotSent", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
