@@ -151,6 +151,29 @@ func (p *peerHealth) closeSockets() {
 
 type probeKey struct{}
 
+// sendTrace records what became of a call made while no socket to its node
+// was open: whether a connection took it (reached, filled by grpc.Peer),
+// and whether the network model sent a copy of it (duplicated: the copy
+// may reach the node even if the call did not).
+type sendTrace struct {
+	reached    peer.Peer
+	duplicated atomic.Bool
+}
+
+type sendTraceKey struct{}
+
+// notSent reports whether the traced call never left the process: no
+// connection took it, and no copy of it was sent.
+func (t *sendTrace) notSent() bool { return t.reached.Addr == nil && !t.duplicated.Load() }
+
+// markDuplicated records, on the call of ctx if it is traced, that the
+// network model sends a copy of it.
+func markDuplicated(ctx context.Context) {
+	if t, ok := ctx.Value(sendTraceKey{}).(*sendTrace); ok {
+		t.duplicated.Store(true)
+	}
+}
+
 // interceptor fails calls to an unresponsive node at once, counts the
 // others in flight, and marks a call that failed without reaching any
 // connection as NotSent.
@@ -166,20 +189,21 @@ func (p *peerHealth) interceptor(ctx context.Context, method string, req, reply 
 	if p.inflight.Add(1) == 1 {
 		p.progress.Store(time.Now().UnixNano()) // an idle connection's first call: the wait starts now
 	}
-	var reached *peer.Peer
+	var tr *sendTrace
 	if p.open.Load() == 0 {
 		// No socket to the node: gRPC dials for this call. grpc.Peer is
 		// filled only once a connection took the call, so if it stays empty
 		// the call failed before any byte of it left (a dial refused or
 		// timed out: a node stopped, restarting or gone).
-		reached = &peer.Peer{}
-		opts = append(opts[:len(opts):len(opts)], grpc.Peer(reached))
+		tr = &sendTrace{}
+		ctx = context.WithValue(ctx, sendTraceKey{}, tr)
+		opts = append(opts[:len(opts):len(opts)], grpc.Peer(&tr.reached))
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	p.inflight.Add(-1)
 	if answered(err) {
 		p.progress.Store(time.Now().UnixNano())
-	} else if reached != nil && reached.Addr == nil && status.Code(err) == codes.Unavailable {
+	} else if tr != nil && tr.notSent() && status.Code(err) == codes.Unavailable {
 		return &notSentError{status.Newf(codes.Unavailable, "transport: call to node %d not sent, no connection: %s", p.node, status.Convert(err).Message())}
 	} else if since := p.down.Load(); since != 0 && status.Code(err) == codes.Unavailable {
 		return status.Errorf(codes.Unavailable, "transport: node %d stopped answering (no answer to a ping; the call may have executed): %v", p.node, status.Convert(err).Message())

@@ -278,7 +278,8 @@ func TestDialerTakesItsNetworksDetector(t *testing.T) {
 // A call that finds no connection to its node, and whose dial is refused,
 // never left the process: it fails as NotSent, so a coordinator may send
 // even a commit elsewhere. A call a connection took before the node went
-// away may have executed: it fails Unavailable but not NotSent.
+// away, or one the network model duplicated, may have executed: it fails
+// Unavailable but not NotSent.
 func TestCallsNoConnectionTookAreNotSent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -300,6 +301,16 @@ func TestCallsNoConnectionTookAreNotSent(t *testing.T) {
 		if err := ping(refused, ctx); status.Code(err) != codes.Unavailable || !NotSent(err) {
 			t.Fatalf("call %d to a node that refuses connections: %v, want Unavailable and NotSent", i, err)
 		}
+	}
+
+	// A call the network model duplicates may reach the node by its copy:
+	// it is never NotSent, even though the call itself was refused.
+	dupNet := NewNetwork(top)
+	dupNet.SetDuplicateRate(1)
+	dup := NewDialer(dupNet, Endpoint{Region: "east"}, nil)
+	defer dup.Close()
+	if err := ping(dup, ctx); status.Code(err) != codes.Unavailable || NotSent(err) {
+		t.Fatalf("a duplicated call to a node that refuses connections: %v, want Unavailable and not NotSent (its copy may arrive)", err)
 	}
 
 	// A call on an open connection when the node goes away.

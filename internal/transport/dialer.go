@@ -160,6 +160,7 @@ func (d *Dialer) wanInterceptor(to Endpoint) grpc.UnaryClientInterceptor {
 			return status.Errorf(codes.Unavailable, "transport: request to node %d dropped by the network", to.Node)
 		}
 		if d.net.Duplicated() {
+			markDuplicated(ctx) // the copy may arrive: the call is never NotSent
 			d.duplicate(to, method, req, reply, cc, invoker, opts)
 		}
 		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
@@ -192,6 +193,13 @@ func (d *Dialer) duplicate(to Endpoint, method string, req, reply any, cc *grpc.
 		return
 	}
 	req = proto.Clone(req.(proto.Message))
+	dupOpts := make([]grpc.CallOption, 0, len(opts))
+	for _, o := range opts {
+		if _, ok := o.(grpc.PeerCallOption); !ok { // the original's record of its connection is its own
+			dupOpts = append(dupOpts, o)
+		}
+	}
+	opts = dupOpts
 	dupReply := proto.Clone(reply.(proto.Message))
 	proto.Reset(dupReply)
 	lag := time.Duration(rand.Int64N(int64(dupMaxLag)))
