@@ -90,7 +90,7 @@ type peerHealth struct {
 	progress atomic.Int64 // unix ns of the last call that completed with an answer, or of the last answered ping
 	down     atomic.Int64 // unix ns since the node is unresponsive, 0 while it answers
 	probing  atomic.Bool
-	open     atomic.Int32 // sockets open to the node (dialed and not yet closed)
+	open     atomic.Int32 // len(socks), kept beside it so a call reads it without mu
 
 	mu    sync.Mutex
 	socks map[net.Conn]struct{} // the connection's open sockets
