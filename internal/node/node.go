@@ -265,9 +265,13 @@ func Start(cfg Config) (_ *Node, err error) {
 	ranges := n.rangeReplicas() // a split applied from now on starts its own
 	n.host.Start(n.raft)
 	for _, h := range n.hostedGroups() {
+		if h.rg.StartLeader() == cfg.NodeID {
+			h.rg.LeadAtStart()
+		}
 		h.start()
 	}
 	for _, r := range ranges {
+		r.LeadAtStart()
 		r.Start()
 	}
 	if n.httpListener != nil {

@@ -125,6 +125,7 @@ type Group struct {
 	appliedC     chan struct{}            // closed and replaced when Applied changes
 	snapIn       chan *incoming           // streamed snapshots received, for the loop
 	staged       *staged                  // loop only: the received snapshot Raft may accept
+	leadTicks    int                      // loop only: ticks LeadAtStart still campaigns for
 
 	mu     sync.Mutex
 	status Status
@@ -153,7 +154,7 @@ type configuration struct {
 // Config tunes a group. Zero fields take the defaults noted.
 type Config struct {
 	// Tick is the Raft tick period (default 10 ms). A follower that hears no
-	// leader for 30–60 ticks campaigns; a leader that hears no quorum for 30
+	// leader for 60–120 ticks campaigns; a leader that hears no quorum for 60
 	// steps down (generous, so a loaded machine does not flap leaders).
 	Tick time.Duration
 	// CompactAfter is how many applied entries accumulate before the log is
@@ -178,17 +179,25 @@ type Config struct {
 // DefaultSnapshotRate is Config.SnapshotRate's default: 32 MiB/s.
 const DefaultSnapshotRate = 32 << 20
 
-// electionTicks is Raft's election timeout in ticks (300 ms at the default
-// tick); heartbeatTicks the leader's heartbeat period (50 ms), a sixth of it.
-// Followers learn new commits from appends, not heartbeats. Heartbeats are
-// most of what an idle node sends (two messages a period per follower of
-// each group it leads), so the period is as long as leaves a follower
-// several chances to hear one before it campaigns: at 30 ms (a tenth, as
-// etcd advises) an idle cluster spent about a point of a core more, and a
-// stall long enough to start an election (300 ms or more) is one the
-// shorter period does not ride out either (issue 17).
+// electionTicks is Raft's election timeout in ticks (600 ms at the default
+// tick): a follower that hears no leader for 60–120 ticks campaigns, and a
+// leader (CheckQuorum) that hears from no quorum for 60 steps down. At 300
+// ms, a 2-core machine saturated by three nodes lost leaders of healthy
+// groups 26 times in 20 minutes of YCSB-A: after the stores' flushes and
+// compactions, runnable goroutines waited up to 0.27 s to run, and a
+// group's messages went unseen past the timeout; at 600 ms it lost none
+// (issue 17). etcd (1 s) and CockroachDB (about 2 s) run longer ones. A
+// group whose nodes start together elects its first leader without waiting
+// for the timeout (LeadAtStart).
+//
+// heartbeatTicks is the leader's heartbeat period (50 ms). Followers learn
+// new commits from appends, not heartbeats. Heartbeats are most of what an
+// idle node sends (two messages a period per follower of each group it
+// leads), so the period is no shorter than leaves a follower many chances
+// to hear one before it campaigns: at 30 ms an idle cluster spent about a
+// point of a core more.
 const (
-	electionTicks  = 30
+	electionTicks  = 60
 	heartbeatTicks = 5
 )
 
@@ -530,6 +539,50 @@ func (g *Group) TransferLeadership(to uint64) {
 	g.report(func(rn *raft.RawNode) { rn.TransferLeader(to) })
 }
 
+// StartLeader returns the voter that should lead the group when it starts
+// with no leader known: the one at position id mod n of its n voters in
+// ascending order, which spreads the first leaders of a node's groups over
+// its peers. It returns 0 for a replica not initialized yet.
+func (g *Group) StartLeader() uint64 {
+	voters := g.members.Load().cs.GetVoters()
+	if len(voters) == 0 {
+		return 0
+	}
+	voters = slices.Clone(voters)
+	slices.Sort(voters)
+	return voters[g.id%uint64(len(voters))]
+}
+
+// LeadAtStart has this replica, a voter, stand for election now and again
+// every heartbeat period (50 ms) until the group knows a leader, for at most
+// one election timeout (600 ms): the replica its node chose to lead the
+// group first, as the node starts (a cluster's bootstrap or restart). The
+// repeats reach peers that start after it; a peer that hears from a leader
+// ignores them (PreVote, CheckQuorum), so they never unseat one. Without it
+// a starting group elects only after an election timeout. A call on a
+// replica that is not a voter does nothing.
+func (g *Group) LeadAtStart() {
+	if !slices.Contains(g.members.Load().cs.GetVoters(), g.self) {
+		return
+	}
+	g.report(func(rn *raft.RawNode) {
+		g.leadTicks = electionTicks
+		g.campaignFirst(rn)
+	})
+}
+
+// campaignFirst is LeadAtStart's campaign, on the group's goroutine: one
+// while no leader is known and this replica is not already asking for votes.
+func (g *Group) campaignFirst(rn *raft.RawNode) {
+	st := rn.BasicStatus()
+	switch {
+	case st.Lead != raft.None || st.RaftState == raft.StateLeader:
+		g.leadTicks = 0
+	case st.RaftState != raft.StateCandidate:
+		_ = rn.Campaign()
+	}
+}
+
 // Campaign asks this replica to start an election now (a new group's
 // replica on the node that should lead it, DESIGN.md §11), without waiting
 // for the election timeout. Best effort.
@@ -628,6 +681,11 @@ func (g *Group) run() {
 		case <-ticker.C:
 			g.rn.Tick()
 			g.catchUp.maybeRequest(g.rn, g.status.Leader)
+			if g.leadTicks > 0 {
+				if g.leadTicks--; g.leadTicks%heartbeatTicks == 0 {
+					g.campaignFirst(g.rn)
+				}
+			}
 		case m := <-g.inbox:
 			g.stepLocal(m)
 		case p := <-g.props:

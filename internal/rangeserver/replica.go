@@ -341,6 +341,21 @@ func (r *Replica) Inherit(in Inheritance) {
 // LeaseHolder returns the node named by the range's current lease (0: none).
 func (r *Replica) LeaseHolder() uint64 { return r.sm.Lease().GetHolder() }
 
+// LeadAtStart, as its node starts, has this replica stand for election
+// until its group knows a leader (raftgroup.Group.LeadAtStart) if it is the
+// one that should lead first: the lease holder, so that leadership and lease
+// stay together, or, while no replica holds the lease, the group's
+// StartLeader.
+func (r *Replica) LeadAtStart() {
+	first := r.sm.Lease().GetHolder()
+	if first == 0 {
+		first = r.group.StartLeader()
+	}
+	if first == r.self {
+		r.group.LeadAtStart()
+	}
+}
+
 // Campaign asks this replica to call an election now (the leaseholder's
 // replica of a range a split just created).
 func (r *Replica) Campaign() { r.group.Campaign() }
