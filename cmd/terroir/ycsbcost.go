@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"runtime/metrics"
 	"syscall"
 	"time"
 
@@ -22,6 +23,20 @@ type runCost struct {
 	// stalled is the seconds the stores held back all writes (summed
 	// over the nodes).
 	stalled float64
+	// gcCPU is the CPU seconds the Go garbage collector spent, gcCycles
+	// the collections completed, and sched the process's histogram of how
+	// long runnable goroutines waited to run (runtime/metrics; all three
+	// cumulative since the process started).
+	gcCPU, gcCycles float64
+	sched           *metrics.Float64Histogram
+}
+
+// runtimeSamples are the runtime/metrics names sampleCost reads, in the
+// order it reads them.
+var runtimeSamples = []metrics.Sample{
+	{Name: "/cpu/classes/gc/total:cpu-seconds"},
+	{Name: "/gc/cycles/total:gc-cycles"},
+	{Name: "/sched/latencies:seconds"},
 }
 
 // sampleCost reads the process's CPU time (user + system) and, summed over
@@ -50,6 +65,18 @@ func sampleCost(c *localcluster.Cluster) runCost {
 			*sum += sumMetric(mf)
 		}
 	})
+	rs := make([]metrics.Sample, len(runtimeSamples))
+	copy(rs, runtimeSamples)
+	metrics.Read(rs)
+	if rs[0].Value.Kind() == metrics.KindFloat64 {
+		out.gcCPU = rs[0].Value.Float64()
+	}
+	if rs[1].Value.Kind() == metrics.KindUint64 {
+		out.gcCycles = float64(rs[1].Value.Uint64())
+	}
+	if rs[2].Value.Kind() == metrics.KindFloat64Histogram {
+		out.sched = rs[2].Value.Float64Histogram()
+	}
 	return out
 }
 
@@ -95,6 +122,59 @@ func printCost(before, after runCost, ops int64) {
 	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's)\n",
 		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs))
 	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all\n", diskPerOp(before, after, ops), stalledFor(before, after))
+	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
+		gc := after.gcCPU - before.gcCPU
+		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s\n",
+			gc*1e6/float64(ops), 100*gc/cpu, 1000*per(before.gcCycles, after.gcCycles), schedWaits(before.sched, after.sched))
+	}
+}
+
+// schedWaits describes how long runnable goroutines waited to run between
+// two cumulative samples of /sched/latencies:seconds: the P99 and the
+// longest wait, each as its histogram bucket's upper bound.
+func schedWaits(before, after *metrics.Float64Histogram) string {
+	if before == nil || after == nil || len(before.Counts) != len(after.Counts) {
+		return "(not sampled)"
+	}
+	counts := make([]uint64, len(after.Counts))
+	var total uint64
+	for i := range counts {
+		counts[i] = after.Counts[i] - before.Counts[i]
+		total += counts[i]
+	}
+	if total == 0 {
+		return "(no samples)"
+	}
+	upper := func(i int) time.Duration { // Buckets has len(Counts)+1 boundaries
+		b := after.Buckets[i+1]
+		if b > 1e9 { // the last bucket is unbounded above
+			b = after.Buckets[i]
+		}
+		return time.Duration(b * float64(time.Second))
+	}
+	var p99, longest time.Duration
+	var seen uint64
+	rank := (total*99 + 99) / 100 // the P99 sample's rank, from 1
+	for i, n := range counts {
+		if n == 0 {
+			continue
+		}
+		if seen < rank && seen+n >= rank {
+			p99 = upper(i)
+		}
+		seen += n
+		longest = upper(i)
+	}
+	return fmt.Sprintf("P99 ≤ %s, longest ≤ %s (%d samples)", fmtWait(p99), fmtWait(longest), total)
+}
+
+// fmtWait rounds a scheduling wait for printing: to µs under a
+// millisecond, else to 0.1 ms.
+func fmtWait(d time.Duration) string {
+	if d < time.Millisecond {
+		return d.Round(time.Microsecond).String()
+	}
+	return d.Round(100 * time.Microsecond).String()
 }
 
 // diskPerOp is the bytes the stores wrote per operation between two

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -69,11 +70,13 @@ func TestGlobalEpochInvariantUnderKills(t *testing.T) {
 		}
 	}
 	advance("start")
+	stopped := map[uint64]time.Time{}
 	for _, group := range []uint64{1, 13} { // the global service, then us-east1's publisher
 		leader := waitLeader(t, c, group)
 		if err := c.StopNode(leader); err != nil {
 			t.Fatal(err)
 		}
+		stopped[group] = time.Now()
 		advance("killing the leader of group " + string(rune('0'+group%10)))
 		if err := c.RestartNode(leader); err != nil {
 			t.Fatal(err)
@@ -81,9 +84,35 @@ func TestGlobalEpochInvariantUnderKills(t *testing.T) {
 		advance("restarting it")
 	}
 	stopReads()
+	readsStopped := time.Now()
 	wg.Wait()
 	checkMonotonicWithin(t, h.reads, 1)
 	t.Logf("%d publisher reads checked (%d failed during faults), global epoch reached %d", len(h.reads), h.fails, h.newest)
+	for _, group := range []uint64{1, 13} {
+		to := stopped[group].Add(5 * time.Second)
+		if readsStopped.Before(to) {
+			to = readsStopped
+		}
+		t.Logf("group %d's leader stopped: no publisher read completed for %v at most in the %v after (publisher_lease %v)",
+			group, longestGap(h.reads, stopped[group], to).Round(time.Millisecond), to.Sub(stopped[group]).Round(time.Millisecond), c.Topology.PublisherLease)
+	}
+}
+
+// longestGap returns the longest span within [from, to] in which no read
+// completed.
+func longestGap(reads []read, from, to time.Time) time.Duration {
+	ends := []time.Time{from, to}
+	for _, r := range reads {
+		if r.end.After(from) && r.end.Before(to) {
+			ends = append(ends, r.end)
+		}
+	}
+	slices.SortFunc(ends, time.Time.Compare)
+	var gap time.Duration
+	for i := 1; i < len(ends); i++ {
+		gap = max(gap, ends[i].Sub(ends[i-1]))
+	}
+	return gap
 }
 
 // TestPublisherRefusesWhenCutOff: with the global epoch service gone, a

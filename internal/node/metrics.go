@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,7 +96,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 		m.snapWaits[i] = [2]prometheus.Observer{m.snapEpoch.WithLabelValues(mode), m.snapLock.WithLabelValues(mode)}
 	}
 	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.closedLag, m.epochChange,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		goCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{n: n})
 	return m
 }
@@ -313,3 +314,16 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 // /metrics: a benchmark reads the counters of every node before and after
 // its run (commands per transaction).
 func (n *Node) Gather() ([]*dto.MetricFamily, error) { return n.registry.Gather() }
+
+// goCollector exports the Go runtime's default series and two more an
+// operator needs when a loaded node loses Raft leaders or slows: how long
+// runnable goroutines waited to run (go_sched_latencies_seconds, a
+// histogram in seconds: waits of a few hundred ms delay Raft's messages past
+// its election timeout, issue 17) and the CPU the garbage collector spent
+// (go_cpu_classes_gc_total_cpu_seconds_total, in seconds).
+func goCollector() prometheus.Collector {
+	return collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)},
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/cpu/classes/gc/total:cpu-seconds$`)},
+	))
+}

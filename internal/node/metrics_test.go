@@ -109,7 +109,7 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		`terroir_raft_proposals_total`, `terroir_raft_entries_applied_total`, `terroir_raft_apply_seconds_count`,
 		`terroir_raft_append_sync_seconds_count`, `terroir_raft_leadership_changes_total`, `terroir_raft_leaders`,
 		`terroir_pebble_wal_written_bytes_total`, `terroir_pebble_disk_usage_bytes`,
-		`go_goroutines`, `process_cpu_seconds_total`,
+		`go_goroutines`, `process_cpu_seconds_total`, `go_sched_latencies_seconds_count`, `go_cpu_classes_gc_total_cpu_seconds_total`,
 	} {
 		if v := sample(all, want); v <= 0 {
 			t.Errorf("%s = %v across the nodes, want > 0", want, v)
