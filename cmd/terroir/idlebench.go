@@ -3,10 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"time"
-
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/spf13/cobra"
 
@@ -51,10 +48,10 @@ leases, closed epochs and heartbeats are all it does.`,
 			}
 			defer c.Close()
 			time.Sleep(warmup)
-			before, beforeRPC := sampleCost(c), rpcsByMethod(c)
+			before := sampleCost(c)
 			began := time.Now()
 			time.Sleep(duration)
-			after, afterRPC := sampleCost(c), rpcsByMethod(c)
+			after := sampleCost(c)
 			secs := time.Since(began).Seconds()
 			share := (after.cpu - before.cpu).Seconds() / secs
 			verdict := "within"
@@ -65,22 +62,8 @@ leases, closed epochs and heartbeats are all it does.`,
 				len(t.Nodes), time.Duration(secs*float64(time.Second)).Round(time.Millisecond), 100*share, verdict, 100*idleTarget)
 			fmt.Printf("per second: Raft proposals %.0f, log syncs %.0f, RPCs served %.0f\n",
 				(after.proposals-before.proposals)/secs, (after.syncs-before.syncs)/secs, (after.rpcs-before.rpcs)/secs)
-			type rate struct {
-				method string
-				perSec float64
-			}
-			var rates []rate
-			for m, n := range afterRPC {
-				if d := n - beforeRPC[m]; d > 0 {
-					rates = append(rates, rate{m, d / secs})
-				}
-			}
-			sort.Slice(rates, func(i, j int) bool { return rates[i].perSec > rates[j].perSec })
-			for i, r := range rates {
-				if i == top {
-					break
-				}
-				fmt.Printf("  %-32s %8.0f/s\n", r.method, r.perSec)
+			for _, r := range busiest(before.byMethod, after.byMethod, secs, top) {
+				fmt.Printf("  %-32s %8.0f/s\n", r.method, r.n)
 			}
 			return nil
 		},
@@ -91,23 +74,4 @@ leases, closed epochs and heartbeats are all it does.`,
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "run the embedded cluster without TLS (default: mutual TLS, as a deployment runs)")
 	cmd.Flags().IntVar(&top, "top", 8, "how many RPC methods to list, busiest first")
 	return cmd
-}
-
-// rpcsByMethod returns, summed over c's running nodes, the RPCs served so
-// far by method (terroir_rpc_server_seconds' method label).
-func rpcsByMethod(c *localcluster.Cluster) map[string]float64 {
-	out := map[string]float64{}
-	eachFamily(c, func(mf *dto.MetricFamily) {
-		if mf.GetName() != "terroir_rpc_server_seconds" {
-			return
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "method" {
-					out[l.GetValue()] += float64(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-	})
-	return out
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"runtime/metrics"
+	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,6 +31,9 @@ type runCost struct {
 	// cumulative since the process started).
 	gcCPU, gcCycles float64
 	sched           *metrics.Float64Histogram
+	// byMethod is rpcs by RPC method (terroir_rpc_server_seconds'
+	// method label).
+	byMethod map[string]float64
 }
 
 // runtimeSamples are the runtime/metrics names sampleCost reads, in the
@@ -46,7 +51,7 @@ var runtimeSamples = []metrics.Sample{
 // bytes their stores wrote (terroir_pebble_{wal_written,flushed,compacted}_bytes_total)
 // and the time their writes stalled (terroir_pebble_write_stall_seconds_total).
 func sampleCost(c *localcluster.Cluster) runCost {
-	var out runCost
+	out := runCost{byMethod: map[string]float64{}}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		out.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -63,6 +68,16 @@ func sampleCost(c *localcluster.Cluster) runCost {
 	eachFamily(c, func(mf *dto.MetricFamily) {
 		if sum, ok := counted[mf.GetName()]; ok {
 			*sum += sumMetric(mf)
+		}
+		if mf.GetName() != "terroir_rpc_server_seconds" {
+			return
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "method" {
+					out.byMethod[l.GetValue()] += float64(m.GetHistogram().GetSampleCount())
+				}
+			}
 		}
 	})
 	rs := make([]metrics.Sample, len(runtimeSamples))
@@ -122,6 +137,11 @@ func printCost(before, after runCost, ops int64) {
 	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's)\n",
 		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs))
 	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all\n", diskPerOp(before, after, ops), stalledFor(before, after))
+	line := "per operation, RPCs served by method:"
+	for _, r := range busiest(before.byMethod, after.byMethod, float64(ops), 6) {
+		line += fmt.Sprintf(" %s %.2f,", r.method, r.n)
+	}
+	fmt.Println(strings.TrimSuffix(line, ","))
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
 		gc := after.gcCPU - before.gcCPU
 		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s\n",
@@ -189,4 +209,24 @@ func diskPerOp(before, after runCost, ops int64) string {
 // summed over the nodes.
 func stalledFor(before, after runCost) time.Duration {
 	return time.Duration((after.stalled - before.stalled) * float64(time.Second)).Round(time.Millisecond)
+}
+
+// methodCount is one RPC method's calls between two samples, divided by
+// what busiest was given (operations, seconds).
+type methodCount struct {
+	method string
+	n      float64
+}
+
+// busiest returns the top RPC methods by calls between two samples of
+// runCost.byMethod, each divided by per, busiest first.
+func busiest(before, after map[string]float64, per float64, top int) []methodCount {
+	var out []methodCount
+	for m, n := range after {
+		if d := n - before[m]; d > 0 {
+			out = append(out, methodCount{m, d / per})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].n > out[j].n })
+	return out[:min(top, len(out))]
 }
