@@ -7,7 +7,9 @@
 # one driver process (`terroir bench ycsb`) runs the workload on etcd, then on
 # Terroir. It prints both side by side, then each system's CPU time per
 # operation of the run phase, summed over its three processes (from
-# /proc/<pid>/stat), beside the driver's own.
+# /proc/<pid>/stat), beside the driver's own; for Terroir also the RPCs its
+# nodes served per operation by method, and the Raft groups each node led
+# (from their /metrics), which tell the run's layout of leaders.
 #
 #   scripts/bench-etcd.sh [workload (a–f, default a)] [duration (default 10s)]
 #

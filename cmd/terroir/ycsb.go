@@ -107,7 +107,7 @@ operation of the run phase (user + system, summed over its processes, from
 				}
 				defer store.Close()
 				cfg.Keys = ycsb.KeySpace{Prefixes: [][]byte{[]byte("y-")}}
-				res, cost, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil, etcdProcs, every)
+				res, cost, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil, nil, etcdProcs, every)
 				if err != nil {
 					return err
 				}
@@ -177,7 +177,7 @@ operation of the run phase (user + system, summed over its processes, from
 // store belongs to) it prints what an operation of the run cost. With pids
 // (the processes serving store) it returns the CPU time an operation of the
 // run phase cost in them and in this process; else that is nil.
-func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config, c *localcluster.Cluster, pids []int, every time.Duration) (*ycsb.Result, *cpuPerOp, error) {
+func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config, c *localcluster.Cluster, remote []string, pids []int, every time.Duration) (*ycsb.Result, *cpuPerOp, error) {
 	w := cfg.Workload
 	fmt.Printf("%s: loading %d records of %d × %d B...\n", name, w.RecordCount, w.FieldCount, w.FieldLength)
 	if err := ycsb.Load(ctx, store, w, cfg.Keys, cfg.Seed); err != nil {
@@ -187,6 +187,10 @@ func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config
 	var cost runCost
 	if c != nil {
 		cost = sampleCost(c)
+	}
+	var remoteBefore remoteSample
+	if len(remote) > 0 {
+		remoteBefore = sampleRemote(ctx, remote)
 	}
 	var before cpuSample
 	var err error
@@ -224,6 +228,9 @@ func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config
 	}
 	if c != nil {
 		printCost(cost, sampleCost(c), res.Ops())
+	}
+	if len(remote) > 0 {
+		printRemote(remoteBefore, sampleRemote(ctx, remote), res.Ops())
 	}
 	return res, perOpCPU, nil
 }
@@ -281,7 +288,15 @@ func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, cluster
 	if cfg.Keys, err = ycsb.RegionKeys(top, region); err != nil {
 		return nil, nil, err
 	}
-	res, cost, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg, c, pids, every)
+	var remote []string // the running cluster's nodes' HTTP addresses, where they are the default
+	if c == nil {
+		for _, n := range top.Nodes {
+			if a, err := defaultHTTPAddr(n.Addr); err == nil {
+				remote = append(remote, a)
+			}
+		}
+	}
+	res, cost, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg, c, remote, pids, every)
 	if err != nil || c == nil {
 		return res, cost, err
 	}

@@ -69,16 +69,7 @@ func sampleCost(c *localcluster.Cluster) runCost {
 		if sum, ok := counted[mf.GetName()]; ok {
 			*sum += sumMetric(mf)
 		}
-		if mf.GetName() != "terroir_rpc_server_seconds" {
-			return
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "method" {
-					out.byMethod[l.GetValue()] += float64(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
+		addRPCsByMethod(mf, out.byMethod)
 	})
 	rs := make([]metrics.Sample, len(runtimeSamples))
 	copy(rs, runtimeSamples)
@@ -137,11 +128,7 @@ func printCost(before, after runCost, ops int64) {
 	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's)\n",
 		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs))
 	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all\n", diskPerOp(before, after, ops), stalledFor(before, after))
-	line := "per operation, RPCs served by method:"
-	for _, r := range busiest(before.byMethod, after.byMethod, float64(ops), 6) {
-		line += fmt.Sprintf(" %s %.2f,", r.method, r.n)
-	}
-	fmt.Println(strings.TrimSuffix(line, ","))
+	printRPCsByMethod(before.byMethod, after.byMethod, ops)
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
 		gc := after.gcCPU - before.gcCPU
 		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s\n",
@@ -209,6 +196,31 @@ func diskPerOp(before, after runCost, ops int64) string {
 // summed over the nodes.
 func stalledFor(before, after runCost) time.Duration {
 	return time.Duration((after.stalled - before.stalled) * float64(time.Second)).Round(time.Millisecond)
+}
+
+// addRPCsByMethod adds mf's calls by RPC method to into, if mf is
+// terroir_rpc_server_seconds (its method label; it is a histogram).
+func addRPCsByMethod(mf *dto.MetricFamily, into map[string]float64) {
+	if mf.GetName() != "terroir_rpc_server_seconds" {
+		return
+	}
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "method" {
+				into[l.GetValue()] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+}
+
+// printRPCsByMethod prints the six busiest RPC methods between two samples
+// of runCost.byMethod, in calls per operation over ops operations.
+func printRPCsByMethod(before, after map[string]float64, ops int64) {
+	line := "per operation, RPCs served by method:"
+	for _, r := range busiest(before, after, float64(ops), 6) {
+		line += fmt.Sprintf(" %s %.2f,", r.method, r.n)
+	}
+	fmt.Println(strings.TrimSuffix(line, ","))
 }
 
 // methodCount is one RPC method's calls between two samples, divided by
