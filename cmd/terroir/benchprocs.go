@@ -2,8 +2,8 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -180,21 +180,13 @@ func (p *procCluster) rss(id uint64) uint64 {
 	return 0
 }
 
-// metric sums a counter's value over the nodes' /metrics.
+// metric sums a counter's value over the nodes' /metrics (a node that
+// does not answer within 2 s counts nothing).
 func (p *procCluster) metric(name string) float64 {
 	var sum float64
 	for _, n := range p.nodes {
-		resp, err := http.Get("http://" + n.http + "/metrics")
-		if err != nil {
-			continue
-		}
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for _, line := range strings.Split(string(data), "\n") {
-			if rest, ok := strings.CutPrefix(line, name+" "); ok {
-				v, _ := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-				sum += v
-			}
+		if mfs, err := scrapeMetrics(context.Background(), n.http); err == nil && mfs[name] != nil {
+			sum += sumMetric(mfs[name])
 		}
 	}
 	return sum

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -23,31 +24,17 @@ type remoteSample struct {
 	leaders  map[string]float64
 }
 
-// sampleRemote GETs /metrics from each of httpAddrs (host:port), each
-// within 2 s; a node that does not answer, or answers what does not parse,
-// is left out of the sample.
+// sampleRemote reads /metrics from each of httpAddrs (host:port,
+// scrapeMetrics); a node that does not answer, or answers what does not
+// parse, is left out of the sample.
 func sampleRemote(ctx context.Context, httpAddrs []string) remoteSample {
 	out := remoteSample{byMethod: map[string]float64{}, leaders: map[string]float64{}}
 	for _, addr := range httpAddrs {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-		if err != nil {
-			cancel()
-			continue
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			cancel()
-			continue
-		}
-		parser := expfmt.NewTextParser(model.UTF8Validation)
-		mfs, err := parser.TextToMetricFamilies(resp.Body)
-		_ = resp.Body.Close()
-		cancel()
+		mfs, err := scrapeMetrics(ctx, addr)
 		if err != nil {
 			continue
 		}
-		for _, mf := range mfs {
+		if mf := mfs["terroir_rpc_server_seconds"]; mf != nil {
 			addRPCsByMethod(mf, out.byMethod)
 		}
 		if mf := mfs["terroir_raft_leaders"]; mf != nil && len(mf.GetMetric()) == 1 {
@@ -55,6 +42,24 @@ func sampleRemote(ctx context.Context, httpAddrs []string) remoteSample {
 		}
 	}
 	return out
+}
+
+// scrapeMetrics GETs a node's /metrics at httpAddr (host:port), within 2
+// s, and parses it. Errors: the request's, or the text format's.
+func scrapeMetrics(ctx context.Context, httpAddr string) (map[string]*dto.MetricFamily, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(resp.Body)
 }
 
 // printRemote prints what a run of ops operations cost the nodes between two
