@@ -154,7 +154,7 @@ type configuration struct {
 // Config tunes a group. Zero fields take the defaults noted.
 type Config struct {
 	// Tick is the Raft tick period (default 10 ms). A follower that hears no
-	// leader for 60–120 ticks campaigns; a leader that hears no quorum for 60
+	// leader for 30–60 ticks campaigns; a leader that hears no quorum for 30
 	// steps down (generous, so a loaded machine does not flap leaders).
 	Tick time.Duration
 	// CompactAfter is how many applied entries accumulate before the log is
@@ -179,16 +179,17 @@ type Config struct {
 // DefaultSnapshotRate is Config.SnapshotRate's default: 32 MiB/s.
 const DefaultSnapshotRate = 32 << 20
 
-// electionTicks is Raft's election timeout in ticks (600 ms at the default
-// tick): a follower that hears no leader for 60–120 ticks campaigns, and a
-// leader (CheckQuorum) that hears from no quorum for 60 steps down. At 300
-// ms, a 2-core machine saturated by three nodes lost leaders of healthy
-// groups 26 times in 20 minutes of YCSB-A: after the stores' flushes and
-// compactions, runnable goroutines waited up to 0.27 s to run, and a
-// group's messages went unseen past the timeout; at 600 ms it lost none
-// (issue 17). etcd (1 s) and CockroachDB (about 2 s) run longer ones. A
-// group whose nodes start together elects its first leader without waiting
-// for the timeout (LeadAtStart).
+// electionTicks is Raft's election timeout in ticks (300 ms at the default
+// tick): a follower that hears no leader for 30–60 ticks campaigns, and a
+// leader (CheckQuorum) that hears from no quorum for 30 steps down. At 600
+// ms a 2-core machine saturated by three nodes lost no leader of a healthy
+// group in 20 minutes of YCSB-A, where 300 ms lost 26 (scheduling waits of
+// up to 0.27 s after the stores' flushes); but a frozen range leader then
+// cost its region 1.5–2.7 s without a commit, past the 2 s that
+// TestFrozenRangeLeaderFailover holds (DESIGN.md §12), since followers
+// wait out the timeout before they campaign (issue 17). A group whose nodes
+// start together elects its first leader without waiting for the timeout
+// (LeadAtStart).
 //
 // heartbeatTicks is the leader's heartbeat period (50 ms). Followers learn
 // new commits from appends, not heartbeats. Heartbeats are most of what an
@@ -197,7 +198,7 @@ const DefaultSnapshotRate = 32 << 20
 // to hear one before it campaigns: at 30 ms an idle cluster spent about a
 // point of a core more.
 const (
-	electionTicks  = 60
+	electionTicks  = 30
 	heartbeatTicks = 5
 )
 
@@ -555,7 +556,7 @@ func (g *Group) StartLeader() uint64 {
 
 // LeadAtStart has this replica, a voter, stand for election now and again
 // every heartbeat period (50 ms) until the group knows a leader, for at most
-// one election timeout (600 ms): the replica its node chose to lead the
+// one election timeout (300 ms): the replica its node chose to lead the
 // group first, as the node starts (a cluster's bootstrap or restart). The
 // repeats reach peers that start after it; a peer that hears from a leader
 // ignores them (PreVote, CheckQuorum), so they never unseat one. Without it

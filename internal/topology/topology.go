@@ -74,7 +74,7 @@ const (
 	// DefaultGlobalEpochIdleInterval is the least time between global epoch
 	// advances while no reader asks for the global epoch (epoch.Demand).
 	DefaultGlobalEpochIdleInterval = 100 * time.Millisecond
-	// DefaultRaftTick is the Raft logical clock tick; elections take 60–120 ticks, heartbeats 5 (raftgroup).
+	// DefaultRaftTick is the Raft logical clock tick; elections take 30–60 ticks, heartbeats 5 (raftgroup).
 	DefaultRaftTick = 10 * time.Millisecond
 	// DefaultReplicas is the replication factor of a group that names no replicas.
 	DefaultReplicas = 3
