@@ -13,6 +13,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/epoch/epochpb"
 	"github.com/terroir-db/terroir/internal/raftgroup"
+	"github.com/terroir-db/terroir/internal/tick"
 )
 
 // Replica is one node's replica of a local epoch group: the counter plus,
@@ -53,7 +54,7 @@ func (r *Replica) Epoch() uint64 { return r.sm.Epoch() }
 func (r *Replica) advanceLoop() {
 	defer r.wg.Done()
 	interval := r.pace.Interval()
-	t := time.NewTicker(interval)
+	t := tick.NewTicker(interval)
 	defer t.Stop()
 	var last time.Time // when this replica's last advance began
 	for {
@@ -61,6 +62,7 @@ func (r *Replica) advanceLoop() {
 		case <-r.ctx.Done():
 			return
 		case <-t.C:
+			t.Next()
 		}
 		st := r.group.Status()
 		if st.Leader != st.Replica || !st.CaughtUp {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/terroir-db/terroir/internal/storage"
+	"github.com/terroir-db/terroir/internal/tick"
 )
 
 // StateMachine is the replicated state a group applies its log to. Its methods are
@@ -156,6 +157,8 @@ type Config struct {
 	// Tick is the Raft tick period (default 10 ms). A follower that hears no
 	// leader for 30–60 ticks campaigns; a leader that hears no quorum for 30
 	// steps down (generous, so a loaded machine does not flap leaders).
+	// Ticks fall on whole multiples of Tick (package tick), so a node's
+	// groups tick in the same instant.
 	Tick time.Duration
 	// CompactAfter is how many applied entries accumulate before the log is
 	// truncated behind a snapshot (default 10000); the newest CompactAfter/2
@@ -671,7 +674,7 @@ const drainLimit = 512
 
 func (g *Group) run() {
 	defer close(g.done)
-	ticker := time.NewTicker(g.cfg.Tick)
+	ticker := tick.NewTicker(g.cfg.Tick)
 	defer ticker.Stop()
 	for {
 		select {
@@ -680,6 +683,7 @@ func (g *Group) run() {
 			g.dropStaged()
 			return
 		case <-ticker.C:
+			ticker.Next()
 			g.rn.Tick()
 			g.catchUp.maybeRequest(g.rn, g.status.Leader)
 			if g.leadTicks > 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/raftgroup"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
+	"github.com/terroir-db/terroir/internal/tick"
 	"github.com/terroir-db/terroir/internal/transport"
 )
 
@@ -38,13 +39,14 @@ type leadership struct {
 
 func (r *Replica) loop() {
 	defer r.wg.Done()
-	t := time.NewTicker(r.cfg.Tick)
+	t := tick.NewTicker(r.cfg.Tick)
 	defer t.Stop()
 	for {
 		select {
 		case <-r.ctx.Done():
 			return
 		case <-t.C:
+			t.Next()
 		}
 		r.tick()
 	}
