@@ -237,7 +237,8 @@ func (r *Reader) round(background bool) (uint64, error) {
 
 // atLeastWait is how long a replica AtLeast asks waits for the epoch to
 // reach it before answering (epochpb.ReadEpochRequest.wait_us): a follower
-// answers the moment it applies the epoch, within a heartbeat (50 ms).
+// answers the moment it applies the epoch: the leader sends the commit
+// to its followers as soon as it learns it, not with its next heartbeat.
 const atLeastWait = 50 * time.Millisecond
 
 // AtLeast returns once a majority of the group's replicas (of each half of
