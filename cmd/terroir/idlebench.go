@@ -23,12 +23,13 @@ func benchIdleCmd() *cobra.Command {
 	var top int
 	cmd := &cobra.Command{
 		Use:   "idle",
-		Short: "What an idle cluster costs: CPU (% of one core), Raft proposals, log syncs and RPCs per second, with no load",
+		Short: "What an idle cluster costs: CPU (% of one core), Raft proposals, log syncs, RPCs and Raft messages per second, with no load",
 		Long: `idle starts the embedded cluster of --config (default: the demo's
 examples/three-regions.yaml), lets it settle for --warmup, then measures for
 --duration with no client load: the process's CPU time as a share of one
 core (the target is at most 20%), and, summed over the nodes, the Raft
-proposals, log syncs and RPCs served per second, the RPCs by method. Epochs,
+proposals, log syncs, RPCs served and Raft messages sent (heartbeats and
+their replies apart) per second, the RPCs by method. Epochs,
 leases, closed epochs and heartbeats are all it does.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -60,8 +61,9 @@ leases, closed epochs and heartbeats are all it does.`,
 			}
 			fmt.Printf("idle cluster of %d nodes, %s: CPU %.1f%% of one core (%s the %.0f%% target)\n",
 				len(t.Nodes), time.Duration(secs*float64(time.Second)).Round(time.Millisecond), 100*share, verdict, 100*idleTarget)
-			fmt.Printf("per second: Raft proposals %.0f, log syncs %.0f, RPCs served %.0f\n",
-				(after.proposals-before.proposals)/secs, (after.syncs-before.syncs)/secs, (after.rpcs-before.rpcs)/secs)
+			fmt.Printf("per second: Raft proposals %.0f, log syncs %.0f, RPCs served %.0f, Raft messages %.0f (heartbeats and their replies %.0f)\n",
+				(after.proposals-before.proposals)/secs, (after.syncs-before.syncs)/secs, (after.rpcs-before.rpcs)/secs,
+				(after.raftMsgs-before.raftMsgs)/secs, (after.heartbeats-before.heartbeats)/secs)
 			for _, r := range busiest(before.byMethod, after.byMethod, secs, top) {
 				fmt.Printf("  %-32s %8.0f/s\n", r.method, r.n)
 			}

@@ -19,6 +19,10 @@ import (
 type runCost struct {
 	cpu                    time.Duration
 	rpcs, proposals, syncs float64
+	// raftMsgs is the Raft messages the nodes sent each other
+	// (terroir_raft_messages_sent_total), heartbeats those that were
+	// heartbeats or replies to them.
+	raftMsgs, heartbeats float64
 	// wal, flushed and compacted are the bytes the nodes' stores wrote to
 	// disk: to the WAL, by memtable flushes and by compactions.
 	wal, flushed, compacted float64
@@ -47,6 +51,7 @@ var runtimeSamples = []metrics.Sample{
 // sampleCost reads the process's CPU time (user + system) and, summed over
 // c's running nodes, the RPCs they served (terroir_rpc_server_seconds),
 // the Raft entries proposed (terroir_raft_proposals_total), the Raft
+// messages sent (terroir_raft_messages_sent_total, heartbeats apart), the Raft
 // log appends synced to disk (terroir_raft_append_sync_seconds) and the
 // bytes their stores wrote (terroir_pebble_{wal_written,flushed,compacted}_bytes_total)
 // and the time their writes stalled (terroir_pebble_write_stall_seconds_total).
@@ -59,6 +64,7 @@ func sampleCost(c *localcluster.Cluster) runCost {
 	counted := map[string]*float64{
 		"terroir_rpc_server_seconds":               &out.rpcs,
 		"terroir_raft_proposals_total":             &out.proposals,
+		"terroir_raft_messages_sent_total":         &out.raftMsgs,
 		"terroir_raft_append_sync_seconds":         &out.syncs,
 		"terroir_pebble_wal_written_bytes_total":   &out.wal,
 		"terroir_pebble_flushed_bytes_total":       &out.flushed,
@@ -70,6 +76,7 @@ func sampleCost(c *localcluster.Cluster) runCost {
 			*sum += sumMetric(mf)
 		}
 		addRPCsByMethod(mf, out.byMethod)
+		out.heartbeats += heartbeatsSent(mf)
 	})
 	rs := make([]metrics.Sample, len(runtimeSamples))
 	copy(rs, runtimeSamples)
@@ -125,8 +132,9 @@ func printCost(before, after runCost, ops int64) {
 		return
 	}
 	per := func(a, b float64) float64 { return (b - a) / float64(ops) }
-	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's)\n",
-		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs))
+	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's), Raft messages %.2f (heartbeats %.2f)\n",
+		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs),
+		per(before.raftMsgs, after.raftMsgs), per(before.heartbeats, after.heartbeats))
 	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all\n", diskPerOp(before, after, ops), stalledFor(before, after))
 	printRPCsByMethod(before.byMethod, after.byMethod, ops)
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
@@ -196,6 +204,23 @@ func diskPerOp(before, after runCost, ops int64) string {
 // summed over the nodes.
 func stalledFor(before, after runCost) time.Duration {
 	return time.Duration((after.stalled - before.stalled) * float64(time.Second)).Round(time.Millisecond)
+}
+
+// heartbeatsSent returns the Raft heartbeats and replies to them that mf
+// counts, if mf is terroir_raft_messages_sent_total (0 otherwise).
+func heartbeatsSent(mf *dto.MetricFamily) float64 {
+	if mf.GetName() != "terroir_raft_messages_sent_total" {
+		return 0
+	}
+	var n float64
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "type" && (l.GetValue() == "MsgHeartbeat" || l.GetValue() == "MsgHeartbeatResp") {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
 }
 
 // addRPCsByMethod adds mf's calls by RPC method to into, if mf is

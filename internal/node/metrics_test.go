@@ -108,6 +108,7 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		`terroir_epoch_advance_interval_seconds_count{kind="local-epoch"}`,
 		`terroir_raft_proposals_total`, `terroir_raft_entries_applied_total`, `terroir_raft_apply_seconds_count`,
 		`terroir_raft_append_sync_seconds_count`, `terroir_raft_leadership_changes_total`, `terroir_raft_leaders`,
+		`terroir_raft_messages_sent_total{type="MsgApp"}`, `terroir_raft_messages_sent_total{type="MsgAppResp"}`,
 		`terroir_pebble_wal_written_bytes_total`, `terroir_pebble_disk_usage_bytes`,
 		`go_goroutines`, `process_cpu_seconds_total`, `go_sched_latencies_seconds_count`, `go_cpu_classes_gc_total_cpu_seconds_total`,
 	} {
@@ -119,6 +120,11 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		if !strings.Contains(all, want) { // zero until the first flush or stall
 			t.Errorf("no %sseries", want)
 		}
+	}
+	// Messages a replica hands to itself (raft.IsLocalMsg) never cross
+	// the network: no series counts them.
+	if strings.Contains(all, `terroir_raft_messages_sent_total{type="MsgHup"}`) || strings.Contains(all, `terroir_raft_messages_sent_total{type="MsgStorageAppend"}`) {
+		t.Error("terroir_raft_messages_sent_total has a series for a local message type")
 	}
 	if !regexp.MustCompile(`terroir_epoch\{group="\d+",kind="local-epoch",region="us-east1"\} [1-9]`).MatchString(all) {
 		t.Error("no terroir_epoch series for the local epoch group")

@@ -898,6 +898,9 @@ func (g *Group) handleReady(rd raft.Ready) error {
 
 func (g *Group) sendAll(msgs []*raftpb.Message) {
 	for _, m := range msgs {
+		if t := int(m.GetType()); m.GetTo() != g.self && t < numMessageTypes && g.metrics.sent[t] != nil {
+			g.metrics.sent[t].Inc()
+		}
 		g.send(g.id, m)
 	}
 }

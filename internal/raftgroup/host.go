@@ -38,7 +38,14 @@ type Metrics struct {
 	droppedMessages prometheus.Counter
 	strayMessages   prometheus.Counter
 	snapshotBytes   prometheus.Counter
+	// sent counts the messages handed to the transport for other nodes,
+	// by raftpb.MessageType (terroir_raft_messages_sent_total's type label).
+	// Local message types (raft.IsLocalMsg) have none.
+	sent [numMessageTypes]prometheus.Counter
 }
+
+// numMessageTypes bounds raftpb.MessageType's values.
+const numMessageTypes = int(raftpb.MessageType_MsgForgetLeader) + 1
 
 // NewMetrics creates the collectors and registers them with reg (nil: unregistered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -73,8 +80,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "terroir_raft_snapshot_sent_bytes_total", Help: "Bytes of keys and values streamed in Raft snapshots to other nodes.",
 		}),
 	}
+	sent := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "terroir_raft_messages_sent_total",
+		Help: "Raft messages sent to other nodes' replicas, by type (MsgApp, MsgHeartbeat, ...): what the node's groups cost the network.",
+	}, []string{"type"})
+	for t := range m.sent {
+		if mt := raftpb.MessageType(t); !raft.IsLocalMsg(mt) {
+			m.sent[t] = sent.WithLabelValues(mt.String())
+		}
+	}
 	if reg != nil {
-		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes)
+		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes, sent)
 	}
 	return m
 }
