@@ -214,10 +214,8 @@ func heartbeatsSent(mf *dto.MetricFamily) float64 {
 	}
 	var n float64
 	for _, m := range mf.GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "type" && (l.GetValue() == "MsgHeartbeat" || l.GetValue() == "MsgHeartbeatResp") {
-				n += m.GetCounter().GetValue()
-			}
+		if t := labelValue(m, "type"); t == "MsgHeartbeat" || t == "MsgHeartbeatResp" {
+			n += m.GetCounter().GetValue()
 		}
 	}
 	return n
@@ -230,12 +228,20 @@ func addRPCsByMethod(mf *dto.MetricFamily, into map[string]float64) {
 		return
 	}
 	for _, m := range mf.GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "method" {
-				into[l.GetValue()] += float64(m.GetHistogram().GetSampleCount())
-			}
+		if method := labelValue(m, "method"); method != "" {
+			into[method] += float64(m.GetHistogram().GetSampleCount())
 		}
 	}
+}
+
+// labelValue returns the value of m's label name ("" when m has none).
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }
 
 // printRPCsByMethod prints the six busiest RPC methods between two samples
