@@ -209,8 +209,7 @@ func TestFirstAsksCoversEveryConfiguration(t *testing.T) {
 		{"joint", [][]uint64{{1, 2, 3}, {1, 2, 4}}, 0, nil},
 		{"two voters", [][]uint64{{1, 3}}, 0, nil},
 	} {
-		r.preferred.Store(tc.preferred)
-		got := r.firstAsks(config{index: 1, halves: tc.halves})
+		got := r.firstAsks(config{index: 1, halves: tc.halves}, tc.preferred)
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: first asks %v, want %v", tc.name, got, tc.want)
 		}

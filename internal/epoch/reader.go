@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/terroir-db/terroir/internal/epoch/epochpb"
 	"github.com/terroir-db/terroir/internal/topology"
 	"github.com/terroir-db/terroir/internal/transport"
@@ -62,12 +65,16 @@ type Reader struct {
 	timeout time.Duration
 	self    uint64     // with serve: the node this reader runs on (0: none)
 	serve   ServeEpoch // answers for self's replica without a network round trip
-	// call asks node id's replica: readRemote, or a test's fake.
-	call func(ctx context.Context, id uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error)
+	partner *Reader    // Pair: the group read in joint rounds with this one (nil: none)
+	// call asks node id's replica: readRemote, or a test's fake; callMany
+	// asks node id's replicas of several groups: readRemoteMany, or a fake.
+	call     func(ctx context.Context, id uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error)
+	callMany func(ctx context.Context, id uint64, reqs []*epochpb.ReadEpochRequest) (*epochpb.ReadEpochsResponse, error)
 
 	mu      sync.Mutex
 	waiting []chan readResult
 	paced   bool // under mu: a caller in waiting wants the full pace (not ReadBackground)
+	joint   bool // under mu: a caller in waiting wants the partner's epoch too (Pair)
 	running bool // under mu: the round goroutine (loop) has started
 	closed  bool
 	askers  map[uint64]chan askJob // under mu: each replica's asker goroutine, by node
@@ -75,9 +82,9 @@ type Reader struct {
 	done    chan struct{}          // closed by Close: loop and the askers return
 	wg      sync.WaitGroup
 
-	// lastPaced is whether the batch loop took last wants the full pace
-	// (loop's alone).
-	lastPaced bool
+	// lastPaced and lastJoint are whether the batch loop took last wants
+	// the full pace and the partner's epoch (loop's alone).
+	lastPaced, lastJoint bool
 
 	rounds, splits, hedges atomic.Uint64
 	preferred              atomic.Uint64 // a voter that agreed with the last decision (firstAsks)
@@ -89,9 +96,13 @@ type Reader struct {
 	demandEvery time.Duration
 }
 
+// readResult is a round's answer: the group's epoch or err, and in a
+// joint round (Pair) the partner group's epoch or partnerErr.
 type readResult struct {
-	epoch uint64
-	err   error
+	epoch      uint64
+	err        error
+	partner    uint64
+	partnerErr error
 }
 
 // NewReader returns a reader of epoch group g, calling its replicas through
@@ -103,7 +114,7 @@ func NewReader(dialer *transport.Dialer, g topology.Group) *Reader {
 	boot := slices.Clone(g.Replicas)
 	r := &Reader{group: g.ID, region: g.Region, boot: boot, known: config{halves: [][]uint64{boot}}, dialer: dialer, timeout: DefaultRoundTimeout,
 		askers: map[uint64]chan askJob{}, kick: make(chan struct{}, 1), done: make(chan struct{}), demandEvery: PaceHold / 4}
-	r.call = r.readRemote
+	r.call, r.callMany = r.readRemote, r.readRemoteMany
 	return r
 }
 
@@ -118,6 +129,18 @@ func (r *Reader) ServeLocally(self uint64, serve ServeEpoch) {
 	r.self, r.serve = self, serve
 }
 
+// Pair makes the reads StartAll starts of this reader and partner together
+// (a range leader's local epoch and its region's publisher: commit.go) run
+// in joint rounds: a node asked for both groups gets one ReadEpochs RPC,
+// and the two groups' first asks are led to the same nodes (issue 17: the
+// publisher's read was an RPC per commit of its own). Each group's epoch
+// is still decided by its own tally, from replies sent after its callers
+// called (DESIGN.md §3.1): joining changes how many RPCs a read takes,
+// never what it may return. The two readers must run on the same node
+// (ServeLocally alike). Call it before the first Read; partner's own
+// reads go on in their own rounds.
+func (r *Reader) Pair(partner *Reader) { r.partner = partner }
+
 // Read returns the current epoch. It fails with ErrUnavailable when no majority
 // agrees within the round timeout, or with ctx's error. It asks the group to
 // keep its full pace (Demand).
@@ -130,16 +153,18 @@ func (r *Reader) Read(ctx context.Context) (uint64, error) { return r.read(ctx, 
 func (r *Reader) ReadBackground(ctx context.Context) (uint64, error) { return r.read(ctx, true) }
 
 func (r *Reader) read(ctx context.Context, background bool) (uint64, error) {
-	ch, err := r.start(background)
+	ch, err := r.start(background, false)
 	if err != nil {
 		return 0, err
 	}
-	return wait(ctx, ch)
+	res := wait(ctx, ch)
+	return res.epoch, res.err
 }
 
-// start joins the next round: its result arrives on the channel returned.
-// Errors: ErrReaderClosed.
-func (r *Reader) start(background bool) (<-chan readResult, error) {
+// start joins the next round, which reads the partner's group too if
+// joint (Pair): its result arrives on the channel returned. Errors:
+// ErrReaderClosed.
+func (r *Reader) start(background, joint bool) (<-chan readResult, error) {
 	ch := make(chan readResult, 1)
 	r.mu.Lock()
 	if r.closed {
@@ -148,6 +173,7 @@ func (r *Reader) start(background bool) (<-chan readResult, error) {
 	}
 	r.waiting = append(r.waiting, ch)
 	r.paced = r.paced || !background
+	r.joint = r.joint || joint
 	if !r.running {
 		r.running = true
 		r.wg.Add(1)
@@ -162,12 +188,12 @@ func (r *Reader) start(background bool) (<-chan readResult, error) {
 }
 
 // wait returns the result of a read start began, or ctx's error.
-func wait(ctx context.Context, ch <-chan readResult) (uint64, error) {
+func wait(ctx context.Context, ch <-chan readResult) readResult {
 	select {
 	case res := <-ch:
-		return res.epoch, res.err
+		return res
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return readResult{err: ctx.Err(), partnerErr: ctx.Err()}
 	}
 }
 
@@ -199,7 +225,7 @@ func (r *Reader) loop() {
 		case <-r.kick:
 		case <-r.done:
 			for _, ch := range r.take() {
-				ch <- readResult{err: ErrReaderClosed}
+				ch <- readResult{err: ErrReaderClosed, partnerErr: ErrReaderClosed}
 			}
 			return
 		}
@@ -208,31 +234,125 @@ func (r *Reader) loop() {
 			if len(batch) == 0 {
 				break
 			}
-			e, err := r.round(!r.lastPaced)
+			res := r.round(!r.lastPaced, r.lastJoint)
 			for _, ch := range batch {
-				ch <- readResult{e, err}
+				ch <- res
 			}
 		}
 	}
 }
 
-// take returns the callers waiting and forgets them; lastPaced records
-// whether any of them wants the full pace.
+// take returns the callers waiting and forgets them; lastPaced and
+// lastJoint record whether any of them wants the full pace, and the
+// partner's epoch.
 func (r *Reader) take() []chan readResult {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	batch := r.waiting
-	r.lastPaced = r.paced
-	r.waiting, r.paced = nil, false
+	r.lastPaced, r.lastJoint = r.paced, r.joint
+	r.waiting, r.paced, r.joint = nil, false, false
 	return batch
 }
 
-// round asks the replicas until a majority agrees or the round times out.
-func (r *Reader) round(background bool) (uint64, error) {
+// round asks the replicas until a majority agrees or the round times out;
+// a joint one reads the partner's group too (Pair), its first asks sent
+// with this group's (askJointly).
+func (r *Reader) round(background, joint bool) readResult {
 	r.rounds.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	defer cancel()
-	return r.until(ctx, &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}, (*tally).decide)
+	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}
+	var res readResult
+	p := r.partner
+	if !joint || p == nil {
+		res.epoch, res.err = r.until(ctx, req, (*tally).decide, nil)
+		return res
+	}
+	if !p.hold() {
+		res.epoch, res.err = r.until(ctx, req, (*tally).decide, nil)
+		res.partnerErr = ErrReaderClosed
+		return res
+	}
+	defer p.wg.Done()
+	preq := &epochpb.ReadEpochRequest{GroupId: p.group, Background: background}
+	mine, theirs := r.askJointly(ctx, req, preq)
+	res.epoch, res.err = r.until(ctx, req, (*tally).decide, mine)
+	res.partner, res.partnerErr = p.until(ctx, preq, (*tally).decide, theirs)
+	return res
+}
+
+// hold counts a caller outside the reader's rounds (AtLeast, a partner's
+// joint round) in wg, so that Close waits for what it sends; it reports
+// false once the reader is closed. The caller calls wg.Done when done.
+func (r *Reader) hold() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.wg.Add(1)
+	return true
+}
+
+// askJointly sends the first asks of a joint round (Pair): req to this
+// group's replicas and preq to the partner's, the partner's remote ask
+// led to a node this group asks too, one job per node carrying what it is
+// asked. It returns what each group's first attempt (until) goes on from.
+// The asks run in ctx, the round's: a reply for the partner must outlive
+// this group's attempt.
+func (r *Reader) askJointly(ctx context.Context, req, preq *epochpb.ReadEpochRequest) (mine, theirs *firstAsk) {
+	p := r.partner
+	mine = &firstAsk{known: r.knownConf(), replies: make(chan reply, 8)}
+	theirs = &firstAsk{known: p.knownConf(), replies: make(chan reply, 8)}
+	background := req.GetBackground()
+	var ours, others []uint64
+	ours, mine.all = r.plan(mine.known, background, r.preferred.Load())
+	lead := p.preferred.Load()
+	partnerVoters := theirs.known.members()
+	for _, id := range ours {
+		if id != r.self && slices.Contains(partnerVoters, id) {
+			lead = id
+			break
+		}
+	}
+	others, theirs.all = p.plan(theirs.known, background, lead)
+	for _, id := range append(slices.Clone(ours), others...) {
+		if slices.Contains(mine.asked, id) || slices.Contains(theirs.asked, id) {
+			continue // sent with the node's first job
+		}
+		j := askJob{ctx: ctx, node: id}
+		if slices.Contains(ours, id) {
+			mine.asked = append(mine.asked, id)
+			j.parts = append(j.parts, askPart{req: req, replies: mine.replies, boot: r.boot})
+		}
+		if slices.Contains(others, id) {
+			theirs.asked = append(theirs.asked, id)
+			j.parts = append(j.parts, askPart{req: preq, replies: theirs.replies, boot: p.boot})
+		}
+		r.send(j)
+	}
+	return mine, theirs
+}
+
+// firstAsk is what an attempt goes on from when its first asks were sent
+// for it (askJointly): the configuration they went to, the voters asked,
+// whether those are all of its voters, and where their replies arrive.
+type firstAsk struct {
+	known   config
+	asked   []uint64
+	all     bool
+	replies chan reply
+}
+
+// plan returns the voters an attempt under known asks first, led by
+// prefer (firstAsks), and whether they are all of known's voters: all of
+// them when the configuration is joint or small, or when a read that asks
+// for the epoch is due to ask everyone (demandDue).
+func (r *Reader) plan(known config, background bool, prefer uint64) (nodes []uint64, all bool) {
+	if first := r.firstAsks(known, prefer); first != nil && (background || !r.demandDue()) {
+		return first, false
+	}
+	return known.members(), true
 }
 
 // atLeastWait is how long a replica AtLeast asks waits for the epoch to
@@ -254,29 +374,25 @@ const atLeastWait = 50 * time.Millisecond
 // ErrReaderClosed; ErrUnavailable (wrapping the last reply's error) after
 // the round timeout or when ctx ends.
 func (r *Reader) AtLeast(ctx context.Context, e uint64) error {
-	r.mu.Lock()
-	closed := r.closed
-	if !closed {
-		r.wg.Add(1) // ask's goroutines count in wg: Close waits for them
-	}
-	r.mu.Unlock()
-	if closed {
+	if !r.hold() { // ask's goroutines count in wg: Close waits for them
 		return ErrReaderClosed
 	}
 	defer r.wg.Done()
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: true, AtLeast: e, WaitUs: uint32(atLeastWait / time.Microsecond)}
-	_, err := r.until(ctx, req, func(t *tally) (uint64, bool) { return e, t.reached(e) })
+	_, err := r.until(ctx, req, func(t *tally) (uint64, bool) { return e, t.reached(e) }, nil)
 	return err
 }
 
 // until runs attempts of req, backing off between them, until one's tally
-// decides (decide) or ctx ends (ErrUnavailable).
-func (r *Reader) until(ctx context.Context, req *epochpb.ReadEpochRequest, decide func(*tally) (uint64, bool)) (uint64, error) {
+// decides (decide) or ctx ends (ErrUnavailable). The first attempt goes on
+// from first when it is not nil (its asks already sent: askJointly).
+func (r *Reader) until(ctx context.Context, req *epochpb.ReadEpochRequest, decide func(*tally) (uint64, bool), first *firstAsk) (uint64, error) {
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		e, ok, lost, err := r.attempt(ctx, req, decide)
+		e, ok, lost, err := r.attempt(ctx, req, decide, first)
+		first = nil
 		if ok {
 			return e, nil
 		}
@@ -305,14 +421,23 @@ func backoff(attempt int) time.Duration { return 100 * time.Microsecond << min(a
 // majority of each half of the newest configuration reports the same epoch
 // under it (quorum.go), or whatever decide wants; ok is false if the
 // replies split or too many failed, and lost true if no voter of the newest
-// configuration answered.
-func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, decide func(*tally) (uint64, bool)) (epoch uint64, ok, lost bool, err error) {
+// configuration answered. It goes on from first when that is not nil: its
+// first asks were sent for it (askJointly).
+func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, decide func(*tally) (uint64, bool), first *firstAsk) (epoch uint64, ok, lost bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	known := r.knownConf()
+	if first == nil {
+		first = &firstAsk{known: r.knownConf(), replies: make(chan reply, 8)}
+		var nodes []uint64
+		nodes, first.all = r.plan(first.known, req.GetBackground(), r.preferred.Load())
+		for _, id := range nodes {
+			first.asked = append(first.asked, id)
+			r.send(askJob{ctx: ctx, node: id, parts: []askPart{{req: req, replies: first.replies, boot: r.boot}}})
+		}
+	}
+	known, replies, all := first.known, first.replies, first.all
 	t := newTally(known)
-	replies := make(chan reply, 8)
-	asked := make([]uint64, 0, 5)
+	asked := append(make([]uint64, 0, 5), first.asked...)
 	ask := func(c config) {
 		for _, half := range c.halves {
 			for _, id := range half {
@@ -320,17 +445,14 @@ func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, dec
 					continue
 				}
 				asked = append(asked, id)
-				r.send(askJob{ctx: ctx, node: id, req: req, replies: replies})
+				r.send(askJob{ctx: ctx, node: id, parts: []askPart{{req: req, replies: replies, boot: r.boot}}})
 			}
 		}
 	}
 	// A bare majority first; the other voters once one of those fails,
 	// they answer without deciding, or hedgeAfter (waitHedgeAfter) passes.
 	var hedge <-chan time.Time
-	all := true
-	if first := r.firstAsks(known); first != nil && (req.GetBackground() || !r.demandDue()) {
-		ask(config{index: known.index, halves: [][]uint64{first}})
-		all = false
+	if !all {
 		after := hedgeAfter
 		if req.GetWaitUs() > 0 {
 			after = waitHedgeAfter
@@ -338,8 +460,6 @@ func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, dec
 		tm := time.NewTimer(after)
 		defer tm.Stop()
 		hedge = tm.C
-	} else {
-		ask(known)
 	}
 	askAll := func() {
 		if !all {
@@ -416,14 +536,15 @@ func (r *Reader) demandDue() bool {
 // firstAsks returns the voters an attempt asks first under c, or nil to
 // ask them all at once (a joint configuration, or fewer than three
 // voters): a bare majority of c's voters, led by this node's replica
-// (answered in process, ServeLocally) and then the replica that last
-// agreed with a decision (preferred). A read needs a majority reporting
+// (answered in process, ServeLocally) and then prefer: the replica that
+// last agreed with a decision (preferred), or in a joint round (Pair) the
+// one the other group asks. A read needs a majority reporting
 // the same epoch (quorum.go), so asking the others too bought only a
 // spare: one RPC in three of every read (issue 17). Replicas that agreed
 // last time most likely agree again: followers learn each epoch from the
 // same message. Which voters are asked never changes what a read may
 // return, only how many RPCs it takes: the decision rule is the tally's.
-func (r *Reader) firstAsks(c config) []uint64 {
+func (r *Reader) firstAsks(c config, prefer uint64) []uint64 {
 	if len(c.halves) != 1 || len(c.halves[0]) < 3 {
 		return nil
 	}
@@ -433,8 +554,8 @@ func (r *Reader) firstAsks(c config) []uint64 {
 	if r.serve != nil && slices.Contains(half, r.self) {
 		first = append(first, r.self)
 	}
-	if p := r.preferred.Load(); p != r.self && slices.Contains(half, p) {
-		first = append(first, p)
+	if prefer != r.self && slices.Contains(half, prefer) {
+		first = append(first, prefer)
 	}
 	for _, id := range half {
 		if !slices.Contains(first, id) {
@@ -482,13 +603,21 @@ func (r *Reader) relocate(ctx context.Context) {
 	}
 }
 
-// askJob is one ReadEpoch to send: req to node, in an attempt's ctx, its
-// reply delivered on replies. req is shared by the attempt's jobs, read-only.
+// askJob is what one node is asked, in an attempt's (or a joint round's)
+// ctx: one part per group, two in a joint round's first asks (Pair).
 type askJob struct {
-	ctx     context.Context
-	node    uint64
+	ctx   context.Context
+	node  uint64
+	parts []askPart
+}
+
+// askPart is one group's request in an askJob, its reply delivered on
+// replies and read under boot, the group's bootstrap voters (replyConfig).
+// req is shared by the attempt's jobs, read-only.
+type askPart struct {
 	req     *epochpb.ReadEpochRequest
 	replies chan<- reply
+	boot    []uint64
 }
 
 // send hands j to its replica's asker goroutine if that is idle, and
@@ -511,7 +640,7 @@ func (r *Reader) send(j askJob) {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			r.ask(j.ctx, j.node, j.req, j.replies)
+			r.ask(j)
 		}()
 	}
 }
@@ -522,29 +651,73 @@ func (r *Reader) asker(jobs <-chan askJob) {
 	for {
 		select {
 		case j := <-jobs:
-			r.ask(j.ctx, j.node, j.req, j.replies)
+			r.ask(j)
 		case <-r.done:
 			return
 		}
 	}
 }
 
-// ask sends req to node id and delivers the reply, unless ctx ended (the
-// attempt returned).
-func (r *Reader) ask(ctx context.Context, id uint64, req *epochpb.ReadEpochRequest, replies chan<- reply) {
-	rep := reply{node: id}
-	var resp *epochpb.ReadEpochResponse
-	if r.serve != nil && id == r.self {
-		resp, rep.err = r.serve(ctx, req)
-	} else {
-		resp, rep.err = r.call(ctx, id, req)
+// ask sends j's requests to its node and delivers each part's reply,
+// unless ctx ended (the attempt returned): this node's replica answers in
+// process, another node's in one RPC for all parts (ReadEpochs), or one
+// ReadEpoch each for a single part or a node that does not serve
+// ReadEpochs (Unimplemented: one that predates it).
+func (r *Reader) ask(j askJob) {
+	if len(j.parts) > 1 && (r.serve == nil || j.node != r.self) {
+		reqs := make([]*epochpb.ReadEpochRequest, len(j.parts))
+		for i, p := range j.parts {
+			reqs[i] = p.req
+		}
+		resp, err := r.callMany(j.ctx, j.node, reqs)
+		if status.Code(err) != codes.Unimplemented {
+			for i, p := range j.parts {
+				res := resultOf(resp, i, err)
+				var failed error
+				if res.GetCode() != uint32(codes.OK) {
+					failed = status.Error(codes.Code(res.GetCode()), res.GetMessage())
+				}
+				r.deliver(j, p, res.GetResponse(), failed)
+			}
+			return
+		}
 	}
-	if rep.err == nil {
-		rep.epoch, rep.conf = resp.GetEpoch(), replyConfig(resp, r.boot)
+	for _, p := range j.parts {
+		var resp *epochpb.ReadEpochResponse
+		var err error
+		if r.serve != nil && j.node == r.self {
+			resp, err = r.serve(j.ctx, p.req)
+		} else {
+			resp, err = r.call(j.ctx, j.node, p.req)
+		}
+		r.deliver(j, p, resp, err)
+	}
+}
+
+// resultOf is the i-th result of a ReadEpochs call that returned resp and
+// err: err's status when the call failed, Internal when the node sent too
+// few results.
+func resultOf(resp *epochpb.ReadEpochsResponse, i int, err error) *epochpb.EpochResult {
+	if err != nil {
+		st := status.Convert(err)
+		return &epochpb.EpochResult{Code: uint32(st.Code()), Message: st.Message()}
+	}
+	if i >= len(resp.GetResults()) || resp.GetResults()[i] == nil {
+		return &epochpb.EpochResult{Code: uint32(codes.Internal), Message: fmt.Sprintf("epoch: ReadEpochs answered %d of %d reads", len(resp.GetResults()), i+1)}
+	}
+	return resp.GetResults()[i]
+}
+
+// deliver hands p's reply (resp, or err) from j's node to its attempt,
+// unless j's ctx ended.
+func (r *Reader) deliver(j askJob, p askPart, resp *epochpb.ReadEpochResponse, err error) {
+	rep := reply{node: j.node, err: err}
+	if err == nil {
+		rep.epoch, rep.conf = resp.GetEpoch(), replyConfig(resp, p.boot)
 	}
 	select {
-	case replies <- rep:
-	case <-ctx.Done():
+	case p.replies <- rep:
+	case <-j.ctx.Done():
 	}
 }
 
@@ -555,6 +728,15 @@ func (r *Reader) readRemote(ctx context.Context, id uint64, req *epochpb.ReadEpo
 		return nil, err
 	}
 	return epochpb.NewEpochClient(conn).ReadEpoch(ctx, req)
+}
+
+// readRemoteMany sends reqs to node id's replicas in one RPC: Reader.callMany's default.
+func (r *Reader) readRemoteMany(ctx context.Context, id uint64, reqs []*epochpb.ReadEpochRequest) (*epochpb.ReadEpochsResponse, error) {
+	conn, err := r.dialer.Conn(id)
+	if err != nil {
+		return nil, err
+	}
+	return epochpb.NewEpochClient(conn).ReadEpochs(ctx, &epochpb.ReadEpochsRequest{Reads: reqs})
 }
 
 // splitGrace is how long an attempt waits for the remaining replicas once a
@@ -599,12 +781,25 @@ func StartAll(ctx context.Context, sources ...Source) func() ([]uint64, error) {
 	out := make([]uint64, len(sources))
 	errs := make([]error, len(sources))
 	started := make([]<-chan readResult, len(sources))
+	if len(sources) == 2 {
+		if a, ok := sources[0].(*Reader); ok && a.partner != nil && sources[1] == Source(a.partner) {
+			ch, err := a.start(false, true) // one joint round reads both (Pair)
+			return func() ([]uint64, error) {
+				if err != nil {
+					return out, err
+				}
+				res := wait(ctx, ch)
+				out[0], out[1] = res.epoch, res.partner
+				return out, errors.Join(res.err, res.partnerErr)
+			}
+		}
+	}
 	var wg sync.WaitGroup
 	for i, src := range sources {
 		switch src := src.(type) {
 		case nil:
 		case *Reader:
-			started[i], errs[i] = src.start(false)
+			started[i], errs[i] = src.start(false, false)
 		default:
 			wg.Add(1)
 			go func() {
@@ -616,7 +811,8 @@ func StartAll(ctx context.Context, sources ...Source) func() ([]uint64, error) {
 	return func() ([]uint64, error) {
 		for i, ch := range started {
 			if ch != nil {
-				out[i], errs[i] = wait(ctx, ch)
+				res := wait(ctx, ch)
+				out[i], errs[i] = res.epoch, res.err
 			}
 		}
 		wg.Wait()

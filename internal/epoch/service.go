@@ -196,6 +196,28 @@ func (s *Server) ReadEpoch(ctx context.Context, req *epochpb.ReadEpochRequest) (
 	return &epochpb.ReadEpochResponse{Epoch: e, ReplicaId: st.Replica, ConfIndex: ci, Voters: voters, VotersOutgoing: outgoing}, nil
 }
 
+// ReadEpochs implements epochpb.EpochServer: ReadEpoch for each of the
+// request's reads, in order, each succeeding or failing on its own (its
+// result carries the status ReadEpoch failed with). A read that waits
+// (at_least, wait_us) delays the ones after it. It fails only with ctx's
+// error, once ctx has ended.
+func (s *Server) ReadEpochs(ctx context.Context, req *epochpb.ReadEpochsRequest) (*epochpb.ReadEpochsResponse, error) {
+	out := &epochpb.ReadEpochsResponse{Results: make([]*epochpb.EpochResult, len(req.GetReads()))}
+	for i, rd := range req.GetReads() {
+		if err := ctx.Err(); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		resp, err := s.ReadEpoch(ctx, rd)
+		if err != nil {
+			st := status.Convert(err)
+			out.Results[i] = &epochpb.EpochResult{Code: uint32(st.Code()), Message: st.Message()}
+			continue
+		}
+		out.Results[i] = &epochpb.EpochResult{Response: resp}
+	}
+	return out, nil
+}
+
 // Publish implements epochpb.EpochServer.
 func (s *Server) Publish(ctx context.Context, req *epochpb.PublishRequest) (*epochpb.PublishResponse, error) {
 	r, err := s.lookup(req.GetGroupId())

@@ -486,10 +486,17 @@ func (n *Node) rangeReplicas() []*rangeserver.Replica {
 }
 
 // reader returns the node's reader of region's group of kind (a local epoch
-// group or a publisher), shared by the node's replicas.
+// group or a publisher), shared by the node's replicas. A local epoch
+// group's reader reads the region's publisher, if it has one, in joint
+// rounds (epoch.Reader.Pair): a range leader's commit reads both.
 func (n *Node) reader(kind topology.Kind, region string) (*epoch.Reader, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.readerLocked(kind, region)
+}
+
+// readerLocked is reader, n.mu held.
+func (n *Node) readerLocked(kind topology.Kind, region string) (*epoch.Reader, error) {
 	key := string(kind) + "/" + region
 	if r, ok := n.readers[key]; ok {
 		return r, nil
@@ -500,6 +507,11 @@ func (n *Node) reader(kind topology.Kind, region string) (*epoch.Reader, error) 
 	}
 	r := epoch.NewReader(n.dialer, groups[0])
 	r.ServeLocally(n.cfg.NodeID, n.epochSrv.ReadEpoch) // this node's replica answers in process
+	if kind == topology.KindLocalEpoch {
+		if pub, err := n.readerLocked(topology.KindPublisher, region); err == nil {
+			r.Pair(pub)
+		}
+	}
 	n.readers[key] = r
 	return r, nil
 }

@@ -56,6 +56,7 @@ var methodRoles = map[string]Role{
 	"/terroir.txnstate.TxnState/Get":              RoleUser,
 	"/terroir.txnstate.TxnState/Forget":           RoleUser,
 	"/terroir.epoch.Epoch/ReadEpoch":              RoleUser,
+	"/terroir.epoch.Epoch/ReadEpochs":             RoleUser,
 	"/terroir.epoch.Epoch/Membership":             RoleUser,
 	"/terroir.directory.Directory/Lookup":         RoleUser,
 	"/terroir.directory.Directory/Placement":      RoleUser,

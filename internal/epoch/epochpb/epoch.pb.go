@@ -188,6 +188,160 @@ func (x *ReadEpochResponse) GetVotersOutgoing() []uint64 {
 	return nil
 }
 
+// ReadEpochsRequest asks one node for several epoch groups' replicas at
+// once: a range leader reads its region's local epoch and publisher in one
+// round trip (issue 17; epoch.Reader.Pair).
+type ReadEpochsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reads         []*ReadEpochRequest    `protobuf:"bytes,1,rep,name=reads,proto3" json:"reads,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadEpochsRequest) Reset() {
+	*x = ReadEpochsRequest{}
+	mi := &file_epoch_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadEpochsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadEpochsRequest) ProtoMessage() {}
+
+func (x *ReadEpochsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_epoch_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadEpochsRequest.ProtoReflect.Descriptor instead.
+func (*ReadEpochsRequest) Descriptor() ([]byte, []int) {
+	return file_epoch_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReadEpochsRequest) GetReads() []*ReadEpochRequest {
+	if x != nil {
+		return x.Reads
+	}
+	return nil
+}
+
+// EpochResult is one read's answer in a ReadEpochsResponse: the response,
+// or the gRPC status code and message ReadEpoch would have failed with.
+type EpochResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Response      *ReadEpochResponse     `protobuf:"bytes,1,opt,name=response,proto3" json:"response,omitempty"`
+	Code          uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"` // google.golang.org/grpc/codes.Code; 0 (OK): response is set
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochResult) Reset() {
+	*x = EpochResult{}
+	mi := &file_epoch_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochResult) ProtoMessage() {}
+
+func (x *EpochResult) ProtoReflect() protoreflect.Message {
+	mi := &file_epoch_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochResult.ProtoReflect.Descriptor instead.
+func (*EpochResult) Descriptor() ([]byte, []int) {
+	return file_epoch_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *EpochResult) GetResponse() *ReadEpochResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *EpochResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *EpochResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type ReadEpochsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// results[i] answers reads[i] of the request.
+	Results       []*EpochResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadEpochsResponse) Reset() {
+	*x = ReadEpochsResponse{}
+	mi := &file_epoch_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadEpochsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadEpochsResponse) ProtoMessage() {}
+
+func (x *ReadEpochsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_epoch_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadEpochsResponse.ProtoReflect.Descriptor instead.
+func (*ReadEpochsResponse) Descriptor() ([]byte, []int) {
+	return file_epoch_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReadEpochsResponse) GetResults() []*EpochResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 type PublishRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	GroupId       uint64                 `protobuf:"varint,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"` // a publisher group
@@ -198,7 +352,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_epoch_proto_msgTypes[2]
+	mi := &file_epoch_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +364,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_epoch_proto_msgTypes[2]
+	mi := &file_epoch_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +377,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_epoch_proto_rawDescGZIP(), []int{2}
+	return file_epoch_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PublishRequest) GetGroupId() uint64 {
@@ -251,7 +405,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_epoch_proto_msgTypes[3]
+	mi := &file_epoch_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -263,7 +417,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_epoch_proto_msgTypes[3]
+	mi := &file_epoch_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -276,7 +430,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_epoch_proto_rawDescGZIP(), []int{3}
+	return file_epoch_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PublishResponse) GetActive() bool {
@@ -299,7 +453,7 @@ type SetExcludedRequest struct {
 
 func (x *SetExcludedRequest) Reset() {
 	*x = SetExcludedRequest{}
-	mi := &file_epoch_proto_msgTypes[4]
+	mi := &file_epoch_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +465,7 @@ func (x *SetExcludedRequest) String() string {
 func (*SetExcludedRequest) ProtoMessage() {}
 
 func (x *SetExcludedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_epoch_proto_msgTypes[4]
+	mi := &file_epoch_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +478,7 @@ func (x *SetExcludedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExcludedRequest.ProtoReflect.Descriptor instead.
 func (*SetExcludedRequest) Descriptor() ([]byte, []int) {
-	return file_epoch_proto_rawDescGZIP(), []int{4}
+	return file_epoch_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SetExcludedRequest) GetGroupId() uint64 {
@@ -356,7 +510,7 @@ type SetExcludedResponse struct {
 
 func (x *SetExcludedResponse) Reset() {
 	*x = SetExcludedResponse{}
-	mi := &file_epoch_proto_msgTypes[5]
+	mi := &file_epoch_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +522,7 @@ func (x *SetExcludedResponse) String() string {
 func (*SetExcludedResponse) ProtoMessage() {}
 
 func (x *SetExcludedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_epoch_proto_msgTypes[5]
+	mi := &file_epoch_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +535,7 @@ func (x *SetExcludedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExcludedResponse.ProtoReflect.Descriptor instead.
 func (*SetExcludedResponse) Descriptor() ([]byte, []int) {
-	return file_epoch_proto_rawDescGZIP(), []int{5}
+	return file_epoch_proto_rawDescGZIP(), []int{8}
 }
 
 type MembershipRequest struct {
@@ -393,7 +547,7 @@ type MembershipRequest struct {
 
 func (x *MembershipRequest) Reset() {
 	*x = MembershipRequest{}
-	mi := &file_epoch_proto_msgTypes[6]
+	mi := &file_epoch_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +559,7 @@ func (x *MembershipRequest) String() string {
 func (*MembershipRequest) ProtoMessage() {}
 
 func (x *MembershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_epoch_proto_msgTypes[6]
+	mi := &file_epoch_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +572,7 @@ func (x *MembershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipRequest.ProtoReflect.Descriptor instead.
 func (*MembershipRequest) Descriptor() ([]byte, []int) {
-	return file_epoch_proto_rawDescGZIP(), []int{6}
+	return file_epoch_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MembershipRequest) GetGroupId() uint64 {
@@ -441,7 +595,7 @@ type MembershipResponse struct {
 
 func (x *MembershipResponse) Reset() {
 	*x = MembershipResponse{}
-	mi := &file_epoch_proto_msgTypes[7]
+	mi := &file_epoch_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +607,7 @@ func (x *MembershipResponse) String() string {
 func (*MembershipResponse) ProtoMessage() {}
 
 func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_epoch_proto_msgTypes[7]
+	mi := &file_epoch_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +620,7 @@ func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
 func (*MembershipResponse) Descriptor() ([]byte, []int) {
-	return file_epoch_proto_rawDescGZIP(), []int{7}
+	return file_epoch_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MembershipResponse) GetEpoch() uint64 {
@@ -509,7 +663,15 @@ const file_epoch_proto_rawDesc = "" +
 	"\n" +
 	"conf_index\x18\x03 \x01(\x04R\tconfIndex\x12\x16\n" +
 	"\x06voters\x18\x04 \x03(\x04R\x06voters\x12'\n" +
-	"\x0fvoters_outgoing\x18\x05 \x03(\x04R\x0evotersOutgoing\"A\n" +
+	"\x0fvoters_outgoing\x18\x05 \x03(\x04R\x0evotersOutgoing\"J\n" +
+	"\x11ReadEpochsRequest\x125\n" +
+	"\x05reads\x18\x01 \x03(\v2\x1f.terroir.epoch.ReadEpochRequestR\x05reads\"y\n" +
+	"\vEpochResult\x12<\n" +
+	"\bresponse\x18\x01 \x01(\v2 .terroir.epoch.ReadEpochResponseR\bresponse\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"J\n" +
+	"\x12ReadEpochsResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.terroir.epoch.EpochResultR\aresults\"A\n" +
 	"\x0ePublishRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\")\n" +
@@ -525,9 +687,11 @@ const file_epoch_proto_rawDesc = "" +
 	"\x12MembershipResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12'\n" +
 	"\x0fexcluded_groups\x18\x02 \x03(\x04R\x0eexcludedGroups\x12%\n" +
-	"\x0eexcluded_since\x18\x03 \x03(\x04R\rexcludedSince2\xca\x02\n" +
+	"\x0eexcluded_since\x18\x03 \x03(\x04R\rexcludedSince2\x9d\x03\n" +
 	"\x05Epoch\x12N\n" +
-	"\tReadEpoch\x12\x1f.terroir.epoch.ReadEpochRequest\x1a .terroir.epoch.ReadEpochResponse\x12H\n" +
+	"\tReadEpoch\x12\x1f.terroir.epoch.ReadEpochRequest\x1a .terroir.epoch.ReadEpochResponse\x12Q\n" +
+	"\n" +
+	"ReadEpochs\x12 .terroir.epoch.ReadEpochsRequest\x1a!.terroir.epoch.ReadEpochsResponse\x12H\n" +
 	"\aPublish\x12\x1d.terroir.epoch.PublishRequest\x1a\x1e.terroir.epoch.PublishResponse\x12T\n" +
 	"\vSetExcluded\x12!.terroir.epoch.SetExcludedRequest\x1a\".terroir.epoch.SetExcludedResponse\x12Q\n" +
 	"\n" +
@@ -545,31 +709,39 @@ func file_epoch_proto_rawDescGZIP() []byte {
 	return file_epoch_proto_rawDescData
 }
 
-var file_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_epoch_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_epoch_proto_goTypes = []any{
 	(*ReadEpochRequest)(nil),    // 0: terroir.epoch.ReadEpochRequest
 	(*ReadEpochResponse)(nil),   // 1: terroir.epoch.ReadEpochResponse
-	(*PublishRequest)(nil),      // 2: terroir.epoch.PublishRequest
-	(*PublishResponse)(nil),     // 3: terroir.epoch.PublishResponse
-	(*SetExcludedRequest)(nil),  // 4: terroir.epoch.SetExcludedRequest
-	(*SetExcludedResponse)(nil), // 5: terroir.epoch.SetExcludedResponse
-	(*MembershipRequest)(nil),   // 6: terroir.epoch.MembershipRequest
-	(*MembershipResponse)(nil),  // 7: terroir.epoch.MembershipResponse
+	(*ReadEpochsRequest)(nil),   // 2: terroir.epoch.ReadEpochsRequest
+	(*EpochResult)(nil),         // 3: terroir.epoch.EpochResult
+	(*ReadEpochsResponse)(nil),  // 4: terroir.epoch.ReadEpochsResponse
+	(*PublishRequest)(nil),      // 5: terroir.epoch.PublishRequest
+	(*PublishResponse)(nil),     // 6: terroir.epoch.PublishResponse
+	(*SetExcludedRequest)(nil),  // 7: terroir.epoch.SetExcludedRequest
+	(*SetExcludedResponse)(nil), // 8: terroir.epoch.SetExcludedResponse
+	(*MembershipRequest)(nil),   // 9: terroir.epoch.MembershipRequest
+	(*MembershipResponse)(nil),  // 10: terroir.epoch.MembershipResponse
 }
 var file_epoch_proto_depIdxs = []int32{
-	0, // 0: terroir.epoch.Epoch.ReadEpoch:input_type -> terroir.epoch.ReadEpochRequest
-	2, // 1: terroir.epoch.Epoch.Publish:input_type -> terroir.epoch.PublishRequest
-	4, // 2: terroir.epoch.Epoch.SetExcluded:input_type -> terroir.epoch.SetExcludedRequest
-	6, // 3: terroir.epoch.Epoch.Membership:input_type -> terroir.epoch.MembershipRequest
-	1, // 4: terroir.epoch.Epoch.ReadEpoch:output_type -> terroir.epoch.ReadEpochResponse
-	3, // 5: terroir.epoch.Epoch.Publish:output_type -> terroir.epoch.PublishResponse
-	5, // 6: terroir.epoch.Epoch.SetExcluded:output_type -> terroir.epoch.SetExcludedResponse
-	7, // 7: terroir.epoch.Epoch.Membership:output_type -> terroir.epoch.MembershipResponse
-	4, // [4:8] is the sub-list for method output_type
-	0, // [0:4] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	0,  // 0: terroir.epoch.ReadEpochsRequest.reads:type_name -> terroir.epoch.ReadEpochRequest
+	1,  // 1: terroir.epoch.EpochResult.response:type_name -> terroir.epoch.ReadEpochResponse
+	3,  // 2: terroir.epoch.ReadEpochsResponse.results:type_name -> terroir.epoch.EpochResult
+	0,  // 3: terroir.epoch.Epoch.ReadEpoch:input_type -> terroir.epoch.ReadEpochRequest
+	2,  // 4: terroir.epoch.Epoch.ReadEpochs:input_type -> terroir.epoch.ReadEpochsRequest
+	5,  // 5: terroir.epoch.Epoch.Publish:input_type -> terroir.epoch.PublishRequest
+	7,  // 6: terroir.epoch.Epoch.SetExcluded:input_type -> terroir.epoch.SetExcludedRequest
+	9,  // 7: terroir.epoch.Epoch.Membership:input_type -> terroir.epoch.MembershipRequest
+	1,  // 8: terroir.epoch.Epoch.ReadEpoch:output_type -> terroir.epoch.ReadEpochResponse
+	4,  // 9: terroir.epoch.Epoch.ReadEpochs:output_type -> terroir.epoch.ReadEpochsResponse
+	6,  // 10: terroir.epoch.Epoch.Publish:output_type -> terroir.epoch.PublishResponse
+	8,  // 11: terroir.epoch.Epoch.SetExcluded:output_type -> terroir.epoch.SetExcludedResponse
+	10, // 12: terroir.epoch.Epoch.Membership:output_type -> terroir.epoch.MembershipResponse
+	8,  // [8:13] is the sub-list for method output_type
+	3,  // [3:8] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_epoch_proto_init() }
@@ -583,7 +755,7 @@ func file_epoch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_epoch_proto_rawDesc), len(file_epoch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

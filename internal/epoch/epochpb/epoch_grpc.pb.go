@@ -23,6 +23,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Epoch_ReadEpoch_FullMethodName   = "/terroir.epoch.Epoch/ReadEpoch"
+	Epoch_ReadEpochs_FullMethodName  = "/terroir.epoch.Epoch/ReadEpochs"
 	Epoch_Publish_FullMethodName     = "/terroir.epoch.Epoch/Publish"
 	Epoch_SetExcluded_FullMethodName = "/terroir.epoch.Epoch/SetExcluded"
 	Epoch_Membership_FullMethodName  = "/terroir.epoch.Epoch/Membership"
@@ -37,6 +38,9 @@ type EpochClient interface {
 	// replica is still replaying its log after a restart, and while its log
 	// holds a configuration change it has not applied.
 	ReadEpoch(ctx context.Context, in *ReadEpochRequest, opts ...grpc.CallOption) (*ReadEpochResponse, error)
+	// ReadEpochs is ReadEpoch for several groups whose replicas are on this
+	// node, in one round trip; each read succeeds or fails on its own.
+	ReadEpochs(ctx context.Context, in *ReadEpochsRequest, opts ...grpc.CallOption) (*ReadEpochsResponse, error)
 	// Publish durably raises a publisher's epoch to at least `epoch` (through its
 	// Raft group; served by its leader, FailedPrecondition elsewhere). The global
 	// epoch service calls it on every publisher before advancing (DESIGN.md §7).
@@ -60,6 +64,16 @@ func (c *epochClient) ReadEpoch(ctx context.Context, in *ReadEpochRequest, opts 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReadEpochResponse)
 	err := c.cc.Invoke(ctx, Epoch_ReadEpoch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *epochClient) ReadEpochs(ctx context.Context, in *ReadEpochsRequest, opts ...grpc.CallOption) (*ReadEpochsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadEpochsResponse)
+	err := c.cc.Invoke(ctx, Epoch_ReadEpochs_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -105,6 +119,9 @@ type EpochServer interface {
 	// replica is still replaying its log after a restart, and while its log
 	// holds a configuration change it has not applied.
 	ReadEpoch(context.Context, *ReadEpochRequest) (*ReadEpochResponse, error)
+	// ReadEpochs is ReadEpoch for several groups whose replicas are on this
+	// node, in one round trip; each read succeeds or fails on its own.
+	ReadEpochs(context.Context, *ReadEpochsRequest) (*ReadEpochsResponse, error)
 	// Publish durably raises a publisher's epoch to at least `epoch` (through its
 	// Raft group; served by its leader, FailedPrecondition elsewhere). The global
 	// epoch service calls it on every publisher before advancing (DESIGN.md §7).
@@ -126,6 +143,9 @@ type UnimplementedEpochServer struct{}
 
 func (UnimplementedEpochServer) ReadEpoch(context.Context, *ReadEpochRequest) (*ReadEpochResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReadEpoch not implemented")
+}
+func (UnimplementedEpochServer) ReadEpochs(context.Context, *ReadEpochsRequest) (*ReadEpochsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReadEpochs not implemented")
 }
 func (UnimplementedEpochServer) Publish(context.Context, *PublishRequest) (*PublishResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Publish not implemented")
@@ -171,6 +191,24 @@ func _Epoch_ReadEpoch_Handler(srv interface{}, ctx context.Context, dec func(int
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(EpochServer).ReadEpoch(ctx, req.(*ReadEpochRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Epoch_ReadEpochs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadEpochsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EpochServer).ReadEpochs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Epoch_ReadEpochs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EpochServer).ReadEpochs(ctx, req.(*ReadEpochsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -239,6 +277,10 @@ var Epoch_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReadEpoch",
 			Handler:    _Epoch_ReadEpoch_Handler,
+		},
+		{
+			MethodName: "ReadEpochs",
+			Handler:    _Epoch_ReadEpochs_Handler,
 		},
 		{
 			MethodName: "Publish",

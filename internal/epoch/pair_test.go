@@ -1,0 +1,211 @@
+package epoch
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/terroir-db/terroir/internal/epoch/epochpb"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// fakeNodes answers a pair of Readers' requests in place of the replicas
+// of several groups on nodes 1–3: each group's epoch, the same at every
+// node, a group a node fails for (NotFound), or a node that serves no
+// ReadEpochs (Unimplemented). It counts each node's RPCs of each kind.
+type fakeNodes struct {
+	mu      sync.Mutex
+	epochs  map[uint64]uint64         // by group
+	missing map[[2]uint64]bool        // {node, group}: the node fails that group's reads
+	old     map[uint64]bool           // nodes without ReadEpochs
+	single  map[uint64]int            // ReadEpoch RPCs, by node
+	many    map[uint64]int            // ReadEpochs RPCs, by node
+	carried map[uint64]map[uint64]int // reads a ReadEpochs carried, by node and group
+}
+
+func newFakeNodes(epochs map[uint64]uint64) *fakeNodes {
+	return &fakeNodes{epochs: epochs, missing: map[[2]uint64]bool{}, old: map[uint64]bool{},
+		single: map[uint64]int{}, many: map[uint64]int{}, carried: map[uint64]map[uint64]int{}}
+}
+
+func (f *fakeNodes) answer(node uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+	if f.missing[[2]uint64{node, req.GetGroupId()}] {
+		return nil, status.Errorf(codes.NotFound, "epoch group %d is not hosted here", req.GetGroupId())
+	}
+	return &epochpb.ReadEpochResponse{Epoch: f.epochs[req.GetGroupId()], ReplicaId: node}, nil
+}
+
+func (f *fakeNodes) call(_ context.Context, node uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.single[node]++
+	return f.answer(node, req)
+}
+
+func (f *fakeNodes) callMany(_ context.Context, node uint64, reqs []*epochpb.ReadEpochRequest) (*epochpb.ReadEpochsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.old[node] {
+		return nil, status.Error(codes.Unimplemented, "unknown method ReadEpochs")
+	}
+	f.many[node]++
+	if f.carried[node] == nil {
+		f.carried[node] = map[uint64]int{}
+	}
+	out := &epochpb.ReadEpochsResponse{}
+	for _, req := range reqs {
+		f.carried[node][req.GetGroupId()]++
+		resp, err := f.answer(node, req)
+		st := status.Convert(err)
+		out.Results = append(out.Results, &epochpb.EpochResult{Response: resp, Code: uint32(st.Code()), Message: st.Message()})
+	}
+	return out, nil
+}
+
+// settle waits, at most a second, until the other nodes have got want
+// RPCs in all: an ask the read it served no longer waited for may still be
+// on its way when the read returns.
+func (f *fakeNodes) settle(want int) {
+	total := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		n := 0
+		for _, m := range []map[uint64]int{f.single, f.many} {
+			for _, c := range m {
+				n += c
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(time.Second); total() < want && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// counts returns the RPCs to the other nodes (2 and 3) so far, of each
+// kind, and forgets them and the reads carried.
+func (f *fakeNodes) counts() (single, many map[uint64]int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	single, many = f.single, f.many
+	f.single, f.many, f.carried = map[uint64]int{}, map[uint64]int{}, map[uint64]map[uint64]int{}
+	return single, many
+}
+
+// fakePair is a local epoch Reader (group 1) paired with a publisher's
+// (group 2), both groups on nodes 1–3 and both readers on node 1, whose
+// replica answers in process; f answers the other nodes.
+func fakePair(t *testing.T, f *fakeNodes) (local, pub *Reader) {
+	mk := func(group uint64) *Reader {
+		r := NewReader(nil, topology.Group{ID: group, Region: "r", Replicas: []uint64{1, 2, 3}})
+		r.call, r.callMany = f.call, f.callMany
+		r.ServeLocally(1, func(_ context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+			return f.answer(1, req)
+		})
+		r.demandEvery = time.Hour // only the first read asks every voter (demandDue)
+		t.Cleanup(r.Close)
+		return r
+	}
+	local, pub = mk(1), mk(2)
+	local.Pair(pub)
+	return local, pub
+}
+
+// TestPairedReadsShareOneRPC: StartAll of a paired local epoch and
+// publisher (a range leader's commit) reads both groups' epochs with one
+// ReadEpochs RPC to one other node, where unpaired it sent a ReadEpoch per
+// group (issue 17), even when the two readers last agreed with different
+// nodes: the publisher's first ask is led to the node the local epoch
+// asks. It fails without the pairing in StartAll ("ReadEpoch RPCs
+// map[2:20 3:20]") or without the lead ("ReadEpochs RPCs map[2:20], and
+// ReadEpoch map[3:20]").
+func TestPairedReadsShareOneRPC(t *testing.T) {
+	f := newFakeNodes(map[uint64]uint64{1: 50, 2: 70})
+	local, pub := fakePair(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	read := func() {
+		t.Helper()
+		got, err := StartAll(ctx, local, pub)()
+		if err != nil || got[0] != 50 || got[1] != 70 {
+			t.Fatalf("paired read %v, %v; want [50 70]", got, err)
+		}
+	}
+	read() // the first asks every voter (demandDue): nodes 2 and 3
+	f.settle(2)
+	f.counts()
+	local.preferred.Store(2)
+	pub.preferred.Store(3) // the readers last agreed with different nodes
+	const reads = 20
+	for i := 0; i < reads; i++ {
+		read()
+	}
+	single, many := f.counts()
+	if len(single) != 0 || many[2] != reads || many[3] != 0 {
+		t.Fatalf("%d paired reads: ReadEpochs RPCs %v, and ReadEpoch %v; want %d ReadEpochs to node 2 and nothing else", reads, many, single, reads)
+	}
+	// Unpaired sources read as before: a ReadEpoch each.
+	if got, err := StartAll(ctx, pub, local)(); err != nil || got[0] != 70 || got[1] != 50 {
+		t.Fatalf("unpaired order: read %v, %v; want [70 50]", got, err)
+	}
+	if single, many := f.counts(); len(many) != 0 || single[2]+single[3] != 2 {
+		t.Fatalf("unpaired reads: ReadEpochs %v, ReadEpoch %v; want two ReadEpoch", many, single)
+	}
+}
+
+// TestPairedReadsSurviveFailedParts: a node that fails one group's read
+// in a ReadEpochs (NotFound: its replica moved away) costs that group a
+// hedge to the third node, not the other group's read; a node that
+// serves no ReadEpochs (Unimplemented: one that predates it) is asked
+// with a ReadEpoch per group. Both reads still return the majority's
+// epochs. It fails if a part's error is not its reply's ("replies (50,
+// <nil>) and (0, <nil>)"), or if an old node is not asked again per group
+// ("ReadEpoch map[3:2]": the reads went on only by hedging).
+func TestPairedReadsSurviveFailedParts(t *testing.T) {
+	f := newFakeNodes(map[uint64]uint64{1: 50, 2: 70})
+	local, pub := fakePair(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	read := func(what string) {
+		t.Helper()
+		got, err := StartAll(ctx, local, pub)()
+		if err != nil || got[0] != 50 || got[1] != 70 {
+			t.Fatalf("%s: paired read %v, %v; want [50 70]", what, got, err)
+		}
+	}
+	read("warm-up") // asks every voter (demandDue): nodes 2 and 3
+	f.settle(2)
+	f.counts()
+	local.preferred.Store(2)
+	pub.preferred.Store(2)
+	f.mu.Lock()
+	f.missing[[2]uint64{2, 2}] = true // node 2 no longer hosts the publisher
+	f.mu.Unlock()
+	read("node 2 fails the publisher")
+	f.settle(2)
+	single, many := f.counts()
+	if many[2] != 1 || single[3] != 1 {
+		t.Fatalf("node 2 failing one group: ReadEpochs %v, ReadEpoch %v; want one ReadEpochs to node 2 and the publisher's ReadEpoch to node 3", many, single)
+	}
+	// Each part's reply is its own: the epoch, or the part's error.
+	mine, theirs := make(chan reply, 1), make(chan reply, 1)
+	local.ask(askJob{ctx: ctx, node: 2, parts: []askPart{
+		{req: &epochpb.ReadEpochRequest{GroupId: 1}, replies: mine, boot: local.boot},
+		{req: &epochpb.ReadEpochRequest{GroupId: 2}, replies: theirs, boot: pub.boot}}})
+	if a, b := <-mine, <-theirs; a.err != nil || a.epoch != 50 || status.Code(b.err) != codes.NotFound {
+		t.Fatalf("one ReadEpochs to node 2: replies (%d, %v) and (%d, %v); want (50, nil) and NotFound", a.epoch, a.err, b.epoch, b.err)
+	}
+	f.mu.Lock()
+	f.missing = map[[2]uint64]bool{}
+	f.old[2], f.old[3] = true, true
+	f.mu.Unlock()
+	f.counts()
+	read("old nodes")
+	if single, many := f.counts(); len(many) != 0 || single[2] != 2 {
+		t.Fatalf("old nodes: ReadEpochs %v, ReadEpoch %v; want node 2 asked with a ReadEpoch per group", many, single)
+	}
+}
