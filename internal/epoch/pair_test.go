@@ -2,6 +2,7 @@ package epoch
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -22,44 +23,58 @@ type fakeNodes struct {
 	epochs  map[uint64]uint64         // by group
 	missing map[[2]uint64]bool        // {node, group}: the node fails that group's reads
 	old     map[uint64]bool           // nodes without ReadEpochs
+	refused map[[2]uint64]bool        // {node, group}: the node refuses the group (Unavailable: a lapsed publisher)
+	refusal chan struct{}             // gets a value when a replica refuses
 	single  map[uint64]int            // ReadEpoch RPCs, by node
 	many    map[uint64]int            // ReadEpochs RPCs, by node
 	carried map[uint64]map[uint64]int // reads a ReadEpochs carried, by node and group
 }
 
 func newFakeNodes(epochs map[uint64]uint64) *fakeNodes {
-	return &fakeNodes{epochs: epochs, missing: map[[2]uint64]bool{}, old: map[uint64]bool{},
+	return &fakeNodes{epochs: epochs, missing: map[[2]uint64]bool{}, old: map[uint64]bool{}, refused: map[[2]uint64]bool{}, refusal: make(chan struct{}, 1),
 		single: map[uint64]int{}, many: map[uint64]int{}, carried: map[uint64]map[uint64]int{}}
 }
 
-func (f *fakeNodes) answer(node uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+func (f *fakeNodes) answer(ctx context.Context, node uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refused[[2]uint64{node, req.GetGroupId()}] {
+		select {
+		case f.refusal <- struct{}{}:
+		default:
+		}
+		return nil, status.Errorf(codes.Unavailable, "publisher %d: no global epoch update", req.GetGroupId())
+	}
 	if f.missing[[2]uint64{node, req.GetGroupId()}] {
 		return nil, status.Errorf(codes.NotFound, "epoch group %d is not hosted here", req.GetGroupId())
 	}
 	return &epochpb.ReadEpochResponse{Epoch: f.epochs[req.GetGroupId()], ReplicaId: node}, nil
 }
 
-func (f *fakeNodes) call(_ context.Context, node uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+func (f *fakeNodes) call(ctx context.Context, node uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.single[node]++
-	return f.answer(node, req)
+	f.mu.Unlock()
+	return f.answer(ctx, node, req)
 }
 
-func (f *fakeNodes) callMany(_ context.Context, node uint64, reqs []*epochpb.ReadEpochRequest) (*epochpb.ReadEpochsResponse, error) {
+func (f *fakeNodes) callMany(ctx context.Context, node uint64, reqs []*epochpb.ReadEpochRequest) (*epochpb.ReadEpochsResponse, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.old[node] {
+		f.mu.Unlock()
 		return nil, status.Error(codes.Unimplemented, "unknown method ReadEpochs")
 	}
 	f.many[node]++
 	if f.carried[node] == nil {
 		f.carried[node] = map[uint64]int{}
 	}
-	out := &epochpb.ReadEpochsResponse{}
 	for _, req := range reqs {
 		f.carried[node][req.GetGroupId()]++
-		resp, err := f.answer(node, req)
+	}
+	f.mu.Unlock()
+	out := &epochpb.ReadEpochsResponse{}
+	for _, req := range reqs {
+		resp, err := f.answer(ctx, node, req)
 		st := status.Convert(err)
 		out.Results = append(out.Results, &epochpb.EpochResult{Response: resp, Code: uint32(st.Code()), Message: st.Message()})
 	}
@@ -103,8 +118,8 @@ func fakePair(t *testing.T, f *fakeNodes) (local, pub *Reader) {
 	mk := func(group uint64) *Reader {
 		r := NewReader(nil, topology.Group{ID: group, Region: "r", Replicas: []uint64{1, 2, 3}})
 		r.call, r.callMany = f.call, f.callMany
-		r.ServeLocally(1, func(_ context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
-			return f.answer(1, req)
+		r.ServeLocally(1, func(ctx context.Context, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
+			return f.answer(ctx, 1, req)
 		})
 		r.demandEvery = time.Hour // only the first read asks every voter (demandDue)
 		t.Cleanup(r.Close)
@@ -207,5 +222,53 @@ func TestPairedReadsSurviveFailedParts(t *testing.T) {
 	read("old nodes")
 	if single, many := f.counts(); len(many) != 0 || single[2] != 2 {
 		t.Fatalf("old nodes: ReadEpochs %v, ReadEpoch %v; want node 2 asked with a ReadEpoch per group", many, single)
+	}
+}
+
+// TestAnUnavailablePartnerHoldsUpNoOwnRead: while a joint round's
+// publisher read cannot decide (two of its three replicas refuse, as a
+// publisher whose lease lapsed does, until the round times out: the third
+// alone is no majority), reads of the local
+// epoch alone (a leaseholder renewing its lease) still return at once, in
+// later rounds, before the joint read gives up; the joint read then
+// returns the local epoch and the publisher's error. It fails if the
+// partner's read holds up the round loop ("the joint read returned before
+// the local epoch's own reads").
+func TestAnUnavailablePartnerHoldsUpNoOwnRead(t *testing.T) {
+	f := newFakeNodes(map[uint64]uint64{1: 50, 2: 70})
+	local, pub := fakePair(t, f)
+	local.timeout = time.Second
+	f.mu.Lock()
+	f.refused[[2]uint64{2, 2}], f.refused[[2]uint64{3, 2}] = true, true
+	f.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type result struct {
+		got []uint64
+		err error
+	}
+	joint := make(chan result, 1)
+	go func() {
+		got, err := StartAll(ctx, local, pub)()
+		joint <- result{got, err}
+	}()
+	select {
+	case <-f.refusal:
+	case <-ctx.Done():
+		t.Fatal("the joint round never asked for the publisher")
+	}
+	for i := 0; i < 10; i++ {
+		if e, err := local.ReadBackground(ctx); err != nil || e != 50 {
+			t.Fatalf("own read %d: %d, %v; want 50", i, e, err)
+		}
+	}
+	select {
+	case res := <-joint:
+		t.Fatalf("the joint read returned before the local epoch's own reads: %v, %v", res.got, res.err)
+	default:
+	}
+	res := <-joint
+	if res.got[0] != 50 || !errors.Is(res.err, ErrUnavailable) {
+		t.Fatalf("joint read with the publisher silent: %v, %v; want local epoch 50 and ErrUnavailable", res.got, res.err)
 	}
 }

@@ -69,7 +69,7 @@ type Reader struct {
 	callMany func(ctx context.Context, id uint64, reqs []*epochpb.ReadEpochRequest) (*epochpb.ReadEpochsResponse, error)
 
 	mu      sync.Mutex
-	waiting []chan readResult
+	waiting []waiter
 	paced   bool // under mu: a caller in waiting wants the full pace (not ReadBackground)
 	joint   bool // under mu: a caller in waiting wants the partner's epoch too (Pair)
 	running bool // under mu: the round goroutine (loop) has started
@@ -91,6 +91,13 @@ type Reader struct {
 	// does (demandDue).
 	demanded    atomic.Int64
 	demandEvery time.Duration
+}
+
+// waiter is a caller waiting for the next round, and whether it wants the
+// partner's epoch too (joint: Pair).
+type waiter struct {
+	ch    chan readResult
+	joint bool
 }
 
 // readResult is a round's answer: the group's epoch or err, and in a
@@ -156,7 +163,7 @@ func (r *Reader) start(background, joint bool) (<-chan readResult, error) {
 		r.mu.Unlock()
 		return nil, ErrReaderClosed
 	}
-	r.waiting = append(r.waiting, ch)
+	r.waiting = append(r.waiting, waiter{ch: ch, joint: joint})
 	r.paced = r.paced || !background
 	r.joint = r.joint || joint
 	if !r.running {
@@ -209,9 +216,7 @@ func (r *Reader) loop() {
 		select {
 		case <-r.kick:
 		case <-r.done:
-			for _, ch := range r.take() {
-				ch <- readResult{err: ErrReaderClosed, partnerErr: ErrReaderClosed}
-			}
+			answer(r.take(), readResult{err: ErrReaderClosed, partnerErr: ErrReaderClosed}, func(waiter) bool { return true })
 			return
 		}
 		for {
@@ -219,18 +224,27 @@ func (r *Reader) loop() {
 			if len(batch) == 0 {
 				break
 			}
-			res := r.round(!r.lastPaced, r.lastJoint)
-			for _, ch := range batch {
-				ch <- res
-			}
+			r.round(!r.lastPaced, r.lastJoint, batch)
 		}
 	}
 }
 
+// answer sends res to each waiter of batch that to reports true for.
+func answer(batch []waiter, res readResult, to func(waiter) bool) {
+	for _, w := range batch {
+		if to(w) {
+			w.ch <- res
+		}
+	}
+}
+
+func wantsPartner(w waiter) bool { return w.joint }
+func wantsOwn(w waiter) bool     { return !w.joint }
+
 // take returns the callers waiting and forgets them; lastPaced and
 // lastJoint record whether any of them wants the full pace, and the
 // partner's epoch.
-func (r *Reader) take() []chan readResult {
+func (r *Reader) take() []waiter {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	batch := r.waiting
@@ -239,31 +253,36 @@ func (r *Reader) take() []chan readResult {
 	return batch
 }
 
-// round asks the replicas until a majority agrees or the round times out;
-// a joint one reads the partner's group too (Pair), its first asks sent
-// with this group's (askJointly).
-func (r *Reader) round(background, joint bool) readResult {
+// round asks the replicas until a majority agrees or the round times out,
+// and answers batch. A joint one reads the partner's group too (Pair), its
+// first asks sent with this group's (askJointly): the callers that want
+// only this group's epoch are answered once it is decided, and the
+// partner's read goes on on a goroutine of its own, so that a slow or
+// unavailable partner (a publisher whose lease lapsed) holds up neither
+// them nor the next round (a leaseholder renewing its lease).
+func (r *Reader) round(background, joint bool, batch []waiter) {
 	r.rounds.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
-	defer cancel()
 	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}
-	var res readResult
 	p := r.partner
-	if !joint || p == nil {
-		res.epoch, res.err = r.until(ctx, req, (*tally).decide, nil)
-		return res
+	if !joint || p == nil || !p.hold() {
+		defer cancel()
+		e, err := r.until(ctx, req, (*tally).decide, nil)
+		answer(batch, readResult{epoch: e, err: err, partnerErr: ErrReaderClosed}, func(waiter) bool { return true })
+		return
 	}
-	if !p.hold() {
-		res.epoch, res.err = r.until(ctx, req, (*tally).decide, nil)
-		res.partnerErr = ErrReaderClosed
-		return res
-	}
-	defer p.wg.Done()
 	preq := &epochpb.ReadEpochRequest{GroupId: p.group, Background: background}
 	mine, theirs := r.askJointly(ctx, req, preq)
-	res.epoch, res.err = r.until(ctx, req, (*tally).decide, mine)
-	res.partner, res.partnerErr = p.until(ctx, preq, (*tally).decide, theirs)
-	return res
+	e, err := r.until(ctx, req, (*tally).decide, mine)
+	answer(batch, readResult{epoch: e, err: err}, wantsOwn)
+	r.wg.Add(1) // the loop holds a count: Close waits for this one too
+	go func() {
+		defer r.wg.Done()
+		defer p.wg.Done()
+		defer cancel()
+		g, perr := p.until(ctx, preq, (*tally).decide, theirs)
+		answer(batch, readResult{epoch: e, err: err, partner: g, partnerErr: perr}, wantsPartner)
+	}()
 }
 
 // hold counts a caller outside the reader's rounds (AtLeast, a partner's
