@@ -51,7 +51,8 @@ const DefaultRoundTimeout = 2 * time.Second
 // every time (gRPC's call path is deep): about 3% of a range leader's CPU
 // under load. A request to a replica whose asker is still waiting on an
 // earlier one gets a goroutine of its own, so a slow replica delays no
-// round. Close stops them all.
+// round. A joint round (Pair) reads the partner's group on a goroutine
+// of its own. Close stops them all.
 type Reader struct {
 	group   uint64
 	region  string
@@ -267,8 +268,12 @@ func (r *Reader) round(background, joint bool, batch []waiter) {
 	p := r.partner
 	if !joint || p == nil || !p.hold() {
 		defer cancel()
-		e, err := r.until(ctx, req, (*tally).decide, nil)
-		answer(batch, readResult{epoch: e, err: err, partnerErr: ErrReaderClosed}, func(waiter) bool { return true })
+		res := readResult{}
+		if joint {
+			res.partnerErr = ErrReaderClosed // the partner closed
+		}
+		res.epoch, res.err = r.until(ctx, req, (*tally).decide, nil)
+		answer(batch, res, func(waiter) bool { return true })
 		return
 	}
 	preq := &epochpb.ReadEpochRequest{GroupId: p.group, Background: background}
