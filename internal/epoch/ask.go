@@ -33,7 +33,8 @@ type askPart struct {
 // send hands j to its replica's asker goroutine if that is idle, and
 // otherwise (busy, not started yet, or the reader closed) runs it on a
 // goroutine of its own. The attempt calling it holds a count of wg (a
-// round, or AtLeast), so Close waits for what it starts.
+// round, a joint round's partner read, or AtLeast), so Close waits for
+// what it starts.
 func (r *Reader) send(j askJob) {
 	r.mu.Lock()
 	jobs, ok := r.askers[j.node]
@@ -106,16 +107,20 @@ func (r *Reader) ask(j askJob) {
 
 // resultOf is the i-th result of a ReadEpochs call that returned resp and
 // err: err's status when the call failed, Internal when the node sent too
-// few results.
+// few results or an OK one without a response.
 func resultOf(resp *epochpb.ReadEpochsResponse, i int, err error) *epochpb.EpochResult {
 	if err != nil {
 		st := status.Convert(err)
 		return &epochpb.EpochResult{Code: uint32(st.Code()), Message: st.Message()}
 	}
-	if i >= len(resp.GetResults()) || resp.GetResults()[i] == nil {
+	if i >= len(resp.GetResults()) {
 		return &epochpb.EpochResult{Code: uint32(codes.Internal), Message: fmt.Sprintf("epoch: ReadEpochs answered %d of %d reads", len(resp.GetResults()), i+1)}
 	}
-	return resp.GetResults()[i]
+	res := resp.GetResults()[i]
+	if res.GetCode() == uint32(codes.OK) && res.GetResponse() == nil {
+		return &epochpb.EpochResult{Code: uint32(codes.Internal), Message: fmt.Sprintf("epoch: ReadEpochs result %d has neither a response nor an error", i)}
+	}
+	return res
 }
 
 // deliver hands p's reply (resp, or err) from j's node to its attempt,

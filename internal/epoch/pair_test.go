@@ -272,3 +272,29 @@ func TestAnUnavailablePartnerHoldsUpNoOwnRead(t *testing.T) {
 		t.Fatalf("joint read with the publisher silent: %v, %v; want local epoch 50 and ErrUnavailable", res.got, res.err)
 	}
 }
+
+// TestResultOfNamesEveryFailure: a ReadEpochs result is the call's error
+// when it failed, Internal when the node answered fewer reads than asked
+// or an OK result without a response (never an epoch 0 read as agreed),
+// and the node's result otherwise.
+func TestResultOfNamesEveryFailure(t *testing.T) {
+	ok := &epochpb.EpochResult{Response: &epochpb.ReadEpochResponse{Epoch: 9}}
+	resp := &epochpb.ReadEpochsResponse{Results: []*epochpb.EpochResult{ok, {}}}
+	for _, tc := range []struct {
+		name string
+		resp *epochpb.ReadEpochsResponse
+		err  error
+		i    int
+		code codes.Code
+	}{
+		{"the call failed", nil, status.Error(codes.Unavailable, "down"), 0, codes.Unavailable},
+		{"answered", resp, nil, 0, codes.OK},
+		{"OK without a response", resp, nil, 1, codes.Internal},
+		{"too few results", resp, nil, 2, codes.Internal},
+	} {
+		got := resultOf(tc.resp, tc.i, tc.err)
+		if codes.Code(got.GetCode()) != tc.code || (tc.code == codes.OK && got.GetResponse().GetEpoch() != 9) {
+			t.Errorf("%s: result %v, want code %v", tc.name, got, tc.code)
+		}
+	}
+}
