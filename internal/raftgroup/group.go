@@ -115,8 +115,6 @@ type Group struct {
 
 	waiters      map[uint64]*proposal // loop only
 	leading      bool                 // loop only: raft state is leader
-	tickAt       int64                // loop only: the last tick's instant, in ticks since the Unix epoch
-	beatAt       int64                // loop only: tickAt when this leader last broadcast heartbeats (-1: not since the last tick)
 	nextID       uint64               // loop only
 	catchUp      catchUp              // loop only
 	snapMu       sync.Mutex
@@ -262,7 +260,6 @@ func newGroup(id, self uint64, voters, learners []uint64, e *storage.Engine, sm 
 	}
 	g := &Group{
 		id: id, self: self, rn: rn, ls: ls, sm: sm, e: e, cfg: cfg.withDefaults(), metrics: m,
-		beatAt:       -1,
 		inbox:        make(chan *raftpb.Message, 4096),
 		props:        make(chan *proposal, 1024),
 		reports:      make(chan func(*raft.RawNode), 256),
@@ -693,11 +690,9 @@ func (g *Group) run() {
 			g.failWaiters(ErrStopped)
 			g.dropStaged()
 			return
-		case at := <-ticker.C:
+		case <-ticker.C:
 			ticker.Next()
-			g.tickAt = (at.UnixNano() + int64(g.cfg.Tick)/2) / int64(g.cfg.Tick)
 			g.rn.Tick()
-			g.alignBeats()
 			g.catchUp.maybeRequest(g.rn, g.status.Leader)
 			if g.leadTicks > 0 {
 				if g.leadTicks--; g.leadTicks%leadRetryTicks == 0 {
@@ -730,37 +725,6 @@ func (g *Group) run() {
 			}
 		}
 		g.dropStaged() // a snapshot Raft would accept is in the Ready just handled
-	}
-}
-
-// alignBeats puts this leader's heartbeats on the ticks that are whole
-// multiples of heartbeatTicks since the Unix epoch, the same instants as
-// every other group's on every node (tick.Ticker aligns the ticks), so a
-// node's heartbeats to a peer leave together and the transport sends
-// them in one write (issue 17: etcd raft counts each group's heartbeats
-// from when it became leader, so each had its own phase, and an idle
-// node sent each group's in a write of its own). Called on each tick: if
-// the last broadcast fell r ticks past such a multiple, it ticks r more
-// times now, so the next falls on the next multiple. Raft's election
-// count runs ahead by as many ticks, once per leadership or dropped tick
-// (at most 9 of CheckQuorum's 30), the only cost. Heartbeats a ReadIndex
-// sends carry a context and are not counted.
-func (g *Group) alignBeats() {
-	at := g.beatAt
-	g.beatAt = -1
-	if at < 0 || !g.leading {
-		return
-	}
-	for range at % heartbeatTicks {
-		g.rn.Tick()
-	}
-}
-
-// noteBeat records, for alignBeats, the tick at which m, a message this
-// replica sends, broadcast heartbeats.
-func (g *Group) noteBeat(m *raftpb.Message) {
-	if m.GetType() == raftpb.MsgHeartbeat && len(m.GetContext()) == 0 {
-		g.beatAt = g.tickAt
 	}
 }
 
@@ -937,7 +901,6 @@ func (g *Group) sendAll(msgs []*raftpb.Message) {
 		if t := int(m.GetType()); m.GetTo() != g.self && t < numMessageTypes && g.metrics.sent[t] != nil {
 			g.metrics.sent[t].Inc()
 		}
-		g.noteBeat(m)
 		g.send(g.id, m)
 	}
 }
