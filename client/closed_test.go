@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -241,5 +242,69 @@ func pauseClosing(c *localcluster.Cluster, id uint64, paused bool) {
 		if r := c.Node(n).Range(id); r != nil {
 			r.PauseClosing(paused)
 		}
+	}
+}
+
+// TestIdleRangesCloseOutsideTheirLogs: an idle range's closed epoch keeps
+// rising at every replica, leader and followers alike, while its log
+// grows only by its lease renewals (and the close through the log after
+// each): its leader sends the closes by the side transport (DESIGN.md
+// §13), not as Raft entries. Both with a publisher (the demo's topology)
+// and in a regional-only deployment, where closes follow the local epoch.
+func TestIdleRangesCloseOutsideTheirLogs(t *testing.T) {
+	for _, tc := range []struct{ config, region, key string }{
+		{"../examples/three-regions.yaml", "us-east1", "us-east1/idle"},
+		{"../examples/one-region.yaml", "us-east1", "a-idle"},
+	} {
+		t.Run(tc.config[len("../examples/"):], func(t *testing.T) {
+			c := localcluster.StartT(t, tc.config, localcluster.Options{})
+			db, err := c.Client(tc.region)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := ctxT(t, 60*time.Second)
+			putKey(ctx, t, db, tc.key, "v")
+			ranges, err := db.Ranges(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var id uint64
+			for _, r := range ranges {
+				if bytes.Compare(r.Start, []byte(tc.key)) <= 0 && (r.End == nil || bytes.Compare([]byte(tc.key), r.End) < 0) {
+					id = r.ID
+				}
+			}
+			type state struct{ closed, applied uint64 }
+			now := func() map[uint64]state {
+				m := map[uint64]state{}
+				for _, n := range c.NodeIDs() {
+					if r := c.Node(n).Range(id); r != nil {
+						closed, _ := r.ClosedEpoch(nil, nil)
+						m[n] = state{closed, r.AppliedIndex()}
+					}
+				}
+				return m
+			}
+			time.Sleep(500 * time.Millisecond) // the write's close applies
+			before := now()
+			const idle = 3 * time.Second
+			time.Sleep(idle)
+			after := now()
+			if len(after) < 3 {
+				t.Fatalf("range %d has %d replicas, want 3 or more", id, len(after))
+			}
+			for n, a := range after {
+				b := before[n]
+				rose, grew := a.closed-b.closed, a.applied-b.applied
+				t.Logf("range %d at node %d over %v idle: closed epoch %d -> %d, log %d -> %d", id, n, idle, b.closed, a.closed, b.applied, a.applied)
+				if rose < 10 {
+					t.Errorf("node %d: the idle range's closed epoch rose by %d epochs in %v, want 10 or more", n, rose, idle)
+				}
+				// 30 closes through the log would add 30 entries.
+				if grew > 10 {
+					t.Errorf("node %d: the idle range's log grew by %d entries in %v: its closes went through it", n, grew, idle)
+				}
+			}
+		})
 	}
 }

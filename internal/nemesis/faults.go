@@ -52,6 +52,7 @@ const (
 	faultPlacement     = "change a placement rule under load"
 	faultRehome        = "rehome a range to another region under load"
 	faultQuietKill     = "hush the load until the epochs idle and then kill a range leader"
+	faultHoldSide      = "deliver side-transported closes up to 1.5 s late while a lease moves"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
@@ -59,7 +60,7 @@ var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultD
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultMergeMove, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
 	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
-	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill}
+	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill, faultHoldSide}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -395,6 +396,14 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				continue
 			}
 			heal = func() error { return cp.c.RestartNode(killed) }
+		case faultHoldSide:
+			// Idle ranges' closes reach their followers late, after the
+			// lease they were made under may have moved (DESIGN.md §13;
+			// rangeserver/sideclosed.go): stale when they land, they must
+			// still be true.
+			cp.holdSideClosed(nodes, time.Duration(500+r.IntN(1000))*time.Millisecond)
+			cp.transferLease(ctx, dbs[0], cp.splitKey(r), r.Perm(len(nodes)), nodes)
+			heal = func() error { cp.holdSideClosed(nodes, 0); return nil }
 		case faultPauseClose:
 			id := ranges[r.IntN(len(ranges))].ID
 			cp.pauseClosing(nodes, id, true)
@@ -555,6 +564,16 @@ func (cp *campaign) pauseClosing(nodes []uint64, id uint64, paused bool) {
 			if rep := nd.Range(id); rep != nil {
 				rep.PauseClosing(paused)
 			}
+		}
+	}
+}
+
+// holdSideClosed makes every running node's side-transported closes wait
+// d before they are sent (0: no wait).
+func (cp *campaign) holdSideClosed(nodes []uint64, d time.Duration) {
+	for _, n := range nodes {
+		if nd := cp.c.Node(n); nd != nil {
+			nd.HoldSideClosed(d)
 		}
 	}
 }

@@ -109,6 +109,7 @@ type Node struct {
 	hosting    sync.Mutex               // one AddGroupReplica at a time (a duplicated call must not undo the first)
 	epochSrv   *epoch.Server
 	rangeSrv   *rangeserver.Server
+	side       *rangeserver.SideTransport // idle ranges' closes to their other replicas
 	txnSrv     *txnstate.Server
 	dirSrv     *directory.Server
 	dirs       *directory.Directories // every region's directory, for splits' IDs and descriptor changes
@@ -190,6 +191,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	n.epochSrv, n.txnSrv, n.dirSrv = epoch.NewServer(), txnstate.NewServer(), directory.NewServer(top.LivenessTimeout)
 	n.rangeSrv = rangeserver.NewServer()
+	n.side = rangeserver.NewSideTransport(cfg.NodeID, top.LocalEpochInterval, n.sendSideClosed)
 	if err := n.hostGroups(); err != nil {
 		return nil, err
 	}
@@ -341,7 +343,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 		rangeserver.Config{Tick: rangeTick(top), EpochInterval: top.LocalEpochInterval, LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval,
 			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor,
-			LockWait: n.metrics.lockWait, ClosedLag: n.metrics.closedLag, AddReplica: n.addReplica, RemoveReplica: n.removeRemote,
+			SideClose: n.side.Send, LockWait: n.metrics.lockWait, ClosedLag: n.metrics.closedLag, AddReplica: n.addReplica, RemoveReplica: n.removeRemote,
 			Region: n.dialer.Self().Region, HomeOf: n.homeOf, PickVoters: n.pickVoters, Rehomed: n.writeRehomed})
 	sm.OnSplit(n.onSplit)
 	sm.OnMerge(n.onMerge)
@@ -467,6 +469,22 @@ func (n *Node) peerDescriptor(ctx context.Context, node, id uint64) (*pb.RangeDe
 		}
 	}
 	return nil, nil
+}
+
+// HoldSideClosed makes the node's side-transported closes wait d before
+// they are sent (0: no wait), to deliver them late: a nemesis fault
+// (rangeserver.SideTransport.Hold).
+func (n *Node) HoldSideClosed(d time.Duration) { n.side.Hold(d) }
+
+// sendSideClosed sends idle ranges' closes to node
+// (rangeserver.SideTransport).
+func (n *Node) sendSideClosed(ctx context.Context, node uint64, req *pb.SideClosedRequest) error {
+	conn, err := n.dialer.Conn(node)
+	if err != nil {
+		return err
+	}
+	_, err = pb.NewRangeClient(conn).SideClosed(ctx, req)
+	return err
 }
 
 // RangeIDs returns the IDs of the ranges the node hosts, as hosted.
@@ -608,6 +626,9 @@ func (n *Node) closeParts() error {
 		r.Close()
 	}
 	n.removing.Wait()
+	if n.side != nil {
+		n.side.Close() // after the replicas that send through it, before the dialer
+	}
 	n.hosting.Lock() // a group being added is started before it is closed
 	for _, h := range n.hostedGroups() {
 		h.close()

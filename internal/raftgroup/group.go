@@ -37,9 +37,10 @@ type StateMachine interface {
 // PostApplier is a StateMachine that acts once the batch of its applied
 // entries is in the engine (a range split starts the right-hand range's group
 // then, never before the state it reads is there). PostApply runs on the
-// group's goroutine after every applied batch.
+// group's goroutine after every applied batch, with the index of the batch's
+// last entry: the group's applied index.
 type PostApplier interface {
-	PostApply()
+	PostApply(applied uint64)
 }
 
 // ConfChanger is a StateMachine that keeps state about its group's
@@ -325,6 +326,10 @@ func (g *Group) ConfIndex() uint64 { return g.members.Load().index }
 func (g *Group) ConfPending() bool {
 	return g.confInLog.Load() > g.applied.Load()
 }
+
+// Applied returns the group's applied index: every entry up to it is in the
+// state machine's engine.
+func (g *Group) Applied() uint64 { return g.applied.Load() }
 
 // ID returns the group ID.
 func (g *Group) ID() uint64 { return g.id }
@@ -987,7 +992,7 @@ func (g *Group) apply(ents []*raftpb.Entry) error {
 	}
 	g.setApplied(last)
 	if pa, ok := g.sm.(PostApplier); ok {
-		pa.PostApply()
+		pa.PostApply(last)
 	}
 	if _, copied := g.sm.(Snapshotter); copied && changed && g.ls.truncIdx > 0 {
 		// The stored snapshot predates the new configuration: a learner it

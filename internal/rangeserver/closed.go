@@ -79,9 +79,20 @@ func (sm *StateMachine) lowerClosed(b *pebble.Batch, c uint64) {
 	}
 }
 
-// publishClosed makes the stored closed epoch the one reads trust, with
-// sm.mu held, once the batch that stored it is in the engine (PostApply).
-func (sm *StateMachine) publishClosed() { sm.setClosed(sm.closedStored) }
+// publishClosed raises the closed epoch reads trust, with sm.mu held, to
+// the stored one once the batch that stored it is in the engine
+// (PostApply), and to a side-transported close once its applied index is
+// (sideclosed.go). It never lowers it: only lowerClosed (a merge) and a
+// snapshot's restore do.
+func (sm *StateMachine) publishClosed() {
+	c := sm.closedStored
+	if s := sm.side; s.epoch > c && sm.sideValid(s) {
+		c = s.epoch
+	}
+	if c > sm.closed.Load() {
+		sm.setClosed(c)
+	}
+}
 
 // setClosed sets the closed epoch reads trust and, when it rose, wakes the
 // reads waiting for it (waitClosed).
@@ -167,7 +178,8 @@ func (r *Replica) closingSource() epoch.Source { return r.src().closing() }
 
 // maybeClose runs on the leader's tick, under leadership l: it starts a
 // close once ClosedInterval has passed since the last began (conditions 1
-// and 2), and proposes it once the transactions it waits for are done (3).
+// and 2), and once the transactions it waits for are done (3) proposes it,
+// or sends it outside the log if nothing applied since the last (idle).
 // A close the range's shape changed under (a merge brings prepared
 // transactions it did not wait for) is dropped; a proposal that fails is
 // not retried: the next close begins ClosedInterval after it.
@@ -211,9 +223,16 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 			return // not yet applied: the close waits (a later tick looks again)
 		}
 	}
+	if r.idle(l) {
+		r.sendSide(ctx, l) // nothing applied since the last close: no entry (sideclosed.go)
+		l.closing = nil
+		return
+	}
 	cmd := EncodeCommand(&pb.Command{Cmd: &pb.Command_Closed{Closed: &pb.ClosedEpochCmd{Epoch: l.closing.epoch, LeaseStart: l.start}}})
 	if _, err := r.group.Propose(ctx, cmd); err != nil {
 		slog.Debug("closed epoch proposal failed", "range", r.id, "epoch", l.closing.epoch, "err", err)
+	} else {
+		l.loggedAt = r.group.Applied()
 	}
 	l.closing = nil
 }

@@ -30,12 +30,12 @@ func TestClosedEpochIsTrustedOnceInTheEngine(t *testing.T) {
 	if c := sm.ClosedEpoch(); c != 0 {
 		t.Fatalf("closed epoch %d trusted before PostApply", c)
 	}
-	sm.PostApply()
+	sm.PostApply(0)
 	if c := sm.ClosedEpoch(); c != 12 {
 		t.Fatalf("closed epoch %d after PostApply, want 12", c)
 	}
 	apply(t, sm, closedCmd(10, 5))
-	sm.PostApply()
+	sm.PostApply(0)
 	if c := sm.ClosedEpoch(); c != 12 {
 		t.Fatalf("a lower close lowered the closed epoch to %d", c)
 	}
@@ -60,9 +60,9 @@ func TestClosedEpochIsTrustedOnceInTheEngine(t *testing.T) {
 	// Merge: the right half closed less; the merged range keeps its value,
 	// at once (lowering needs no wait).
 	apply(t, right, closedCmd(20, 5))
-	right.PostApply()
+	right.PostApply(0)
 	apply(t, again, closedCmd(30, 5))
-	again.PostApply()
+	again.PostApply(0)
 	rd := apply(t, right, &pb.Command{Cmd: &pb.Command_Subsume{Subsume: &pb.SubsumeCmd{Generation: 2, LeaseStart: 5}}})[0].(Applied).Subsumed
 	if rd == nil {
 		t.Fatal("subsume rejected")
@@ -86,7 +86,7 @@ func TestClosedReadRefusesAboveTheClosedEpoch(t *testing.T) {
 	ctx := context.Background()
 	sm := openSM(t, 1)
 	apply(t, sm, leaseCmd(1, 1, 100, 1, 0), closedCmd(7, 1))
-	sm.PostApply()
+	sm.PostApply(0)
 	r := &Replica{sm: sm}
 	if _, err := r.closedRead(ctx, 8, 0); err != nil {
 		t.Fatalf("a read at the closed epoch + 1: %v", err)
@@ -112,7 +112,7 @@ func TestClosedReadRefusesAboveTheClosedEpoch(t *testing.T) {
 		t.Fatalf("served before the close was in the engine: %v", err)
 	case <-time.After(10 * time.Millisecond):
 	}
-	sm.PostApply()
+	sm.PostApply(0)
 	select {
 	case err := <-done:
 		if err != nil {

@@ -23,7 +23,7 @@ func TestDataDigestComparesReplicas(t *testing.T) {
 		apply(t, sm, leaseCmd(1, 1, 100, 1, 0))
 		apply(t, sm, writes...)
 		apply(t, sm, closedCmd(8, 1))
-		sm.PostApply()
+		sm.PostApply(0)
 		return &Replica{id: 10, self: node, sm: sm}
 	}
 	digest := func(r *Replica, epoch uint64) (uint64, int) {
@@ -55,7 +55,7 @@ func TestDataDigestComparesReplicas(t *testing.T) {
 		t.Errorf("a digest as of epoch 9, above the closed 8 = %v; want ErrDigestNotReady", err)
 	}
 	apply(t, a.sm, gcCmd(8, 0, "", 0, false))
-	a.sm.PostApply()
+	a.sm.PostApply(0)
 	if _, _, _, err := a.DataDigest(7); !errors.Is(err, ErrDigestNotReady) {
 		t.Errorf("a digest as of epoch 7, below the GC threshold 8 = %v; want ErrDigestNotReady", err)
 	}

@@ -35,6 +35,7 @@ type leadership struct {
 	// The leader's tick alone reads and writes these (closed.go).
 	closing   *closing  // a close under way, or nil
 	lastClose time.Time // when the last close began
+	loggedAt  uint64    // the applied index once the last close through the log applied (0: none yet)
 }
 
 func (r *Replica) loop() {

@@ -102,9 +102,14 @@ type Config struct {
 	PeerDescriptor func(ctx context.Context, node, id uint64) (*pb.RangeDescriptor, error)
 	// ClosedInterval is the least time between two epochs the leader
 	// closes (DESIGN.md §13; default topology.DefaultClosedEpochInterval,
-	// negative: never, for tests). Each close is one Raft entry; a
-	// changefeed's resolved epoch trails the publisher by about this much.
+	// negative: never, for tests). Each close of a busy range is one Raft
+	// entry (an idle one's goes by SideClose); a changefeed's resolved
+	// epoch trails the publisher by about this much.
 	ClosedInterval time.Duration
+	// SideClose, if set, sends an idle range's close to the nodes
+	// holding its other replicas, outside the log (SideTransport.Send;
+	// sideclosed.go). nil: every close is a Raft entry.
+	SideClose func(nodes []uint64, u *pb.SideClosed)
 	// LockWait, if set, observes the seconds each lock acquisition spent in
 	// the lock table (waiting behind other transactions' locks).
 	LockWait prometheus.Observer

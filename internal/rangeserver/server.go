@@ -320,6 +320,21 @@ func (s *Server) ClosedEpoch(_ context.Context, req *pb.ClosedEpochRequest) (*pb
 	return &pb.ClosedEpochResponse{ClosedEpoch: c}, nil
 }
 
+// SideClosed implements pb.RangeServer (node to node): each close goes to
+// this node's replica of its range, which trusts it once it applied far
+// enough (sideclosed.go); closes of ranges not hosted here are ignored.
+func (s *Server) SideClosed(_ context.Context, req *pb.SideClosedRequest) (*pb.SideClosedResponse, error) {
+	for _, u := range req.GetCloses() {
+		s.mu.RLock()
+		r := s.replicas[u.GetRangeId()]
+		s.mu.RUnlock()
+		if r != nil {
+			r.ReceiveSideClosed(u)
+		}
+	}
+	return &pb.SideClosedResponse{}, nil
+}
+
 // AdminSplit implements pb.RangeServer.
 func (s *Server) AdminSplit(ctx context.Context, req *pb.AdminSplitRequest) (*pb.AdminSplitResponse, error) {
 	r, err := s.replica(req.GetRangeId())

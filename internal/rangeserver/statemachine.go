@@ -72,6 +72,8 @@ type StateMachine struct {
 	lease        *pb.Lease
 	prepared     map[string]*pb.PreparedRecord
 	closedStored uint64                  // the closed epoch in the engine or the batch being applied
+	side         sideClosed              // the newest close sent outside the log (sideclosed.go)
+	applied      uint64                  // the group's applied index as of the last PostApply
 	splits       []Split                 // applied, not yet durable: told by PostApply
 	onSplit      []func(Split)           // split listeners
 	merges       []Merge                 // applied, not yet durable: told by PostApply
@@ -190,9 +192,10 @@ func (sm *StateMachine) ApplyConfChange(b *pebble.Batch, _ uint64, cs *raftpb.Co
 
 // PostApply implements raftgroup.PostApplier: it tells the split, merge
 // and replica change listeners of what applied since the last call, now
-// that it is in the engine.
-func (sm *StateMachine) PostApply() {
+// that it is in the engine, and trusts the closed epochs it covers.
+func (sm *StateMachine) PostApply(applied uint64) {
 	sm.mu.Lock()
+	sm.applied = max(sm.applied, applied)
 	sm.publishClosed()
 	splits, onSplit := sm.splits, sm.onSplit
 	merges, onMerge := sm.merges, sm.onMerge

@@ -3712,6 +3712,171 @@ func (x *ClosedEpochResponse) GetClosedEpoch() uint64 {
 	return 0
 }
 
+// SideClosed is one range's closed epoch sent outside its Raft log
+// (DESIGN.md §13, the side transport): the leaseholder of an idle range
+// has closed `epoch` once every entry up to applied_index (an index of the
+// range's log, applied at the leaseholder) is applied, while the range's
+// descriptor is at `generation`. A replica trusts it once it has applied
+// applied_index at that generation; a split, merge or replica change
+// (a new generation) voids it.
+type SideClosed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
+	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	AppliedIndex  uint64                 `protobuf:"varint,4,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SideClosed) Reset() {
+	*x = SideClosed{}
+	mi := &file_range_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SideClosed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SideClosed) ProtoMessage() {}
+
+func (x *SideClosed) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SideClosed.ProtoReflect.Descriptor instead.
+func (*SideClosed) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *SideClosed) GetRangeId() uint64 {
+	if x != nil {
+		return x.RangeId
+	}
+	return 0
+}
+
+func (x *SideClosed) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *SideClosed) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SideClosed) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+// SideClosedRequest carries the side-transported closes of every range
+// the sending node leads that the receiving node has a replica of.
+type SideClosedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FromNode      uint64                 `protobuf:"varint,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	Closes        []*SideClosed          `protobuf:"bytes,2,rep,name=closes,proto3" json:"closes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SideClosedRequest) Reset() {
+	*x = SideClosedRequest{}
+	mi := &file_range_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SideClosedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SideClosedRequest) ProtoMessage() {}
+
+func (x *SideClosedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SideClosedRequest.ProtoReflect.Descriptor instead.
+func (*SideClosedRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *SideClosedRequest) GetFromNode() uint64 {
+	if x != nil {
+		return x.FromNode
+	}
+	return 0
+}
+
+func (x *SideClosedRequest) GetCloses() []*SideClosed {
+	if x != nil {
+		return x.Closes
+	}
+	return nil
+}
+
+type SideClosedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SideClosedResponse) Reset() {
+	*x = SideClosedResponse{}
+	mi := &file_range_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SideClosedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SideClosedResponse) ProtoMessage() {}
+
+func (x *SideClosedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SideClosedResponse.ProtoReflect.Descriptor instead.
+func (*SideClosedResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{53}
+}
+
 type AdminSplitRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RangeId       uint64                 `protobuf:"varint,1,opt,name=range_id,json=rangeId,proto3" json:"range_id,omitempty"`
@@ -3722,7 +3887,7 @@ type AdminSplitRequest struct {
 
 func (x *AdminSplitRequest) Reset() {
 	*x = AdminSplitRequest{}
-	mi := &file_range_proto_msgTypes[51]
+	mi := &file_range_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3734,7 +3899,7 @@ func (x *AdminSplitRequest) String() string {
 func (*AdminSplitRequest) ProtoMessage() {}
 
 func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[51]
+	mi := &file_range_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3747,7 +3912,7 @@ func (x *AdminSplitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitRequest.ProtoReflect.Descriptor instead.
 func (*AdminSplitRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{51}
+	return file_range_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AdminSplitRequest) GetRangeId() uint64 {
@@ -3774,7 +3939,7 @@ type AdminSplitResponse struct {
 
 func (x *AdminSplitResponse) Reset() {
 	*x = AdminSplitResponse{}
-	mi := &file_range_proto_msgTypes[52]
+	mi := &file_range_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3786,7 +3951,7 @@ func (x *AdminSplitResponse) String() string {
 func (*AdminSplitResponse) ProtoMessage() {}
 
 func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[52]
+	mi := &file_range_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3799,7 +3964,7 @@ func (x *AdminSplitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminSplitResponse.ProtoReflect.Descriptor instead.
 func (*AdminSplitResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{52}
+	return file_range_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AdminSplitResponse) GetLeft() *RangeDescriptor {
@@ -3830,7 +3995,7 @@ type TransferLeaseRequest struct {
 
 func (x *TransferLeaseRequest) Reset() {
 	*x = TransferLeaseRequest{}
-	mi := &file_range_proto_msgTypes[53]
+	mi := &file_range_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3842,7 +4007,7 @@ func (x *TransferLeaseRequest) String() string {
 func (*TransferLeaseRequest) ProtoMessage() {}
 
 func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[53]
+	mi := &file_range_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3855,7 +4020,7 @@ func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{53}
+	return file_range_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *TransferLeaseRequest) GetRangeId() uint64 {
@@ -3888,7 +4053,7 @@ type TransferLeaseResponse struct {
 
 func (x *TransferLeaseResponse) Reset() {
 	*x = TransferLeaseResponse{}
-	mi := &file_range_proto_msgTypes[54]
+	mi := &file_range_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3900,7 +4065,7 @@ func (x *TransferLeaseResponse) String() string {
 func (*TransferLeaseResponse) ProtoMessage() {}
 
 func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[54]
+	mi := &file_range_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3913,7 +4078,7 @@ func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{54}
+	return file_range_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TransferLeaseResponse) GetLease() *Lease {
@@ -3937,7 +4102,7 @@ type AdminMergeRequest struct {
 
 func (x *AdminMergeRequest) Reset() {
 	*x = AdminMergeRequest{}
-	mi := &file_range_proto_msgTypes[55]
+	mi := &file_range_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3949,7 +4114,7 @@ func (x *AdminMergeRequest) String() string {
 func (*AdminMergeRequest) ProtoMessage() {}
 
 func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[55]
+	mi := &file_range_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3962,7 +4127,7 @@ func (x *AdminMergeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeRequest.ProtoReflect.Descriptor instead.
 func (*AdminMergeRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{55}
+	return file_range_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AdminMergeRequest) GetRangeId() uint64 {
@@ -3988,7 +4153,7 @@ type AdminMergeResponse struct {
 
 func (x *AdminMergeResponse) Reset() {
 	*x = AdminMergeResponse{}
-	mi := &file_range_proto_msgTypes[56]
+	mi := &file_range_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4000,7 +4165,7 @@ func (x *AdminMergeResponse) String() string {
 func (*AdminMergeResponse) ProtoMessage() {}
 
 func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[56]
+	mi := &file_range_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4013,7 +4178,7 @@ func (x *AdminMergeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdminMergeResponse.ProtoReflect.Descriptor instead.
 func (*AdminMergeResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{56}
+	return file_range_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *AdminMergeResponse) GetMerged() *RangeDescriptor {
@@ -4045,7 +4210,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_range_proto_msgTypes[57]
+	mi := &file_range_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4057,7 +4222,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[57]
+	mi := &file_range_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4070,7 +4235,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{57}
+	return file_range_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RangeStatus) GetRangeDescriptor() *RangeDescriptor {
@@ -4144,7 +4309,7 @@ type RangesRequest struct {
 
 func (x *RangesRequest) Reset() {
 	*x = RangesRequest{}
-	mi := &file_range_proto_msgTypes[58]
+	mi := &file_range_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4156,7 +4321,7 @@ func (x *RangesRequest) String() string {
 func (*RangesRequest) ProtoMessage() {}
 
 func (x *RangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[58]
+	mi := &file_range_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4169,7 +4334,7 @@ func (x *RangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesRequest.ProtoReflect.Descriptor instead.
 func (*RangesRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{58}
+	return file_range_proto_rawDescGZIP(), []int{61}
 }
 
 type RangesResponse struct {
@@ -4181,7 +4346,7 @@ type RangesResponse struct {
 
 func (x *RangesResponse) Reset() {
 	*x = RangesResponse{}
-	mi := &file_range_proto_msgTypes[59]
+	mi := &file_range_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4193,7 +4358,7 @@ func (x *RangesResponse) String() string {
 func (*RangesResponse) ProtoMessage() {}
 
 func (x *RangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[59]
+	mi := &file_range_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4206,7 +4371,7 @@ func (x *RangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangesResponse.ProtoReflect.Descriptor instead.
 func (*RangesResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{59}
+	return file_range_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RangesResponse) GetRanges() []*RangeStatus {
@@ -4504,7 +4669,19 @@ const file_range_proto_rawDesc = "" +
 	"\x05start\x18\x02 \x01(\fR\x05start\x12\x10\n" +
 	"\x03end\x18\x03 \x01(\fR\x03end\"8\n" +
 	"\x13ClosedEpochResponse\x12!\n" +
-	"\fclosed_epoch\x18\x01 \x01(\x04R\vclosedEpoch\"K\n" +
+	"\fclosed_epoch\x18\x01 \x01(\x04R\vclosedEpoch\"\x82\x01\n" +
+	"\n" +
+	"SideClosed\x12\x19\n" +
+	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12#\n" +
+	"\rapplied_index\x18\x04 \x01(\x04R\fappliedIndex\"c\n" +
+	"\x11SideClosedRequest\x12\x1b\n" +
+	"\tfrom_node\x18\x01 \x01(\x04R\bfromNode\x121\n" +
+	"\x06closes\x18\x02 \x03(\v2\x19.terroir.range.SideClosedR\x06closes\"\x14\n" +
+	"\x12SideClosedResponse\"K\n" +
 	"\x11AdminSplitRequest\x12\x19\n" +
 	"\brange_id\x18\x01 \x01(\x04R\arangeId\x12\x1b\n" +
 	"\tsplit_key\x18\x02 \x01(\fR\bsplitKey\"~\n" +
@@ -4543,8 +4720,7 @@ const file_range_proto_rawDesc = "" +
 	"CommitMode\x12\x17\n" +
 	"\x13COMMIT_MODE_CHABLIS\x10\x00\x12\x15\n" +
 	"\x11COMMIT_MODE_NAIVE\x10\x01\x12\x1b\n" +
-	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\xb3\n" +
-	"\n" +
+	"\x17COMMIT_MODE_COMMIT_WAIT\x10\x022\x86\v\n" +
 	"\x05Range\x12<\n" +
 	"\x03Get\x12\x19.terroir.range.GetRequest\x1a\x1a.terroir.range.GetResponse\x12?\n" +
 	"\x04Scan\x12\x1a.terroir.range.ScanRequest\x1a\x1b.terroir.range.ScanResponse\x12?\n" +
@@ -4564,7 +4740,9 @@ const file_range_proto_rawDesc = "" +
 	"\x0eChangeNonVoter\x12$.terroir.range.ChangeNonVoterRequest\x1a%.terroir.range.ChangeNonVoterResponse\x12E\n" +
 	"\x06Rehome\x12\x1c.terroir.range.RehomeRequest\x1a\x1d.terroir.range.RehomeResponse\x12E\n" +
 	"\x06Ranges\x12\x1c.terroir.range.RangesRequest\x1a\x1d.terroir.range.RangesResponse\x12T\n" +
-	"\vClosedEpoch\x12!.terroir.range.ClosedEpochRequest\x1a\".terroir.range.ClosedEpochResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
+	"\vClosedEpoch\x12!.terroir.range.ClosedEpochRequest\x1a\".terroir.range.ClosedEpochResponse\x12Q\n" +
+	"\n" +
+	"SideClosed\x12 .terroir.range.SideClosedRequest\x1a!.terroir.range.SideClosedResponseB<Z:github.com/terroir-db/terroir/internal/rangeserver/rangepbb\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -4579,7 +4757,7 @@ func file_range_proto_rawDescGZIP() []byte {
 }
 
 var file_range_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_range_proto_goTypes = []any{
 	(CommitMode)(0),                // 0: terroir.range.CommitMode
 	(*VersionID)(nil),              // 1: terroir.range.VersionID
@@ -4633,16 +4811,19 @@ var file_range_proto_goTypes = []any{
 	(*SnapshotReadResponse)(nil),   // 49: terroir.range.SnapshotReadResponse
 	(*ClosedEpochRequest)(nil),     // 50: terroir.range.ClosedEpochRequest
 	(*ClosedEpochResponse)(nil),    // 51: terroir.range.ClosedEpochResponse
-	(*AdminSplitRequest)(nil),      // 52: terroir.range.AdminSplitRequest
-	(*AdminSplitResponse)(nil),     // 53: terroir.range.AdminSplitResponse
-	(*TransferLeaseRequest)(nil),   // 54: terroir.range.TransferLeaseRequest
-	(*TransferLeaseResponse)(nil),  // 55: terroir.range.TransferLeaseResponse
-	(*AdminMergeRequest)(nil),      // 56: terroir.range.AdminMergeRequest
-	(*AdminMergeResponse)(nil),     // 57: terroir.range.AdminMergeResponse
-	(*RangeStatus)(nil),            // 58: terroir.range.RangeStatus
-	(*RangesRequest)(nil),          // 59: terroir.range.RangesRequest
-	(*RangesResponse)(nil),         // 60: terroir.range.RangesResponse
-	nil,                            // 61: terroir.range.RangeStatus.WritesByRegionEntry
+	(*SideClosed)(nil),             // 52: terroir.range.SideClosed
+	(*SideClosedRequest)(nil),      // 53: terroir.range.SideClosedRequest
+	(*SideClosedResponse)(nil),     // 54: terroir.range.SideClosedResponse
+	(*AdminSplitRequest)(nil),      // 55: terroir.range.AdminSplitRequest
+	(*AdminSplitResponse)(nil),     // 56: terroir.range.AdminSplitResponse
+	(*TransferLeaseRequest)(nil),   // 57: terroir.range.TransferLeaseRequest
+	(*TransferLeaseResponse)(nil),  // 58: terroir.range.TransferLeaseResponse
+	(*AdminMergeRequest)(nil),      // 59: terroir.range.AdminMergeRequest
+	(*AdminMergeResponse)(nil),     // 60: terroir.range.AdminMergeResponse
+	(*RangeStatus)(nil),            // 61: terroir.range.RangeStatus
+	(*RangesRequest)(nil),          // 62: terroir.range.RangesRequest
+	(*RangesResponse)(nil),         // 63: terroir.range.RangesResponse
+	nil,                            // 64: terroir.range.RangeStatus.WritesByRegionEntry
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: terroir.range.TxnMeta.commit_mode:type_name -> terroir.range.CommitMode
@@ -4693,53 +4874,56 @@ var file_range_proto_depIdxs = []int32{
 	1,  // 45: terroir.range.Change.version:type_name -> terroir.range.VersionID
 	5,  // 46: terroir.range.SnapshotReadResponse.kvs:type_name -> terroir.range.KeyValue
 	48, // 47: terroir.range.SnapshotReadResponse.changes:type_name -> terroir.range.Change
-	6,  // 48: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
-	6,  // 49: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
-	3,  // 50: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
-	6,  // 51: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
-	6,  // 52: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
-	3,  // 53: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
-	61, // 54: terroir.range.RangeStatus.writes_by_region:type_name -> terroir.range.RangeStatus.WritesByRegionEntry
-	58, // 55: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
-	30, // 56: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
-	32, // 57: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
-	34, // 58: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
-	36, // 59: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
-	38, // 60: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
-	40, // 61: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
-	42, // 62: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
-	47, // 63: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
-	45, // 64: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
-	52, // 65: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
-	56, // 66: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
-	54, // 67: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
-	8,  // 68: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
-	10, // 69: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
-	12, // 70: terroir.range.Range.Rehome:input_type -> terroir.range.RehomeRequest
-	59, // 71: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
-	50, // 72: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
-	31, // 73: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
-	33, // 74: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
-	35, // 75: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
-	37, // 76: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
-	39, // 77: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
-	41, // 78: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
-	43, // 79: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
-	49, // 80: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
-	46, // 81: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
-	53, // 82: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
-	57, // 83: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
-	55, // 84: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
-	9,  // 85: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
-	11, // 86: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
-	13, // 87: terroir.range.Range.Rehome:output_type -> terroir.range.RehomeResponse
-	60, // 88: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
-	51, // 89: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
-	73, // [73:90] is the sub-list for method output_type
-	56, // [56:73] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	52, // 48: terroir.range.SideClosedRequest.closes:type_name -> terroir.range.SideClosed
+	6,  // 49: terroir.range.AdminSplitResponse.left:type_name -> terroir.range.RangeDescriptor
+	6,  // 50: terroir.range.AdminSplitResponse.right:type_name -> terroir.range.RangeDescriptor
+	3,  // 51: terroir.range.TransferLeaseResponse.lease:type_name -> terroir.range.Lease
+	6,  // 52: terroir.range.AdminMergeResponse.merged:type_name -> terroir.range.RangeDescriptor
+	6,  // 53: terroir.range.RangeStatus.range_descriptor:type_name -> terroir.range.RangeDescriptor
+	3,  // 54: terroir.range.RangeStatus.lease:type_name -> terroir.range.Lease
+	64, // 55: terroir.range.RangeStatus.writes_by_region:type_name -> terroir.range.RangeStatus.WritesByRegionEntry
+	61, // 56: terroir.range.RangesResponse.ranges:type_name -> terroir.range.RangeStatus
+	30, // 57: terroir.range.Range.Get:input_type -> terroir.range.GetRequest
+	32, // 58: terroir.range.Range.Scan:input_type -> terroir.range.ScanRequest
+	34, // 59: terroir.range.Range.Lock:input_type -> terroir.range.LockRequest
+	36, // 60: terroir.range.Range.Prepare:input_type -> terroir.range.PrepareRequest
+	38, // 61: terroir.range.Range.Commit:input_type -> terroir.range.CommitRequest
+	40, // 62: terroir.range.Range.Abort:input_type -> terroir.range.AbortRequest
+	42, // 63: terroir.range.Range.CommitOnePhase:input_type -> terroir.range.OnePhaseRequest
+	47, // 64: terroir.range.Range.SnapshotRead:input_type -> terroir.range.SnapshotReadRequest
+	45, // 65: terroir.range.Range.Heartbeat:input_type -> terroir.range.HeartbeatRequest
+	55, // 66: terroir.range.Range.AdminSplit:input_type -> terroir.range.AdminSplitRequest
+	59, // 67: terroir.range.Range.AdminMerge:input_type -> terroir.range.AdminMergeRequest
+	57, // 68: terroir.range.Range.TransferLease:input_type -> terroir.range.TransferLeaseRequest
+	8,  // 69: terroir.range.Range.MoveReplica:input_type -> terroir.range.MoveReplicaRequest
+	10, // 70: terroir.range.Range.ChangeNonVoter:input_type -> terroir.range.ChangeNonVoterRequest
+	12, // 71: terroir.range.Range.Rehome:input_type -> terroir.range.RehomeRequest
+	62, // 72: terroir.range.Range.Ranges:input_type -> terroir.range.RangesRequest
+	50, // 73: terroir.range.Range.ClosedEpoch:input_type -> terroir.range.ClosedEpochRequest
+	53, // 74: terroir.range.Range.SideClosed:input_type -> terroir.range.SideClosedRequest
+	31, // 75: terroir.range.Range.Get:output_type -> terroir.range.GetResponse
+	33, // 76: terroir.range.Range.Scan:output_type -> terroir.range.ScanResponse
+	35, // 77: terroir.range.Range.Lock:output_type -> terroir.range.LockResponse
+	37, // 78: terroir.range.Range.Prepare:output_type -> terroir.range.PrepareResponse
+	39, // 79: terroir.range.Range.Commit:output_type -> terroir.range.CommitResponse
+	41, // 80: terroir.range.Range.Abort:output_type -> terroir.range.AbortResponse
+	43, // 81: terroir.range.Range.CommitOnePhase:output_type -> terroir.range.OnePhaseResponse
+	49, // 82: terroir.range.Range.SnapshotRead:output_type -> terroir.range.SnapshotReadResponse
+	46, // 83: terroir.range.Range.Heartbeat:output_type -> terroir.range.HeartbeatResponse
+	56, // 84: terroir.range.Range.AdminSplit:output_type -> terroir.range.AdminSplitResponse
+	60, // 85: terroir.range.Range.AdminMerge:output_type -> terroir.range.AdminMergeResponse
+	58, // 86: terroir.range.Range.TransferLease:output_type -> terroir.range.TransferLeaseResponse
+	9,  // 87: terroir.range.Range.MoveReplica:output_type -> terroir.range.MoveReplicaResponse
+	11, // 88: terroir.range.Range.ChangeNonVoter:output_type -> terroir.range.ChangeNonVoterResponse
+	13, // 89: terroir.range.Range.Rehome:output_type -> terroir.range.RehomeResponse
+	63, // 90: terroir.range.Range.Ranges:output_type -> terroir.range.RangesResponse
+	51, // 91: terroir.range.Range.ClosedEpoch:output_type -> terroir.range.ClosedEpochResponse
+	54, // 92: terroir.range.Range.SideClosed:output_type -> terroir.range.SideClosedResponse
+	75, // [75:93] is the sub-list for method output_type
+	57, // [57:75] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -4766,7 +4950,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   61,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

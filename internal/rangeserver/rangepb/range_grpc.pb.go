@@ -39,6 +39,7 @@ const (
 	Range_Rehome_FullMethodName         = "/terroir.range.Range/Rehome"
 	Range_Ranges_FullMethodName         = "/terroir.range.Range/Ranges"
 	Range_ClosedEpoch_FullMethodName    = "/terroir.range.Range/ClosedEpoch"
+	Range_SideClosed_FullMethodName     = "/terroir.range.Range/SideClosed"
 )
 
 // RangeClient is the client API for Range service.
@@ -80,6 +81,9 @@ type RangeClient interface {
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
 	// (a changefeed's resolved epoch is the least over its span's ranges).
 	ClosedEpoch(ctx context.Context, in *ClosedEpochRequest, opts ...grpc.CallOption) (*ClosedEpochResponse, error)
+	// SideClosed delivers idle ranges' closed epochs outside their logs,
+	// from the node leading them (node to node only).
+	SideClosed(ctx context.Context, in *SideClosedRequest, opts ...grpc.CallOption) (*SideClosedResponse, error)
 }
 
 type rangeClient struct {
@@ -260,6 +264,16 @@ func (c *rangeClient) ClosedEpoch(ctx context.Context, in *ClosedEpochRequest, o
 	return out, nil
 }
 
+func (c *rangeClient) SideClosed(ctx context.Context, in *SideClosedRequest, opts ...grpc.CallOption) (*SideClosedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SideClosedResponse)
+	err := c.cc.Invoke(ctx, Range_SideClosed_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServer is the server API for Range service.
 // All implementations must embed UnimplementedRangeServer
 // for forward compatibility.
@@ -299,6 +313,9 @@ type RangeServer interface {
 	// ClosedEpoch reports the range's closed epoch as this replica applied it
 	// (a changefeed's resolved epoch is the least over its span's ranges).
 	ClosedEpoch(context.Context, *ClosedEpochRequest) (*ClosedEpochResponse, error)
+	// SideClosed delivers idle ranges' closed epochs outside their logs,
+	// from the node leading them (node to node only).
+	SideClosed(context.Context, *SideClosedRequest) (*SideClosedResponse, error)
 	mustEmbedUnimplementedRangeServer()
 }
 
@@ -359,6 +376,9 @@ func (UnimplementedRangeServer) Ranges(context.Context, *RangesRequest) (*Ranges
 }
 func (UnimplementedRangeServer) ClosedEpoch(context.Context, *ClosedEpochRequest) (*ClosedEpochResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ClosedEpoch not implemented")
+}
+func (UnimplementedRangeServer) SideClosed(context.Context, *SideClosedRequest) (*SideClosedResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SideClosed not implemented")
 }
 func (UnimplementedRangeServer) mustEmbedUnimplementedRangeServer() {}
 func (UnimplementedRangeServer) testEmbeddedByValue()               {}
@@ -687,6 +707,24 @@ func _Range_ClosedEpoch_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Range_SideClosed_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SideClosedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServer).SideClosed(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Range_SideClosed_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServer).SideClosed(ctx, req.(*SideClosedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Range_ServiceDesc is the grpc.ServiceDesc for Range service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -761,6 +799,10 @@ var Range_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClosedEpoch",
 			Handler:    _Range_ClosedEpoch_Handler,
+		},
+		{
+			MethodName: "SideClosed",
+			Handler:    _Range_SideClosed_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
