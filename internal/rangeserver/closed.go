@@ -164,12 +164,14 @@ func (sm *StateMachine) loadClosed(get func([]byte) ([]byte, error), fromEngine 
 }
 
 // closing is a close under way at the leader: the epoch it will close, the
-// transactions that must apply their outcome first (condition 3), and the
-// range's generation when it began (a split or merge since ends it).
+// transactions that must apply their outcome first (condition 3), the
+// range's generation when it began (a split or merge since ends it), and
+// when its publisher read returned (a side close needs a later read).
 type closing struct {
 	epoch      uint64
 	pending    [][]byte
 	generation uint64
+	shown      time.Time // when the publisher read that showed epoch + 1 returned
 }
 
 // closingSource is the epoch the range's global versions carry: its
@@ -199,6 +201,7 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		if err != nil {
 			return
 		}
+		shown := time.Now()
 		closed := r.sm.ClosedEpoch()
 		if r.cfg.ClosedLag != nil && p >= closed {
 			r.cfg.ClosedLag.Observe(float64(p - closed))
@@ -208,7 +211,7 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		}
 		// Raised to the publisher's value, never above it: a commit in a
 		// future epoch would escape strong snapshots that start after it.
-		l.closing = &closing{epoch: p - 1, pending: l.txns.raiseAndPending(p), generation: r.sm.Descriptor().GetGeneration()}
+		l.closing = &closing{epoch: p - 1, pending: l.txns.raiseAndPending(p), generation: r.sm.Descriptor().GetGeneration(), shown: shown}
 		for _, rec := range r.sm.Prepared() {
 			l.closing.pending = append(l.closing.pending, rec.GetTxn().GetId())
 		}
@@ -224,7 +227,12 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		}
 	}
 	if r.idle(l) {
-		r.sendSide(ctx, l) // nothing applied since the last close: no entry (sideclosed.go)
+		// Nothing applied since the last close: no entry (sideclosed.go).
+		if !r.epochRead.began.After(l.closing.shown) {
+			r.sideAfter = l.closing.shown // the next tick reads the local epoch afresh (tickEpoch)
+			return
+		}
+		r.sendSide(l, r.epochRead.epoch)
 		l.closing = nil
 		return
 	}

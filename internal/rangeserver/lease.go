@@ -168,16 +168,19 @@ const epochRefresh = 100 * time.Millisecond
 // which commits raise too) for up to epochRefresh, as long as its renewal
 // stays out of reach even if the epoch advanced meanwhile at twice the
 // fastest rate seen between reads (issue 17: an idle leader reads ten
-// times a second, not a hundred). Every other tick reads afresh. A value
+// times a second, not a hundred). Every other tick reads afresh, as does
+// the one after a close that waits to go by the side transport: it needs
+// a read begun after its publisher read (sideAfter, sideclosed.go). A value
 // behind the epoch only delays a renewal; it cannot make two leases
 // overlap, since each names its predecessor (DESIGN.md §3.3). Real time
 // measures the age, not Config.Clock: a test's still clock must not stop
 // the reads. Only the tick calls it.
 func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 	now, cur := time.Now(), r.lastEpoch.Load()
-	if r.epochRead.reusable(now, r.sm.Lease(), r.self, cur, r.cfg.LeaseRenewEpochs) {
+	if r.epochRead.reusable(now, r.sm.Lease(), r.self, cur, r.cfg.LeaseRenewEpochs) && r.epochRead.began.After(r.sideAfter) {
 		return cur, nil
 	}
+	began := now
 	// A leaseholder whose lease is active needs the epoch only to keep
 	// the lease: it leaves an idle region at its idle pace (epoch.Pace).
 	// Every other tick wants the epoch to move: to take over a lapsed or
@@ -201,13 +204,14 @@ func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 		rate := float64(e-last.epoch) / now.Sub(last.at).Seconds()
 		r.epochRead.perSec = max(rate, last.perSec, float64(time.Second)/float64(r.cfg.EpochInterval))
 	}
-	r.epochRead.at, r.epochRead.epoch = now, e
+	r.epochRead.began, r.epochRead.at, r.epochRead.epoch = began, now, e
 	return e, nil
 }
 
 // epochReading is the tick's last fresh read of the local epoch (tickEpoch).
 type epochReading struct {
-	at     time.Time
+	began  time.Time // when the read began
+	at     time.Time // when it returned
 	epoch  uint64
 	perSec float64 // the fastest advance seen between two reads (epochs/s)
 }

@@ -1,10 +1,8 @@
 package rangeserver
 
 import (
-	"context"
 	"log/slog"
 
-	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 )
 
@@ -99,18 +97,15 @@ func sideAllowed(lease *pb.Lease, self, start, memEnd, e, renew uint64) bool {
 }
 
 // sendSide sends the close under way (conditions 1–3 hold) outside the
-// log, under leadership l, once a read of the local epoch shows its lease
-// in force with no successor possible (see above); it keeps it to itself
-// too. Only the leader's tick calls it.
-func (r *Replica) sendSide(ctx context.Context, l *leadership) {
+// log, under leadership l, if the local epoch e — read by a read begun
+// after the close's publisher read — shows its lease in force with no
+// successor possible (sideAllowed); it keeps it to itself too. Only the
+// leader's tick calls it.
+func (r *Replica) sendSide(l *leadership, e uint64) {
 	gen := r.sm.Descriptor().GetGeneration()
 	applied := r.group.Applied()
 	d := r.sm.Descriptor() // read after applied: a change applied meanwhile shows
 	if d.GetGeneration() != gen || gen != l.closing.generation || d.GetSubsumed() {
-		return
-	}
-	e, err := epoch.ReadBackground(ctx, r.src().Local)
-	if err != nil {
 		return
 	}
 	if !sideAllowed(r.sm.Lease(), r.self, l.start, l.end.Load(), e, r.cfg.LeaseRenewEpochs) || l.transferring.Load() || l.ctx.Err() != nil {
