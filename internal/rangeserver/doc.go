@@ -25,6 +25,9 @@
 //     at the leader or, at epochs up to the closed epoch + 1, at any replica.
 //   - closed.go: closed epochs (DESIGN.md §13): the leader's closing, the
 //     replicated ClosedEpoch command, reads served from it.
+//   - sideclosed.go: an idle range's closes sent outside its log, and when
+//     a replica trusts them; sidetransport.go: one RPC per peer node for
+//     all of a node's ranges.
 //   - gc.go: MVCC garbage collection on the leader's schedule (DESIGN.md §14).
 //   - split.go: splits, by an operator (AdminSplit) or automatically by size
 //     or load, and what the leader does when one applies.
