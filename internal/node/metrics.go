@@ -37,6 +37,7 @@ type metrics struct {
 	snapLock    *prometheus.HistogramVec // mode
 	lockWait    prometheus.Histogram
 	closedLag   prometheus.Histogram
+	closes      *prometheus.CounterVec   // via
 	epochChange *prometheus.HistogramVec // kind
 
 	// The commit path's series, resolved once: by kind (one_phase,
@@ -80,6 +81,9 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 			Name: "terroir_closed_epoch_lag_epochs", Help: "A range leader's closed-epoch lag each time it begins a close (DESIGN.md §13): its publisher's epoch minus the range's closed epoch. A follower read at the publisher's epoch e needs a lag of at most 1.",
 			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256},
 		}),
+		closes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "terroir_closed_epochs_total", Help: "Epochs closed by this node's range leaders (DESIGN.md §13), by how the close went: through the range's Raft log (log), or outside it to the other replicas, for a range idle since its last close (side).",
+		}, []string{"via"}),
 		epochChange: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "terroir_epoch_advance_interval_seconds", Help: "Time between two changes of an epoch applied at this node, by group kind (local-epoch, publisher, global-epoch).",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 1.5, 20),
@@ -95,7 +99,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	for i, mode := range snapModes {
 		m.snapWaits[i] = [2]prometheus.Observer{m.snapEpoch.WithLabelValues(mode), m.snapLock.WithLabelValues(mode)}
 	}
-	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.closedLag, m.epochChange,
+	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.closedLag, m.closes, m.epochChange,
 		goCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{n: n})
 	return m

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
@@ -241,8 +242,16 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		slog.Debug("closed epoch proposal failed", "range", r.id, "epoch", l.closing.epoch, "err", err)
 	} else {
 		l.loggedAt = r.group.Applied()
+		count(r.cfg.Closes[0])
 	}
 	l.closing = nil
+}
+
+// count adds one to c, if set.
+func count(c prometheus.Counter) {
+	if c != nil {
+		c.Inc()
+	}
 }
 
 // PauseClosing stops (true) or resumes (false) this replica's closing of

@@ -106,6 +106,9 @@ type Config struct {
 	// entry (an idle one's goes by SideClose); a changefeed's resolved
 	// epoch trails the publisher by about this much.
 	ClosedInterval time.Duration
+	// Closes, if set, count the leader's closes: [0] through the log, [1]
+	// by SideClose.
+	Closes [2]prometheus.Counter
 	// SideClose, if set, sends an idle range's close to the nodes
 	// holding its other replicas, outside the log (SideTransport.Send;
 	// sideclosed.go). nil: every close is a Raft entry.

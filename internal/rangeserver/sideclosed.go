@@ -123,4 +123,5 @@ func (r *Replica) sendSide(l *leadership, e uint64) {
 		}
 	}
 	r.cfg.SideClose(peers, u)
+	count(r.cfg.Closes[1])
 }
