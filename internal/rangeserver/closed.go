@@ -228,12 +228,18 @@ func (r *Replica) maybeClose(ctx context.Context, l *leadership) {
 		}
 	}
 	if r.idle(l) {
-		// Nothing applied since the last close: no entry (sideclosed.go).
+		// Nothing applied since the last close: no entry (sideclosed.go),
+		// but a local epoch read begun after the publisher read, which
+		// the tick reuses (tickEpoch).
+		e := r.epochRead.epoch
 		if !r.epochRead.began.After(l.closing.shown) {
-			r.sideAfter = l.closing.shown // the next tick reads the local epoch afresh (tickEpoch)
-			return
+			var err error
+			if e, err = r.readLocal(ctx, r.lastEpoch.Load()); err != nil {
+				return // the close waits: a later tick tries again
+			}
+			r.observeEpoch(e)
 		}
-		r.sendSide(l, r.epochRead.epoch)
+		r.sendSide(l, e)
 		l.closing = nil
 		return
 	}

@@ -168,19 +168,24 @@ const epochRefresh = 100 * time.Millisecond
 // which commits raise too) for up to epochRefresh, as long as its renewal
 // stays out of reach even if the epoch advanced meanwhile at twice the
 // fastest rate seen between reads (issue 17: an idle leader reads ten
-// times a second, not a hundred). Every other tick reads afresh, as does
-// the one after a close that waits to go by the side transport: it needs
-// a read begun after its publisher read (sideAfter, sideclosed.go). A value
+// times a second, not a hundred). Every other tick reads afresh. A value
 // behind the epoch only delays a renewal; it cannot make two leases
 // overlap, since each names its predecessor (DESIGN.md §3.3). Real time
 // measures the age, not Config.Clock: a test's still clock must not stop
 // the reads. Only the tick calls it.
 func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 	now, cur := time.Now(), r.lastEpoch.Load()
-	if r.epochRead.reusable(now, r.sm.Lease(), r.self, cur, r.cfg.LeaseRenewEpochs) && r.epochRead.began.After(r.sideAfter) {
+	if r.epochRead.reusable(now, r.sm.Lease(), r.self, cur, r.cfg.LeaseRenewEpochs) {
 		return cur, nil
 	}
-	began := now
+	return r.readLocal(ctx, cur)
+}
+
+// readLocal reads the local epoch afresh for the tick, cur being the
+// newest seen, and notes the read for tickEpoch's reuse (epochRead). Only
+// the tick calls it: tickEpoch, and a side close (closed.go).
+func (r *Replica) readLocal(ctx context.Context, cur uint64) (uint64, error) {
+	began := time.Now()
 	// A leaseholder whose lease is active needs the epoch only to keep
 	// the lease: it leaves an idle region at its idle pace (epoch.Pace).
 	// Every other tick wants the epoch to move: to take over a lapsed or
@@ -195,25 +200,40 @@ func (r *Replica) tickEpoch(ctx context.Context) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	now = time.Now() // when the read ended: a slow read must not inflate the rate
-	if last := r.epochRead; !last.at.IsZero() && e >= last.epoch {
+	now := time.Now() // when the read ended: a slow read must not inflate the rate
+	er := &r.epochRead
+	switch span := now.Sub(er.rateAt); {
+	case er.rateAt.IsZero() || e < er.rateEpoch:
+		er.rateAt, er.rateEpoch = now, e
+	case span >= minRateSpan:
 		// The fastest rate seen, never forgotten: a stall (an epoch
 		// leader's election) must not talk the next reuse into a lapse.
 		// Never below the full pace: a leaseholder that saw only the idle
 		// pace must not reuse a read while the pace returns (epoch.Pace).
-		rate := float64(e-last.epoch) / now.Sub(last.at).Seconds()
-		r.epochRead.perSec = max(rate, last.perSec, float64(time.Second)/float64(r.cfg.EpochInterval))
+		// Over minRateSpan at least: two reads a millisecond apart (a
+		// side close's just after the tick's) would see a step of the
+		// epoch as a rate of a thousand a second.
+		rate := float64(e-er.rateEpoch) / span.Seconds()
+		er.perSec = max(rate, er.perSec, float64(time.Second)/float64(r.cfg.EpochInterval))
+		er.rateAt, er.rateEpoch = now, e
 	}
-	r.epochRead.began, r.epochRead.at, r.epochRead.epoch = began, now, e
+	er.began, er.at, er.epoch = began, now, e
 	return e, nil
 }
+
+// minRateSpan is the least time over which readLocal measures the local
+// epoch's rate.
+const minRateSpan = epochRefresh / 2
 
 // epochReading is the tick's last fresh read of the local epoch (tickEpoch).
 type epochReading struct {
 	began  time.Time // when the read began
 	at     time.Time // when it returned
 	epoch  uint64
-	perSec float64 // the fastest advance seen between two reads (epochs/s)
+	perSec float64 // the fastest advance seen between two reads minRateSpan or more apart (epochs/s)
+	// The read the next rate is measured from.
+	rateAt    time.Time
+	rateEpoch uint64
 }
 
 // reusable reports whether replica self, whose newest local epoch read is

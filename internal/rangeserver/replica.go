@@ -244,7 +244,6 @@ type Replica struct {
 
 	lastEpoch     atomic.Uint64 // the newest local epoch this replica has read
 	epochRead     epochReading  // the tick's alone (tickEpoch)
-	sideAfter     time.Time     // the tick's alone: its next read must begin after this (sideclosed.go)
 	oneShots      oneShots      // IDs of the transactions sent whole that began here
 	load          *loadTracker
 	splits        splitQueue

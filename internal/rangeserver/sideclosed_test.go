@@ -2,6 +2,7 @@ package rangeserver
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -105,4 +106,109 @@ func TestSideCloseOnlyWhereNoSuccessorCanQueue(t *testing.T) {
 			}
 		}
 	}
+}
+
+// steppedEpoch is a local epoch that advances by step on every read.
+type steppedEpoch struct{ e, step uint64 }
+
+func (s *steppedEpoch) Read(context.Context) (uint64, error) { s.e += s.step; return s.e, nil }
+
+// TestCloseReadsDoNotInflateTheEpochRate: a side close reads the local
+// epoch a moment after the tick did; two reads a millisecond apart must
+// not count a step of the epoch as its rate, or the tick would stop
+// reusing reads and read ten times as often. Reads minRateSpan apart set
+// the rate.
+func TestCloseReadsDoNotInflateTheEpochRate(t *testing.T) {
+	src := &steppedEpoch{e: 100, step: 1}
+	r := &Replica{self: 1, cfg: Config{EpochInterval: 10 * time.Millisecond}}
+	r.home.Store(&Home{Epochs: Epochs{Local: src}})
+	r.sm = openSM(t, 1)
+	ctx := context.Background()
+	for range 3 {
+		if _, err := r.readLocal(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := r.epochRead.perSec; got > 0 {
+		t.Fatalf("three reads within a millisecond set a rate of %.0f epochs/s", got)
+	}
+	time.Sleep(minRateSpan)
+	src.step = 2
+	if _, err := r.readLocal(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	// 4 epochs since the first read, over a bit more than 50 ms: under
+	// the full pace of 100/s, which is the floor.
+	if got := r.epochRead.perSec; got != 100 {
+		t.Fatalf("rate %.0f epochs/s after reads %v apart, want the full pace, 100", got, minRateSpan)
+	}
+	from := r.epochRead.at
+	time.Sleep(minRateSpan)
+	src.step = 15
+	if _, err := r.readLocal(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	span := r.epochRead.at.Sub(from)
+	if got, want := r.epochRead.perSec, max(15/span.Seconds(), 100); math.Abs(got-want) > 0.01 {
+		t.Fatalf("rate %.2f epochs/s after 15 epochs in %v, want %.2f", got, span, want)
+	}
+	if r.epochRead.epoch != 120 || r.epochRead.began.After(r.epochRead.at) {
+		t.Fatalf("last read %+v, want epoch 120, begun before it returned", r.epochRead)
+	}
+}
+
+// TestSideTransportKeepsCloses flowing to a slow peer: while an RPC to a
+// peer across the WAN is still in flight, the next closes go in RPCs of
+// their own (up to sideInFlight), each carrying the newest close of every
+// range queued for it; Close waits for the RPCs in flight.
+func TestSideTransportKeepsClosesFlowing(t *testing.T) {
+	release := make(chan struct{})
+	sent := make(chan *pb.SideClosedRequest, 16)
+	tr := NewSideTransport(1, time.Millisecond, func(ctx context.Context, node uint64, req *pb.SideClosedRequest) error {
+		sent <- req
+		select {
+		case <-release: // a slow peer: the reply takes until released
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	closes := func(rangeID, epoch uint64) *pb.SideClosed {
+		return &pb.SideClosed{RangeId: rangeID, Generation: 1, Epoch: epoch, AppliedIndex: 7}
+	}
+	var got []*pb.SideClosedRequest
+	next := func() *pb.SideClosedRequest {
+		t.Helper()
+		select {
+		case req := <-sent:
+			got = append(got, req)
+			return req
+		case <-time.After(sideTimeout / 3): // well before a stuck RPC times out
+			t.Fatalf("no RPC sent; sent so far %v", got)
+			return nil
+		}
+	}
+	tr.Send([]uint64{2}, closes(10, 5))
+	tr.Send([]uint64{2}, closes(11, 6))
+	if req := next(); len(req.GetCloses()) != 2 || req.GetFromNode() != 1 {
+		t.Fatalf("the first RPC carries %v from node %d, want both ranges' closes from node 1", req.GetCloses(), req.GetFromNode())
+	}
+	for i := range sideInFlight - 1 {
+		tr.Send([]uint64{2}, closes(10, uint64(7+2*i)))
+		tr.Send([]uint64{2}, closes(10, uint64(8+2*i))) // replaces the one before it
+		req := next()
+		if len(req.GetCloses()) != 1 || req.GetCloses()[0].GetEpoch() != uint64(8+2*i) {
+			t.Fatalf("RPC %d carries %v, want range 10's newest close, epoch %d", i+2, req.GetCloses(), 8+2*i)
+		}
+	}
+	tr.Send([]uint64{2}, closes(10, 99))
+	select {
+	case req := <-sent:
+		t.Fatalf("an RPC went with %d in flight: %v", sideInFlight, req.GetCloses())
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if req := next(); req.GetCloses()[0].GetEpoch() != 99 {
+		t.Fatalf("once a reply came, the queued close went as %v, want epoch 99", req.GetCloses())
+	}
+	tr.Close()
 }

@@ -13,9 +13,11 @@ import (
 // SideTransport sends the side-transported closes of the ranges a node
 // leads (sideclosed.go, DESIGN.md §13) to the nodes holding their other
 // replicas: one Range/SideClosed RPC per peer node for every range's
-// newest close, gathered over a short window, with at most one RPC in
-// flight per peer. A close that cannot be sent is dropped: the next one,
-// an interval later, says more.
+// newest close, gathered over a short window, with at most
+// sideInFlight RPCs in flight per peer (a peer across the WAN takes a
+// round trip longer than the interval between closes). A close that
+// cannot be sent is dropped: the next one, an interval later, says more;
+// a replica ignores one older than the newest it has.
 type SideTransport struct {
 	send   func(ctx context.Context, node uint64, req *pb.SideClosedRequest) error
 	self   uint64
@@ -23,7 +25,7 @@ type SideTransport struct {
 
 	mu      sync.Mutex
 	pending map[uint64]map[uint64]*pb.SideClosed // peer node → range ID → newest close
-	busy    map[uint64]bool                      // peers with an RPC in flight
+	busy    map[uint64]int                       // RPCs in flight, by peer
 	hold    time.Duration                        // Hold: every RPC waits this long first
 
 	kick   chan struct{}
@@ -32,17 +34,20 @@ type SideTransport struct {
 	wg     sync.WaitGroup
 }
 
-// sideTimeout bounds one SideClosed RPC, hold included.
-const sideTimeout = 3 * time.Second
+// sideTimeout bounds one SideClosed RPC, hold included; sideInFlight is
+// how many may be in flight to one peer.
+const (
+	sideTimeout  = 3 * time.Second
+	sideInFlight = 4
+)
 
 // NewSideTransport starts node self's side transport: it sends with send,
-// gathering the closes enqueued within gather (> 0; the ranges' tick,
-// 10 ms by default, so one tick's closes of every range go together) of
-// the first into one RPC per peer. Close stops it.
+// gathering the closes enqueued within gather (> 0) of the first into one
+// RPC per peer. Close stops it.
 func NewSideTransport(self uint64, gather time.Duration, send func(ctx context.Context, node uint64, req *pb.SideClosedRequest) error) *SideTransport {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &SideTransport{send: send, self: self, gather: gather, pending: map[uint64]map[uint64]*pb.SideClosed{},
-		busy: map[uint64]bool{}, kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+		busy: map[uint64]int{}, kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
 	t.wg.Add(1)
 	go t.loop()
 	return t
@@ -101,12 +106,13 @@ func (t *SideTransport) loop() {
 	}
 }
 
-// flush starts one RPC to each peer with closes queued and none in flight.
+// flush starts one RPC to each peer with closes queued and fewer than
+// sideInFlight in flight.
 func (t *SideTransport) flush() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for n, q := range t.pending {
-		if t.busy[n] || len(q) == 0 {
+		if t.busy[n] >= sideInFlight || len(q) == 0 {
 			continue
 		}
 		req := &pb.SideClosedRequest{FromNode: t.self, Closes: make([]*pb.SideClosed, 0, len(q))}
@@ -114,7 +120,7 @@ func (t *SideTransport) flush() {
 			req.Closes = append(req.Closes, u)
 		}
 		delete(t.pending, n)
-		t.busy[n] = true
+		t.busy[n]++
 		t.wg.Add(1)
 		go t.sendTo(n, req, t.hold)
 	}
@@ -130,7 +136,9 @@ func (t *SideTransport) sendTo(n uint64, req *pb.SideClosedRequest, hold time.Du
 		}
 	}
 	t.mu.Lock()
-	delete(t.busy, n)
+	if t.busy[n]--; t.busy[n] == 0 {
+		delete(t.busy, n)
+	}
 	again := len(t.pending[n]) > 0
 	t.mu.Unlock()
 	if again {
