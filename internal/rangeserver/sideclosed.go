@@ -8,11 +8,12 @@ import (
 
 // The closed-epoch side transport (DESIGN.md §13). A busy range closes
 // epochs through its log (ClosedEpochCmd, closed.go). An idle one would
-// spend a Raft entry, three fsyncs and a round of messages ten times a
-// second to say only that nothing happened, so its leader sends the close
-// outside the log instead: SideClosed{epoch c, applied index i,
-// generation g}, meaning that every version of the range with an epoch at
-// or below c is in the log up to i, and no transaction will add one.
+// spend a Raft entry, three fsyncs and a round of messages at every tick
+// its publisher moved, to say only that nothing happened, so its leader
+// sends the close outside the log instead: SideClosed{epoch c, applied
+// index i, generation g}, meaning that every version of the range with an
+// epoch at or below c is in the log up to i, and no transaction will add
+// one.
 // Node-wide, SideTransport batches these into one RPC per peer node.
 //
 // A replica trusts it once it has applied i while its descriptor is at
