@@ -319,6 +319,7 @@ func TestEveryMethodHasARole(t *testing.T) {
 		"/terroir.directory.Directory/Update": true, "/terroir.directory.Directory/Allocate": true,
 		"/terroir.directory.Directory/RegisterNode": true, "/terroir.directory.Directory/Heartbeat": true, "/terroir.node.Node/Join": true,
 		"/terroir.node.Node/AddGroupReplica": true, "/terroir.node.Node/RemoveGroupReplica": true,
+		"/terroir.range.Range/SideClosed": true,
 	}
 	for _, sd := range []grpc.ServiceDesc{rangepb.Range_ServiceDesc, epochpb.Epoch_ServiceDesc, txnstatepb.TxnState_ServiceDesc,
 		directorypb.Directory_ServiceDesc, transportpb.Transport_ServiceDesc, nodepb.Node_ServiceDesc} {
