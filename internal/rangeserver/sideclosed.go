@@ -2,6 +2,7 @@ package rangeserver
 
 import (
 	"log/slog"
+	"slices"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 )
@@ -115,14 +116,8 @@ func (r *Replica) sendSide(l *leadership, e uint64) {
 	}
 	u := &pb.SideClosed{RangeId: r.id, Generation: gen, Epoch: l.closing.epoch, AppliedIndex: applied}
 	r.sm.receiveSide(u, applied)
-	var peers []uint64
-	for _, ids := range [][]uint64{d.GetReplicas(), d.GetLearners(), d.GetNonVoters()} {
-		for _, id := range ids {
-			if id != r.self {
-				peers = append(peers, id)
-			}
-		}
-	}
-	r.cfg.SideClose(peers, u)
+	// Voters and non-voters: a learner a move adds gets the next close
+	// once it votes.
+	r.cfg.SideClose(slices.DeleteFunc(allReplicas(d), func(id uint64) bool { return id == r.self }), u)
 	count(r.cfg.Closes[1])
 }
