@@ -10,7 +10,8 @@ package tick
 
 import "time"
 
-// Ticker delivers ticks on C at the aligned instants of its period. Unlike
+// Ticker delivers ticks on C at the aligned instants of its period (shifted
+// by its phase: NewTickerPhase). Unlike
 // time.Ticker it must be re-armed: after each receive from C, call Next.
 // A tick the receiver was too late for is dropped, never delivered late in
 // a burst: the next fires at the next aligned instant.
@@ -19,22 +20,35 @@ type Ticker struct {
 	C      <-chan time.Time
 	timer  *time.Timer
 	period time.Duration
+	phase  time.Duration
 }
 
 // NewTicker returns a ticker of period d (d > 0; it panics otherwise, as
 // time.NewTicker does) whose first tick is the next aligned instant.
-func NewTicker(d time.Duration) *Ticker {
+func NewTicker(d time.Duration) *Ticker { return NewTickerPhase(d, 0) }
+
+// NewTickerPhase returns a ticker of period d whose ticks fall phase after
+// the aligned instants, phase taken modulo d: the loops that share a phase
+// still wake together, while loops that must not act in the same instant
+// (the Raft clocks of two nodes' replicas of one group, whose election
+// timeouts would otherwise end together) get different phases. It panics
+// on d ≤ 0, as time.NewTicker does.
+func NewTickerPhase(d, phase time.Duration) *Ticker {
 	if d <= 0 {
 		panic("tick: non-positive period")
 	}
-	t := &Ticker{timer: time.NewTimer(untilNext(time.Now(), d)), period: d}
+	phase %= d
+	if phase < 0 {
+		phase += d
+	}
+	t := &Ticker{timer: time.NewTimer(untilNext(time.Now().Add(-phase), d)), period: d, phase: phase}
 	t.C = t.timer.C
 	return t
 }
 
 // Next arms the ticker for the next aligned instant; call it after each
 // receive from C.
-func (t *Ticker) Next() { t.timer.Reset(untilNext(time.Now(), t.period)) }
+func (t *Ticker) Next() { t.timer.Reset(untilNext(time.Now().Add(-t.phase), t.period)) }
 
 // Stop stops the ticker; no tick is delivered after it returns.
 func (t *Ticker) Stop() { t.timer.Stop() }

@@ -73,3 +73,30 @@ func TestStopDeliversNoMoreTicks(t *testing.T) {
 	case <-time.After(30 * time.Millisecond):
 	}
 }
+
+// A ticker with a phase ticks that long after the aligned instants, so two
+// loops of one period but different phases never tick together.
+func TestPhaseShiftsTheTicks(t *testing.T) {
+	const d = 40 * time.Millisecond
+	for _, phase := range []time.Duration{d / 2, d + d/4, -d / 4} {
+		tk := NewTickerPhase(d, phase)
+		want := ((phase % d) + d) % d
+		var offs []time.Duration
+		for range 5 {
+			select {
+			case at := <-tk.C:
+				tk.Next()
+				offs = append(offs, time.Duration(at.UnixNano()%int64(d)))
+			case <-time.After(time.Second):
+				t.Fatalf("phase %v: no tick within a second", phase)
+			}
+		}
+		tk.Stop()
+		slices.Sort(offs)
+		// The median lateness past the shifted instant (a loaded machine
+		// delivers some ticks late, none early).
+		if late := (offs[len(offs)/2] - want + d) % d; late >= d/4 {
+			t.Errorf("phase %v: ticks came at %v into each period; want %v (median %v late)", phase, offs, want, late)
+		}
+	}
+}

@@ -74,7 +74,8 @@ const (
 	// DefaultGlobalEpochIdleInterval is the least time between global epoch
 	// advances while no reader asks for the global epoch (epoch.Demand).
 	DefaultGlobalEpochIdleInterval = 100 * time.Millisecond
-	// DefaultRaftTick is the Raft logical clock tick; elections take 30–60 ticks, heartbeats 5 (raftgroup).
+	// DefaultRaftTick is the unit of Raft's timeouts: elections after 30–55
+	// of it, heartbeats every 10; a group's Raft clock ticks every 5 (raftgroup).
 	DefaultRaftTick = 10 * time.Millisecond
 	// DefaultReplicas is the replication factor of a group that names no replicas.
 	DefaultReplicas = 3
@@ -143,7 +144,7 @@ type Topology struct {
 	// region whose epoch no reader asked to move for a second (epoch.Pace);
 	// at most LocalEpochInterval keeps the full pace always ("off").
 	LocalEpochIdleInterval time.Duration
-	// RaftTick is the period of one Raft tick.
+	// RaftTick is the unit of Raft's timeouts (raftgroup.Config.Tick).
 	RaftTick time.Duration
 	// PublisherLease is how long a publisher serves after its last update.
 	PublisherLease time.Duration
