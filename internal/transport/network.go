@@ -35,6 +35,7 @@ type Network struct {
 	mu         sync.RWMutex
 	cutNodes   map[uint64]bool
 	starved    map[uint64]bool // nodes no other node reaches; clients still do
+	logStarved map[uint64]bool // nodes no other node's Raft messages or snapshots reach; RPCs still do
 	dead       map[uint64]bool // killed nodes: cut until revived, whatever Heal does
 	cutRegions map[string]bool
 	dropRate   float64
@@ -108,7 +109,7 @@ func (n *Network) lookUp(id uint64) bool {
 // NewNetwork returns a fault-free network with top's latency matrix, whose
 // node book starts as top's nodes.
 func NewNetwork(top *topology.Topology) *Network {
-	n := &Network{top: top, cutNodes: map[uint64]bool{}, starved: map[uint64]bool{}, dead: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{},
+	n := &Network{top: top, cutNodes: map[uint64]bool{}, starved: map[uint64]bool{}, logStarved: map[uint64]bool{}, dead: map[uint64]bool{}, cutRegions: map[string]bool{}, rtt: map[[2]string]time.Duration{},
 		book: map[uint64]topology.Node{}}
 	for _, nd := range top.Nodes {
 		n.book[nd.ID] = nd
@@ -243,6 +244,25 @@ func (n *Network) Cut(from, to Endpoint) bool {
 	return from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region])
 }
 
+// DeliverableRaft is Deliverable for a Raft message or snapshot: it is also
+// false into a node whose log is starved (StarveLog).
+func (n *Network) DeliverableRaft(from, to Endpoint) bool {
+	return !n.logCut(from, to) && n.Deliverable(from, to)
+}
+
+// CutRaft is Cut for Raft messages and snapshots: it is also true into a
+// node whose log is starved (StarveLog).
+func (n *Network) CutRaft(from, to Endpoint) bool {
+	return n.logCut(from, to) || n.Cut(from, to)
+}
+
+// logCut reports whether to's log is starved against from (StarveLog).
+func (n *Network) logCut(from, to Endpoint) bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return from.Node != 0 && from.Node != to.Node && n.logStarved[to.Node]
+}
+
 // Duplicated reports whether a message that gets through is delivered a
 // second time, by the injected duplication rate: a retransmission the
 // receiver must tolerate.
@@ -266,6 +286,17 @@ func (n *Network) CutNode(id uint64) {
 func (n *Network) Starve(id uint64) {
 	n.mu.Lock()
 	n.starved[id] = true
+	n.mu.Unlock()
+}
+
+// StarveLog cuts node id off from every other node's Raft messages and
+// snapshots until Heal, while every RPC still reaches it: its replicas
+// fall behind their groups' logs yet hear what travels outside them (a
+// side-transported close made at an index they have not applied, DESIGN.md
+// §13) and answer reads.
+func (n *Network) StarveLog(id uint64) {
+	n.mu.Lock()
+	n.logStarved[id] = true
 	n.mu.Unlock()
 }
 
@@ -315,12 +346,13 @@ func (n *Network) SetExtraDelay(d time.Duration) {
 	n.mu.Unlock()
 }
 
-// Heal removes every injected fault: cuts, drops, duplicates, extra delay and
-// RTT changes.
+// Heal removes every injected fault: cuts, starved nodes and logs, drops,
+// duplicates, extra delay and RTT changes.
 func (n *Network) Heal() {
 	n.mu.Lock()
 	n.cutNodes = map[uint64]bool{}
 	n.starved = map[uint64]bool{}
+	n.logStarved = map[uint64]bool{}
 	n.cutRegions = map[string]bool{}
 	n.dropRate = 0
 	n.dupRate = 0

@@ -149,7 +149,7 @@ type sender struct {
 func (s *sender) enqueue(env *transportpb.RaftEnvelope) {
 	net := s.t.dialer.Network()
 	self := s.t.dialer.Self()
-	if !net.Deliverable(self, s.to) {
+	if !net.DeliverableRaft(self, s.to) {
 		s.failed([]*transportpb.RaftEnvelope{env})
 		return
 	}
@@ -189,7 +189,7 @@ func (s *sender) due(now time.Time) (out, lost []*transportpb.RaftEnvelope, next
 		next = s.queue[0].releaseAt
 	}
 	s.mu.Unlock()
-	if len(out) > 0 && s.t.dialer.Network().Cut(s.t.dialer.Self(), s.to) {
+	if len(out) > 0 && s.t.dialer.Network().CutRaft(s.t.dialer.Self(), s.to) {
 		return nil, out, next
 	}
 	return out, nil, next

@@ -28,7 +28,7 @@ const snapshotIdle = 20 * time.Second
 // snapshot is bulk data, paced by its sender).
 func (t *Raft) SendSnapshot(ctx context.Context, to uint64, first *transportpb.SnapshotChunk, body func(send func(data []byte) error) error) error {
 	self, dest := t.dialer.Self(), t.dialer.Network().NodeEndpoint(to)
-	if !t.dialer.Network().Deliverable(self, dest) {
+	if !t.dialer.Network().DeliverableRaft(self, dest) {
 		return status.Errorf(codes.Unavailable, "transport: snapshot to node %d cut off by the network", to)
 	}
 	conn, err := t.dialer.Conn(to)
@@ -48,7 +48,7 @@ func (t *Raft) SendSnapshot(ctx context.Context, to uint64, first *transportpb.S
 		return streamErr(stream, err)
 	}
 	err = body(func(data []byte) error {
-		if !t.dialer.Network().Deliverable(self, dest) {
+		if !t.dialer.Network().DeliverableRaft(self, dest) {
 			return status.Errorf(codes.Unavailable, "transport: snapshot to node %d cut off by the network", to)
 		}
 		if err := stream.Send(&transportpb.SnapshotChunk{FromNode: self.Node, Data: data}); err != nil {

@@ -248,6 +248,20 @@ func TestCutAndHeal(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 
+	// A node whose log is starved gets no raft message, yet another node's
+	// RPC reaches it (a side-transported close, DESIGN.md §13).
+	net.StarveLog(2)
+	before = nodes[2].rec.count()
+	nodes[1].raft.Send(1, &raftpb.Message{To: proto.Uint64(2), Index: proto.Uint64(3)})
+	time.Sleep(50 * time.Millisecond)
+	if got := nodes[2].rec.count(); got != before {
+		t.Fatalf("a node whose log is starved received %d raft messages", got-before)
+	}
+	peer := NewDialer(net, net.NodeEndpoint(1), nil)
+	defer peer.Close()
+	pingRTT(t, peer, 2, 1)
+	net.Heal()
+
 	net.SetDropRate(1)
 	if _, err := transportpb.NewTransportClient(mustConn(t, client, 1)).Ping(context.Background(), &transportpb.PingRequest{}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("ping at drop rate 1 = %v, want Unavailable", err)
