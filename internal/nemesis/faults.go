@@ -53,6 +53,7 @@ const (
 	faultRehome        = "rehome a range to another region under load"
 	faultQuietKill     = "hush the load until the epochs idle and then kill a range leader"
 	faultHoldSide      = "deliver side-transported closes up to 1.5 s late while a lease moves"
+	faultStarveLog     = "starve a range's follower or non-voter of the log alone and idle the range so its closes go outside the log"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
@@ -60,7 +61,7 @@ var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultD
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultMergeMove, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
 	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
-	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill, faultHoldSide}
+	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill, faultHoldSide, faultStarveLog}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -414,9 +415,25 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			}
 			heal = func() error { return nil }
 		case faultStarve:
-			if cp.starveFollower(r, ranges) == 0 {
+			if cp.starveFollower(r, ranges, net.Starve) == 0 {
 				continue
 			}
+			heal = func() error { net.Heal(); return nil }
+		case faultStarveLog:
+			// A replica that hears the range's side-transported closes
+			// but not its log (DESIGN.md §13; rangeserver/sideclosed.go):
+			// the load writes past what it applied, then a quiet spell
+			// idles the range, whose closes then travel outside the log
+			// naming an index the replica has not applied. It must not
+			// trust them: once the load resumes, its follower reads must
+			// still see every write.
+			if cp.starveFollower(r, ranges, net.StarveLog) == 0 {
+				continue
+			}
+			sleep(ctx, 500*time.Millisecond)
+			end := cp.hush()
+			sleep(ctx, time.Duration(1000+r.IntN(1000))*time.Millisecond)
+			end()
 			heal = func() error { net.Heal(); return nil }
 		case faultRehome:
 			if !cp.rehomeRange(ctx, r, dbs[r.IntN(len(dbs))], ranges) {

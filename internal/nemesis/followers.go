@@ -17,10 +17,12 @@ import (
 // a campaign every range gets a non-voting replica in each other data
 // region, and one client per region prefers followers for its snapshot
 // reads (the registers workload runs on them too), so the checkers judge
-// reads served from closed epochs, near and across the WAN. Three faults
+// reads served from closed epochs, near and across the WAN. Four faults
 // strike them: a follower starved of the log while it still answers
 // reads, a non-voter moved to another node of its region, and the region
-// of a non-voter cut off, after which the non-voter must serve again.
+// of a non-voter cut off, after which the non-voter must serve again; and
+// a follower starved of its log alone while its range idles, so that
+// closes made at indexes it has not applied reach it outside the log.
 
 // nonVoterTimeout bounds one non-voter change of a fault or of the setup.
 const nonVoterTimeout = 30 * time.Second
@@ -86,10 +88,12 @@ func (cp *campaign) followerClients() ([]*client.DB, error) {
 	return out, nil
 }
 
-// starveFollower cuts a replica of a random range other than its leader —
-// a follower or a non-voter — off from every other node's messages, while
-// clients still reach it; it returns the node (0: none found).
-func (cp *campaign) starveFollower(r *rand.Rand, ranges []topology.Group) uint64 {
+// starveFollower starves a replica of a random range other than its
+// leader — a follower or a non-voter — with starve: of every other node's
+// messages (transport.Network.Starve), or of their Raft messages alone
+// (StarveLog), while clients still reach it. It returns the node (0: none
+// found).
+func (cp *campaign) starveFollower(r *rand.Rand, ranges []topology.Group, starve func(node uint64)) uint64 {
 	g := ranges[r.IntN(len(ranges))]
 	d := cp.rangeOf(insideRange([]byte(g.Start)))
 	if d == nil {
@@ -106,7 +110,7 @@ func (cp *campaign) starveFollower(r *rand.Rand, ranges []topology.Group) uint64
 		return 0
 	}
 	id := cands[r.IntN(len(cands))]
-	cp.c.Net.Starve(id)
+	starve(id)
 	return id
 }
 
