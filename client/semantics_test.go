@@ -1,7 +1,10 @@
 package client_test
 
 import (
+	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,8 +17,31 @@ import (
 // times the leaders' orphan bound. Waiting is not silence, and heartbeats
 // keep both alive (DESIGN.md §10): once the younger commits, the older gets
 // its lock and commits with every lock it took.
+//
+// Locks live in the leaseholder's memory, so a range leader that loses
+// its Raft leadership loses them and the transaction aborts, as it should.
+// Under the suite's -race load on two cores, a leader once went 300 ms
+// without hearing its followers and stepped down (CheckQuorum) mid-wait.
+// Raft's timeouts are not what this test is about: its cluster runs them
+// at twice the default (raft_tick 20ms: 600 ms to an election).
 func TestLockWaitingOlderTransactionKeepsItsLocks(t *testing.T) {
-	_, db := startCluster(t, localcluster.Options{OrphanAfter: 300 * time.Millisecond})
+	src, err := os.ReadFile("../examples/one-region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := bytes.Replace(src, []byte("raft_tick: 10ms"), []byte("raft_tick: 20ms"), 1)
+	if bytes.Equal(slow, src) {
+		t.Fatal("examples/one-region.yaml sets no raft_tick of 10ms to slow down")
+	}
+	path := filepath.Join(t.TempDir(), "one-region-slow-raft.yaml")
+	if err := os.WriteFile(path, slow, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := localcluster.StartT(t, path, localcluster.Options{OrphanAfter: 300 * time.Millisecond})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := ctxT(t, 60*time.Second)
 	held, contended := []byte("a-held"), []byte("x-contended") // ranges 10 and 11
 	older, younger := db.Begin(), db.Begin()
