@@ -217,14 +217,17 @@ func (n *Network) SetRTT(a, b string, rtt time.Duration) {
 // Deliverable reports whether a message from one endpoint to the other gets
 // through: false if the two are cut apart (see Cut) or the message falls to the
 // injected drop rate.
-func (n *Network) Deliverable(from, to Endpoint) bool {
-	if n.Cut(from, to) {
-		return false
-	}
+func (n *Network) Deliverable(from, to Endpoint) bool { return n.deliverable(from, to, false) }
+
+// DeliverableRaft is Deliverable for a Raft message or snapshot: it is also
+// false into a node whose log is starved (StarveLog).
+func (n *Network) DeliverableRaft(from, to Endpoint) bool { return n.deliverable(from, to, true) }
+
+func (n *Network) deliverable(from, to Endpoint, raft bool) bool {
 	n.mu.RLock()
-	p := n.dropRate
+	cut, p := n.cutLocked(from, to, raft), n.dropRate
 	n.mu.RUnlock()
-	return p == 0 || rand.Float64() >= p
+	return !cut && (p == 0 || rand.Float64() >= p)
 }
 
 // Cut reports whether the two endpoints are cut apart: either side is cut off,
@@ -232,35 +235,29 @@ func (n *Network) Deliverable(from, to Endpoint) bool {
 func (n *Network) Cut(from, to Endpoint) bool {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
+	return n.cutLocked(from, to, false)
+}
+
+// CutRaft is Cut for Raft messages and snapshots: it is also true into a
+// node whose log is starved (StarveLog).
+func (n *Network) CutRaft(from, to Endpoint) bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.cutLocked(from, to, true)
+}
+
+// cutLocked is Cut, or CutRaft if raft, with n.mu held.
+func (n *Network) cutLocked(from, to Endpoint, raft bool) bool {
 	if from.Node != 0 && from.Node == to.Node {
 		return false
 	}
 	if n.cutNodes[from.Node] || n.cutNodes[to.Node] || n.dead[from.Node] || n.dead[to.Node] {
 		return true
 	}
-	if from.Node != 0 && n.starved[to.Node] {
+	if from.Node != 0 && (n.starved[to.Node] || raft && n.logStarved[to.Node]) {
 		return true
 	}
 	return from.Region != to.Region && (n.cutRegions[from.Region] || n.cutRegions[to.Region])
-}
-
-// DeliverableRaft is Deliverable for a Raft message or snapshot: it is also
-// false into a node whose log is starved (StarveLog).
-func (n *Network) DeliverableRaft(from, to Endpoint) bool {
-	return !n.logCut(from, to) && n.Deliverable(from, to)
-}
-
-// CutRaft is Cut for Raft messages and snapshots: it is also true into a
-// node whose log is starved (StarveLog).
-func (n *Network) CutRaft(from, to Endpoint) bool {
-	return n.logCut(from, to) || n.Cut(from, to)
-}
-
-// logCut reports whether to's log is starved against from (StarveLog).
-func (n *Network) logCut(from, to Endpoint) bool {
-	n.mu.RLock()
-	defer n.mu.RUnlock()
-	return from.Node != 0 && from.Node != to.Node && n.logStarved[to.Node]
 }
 
 // Duplicated reports whether a message that gets through is delivered a
