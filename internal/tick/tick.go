@@ -5,7 +5,10 @@
 // tick — fires in the same instant. The runtime then wakes once per period
 // for all of them instead of once per loop, and the Raft heartbeats they
 // send leave together, so a peer's sender batches them into one write.
-// On an idle cluster those wakeups are most of what a node does.
+// On an idle cluster those wakeups are most of what a node does. A ticker
+// may be given a phase (NewTickerPhase): a node's Raft clocks tick at a
+// phase of the node's own, so that two nodes' replicas of one group never
+// time out in the same instant (raftgroup).
 package tick
 
 import "time"
