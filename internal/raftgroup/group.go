@@ -187,7 +187,7 @@ const DefaultSnapshotRate = 32 << 20
 // clock (50 ms at the default Tick); electionTicks, heartbeatTicks and
 // leadRetryTicks count the Raft clock's ticks. Each tick wakes the group's
 // goroutine whether or not it has anything to do: at one tick per 10 ms an
-// idle three-region cluster's 50-odd replicas woke 5 000 times a second,
+// idle three-region cluster's 39 replicas woke 3 900 times a second,
 // about 8% of its CPU (`terroir bench idle`, six alternating pairs:
 // 21.8–25.4% of a core at 10 ms, 20.9–23.1% at 50 ms; issue 17). Every
 // timeout stays what it was; only their granularity coarsens, to 50 ms.
