@@ -104,15 +104,17 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	for i := 0; i < reads; i++ {
 		read(50)
 	}
-	f.settle(2*reads + 1)
+	// A read whose two replies took over hedgeAfter (1 ms: a loaded
+	// machine's scheduling delay) asked the third too, as it should: each
+	// such hedge adds one ask of a third replica. Beyond those, and the
+	// first read's, none.
+	_, _, hedges := r.Stats()
+	f.settle(2*reads + 1 + int(hedges))
 	got := f.counts()
+	if got[1] != reads || got[2]+got[3] != reads+1+int(hedges) || hedges > reads/4 {
+		t.Fatalf("agreeing replicas: asked %v with %d hedges; want %d reads of node 1, as many of nodes 2 and 3 with one more and one per hedge, and few hedges", got, hedges, reads)
+	}
 	other := r.preferred.Load()
-	if got[1] != reads || got[other] != reads || got[1]+got[2]+got[3] != 2*reads+1 {
-		t.Fatalf("agreeing replicas: asked %v (preferred %d); want %d reads of node 1 and one other each, and one of the third", got, other, reads)
-	}
-	if _, _, hedges := r.Stats(); hedges != 0 {
-		t.Fatalf("%d attempts asked a third replica among agreeing ones", hedges)
-	}
 	third := 5 - other // of nodes 2 and 3, the one not preferred
 
 	f.mu.Lock()
