@@ -215,8 +215,8 @@ func (n *Network) SetRTT(a, b string, rtt time.Duration) {
 }
 
 // Deliverable reports whether a message from one endpoint to the other gets
-// through: false if the two are cut apart (see Cut) or the message falls to the
-// injected drop rate.
+// through: false if the two are cut apart (cutLocked) or the message falls
+// to the injected drop rate.
 func (n *Network) Deliverable(from, to Endpoint) bool { return n.deliverable(from, to, false) }
 
 // DeliverableRaft is Deliverable for a Raft message or snapshot: it is also
@@ -230,23 +230,19 @@ func (n *Network) deliverable(from, to Endpoint, raft bool) bool {
 	return !cut && (p == 0 || rand.Float64() >= p)
 }
 
-// Cut reports whether the two endpoints are cut apart: either side is cut off,
-// or a region cut lies between them. A node is never cut from itself.
-func (n *Network) Cut(from, to Endpoint) bool {
-	n.mu.RLock()
-	defer n.mu.RUnlock()
-	return n.cutLocked(from, to, false)
-}
-
-// CutRaft is Cut for Raft messages and snapshots: it is also true into a
-// node whose log is starved (StarveLog).
+// CutRaft reports whether a Raft message or snapshot from one endpoint to
+// the other is cut off, whatever the drop rate (cutLocked): the Raft
+// stream drops what it queued before a cut began.
 func (n *Network) CutRaft(from, to Endpoint) bool {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	return n.cutLocked(from, to, true)
 }
 
-// cutLocked is Cut, or CutRaft if raft, with n.mu held.
+// cutLocked reports, with n.mu held, whether the two endpoints are cut
+// apart: either side is cut off or killed, the receiver is starved (of its
+// log as well, for raft), or a region cut lies between them. A node is
+// never cut from itself.
 func (n *Network) cutLocked(from, to Endpoint, raft bool) bool {
 	if from.Node != 0 && from.Node == to.Node {
 		return false
