@@ -66,7 +66,7 @@ func (s *Server) Remove(id uint64) {
 }
 
 // Register installs the Directory service on g.
-func (s *Server) Register(g *grpc.Server) { directorypb.RegisterDirectoryServer(g, s) }
+func (s *Server) Register(g grpc.ServiceRegistrar) { directorypb.RegisterDirectoryServer(g, s) }
 
 func (s *Server) replica(id uint64) (Replica, error) {
 	s.mu.RLock()

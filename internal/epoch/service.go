@@ -136,7 +136,7 @@ func (s *Server) Remove(id uint64) {
 }
 
 // Register installs the Epoch service on g.
-func (s *Server) Register(g *grpc.Server) { epochpb.RegisterEpochServer(g, s) }
+func (s *Server) Register(g grpc.ServiceRegistrar) { epochpb.RegisterEpochServer(g, s) }
 
 func (s *Server) lookup(id uint64) (served, error) {
 	s.mu.RLock()

@@ -101,7 +101,7 @@ type Node struct {
 	host       *raftgroup.Host
 	dialer     *transport.Dialer
 	raft       *transport.Raft
-	server     *grpc.Server
+	server     *transport.Server
 	listener   net.Listener
 	groups     map[uint64]*hostedGroup  // the non-range groups hosted here (groups.go), under mu
 	groupMoves sync.Map                 // group ID → struct{}: the moves this node leads, one per group

@@ -22,7 +22,7 @@ type statusServer struct {
 	n *Node
 }
 
-func (s *statusServer) register(g *grpc.Server) { nodepb.RegisterNodeServer(g, s) }
+func (s *statusServer) register(g grpc.ServiceRegistrar) { nodepb.RegisterNodeServer(g, s) }
 
 // Status implements nodepb.NodeServer: the node and every replica it hosts,
 // read from memory (the leaders' progress from their Raft goroutines).

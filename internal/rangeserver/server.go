@@ -36,7 +36,7 @@ func (s *Server) Add(r *Replica) {
 }
 
 // Register installs the Range service on g.
-func (s *Server) Register(g *grpc.Server) { pb.RegisterRangeServer(g, s) }
+func (s *Server) Register(g grpc.ServiceRegistrar) { pb.RegisterRangeServer(g, s) }
 
 func (s *Server) replica(id uint64) (*Replica, error) {
 	s.mu.RLock()

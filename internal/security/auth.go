@@ -68,6 +68,7 @@ var methodRoles = map[string]Role{
 	"/terroir.directory.Directory/PlacementRules": RoleUser,
 	"/terroir.transport.Transport/Ping":           RoleUser,
 	"/terroir.transport.Transport/Group":          RoleUser, // a group's configuration, to follow its moves
+	"/terroir.transport.Multiplex/Calls":          RoleUser, // each call it carries is authorized by its own method
 	"/terroir.node.Node/Status":                   RoleUser, // `terroir status`: the cluster's shape (range boundaries included), no values
 	// Operator actions: the admin user. (Excluding a region goes through a
 	// node, whose certificate alone may call Epoch/SetExcluded.)

@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/terroir-db/terroir/internal/directory/directorypb"
 	"github.com/terroir-db/terroir/internal/epoch"
@@ -178,6 +180,62 @@ func TestPeersWithoutACertificateOfTheCAAreRefused(t *testing.T) {
 	}
 }
 
+// Calls carried over the Multiplex stream are authorized by their own
+// method: any user may open the stream, but each call it carries is
+// refused or allowed as the same call alone would be.
+func TestMultiplexedCallsAreAuthorizedByTheirOwnMethod(t *testing.T) {
+	dir := mkCerts(t, "alice")
+	node, err := security.LoadNode(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, node)
+	alice, err := security.LoadClient(dir, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := []struct {
+		name, method string
+		req          proto.Message
+	}{
+		{"Ping", "/terroir.transport.Transport/Ping", &transportpb.PingRequest{}},
+		{"Publish", "/terroir.epoch.Epoch/Publish", &epochpb.PublishRequest{GroupId: 99}},
+		{"SetExcluded", "/terroir.epoch.Epoch/SetExcluded", &epochpb.SetExcludedRequest{GroupId: 99}},
+	}
+	for _, tc := range []struct {
+		who   string
+		cfg   *tls.Config
+		allow map[string]bool
+	}{
+		{"user alice", alice.ClientTLS(), map[string]bool{"Ping": true}},
+		{"a node", node.ClientTLS(), map[string]bool{"Ping": true, "Publish": true, "SetExcluded": true}},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := transportpb.NewMultiplexClient(dial(t, addr, tc.cfg)).Calls(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range calls {
+			in, _ := proto.Marshal(c.req)
+			if err := st.Send(&transportpb.Call{Id: uint64(i + 1), Method: c.method, Request: in}); err != nil {
+				t.Fatalf("%s: send %s: %v", tc.who, c.name, err)
+			}
+			r, err := st.Recv()
+			if err != nil {
+				t.Fatalf("%s: %s: %v", tc.who, c.name, err)
+			}
+			var sp spb.Status
+			if err := proto.Unmarshal(r.GetStatus(), &sp); err != nil || r.GetId() != uint64(i+1) {
+				t.Fatalf("%s: %s: reply %v (%v)", tc.who, c.name, r, err)
+			}
+			if denied := codes.Code(sp.GetCode()) == codes.PermissionDenied; tc.allow[c.name] == denied {
+				t.Errorf("%s calling %s over the Multiplex stream: %v %q, allowed %v", tc.who, c.name, codes.Code(sp.GetCode()), sp.GetMessage(), tc.allow[c.name])
+			}
+		}
+		cancel()
+	}
+}
+
 func mkClient(t *testing.T, dir, user string) *security.Certs {
 	t.Helper()
 	if err := security.CreateClient(dir, "", user, security.CreateOptions{}); err != nil {
@@ -322,7 +380,7 @@ func TestEveryMethodHasARole(t *testing.T) {
 		"/terroir.range.Range/SideClosed": true,
 	}
 	for _, sd := range []grpc.ServiceDesc{rangepb.Range_ServiceDesc, epochpb.Epoch_ServiceDesc, txnstatepb.TxnState_ServiceDesc,
-		directorypb.Directory_ServiceDesc, transportpb.Transport_ServiceDesc, nodepb.Node_ServiceDesc} {
+		directorypb.Directory_ServiceDesc, transportpb.Transport_ServiceDesc, transportpb.Multiplex_ServiceDesc, nodepb.Node_ServiceDesc} {
 		var names []string
 		for _, m := range sd.Methods {
 			names = append(names, m.MethodName)

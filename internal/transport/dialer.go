@@ -46,6 +46,9 @@ type Dialer struct {
 	stop context.CancelFunc
 	dups sync.WaitGroup // duplicated requests in flight
 
+	muxConns map[uint64]*muxConn // under mu: Multiplexed's connections, by node
+	muxWG    sync.WaitGroup      // their streams' goroutines (opening, receiving)
+
 	det        detector
 	detStarted bool // the detector's loop runs (from the first Conn)
 }
@@ -59,7 +62,7 @@ func NewDialer(net *Network, self Endpoint, certs *security.Certs) *Dialer {
 	if certs != nil {
 		creds = credentials.NewTLS(certs.ClientTLS())
 	}
-	d := &Dialer{net: net, self: self, creds: creds, tls: certs != nil, conns: map[uint64]*grpc.ClientConn{}, addrs: map[uint64]string{}, life: life, stop: stop}
+	d := &Dialer{net: net, self: self, creds: creds, tls: certs != nil, conns: map[uint64]*grpc.ClientConn{}, muxConns: map[uint64]*muxConn{}, addrs: map[uint64]string{}, life: life, stop: stop}
 	d.det = detector{cfg: net.detectorConfig().withDefaults(), d: d}
 	return d
 }
@@ -225,6 +228,7 @@ func (d *Dialer) Close() {
 	d.mu.Unlock()
 	d.stop()
 	d.dups.Wait()
+	d.muxWG.Wait()
 	d.det.wg.Wait()
 	for _, c := range conns {
 		_ = c.Close()
@@ -257,24 +261,3 @@ const (
 	streamWindowBytes = 4 << 20
 	connWindowBytes   = 16 << 20
 )
-
-// NewServer returns a gRPC server sized for Raft batches and snapshots. With
-// certs (a node's), it speaks mutual TLS only, refuses a peer without a
-// certificate of the cluster CA, and lets each identity call only the RPCs
-// its role allows (security.RequiredRole); nil certs means plaintext with no
-// checks, for a cluster started with --insecure. The interceptors run on
-// every unary call, before authorization (so they see refused calls too).
-func NewServer(certs *security.Certs, interceptors ...grpc.UnaryServerInterceptor) *grpc.Server {
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes),
-		grpc.NumStreamWorkers(streamWorkers()),
-		grpc.InitialWindowSize(streamWindowBytes), grpc.InitialConnWindowSize(connWindowBytes)}
-	if certs != nil {
-		unary, stream := security.ServerInterceptors()
-		interceptors = append(interceptors, unary) // after the others: a refused call is still counted
-		opts = append(opts, grpc.Creds(certs.ServerCredentials()), grpc.ChainStreamInterceptor(stream))
-	}
-	if len(interceptors) > 0 {
-		opts = append(opts, grpc.ChainUnaryInterceptor(interceptors...))
-	}
-	return grpc.NewServer(opts...)
-}

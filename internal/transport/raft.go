@@ -65,7 +65,7 @@ func NewRaft(dialer *Dialer, h RaftHandler) *Raft {
 }
 
 // Register installs the Transport service on s.
-func (t *Raft) Register(s *grpc.Server) { transportpb.RegisterTransportServer(s, t) }
+func (t *Raft) Register(s grpc.ServiceRegistrar) { transportpb.RegisterTransportServer(s, t) }
 
 // Send queues msg of group for its destination node without blocking. Messages to
 // one node leave in Send order, each after the network's one-way delay.

@@ -70,7 +70,7 @@ func (s *Server) Records() (int, error) {
 }
 
 // Register installs the TxnState service on g.
-func (s *Server) Register(g *grpc.Server) { txnstatepb.RegisterTxnStateServer(g, s) }
+func (s *Server) Register(g grpc.ServiceRegistrar) { txnstatepb.RegisterTxnStateServer(g, s) }
 
 func (s *Server) replica(id uint64) (Replica, error) {
 	s.mu.RLock()

@@ -565,6 +565,148 @@ func (x *GroupResponse) GetLeader() uint64 {
 	return 0
 }
 
+// Call is one unary call carried over a Multiplex stream: the method's
+// full name ("/terroir.epoch.Epoch/ReadEpochs"), its request marshalled,
+// and the caller's deadline. A frame with cancel set asks the server to
+// cancel call id instead (its caller gave up).
+type Call struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"` // unique among the stream's calls
+	Method        string                 `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	Request       []byte                 `protobuf:"bytes,3,opt,name=request,proto3" json:"request,omitempty"`
+	TimeoutUs     int64                  `protobuf:"varint,4,opt,name=timeout_us,json=timeoutUs,proto3" json:"timeout_us,omitempty"` // µs the caller still waits; 0: no deadline
+	Cancel        bool                   `protobuf:"varint,5,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Call) Reset() {
+	*x = Call{}
+	mi := &file_transport_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Call) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Call) ProtoMessage() {}
+
+func (x *Call) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Call.ProtoReflect.Descriptor instead.
+func (*Call) Descriptor() ([]byte, []int) {
+	return file_transport_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Call) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Call) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *Call) GetRequest() []byte {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *Call) GetTimeoutUs() int64 {
+	if x != nil {
+		return x.TimeoutUs
+	}
+	return 0
+}
+
+func (x *Call) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+// CallReply answers the Call of the same id: its response marshalled, or
+// the google.rpc.Status it failed with, marshalled.
+type CallReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Response      []byte                 `protobuf:"bytes,2,opt,name=response,proto3" json:"response,omitempty"`
+	Status        []byte                 `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"` // empty: OK
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallReply) Reset() {
+	*x = CallReply{}
+	mi := &file_transport_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallReply) ProtoMessage() {}
+
+func (x *CallReply) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallReply.ProtoReflect.Descriptor instead.
+func (*CallReply) Descriptor() ([]byte, []int) {
+	return file_transport_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CallReply) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *CallReply) GetResponse() []byte {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *CallReply) GetStatus() []byte {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 var File_transport_proto protoreflect.FileDescriptor
 
 const file_transport_proto_rawDesc = "" +
@@ -602,12 +744,25 @@ const file_transport_proto_rawDesc = "" +
 	"\x06voters\x18\x03 \x03(\x04R\x06voters\x12'\n" +
 	"\x0fvoters_outgoing\x18\x04 \x03(\x04R\x0evotersOutgoing\x12\x1a\n" +
 	"\blearners\x18\x05 \x03(\x04R\blearners\x12\x16\n" +
-	"\x06leader\x18\x06 \x01(\x04R\x06leader2\xb4\x02\n" +
+	"\x06leader\x18\x06 \x01(\x04R\x06leader\"\x7f\n" +
+	"\x04Call\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12\x18\n" +
+	"\arequest\x18\x03 \x01(\fR\arequest\x12\x1d\n" +
+	"\n" +
+	"timeout_us\x18\x04 \x01(\x03R\ttimeoutUs\x12\x16\n" +
+	"\x06cancel\x18\x05 \x01(\bR\x06cancel\"O\n" +
+	"\tCallReply\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1a\n" +
+	"\bresponse\x18\x02 \x01(\fR\bresponse\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\fR\x06status2\xb4\x02\n" +
 	"\tTransport\x12B\n" +
 	"\x04Raft\x12\x1c.terroir.transport.RaftBatch\x1a\x1a.terroir.transport.RaftAck(\x01\x12N\n" +
 	"\bSnapshot\x12 .terroir.transport.SnapshotChunk\x1a\x1e.terroir.transport.SnapshotAck(\x01\x12G\n" +
 	"\x04Ping\x12\x1e.terroir.transport.PingRequest\x1a\x1f.terroir.transport.PingResponse\x12J\n" +
-	"\x05Group\x12\x1f.terroir.transport.GroupRequest\x1a .terroir.transport.GroupResponseB>Z<github.com/terroir-db/terroir/internal/transport/transportpbb\x06proto3"
+	"\x05Group\x12\x1f.terroir.transport.GroupRequest\x1a .terroir.transport.GroupResponse2O\n" +
+	"\tMultiplex\x12B\n" +
+	"\x05Calls\x12\x17.terroir.transport.Call\x1a\x1c.terroir.transport.CallReply(\x010\x01B>Z<github.com/terroir-db/terroir/internal/transport/transportpbb\x06proto3"
 
 var (
 	file_transport_proto_rawDescOnce sync.Once
@@ -621,7 +776,7 @@ func file_transport_proto_rawDescGZIP() []byte {
 	return file_transport_proto_rawDescData
 }
 
-var file_transport_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_transport_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_transport_proto_goTypes = []any{
 	(*RaftEnvelope)(nil),   // 0: terroir.transport.RaftEnvelope
 	(*RaftBatch)(nil),      // 1: terroir.transport.RaftBatch
@@ -633,23 +788,27 @@ var file_transport_proto_goTypes = []any{
 	(*PingResponse)(nil),   // 7: terroir.transport.PingResponse
 	(*GroupRequest)(nil),   // 8: terroir.transport.GroupRequest
 	(*GroupResponse)(nil),  // 9: terroir.transport.GroupResponse
-	(*raftpb.Message)(nil), // 10: raftpb.Message
+	(*Call)(nil),           // 10: terroir.transport.Call
+	(*CallReply)(nil),      // 11: terroir.transport.CallReply
+	(*raftpb.Message)(nil), // 12: raftpb.Message
 }
 var file_transport_proto_depIdxs = []int32{
-	10, // 0: terroir.transport.RaftEnvelope.msg:type_name -> raftpb.Message
+	12, // 0: terroir.transport.RaftEnvelope.msg:type_name -> raftpb.Message
 	0,  // 1: terroir.transport.RaftBatch.msgs:type_name -> terroir.transport.RaftEnvelope
-	10, // 2: terroir.transport.SnapshotChunk.msg:type_name -> raftpb.Message
+	12, // 2: terroir.transport.SnapshotChunk.msg:type_name -> raftpb.Message
 	3,  // 3: terroir.transport.SnapshotChunk.spans:type_name -> terroir.transport.Span
 	1,  // 4: terroir.transport.Transport.Raft:input_type -> terroir.transport.RaftBatch
 	4,  // 5: terroir.transport.Transport.Snapshot:input_type -> terroir.transport.SnapshotChunk
 	6,  // 6: terroir.transport.Transport.Ping:input_type -> terroir.transport.PingRequest
 	8,  // 7: terroir.transport.Transport.Group:input_type -> terroir.transport.GroupRequest
-	2,  // 8: terroir.transport.Transport.Raft:output_type -> terroir.transport.RaftAck
-	5,  // 9: terroir.transport.Transport.Snapshot:output_type -> terroir.transport.SnapshotAck
-	7,  // 10: terroir.transport.Transport.Ping:output_type -> terroir.transport.PingResponse
-	9,  // 11: terroir.transport.Transport.Group:output_type -> terroir.transport.GroupResponse
-	8,  // [8:12] is the sub-list for method output_type
-	4,  // [4:8] is the sub-list for method input_type
+	10, // 8: terroir.transport.Multiplex.Calls:input_type -> terroir.transport.Call
+	2,  // 9: terroir.transport.Transport.Raft:output_type -> terroir.transport.RaftAck
+	5,  // 10: terroir.transport.Transport.Snapshot:output_type -> terroir.transport.SnapshotAck
+	7,  // 11: terroir.transport.Transport.Ping:output_type -> terroir.transport.PingResponse
+	9,  // 12: terroir.transport.Transport.Group:output_type -> terroir.transport.GroupResponse
+	11, // 13: terroir.transport.Multiplex.Calls:output_type -> terroir.transport.CallReply
+	9,  // [9:14] is the sub-list for method output_type
+	4,  // [4:9] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -666,9 +825,9 @@ func file_transport_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transport_proto_rawDesc), len(file_transport_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_transport_proto_goTypes,
 		DependencyIndexes: file_transport_proto_depIdxs,

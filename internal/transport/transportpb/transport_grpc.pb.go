@@ -234,3 +234,109 @@ var Transport_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "transport.proto",
 }
+
+const (
+	Multiplex_Calls_FullMethodName = "/terroir.transport.Multiplex/Calls"
+)
+
+// MultiplexClient is the client API for Multiplex service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Multiplex carries unary calls between nodes over one long-lived stream
+// per connection, rather than an HTTP/2 stream (headers, trailers, a
+// server goroutine) per call: each call runs through the same
+// interceptors (authorization, metrics) as if it had come alone.
+type MultiplexClient interface {
+	Calls(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Call, CallReply], error)
+}
+
+type multiplexClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewMultiplexClient(cc grpc.ClientConnInterface) MultiplexClient {
+	return &multiplexClient{cc}
+}
+
+func (c *multiplexClient) Calls(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Call, CallReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Multiplex_ServiceDesc.Streams[0], Multiplex_Calls_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[Call, CallReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Multiplex_CallsClient = grpc.BidiStreamingClient[Call, CallReply]
+
+// MultiplexServer is the server API for Multiplex service.
+// All implementations must embed UnimplementedMultiplexServer
+// for forward compatibility.
+//
+// Multiplex carries unary calls between nodes over one long-lived stream
+// per connection, rather than an HTTP/2 stream (headers, trailers, a
+// server goroutine) per call: each call runs through the same
+// interceptors (authorization, metrics) as if it had come alone.
+type MultiplexServer interface {
+	Calls(grpc.BidiStreamingServer[Call, CallReply]) error
+	mustEmbedUnimplementedMultiplexServer()
+}
+
+// UnimplementedMultiplexServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedMultiplexServer struct{}
+
+func (UnimplementedMultiplexServer) Calls(grpc.BidiStreamingServer[Call, CallReply]) error {
+	return status.Errorf(codes.Unimplemented, "method Calls not implemented")
+}
+func (UnimplementedMultiplexServer) mustEmbedUnimplementedMultiplexServer() {}
+func (UnimplementedMultiplexServer) testEmbeddedByValue()                   {}
+
+// UnsafeMultiplexServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to MultiplexServer will
+// result in compilation errors.
+type UnsafeMultiplexServer interface {
+	mustEmbedUnimplementedMultiplexServer()
+}
+
+func RegisterMultiplexServer(s grpc.ServiceRegistrar, srv MultiplexServer) {
+	// If the following call pancis, it indicates UnimplementedMultiplexServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Multiplex_ServiceDesc, srv)
+}
+
+func _Multiplex_Calls_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MultiplexServer).Calls(&grpc.GenericServerStream[Call, CallReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Multiplex_CallsServer = grpc.BidiStreamingServer[Call, CallReply]
+
+// Multiplex_ServiceDesc is the grpc.ServiceDesc for Multiplex service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Multiplex_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "terroir.transport.Multiplex",
+	HandlerType: (*MultiplexServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Calls",
+			Handler:       _Multiplex_Calls_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "transport.proto",
+}
