@@ -136,18 +136,21 @@ func (r *Reader) deliver(j askJob, p askPart, resp *epochpb.ReadEpochResponse, e
 	}
 }
 
-// readRemote sends req to node id's replica by RPC: Reader.call's default.
+// readRemote sends req to node id's replica by RPC, over the node's
+// Multiplex stream (transport.Dialer.Multiplexed: a message each way
+// rather than a gRPC call's stream of its own): Reader.call's default.
 func (r *Reader) readRemote(ctx context.Context, id uint64, req *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
-	conn, err := r.dialer.Conn(id)
+	conn, err := r.dialer.Multiplexed(id)
 	if err != nil {
 		return nil, err
 	}
 	return epochpb.NewEpochClient(conn).ReadEpoch(ctx, req)
 }
 
-// readRemoteMany sends reqs to node id's replicas in one RPC: Reader.callMany's default.
+// readRemoteMany sends reqs to node id's replicas in one RPC, over the
+// node's Multiplex stream: Reader.callMany's default.
 func (r *Reader) readRemoteMany(ctx context.Context, id uint64, reqs []*epochpb.ReadEpochRequest) (*epochpb.ReadEpochsResponse, error) {
-	conn, err := r.dialer.Conn(id)
+	conn, err := r.dialer.Multiplexed(id)
 	if err != nil {
 		return nil, err
 	}

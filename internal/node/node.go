@@ -485,7 +485,7 @@ func (n *Node) HoldSideClosed(d time.Duration) { n.side.Hold(d) }
 // sendSideClosed sends idle ranges' closes to node
 // (rangeserver.SideTransport).
 func (n *Node) sendSideClosed(ctx context.Context, node uint64, req *pb.SideClosedRequest) error {
-	conn, err := n.dialer.Conn(node)
+	conn, err := n.dialer.Multiplexed(node) // a message on the node's Multiplex stream
 	if err != nil {
 		return err
 	}
