@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -306,7 +307,22 @@ var errStaleRoute = fmt.Errorf("%w: the range changed shape", ErrConflict)
 // a mismatch reply refreshes the routing cache and returns errStaleRoute.
 // A call that is not idempotent is retried only after errors that prove it did
 // not execute (FailedPrecondition); any other failure is ErrCommitUnknown.
+//
+// The calls travel over each node's Multiplex stream
+// (transport.Dialer.Multiplexed: a message each way, not a gRPC stream of
+// their own, issue 17); rangeCallBulk's, whose replies may be large
+// (scans), each on a stream of its own, so that a large reply holds up no
+// other call's.
 func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idempotent bool, f func(context.Context, pb.RangeClient) error) error {
+	return c.rangeCallVia(ctx, g, idempotent, c.dialer.Multiplexed, f)
+}
+
+// rangeCallBulk is rangeCall for a call whose reply may be large.
+func (c *Coordinator) rangeCallBulk(ctx context.Context, g *pb.RangeDescriptor, idempotent bool, f func(context.Context, pb.RangeClient) error) error {
+	return c.rangeCallVia(ctx, g, idempotent, func(id uint64) (grpc.ClientConnInterface, error) { return c.dialer.Conn(id) }, f)
+}
+
+func (c *Coordinator) rangeCallVia(ctx context.Context, g *pb.RangeDescriptor, idempotent bool, dial func(uint64) (grpc.ClientConnInterface, error), f func(context.Context, pb.RangeClient) error) error {
 	var lastErr error
 	next, missing := 0, 0 // missing: replicas in a row that do not host the range
 	id, replicas := g.GetRangeId(), g.GetReplicas()
@@ -315,7 +331,7 @@ func (c *Coordinator) rangeCall(ctx context.Context, g *pb.RangeDescriptor, idem
 		if hint, ok := c.routes.Leader(id); ok {
 			target = hint
 		}
-		conn, err := c.dialer.Conn(target)
+		conn, err := dial(target)
 		if err != nil {
 			return err
 		}

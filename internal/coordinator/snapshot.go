@@ -380,7 +380,7 @@ func (s *Snapshot) read(ctx context.Context, g *pb.RangeDescriptor, req *pb.Snap
 		}
 	}
 	var resp *pb.SnapshotReadResponse
-	err := s.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+	err := s.c.rangeCallBulk(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
 		var err error
 		resp, err = rc.SnapshotRead(ctx, req)
 		return err

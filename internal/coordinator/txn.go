@@ -194,7 +194,7 @@ func (t *Txn) Scan(ctx context.Context, lo, hi []byte, limit int) ([]KeyValue, e
 			want = limit - len(out) + t.bufferedDeletes(start, end)
 		}
 		var resp *pb.ScanResponse
-		err := t.c.rangeCall(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
+		err := t.c.rangeCallBulk(ctx, g, true, func(ctx context.Context, rc pb.RangeClient) error {
 			var err error
 			resp, err = rc.Scan(ctx, &pb.ScanRequest{RangeId: g.GetRangeId(), Txn: t.meta, Start: start, End: end, Limit: uint32(want)})
 			return err
