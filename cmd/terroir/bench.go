@@ -161,7 +161,7 @@ func benchRaftCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			printRow("loopback gRPC round trip", h, d, 0)
+			printRow("loopback round trip", h, d, 0)
 
 			if h, err = experiment.MeasureFsync(c.DataDir(), d); err != nil {
 				return err

@@ -28,7 +28,8 @@ func (f floor) write() time.Duration { return 2*f.rtt + f.raft }
 // epoch read.
 func (f floor) read() time.Duration { return 2*f.rtt + f.epochRead }
 
-// measureFloor measures, for d each, the loopback gRPC round trip to group's
+// measureFloor measures, for d each, the loopback round trip (a message
+// each way on the Multiplex stream, as a client's calls travel) to group's
 // leader, a 4 KiB write + fsync, one Raft commit of a no-op in group (3
 // replicas, one proposer) and one linearizable read of region's local epoch.
 func measureFloor(c *localcluster.Cluster, group topology.Group, d time.Duration) (floor, error) {
@@ -71,7 +72,7 @@ func measureFloor(c *localcluster.Cluster, group topology.Group, d time.Duration
 
 // printFloor prints f.
 func printFloor(f floor) {
-	fmt.Printf("floor on this machine (P50, same run): loopback gRPC round trip %s, fsync (4 KiB) %s, 3-replica Raft commit %s, local epoch read %s\n",
+	fmt.Printf("floor on this machine (P50, same run): loopback round trip %s, fsync (4 KiB) %s, 3-replica Raft commit %s, local epoch read %s\n",
 		latency.MS(f.rtt), latency.MS(f.fsync), latency.MS(f.raft), latency.MS(f.epochRead))
 }
 

@@ -83,7 +83,7 @@ type Result struct {
 	SnapshotFails            int
 	// YCSB holds each data region's result, in Regions order.
 	YCSB []*ycsb.Result
-	// Floor is this machine's loopback gRPC round trip and fsync, measured
+	// Floor is this machine's loopback round trip and fsync, measured
 	// before the run.
 	RTT, Fsync *latency.Histogram
 	// Homes is where the data lived at the end (DESIGN.md §13): every
@@ -351,7 +351,7 @@ func snapshots(ctx context.Context, cfg Config, db *client.DB, keys []ycsb.KeySp
 	}
 }
 
-// floor measures this machine's loopback gRPC round trip and 4 KiB fsync, for
+// floor measures this machine's loopback round trip and 4 KiB fsync, for
 // a second each.
 func floor(c *localcluster.Cluster, region string) (rtt, fsync *latency.Histogram, err error) {
 	g := c.Topology.GroupsOfKind(topology.KindLocalEpoch, region)
@@ -365,10 +365,12 @@ func floor(c *localcluster.Cluster, region string) (rtt, fsync *latency.Histogra
 	return rtt, fsync, err
 }
 
-// MeasurePing measures the gRPC round trip from a client in group's region to
-// one of its replicas, one call at a time, for d.
+// MeasurePing measures the round trip from a client in group's region to
+// one of its replicas, one call at a time, for d: a Ping over the node's
+// Multiplex stream (transport.Dialer.Multiplexed), a message each way, as
+// a client's calls to range leaders and a leader's epoch reads travel.
 func MeasurePing(c *localcluster.Cluster, group topology.Group, d time.Duration) (*latency.Histogram, error) {
-	conn, err := c.Dialer(group.Region).Conn(group.Replicas[0])
+	conn, err := c.Dialer(group.Region).Multiplexed(group.Replicas[0])
 	if err != nil {
 		return nil, err
 	}

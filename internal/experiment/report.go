@@ -73,7 +73,7 @@ func (r *Result) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "%-40s %d\n", "strong snapshots failed", r.SnapshotFails)
 	if r.RTT != nil {
-		fmt.Fprintf(w, "%-40s loopback gRPC round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n", "floor on this machine",
+		fmt.Fprintf(w, "%-40s loopback round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n", "floor on this machine",
 			ms(r.RTT.Quantile(50)), ms(r.Fsync.Quantile(50)))
 	}
 }
@@ -124,7 +124,7 @@ func (r *Result) WriteReport(dir string) (string, error) {
 	}
 	fmt.Fprintf(&b, "- strong snapshots: %d completed, %d failed\n", r.SnapshotTotal.Count(), r.SnapshotFails)
 	if r.RTT != nil {
-		fmt.Fprintf(&b, "- floor on this machine: loopback gRPC round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n",
+		fmt.Fprintf(&b, "- floor on this machine: loopback round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n",
 			ms(r.RTT.Quantile(50)), ms(r.Fsync.Quantile(50)))
 	}
 	writeHomes(&b, r)
