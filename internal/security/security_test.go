@@ -184,16 +184,7 @@ func TestPeersWithoutACertificateOfTheCAAreRefused(t *testing.T) {
 // method: any user may open the stream, but each call it carries is
 // refused or allowed as the same call alone would be.
 func TestMultiplexedCallsAreAuthorizedByTheirOwnMethod(t *testing.T) {
-	dir := mkCerts(t, "alice")
-	node, err := security.LoadNode(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := serve(t, node)
-	alice, err := security.LoadClient(dir, "alice")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, node, alice, addr := nodeAndAlice(t)
 	calls := []struct {
 		name, method string
 		req          proto.Message
@@ -234,6 +225,22 @@ func TestMultiplexedCallsAreAuthorizedByTheirOwnMethod(t *testing.T) {
 		}
 		cancel()
 	}
+}
+
+// nodeAndAlice makes certificates in a fresh dir and serves node 1 with
+// them: its certificates, user alice's, and the server's address.
+func nodeAndAlice(t *testing.T) (dir string, node, alice *security.Certs, addr string) {
+	t.Helper()
+	dir = mkCerts(t, "alice")
+	node, err := security.LoadNode(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr = serve(t, node)
+	if alice, err = security.LoadClient(dir, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	return dir, node, alice, addr
 }
 
 func mkClient(t *testing.T, dir, user string) *security.Certs {
@@ -290,16 +297,7 @@ func TestExpiredCertificatesAreRefusedByName(t *testing.T) {
 }
 
 func TestNodeCertificatesReloadWithoutARestart(t *testing.T) {
-	dir := mkCerts(t, "alice")
-	node, err := security.LoadNode(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := serve(t, node)
-	alice, err := security.LoadClient(dir, "alice")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, _, alice, addr := nodeAndAlice(t)
 	served := func() string {
 		cfg := alice.ClientTLS()
 		cfg.NextProtos = []string{"h2"}
