@@ -158,10 +158,7 @@ func (cs *callStream) receive() error {
 			cs.mu.Unlock()
 			continue
 		}
-		cctx, cancel := context.WithCancel(ctx)
-		if t := c.GetTimeoutUs(); t > 0 {
-			cctx, cancel = context.WithTimeout(ctx, time.Duration(t)*time.Microsecond)
-		}
+		cctx, cancel := callContext(ctx, c.GetTimeoutUs())
 		cs.mu.Lock()
 		cs.running[c.GetId()] = cancel
 		cs.mu.Unlock()
@@ -186,6 +183,15 @@ func (cs *callStream) receive() error {
 // past it a worker that finishes its call returns, so that a burst of
 // calls that waited (on locks) leaves no crowd of goroutines behind.
 const maxIdleWorkers = 16
+
+// callContext is a call's context under the stream's ctx: with the
+// caller's deadline, timeoutUs µs from now, unless that is 0.
+func callContext(ctx context.Context, timeoutUs int64) (context.Context, context.CancelFunc) {
+	if timeoutUs > 0 {
+		return context.WithTimeout(ctx, time.Duration(timeoutUs)*time.Microsecond)
+	}
+	return context.WithCancel(ctx)
+}
 
 // worker runs job, then every job handed to it until the stream ends or
 // enough other workers are idle: a call runs on a goroutine whose stack
