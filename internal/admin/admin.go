@@ -111,7 +111,7 @@ func ProposeRegionExcluded(ctx context.Context, d *transport.Dialer, top *topolo
 	if err != nil {
 		return err
 	}
-	return transport.NewGroupClient(d, g).Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return transport.NewGroupClient(d, g).Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := epochpb.NewEpochClient(conn).SetExcluded(ctx, &epochpb.SetExcludedRequest{
 			GroupId: g.ID, PublisherGroup: pub.ID, Excluded: excluded})
 		return err

@@ -29,7 +29,7 @@ func NewClient(dialer *transport.Dialer, g topology.Group) *Client {
 // after it (none if no range of the region holds key now).
 func (c *Client) Lookup(ctx context.Context, key []byte, limit int) ([]*pb.RangeDescriptor, error) {
 	var out []*pb.RangeDescriptor
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := directorypb.NewDirectoryClient(conn).Lookup(ctx, &directorypb.LookupRequest{GroupId: c.group, Key: key, Limit: uint32(limit)})
 		out = resp.GetDescriptors()
 		return err
@@ -43,7 +43,7 @@ func (c *Client) Lookup(ctx context.Context, key []byte, limit int) ([]*pb.Range
 // descriptor or one of another region.
 func (c *Client) Update(ctx context.Context, descs ...*pb.RangeDescriptor) (int, error) {
 	var n int
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := directorypb.NewDirectoryClient(conn).Update(ctx, &directorypb.UpdateRequest{GroupId: c.group, Descriptors: descs})
 		n = int(resp.GetInstalled())
 		return err
@@ -54,7 +54,7 @@ func (c *Client) Update(ctx context.Context, descs ...*pb.RangeDescriptor) (int,
 // Allocate returns a range ID that no range of the cluster ever had.
 func (c *Client) Allocate(ctx context.Context) (uint64, error) {
 	var id uint64
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := directorypb.NewDirectoryClient(conn).Allocate(ctx, &directorypb.AllocateRequest{GroupId: c.group})
 		id = resp.GetRangeId()
 		return err
@@ -65,7 +65,7 @@ func (c *Client) Allocate(ctx context.Context) (uint64, error) {
 // Placements returns the placement map, by start key.
 func (c *Client) Placements(ctx context.Context) ([]*directorypb.Placement, error) {
 	var out []*directorypb.Placement
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := directorypb.NewDirectoryClient(conn).Placement(ctx, &directorypb.PlacementRequest{GroupId: c.group})
 		out = resp.GetPlacements()
 		return err
@@ -76,7 +76,7 @@ func (c *Client) Placements(ctx context.Context) ([]*directorypb.Placement, erro
 // List returns every descriptor of the region, by start key.
 func (c *Client) List(ctx context.Context) ([]*pb.RangeDescriptor, error) {
 	var out []*pb.RangeDescriptor
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := directorypb.NewDirectoryClient(conn).List(ctx, &directorypb.ListRequest{GroupId: c.group})
 		out = resp.GetDescriptors()
 		return err
@@ -89,7 +89,7 @@ func (c *Client) List(ctx context.Context) ([]*pb.RangeDescriptor, error) {
 // sees them.
 func (c *Client) GCPolicy(ctx context.Context) (*directorypb.GCPolicyResponse, error) {
 	var out *directorypb.GCPolicyResponse
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := directorypb.NewDirectoryClient(conn).GCPolicy(ctx, &directorypb.GCPolicyRequest{GroupId: c.group})
 		out = resp
 		return err
@@ -100,7 +100,7 @@ func (c *Client) GCPolicy(ctx context.Context) (*directorypb.GCPolicyResponse, e
 // SetGCTTL sets the region's gc_ttl (0: back to the topology file's).
 // Errors: InvalidArgument (ErrBadGCTTL) out of bounds.
 func (c *Client) SetGCTTL(ctx context.Context, ttl time.Duration) error {
-	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := directorypb.NewDirectoryClient(conn).SetGCTTL(ctx, &directorypb.SetGCTTLRequest{GroupId: c.group, GcTtlMs: uint64(ttl.Milliseconds())})
 		return err
 	})
@@ -110,7 +110,7 @@ func (c *Client) SetGCTTL(ctx context.Context, ttl time.Duration) error {
 // (ErrBadProtection) for a protection without an id or with a ttl out of
 // bounds.
 func (c *Client) Protect(ctx context.Context, p *directorypb.Protection) error {
-	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := directorypb.NewDirectoryClient(conn).Protect(ctx, &directorypb.ProtectRequest{GroupId: c.group, Protection: p})
 		return err
 	})
@@ -118,7 +118,7 @@ func (c *Client) Protect(ctx context.Context, p *directorypb.Protection) error {
 
 // Release drops the protection id (none: no error).
 func (c *Client) Release(ctx context.Context, id string) error {
-	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := directorypb.NewDirectoryClient(conn).Release(ctx, &directorypb.ReleaseRequest{GroupId: c.group, Id: id})
 		return err
 	})

@@ -186,7 +186,7 @@ func tooFewLeft(req *directorypb.SetNodeStateRequest, nodes []*directorypb.NodeL
 // Errors: ErrBadNode, ErrDuplicateAddr (within the region), ErrNodeGone,
 // ErrNodeExists; nothing changes.
 func (c *Client) RegisterNode(ctx context.Context, node *directorypb.NodeRecord, newNode bool) error {
-	return TypedError(c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return TypedError(c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := directorypb.NewDirectoryClient(conn).RegisterNode(ctx, &directorypb.RegisterNodeRequest{GroupId: c.group, Node: node, NewNode: newNode})
 		return err
 	}))
@@ -194,7 +194,7 @@ func (c *Client) RegisterNode(ctx context.Context, node *directorypb.NodeRecord,
 
 // Heartbeat tells the region's directory leader that node is live.
 func (c *Client) Heartbeat(ctx context.Context, node uint64) error {
-	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := directorypb.NewDirectoryClient(conn).Heartbeat(ctx, &directorypb.HeartbeatRequest{GroupId: c.group, NodeId: node})
 		return err
 	})
@@ -204,7 +204,7 @@ func (c *Client) Heartbeat(ctx context.Context, node uint64) error {
 // the directory's leader sees it.
 func (c *Client) Nodes(ctx context.Context) ([]*directorypb.NodeLiveness, error) {
 	var out []*directorypb.NodeLiveness
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := directorypb.NewDirectoryClient(conn).Nodes(ctx, &directorypb.NodesRequest{GroupId: c.group})
 		out = resp.GetNodes()
 		return err
@@ -215,7 +215,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*directorypb.NodeLiveness, error)
 // SetNodeState moves node to state. Errors: ErrUnknownNode, ErrNodeState,
 // ErrTooFewNodes; nothing changes.
 func (c *Client) SetNodeState(ctx context.Context, node uint64, state directorypb.NodeState) error {
-	return TypedError(c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return TypedError(c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := directorypb.NewDirectoryClient(conn).SetNodeState(ctx, &directorypb.SetNodeStateRequest{GroupId: c.group, NodeId: node, State: state})
 		return err
 	}))

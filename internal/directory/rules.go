@@ -177,7 +177,7 @@ func (s *Server) SetPlacementRule(ctx context.Context, req *directorypb.SetPlace
 // PlacementRules returns the directory's placement rules, by prefix.
 func (c *Client) PlacementRules(ctx context.Context) ([]*directorypb.PlacementRule, error) {
 	var out []*directorypb.PlacementRule
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := directorypb.NewDirectoryClient(conn).PlacementRules(ctx, &directorypb.PlacementRulesRequest{GroupId: c.group})
 		out = resp.GetRules()
 		return err
@@ -189,7 +189,7 @@ func (c *Client) PlacementRules(ctx context.Context) ([]*directorypb.PlacementRu
 // directory. Errors: ErrBadPlacement, ErrPlacementOverlap,
 // ErrNoPlacementRule, or the call's.
 func (c *Client) SetPlacementRule(ctx context.Context, r *directorypb.PlacementRule, remove bool) error {
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := directorypb.NewDirectoryClient(conn).SetPlacementRule(ctx, &directorypb.SetPlacementRuleRequest{GroupId: c.group, Rule: r, Remove: remove})
 		return err
 	})

@@ -326,7 +326,7 @@ func (g *Global) publishAll(e uint64) (asked bool, _ error) {
 		n++
 		g.lastSent[i] = time.Now()
 		go func(i int, c *transport.LeaderClient) {
-			err := c.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+			err := c.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 				resp, err := epochpb.NewEpochClient(conn).Publish(ctx, &epochpb.PublishRequest{GroupId: g.targets[i].Group, Epoch: e})
 				if resp.GetActive() {
 					active.Store(true)

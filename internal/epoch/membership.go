@@ -16,7 +16,7 @@ import (
 // none answered before ctx ended, or the RPC's final error.
 func Membership(ctx context.Context, d *transport.Dialer, service topology.Group) (*epochpb.MembershipResponse, error) {
 	var resp *epochpb.MembershipResponse
-	err := transport.NewGroupClient(d, service).Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := transport.NewGroupClient(d, service).Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		var err error
 		resp, err = epochpb.NewEpochClient(conn).Membership(ctx, &epochpb.MembershipRequest{GroupId: service.ID})
 		return err

@@ -71,8 +71,9 @@ func (c *LeaderClient) relocate(ctx context.Context) {
 // pausing between rounds, until f succeeds, fails with a final code
 // (InvalidArgument, DataLoss, Internal, and PermissionDenied or
 // Unauthenticated: no replica will let this caller in), or ctx ends
-// (ErrNoLeader).
-func (c *LeaderClient) Call(ctx context.Context, f func(ctx context.Context, conn *grpc.ClientConn) error) error {
+// (ErrNoLeader). f's calls travel over each node's Multiplex stream
+// (Dialer.Multiplexed).
+func (c *LeaderClient) Call(ctx context.Context, f func(ctx context.Context, conn grpc.ClientConnInterface) error) error {
 	var lastErr error
 	for round := 0; ; round++ {
 		order := *c.replicas.Load()
@@ -80,7 +81,7 @@ func (c *LeaderClient) Call(ctx context.Context, f func(ctx context.Context, con
 			order = append([]uint64{l}, order...)
 		}
 		for _, id := range order {
-			conn, err := c.dialer.Conn(id)
+			conn, err := c.dialer.Multiplexed(id)
 			if err != nil {
 				return err
 			}

@@ -186,7 +186,7 @@ func NewClient(dialer *transport.Dialer, g topology.Group) *Client {
 // ends; the caller must treat an error as "outcome unknown".
 func (c *Client) Decide(ctx context.Context, rec *txnstatepb.Record) (*txnstatepb.Record, error) {
 	var out *txnstatepb.Record
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := txnstatepb.NewTxnStateClient(conn).Decide(ctx, &txnstatepb.DecideRequest{GroupId: c.group, Record: rec})
 		out = resp.GetRecord()
 		return err
@@ -197,7 +197,7 @@ func (c *Client) Decide(ctx context.Context, rec *txnstatepb.Record) (*txnstatep
 // Get returns the recorded outcome of txnID (UNKNOWN if none yet).
 func (c *Client) Get(ctx context.Context, txnID []byte) (*txnstatepb.Record, error) {
 	var out *txnstatepb.Record
-	err := c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	err := c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		resp, err := txnstatepb.NewTxnStateClient(conn).Get(ctx, &txnstatepb.GetRequest{GroupId: c.group, TxnId: txnID})
 		out = resp.GetRecord()
 		return err
@@ -209,7 +209,7 @@ func (c *Client) Get(ctx context.Context, txnID []byte) (*txnstatepb.Record, err
 // outcome every participant has applied. It retries other replicas and
 // transient failures until ctx ends.
 func (c *Client) Forget(ctx context.Context, txnIDs [][]byte) error {
-	return c.lc.Call(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return c.lc.Call(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		_, err := txnstatepb.NewTxnStateClient(conn).Forget(ctx, &txnstatepb.ForgetRequest{GroupId: c.group, TxnIds: txnIDs})
 		return err
 	})
