@@ -111,29 +111,35 @@ func (m *muxConn) viaNetwork(ctx context.Context, method string, req, reply any,
 // call sends one call on the stream and waits for its reply: the
 // innermost invoker, under the interceptors.
 func (m *muxConn) call(ctx context.Context, method string, req, reply any, _ *grpc.ClientConn, opts ...grpc.CallOption) error {
-	st, err := m.stream(ctx)
+	in, err := proto.Marshal(req.(proto.Message))
 	if err != nil {
-		return err
+		return status.Errorf(codes.Internal, "transport: marshal %s request: %v", method, err)
+	}
+	c := &transportpb.Call{Method: method, Request: in}
+	var st *muxStream
+	var replies <-chan *transportpb.CallReply
+	for attempt := 0; ; attempt++ {
+		if st, err = m.stream(ctx); err != nil {
+			return err
+		}
+		if replies, err = st.register(c); err == nil {
+			break
+		}
+		// The stream broke before this call went out on it: forget it
+		// and take a new one (a few times at most, as each needs a
+		// connection that opens a stream).
+		m.forget(st)
+		if status.Code(err) != codes.Unavailable || attempt == 2 {
+			return err
+		}
 	}
 	for _, o := range opts {
 		if p, ok := o.(grpc.PeerCallOption); ok && p.PeerAddr != nil {
 			p.PeerAddr.Addr = st.addr // a connection took the call (peerHealth's NotSent)
 		}
 	}
-	in, err := proto.Marshal(req.(proto.Message))
-	if err != nil {
-		return status.Errorf(codes.Internal, "transport: marshal %s request: %v", method, err)
-	}
-	c := &transportpb.Call{Method: method, Request: in}
 	if dl, ok := ctx.Deadline(); ok {
 		c.TimeoutUs = max(1, time.Until(dl).Microseconds())
-	}
-	replies, err := st.register(c)
-	if err != nil {
-		if status.Code(err) == codes.Unavailable { // the stream had broken: this call never left
-			return &notSentError{status.Convert(err)}
-		}
-		return err
 	}
 	if err := st.send(c); err != nil {
 		st.unregister(c.GetId())
@@ -197,6 +203,16 @@ func (m *muxConn) stream(ctx context.Context) (*muxStream, error) {
 	}
 }
 
+// forget drops st, if it is the open stream, so that the next call opens
+// a new one.
+func (m *muxConn) forget(st *muxStream) {
+	m.mu.Lock()
+	if m.st == st {
+		m.st = nil
+	}
+	m.mu.Unlock()
+}
+
 // opening is a stream being opened: once done is closed, st is the
 // stream, or err why none opened.
 type opening struct {
@@ -223,11 +239,7 @@ func (m *muxConn) run(a *opening) {
 		m.unary.Store(true)
 		err = errNoMultiplex
 	}
-	m.mu.Lock()
-	if m.st == st {
-		m.st = nil
-	}
-	m.mu.Unlock()
+	m.forget(st)
 	st.fail(err)
 }
 
