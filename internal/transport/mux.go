@@ -141,10 +141,10 @@ func (m *muxConn) call(ctx context.Context, method string, req, reply any, _ *gr
 	if dl, ok := ctx.Deadline(); ok {
 		c.TimeoutUs = max(1, time.Until(dl).Microseconds())
 	}
-	if err := st.send(c); err != nil {
-		st.unregister(c.GetId())
-		return status.Errorf(codes.Unavailable, "transport: call to node %d: stream broke: %v", m.to.Node, err)
-	}
+	// A send that fails aborts the stream (gRPC's SendMsg): its receiver
+	// then learns why (Unimplemented: a node without the service) and
+	// closes replies, so the call ends as the calls in flight on it do.
+	_ = st.send(c)
 	select {
 	case r, ok := <-replies:
 		if !ok {
