@@ -58,8 +58,7 @@ func (d *Dialer) Multiplexed(id uint64) (grpc.ClientConnInterface, error) {
 	if m, ok := d.muxConns[id]; ok {
 		return m, nil
 	}
-	node, _ := d.net.Node(id)
-	to := Endpoint{Node: id, Region: node.Region}
+	to := d.net.NodeEndpoint(id)
 	m := &muxConn{d: d, to: to, health: d.det.peer(id), wan: d.wanInterceptor(to)}
 	d.muxConns[id] = m
 	return m, nil
