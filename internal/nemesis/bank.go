@@ -23,10 +23,59 @@ var snapshotModes = []client.SnapshotMode{client.Strong, client.StrongLocal, cli
 
 // bank moves money between accounts homed in different regions, and audits
 // the total in a snapshot of every mode in turn, from every data region: each
-// mode is at least serializable, so the total never changes.
-type bank struct{ cp *campaign }
+// mode is at least serializable, so the total never changes. It keeps the
+// latest attempts of transfers, so that an anomaly can name the transaction
+// that wrote a bad version (changefeeds' per-version check).
+type bank struct {
+	cp *campaign
+
+	mu       sync.Mutex
+	attempts []transferAttempt // a ring of the latest maxAttempts
+	next     int               // where the ring's next attempt goes
+}
+
+// transferAttempt is one attempt of a transfer: what it read and so what it
+// wrote, from -= amount and to += amount.
+type transferAttempt struct {
+	from, to, amount int
+	readFrom, readTo int
+	at               time.Duration // since the campaign began
+}
+
+func (a transferAttempt) String() string {
+	return fmt.Sprintf("%d from account %d (read %d, wrote %d) to account %d (read %d, wrote %d), at %.3f s",
+		a.amount, a.from, a.readFrom, a.readFrom-a.amount, a.to, a.readTo, a.readTo+a.amount, a.at.Seconds())
+}
+
+// maxAttempts bounds the attempts the bank keeps: minutes of transfers.
+const maxAttempts = 1 << 16
 
 func newBank(cp *campaign) *bank { return &bank{cp: cp} }
+
+// record keeps a transfer attempt that is about to write.
+func (b *bank) record(a transferAttempt) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.attempts) < maxAttempts {
+		b.attempts = append(b.attempts, a)
+		return
+	}
+	b.attempts[b.next] = a
+	b.next = (b.next + 1) % maxAttempts
+}
+
+// writers returns the kept attempts that wrote value to account i.
+func (b *bank) writers(i, value int) []transferAttempt {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []transferAttempt
+	for _, a := range b.attempts {
+		if (a.from == i && a.readFrom-a.amount == value) || (a.to == i && a.readTo+a.amount == value) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
 
 func (b *bank) account(i int) []byte { return b.cp.key(i, fmt.Sprintf("nemesis-acct-%02d", i)) }
 
@@ -68,6 +117,7 @@ func (b *bank) transfers(ctx context.Context, db *client.DB, id int) {
 			if err != nil {
 				return err
 			}
+			b.record(transferAttempt{from: from, to: to, amount: amount, readFrom: a, readTo: c, at: time.Since(b.cp.start)})
 			if err := tx.Put(ctx, b.account(from), []byte(fmt.Sprint(a-amount))); err != nil {
 				return err
 			}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/terroir-db/terroir/client"
+	"github.com/terroir-db/terroir/internal/storage"
 )
 
 // changefeeds runs a changefeed over the whole key space for the campaign
@@ -23,6 +24,11 @@ import (
 // after the feed resolved r — a range closed an epoch a prepared
 // transaction could still commit in — shows there, even when a later
 // write to the same accounts would have hidden it from the final check.
+// Every version of the bank's accounts must also balance on its own: a
+// transfer writes two accounts at one version id, the one's loss the
+// other's gain (transfers on disjoint accounts may share a version id). A version that does not (half a transfer applied, or a
+// transfer that read a value already overwritten: a lost update) is named,
+// with the transfers that wrote its values.
 type changefeeds struct {
 	cp   *campaign
 	bank *bank
@@ -39,8 +45,12 @@ type changefeeds struct {
 	resolved uint64
 	rounds   int // resolved epochs since the feed last started
 	last     client.Change
-	pending  int // changes since the last resolved epoch
+	pending  int                                  // changes since the last resolved epoch
+	writes   map[storage.VersionID][]accountWrite // the bank's writes since the last resolved epoch
 }
+
+// accountWrite is one account's change at a version, as the consumer saw it.
+type accountWrite struct{ account, was, is int }
 
 // feedSample is the consumer's accounts at a resolved epoch.
 type feedSample struct {
@@ -132,6 +142,7 @@ func (f *changefeeds) start(ctx context.Context, db *client.DB) error {
 	}
 	f.mu.Lock()
 	f.state, f.resolved = state, at-1
+	clear(f.writes)
 	f.mu.Unlock()
 	return nil
 }
@@ -174,7 +185,8 @@ func (f *changefeeds) apply(ev client.FeedEvent) error {
 			f.cp.anomaly("changefeed: %q at %v delivered after %q at %v", c.Key, c.Version, f.last.Key, f.last.Version)
 		}
 		f.last, f.pending = *c, f.pending+1
-		if _, ok := f.accounts[string(c.Key)]; ok {
+		if i, ok := f.accounts[string(c.Key)]; ok {
+			f.noteWrite(i, c)
 			if c.Tombstone {
 				delete(f.state, string(c.Key))
 			} else {
@@ -188,6 +200,7 @@ func (f *changefeeds) apply(ev client.FeedEvent) error {
 		f.cp.anomaly("changefeed: resolved epoch %d after %d, with a change at %v", ev.Resolved, f.resolved, f.last.Version)
 	}
 	f.resolved, f.pending, f.rounds = ev.Resolved, 0, f.rounds+1
+	f.checkWrites()
 	if total, err := f.total(); err != nil || total != accounts*initialFunds {
 		f.cp.anomaly("changefeed: at resolved epoch %d the consumer's bank total is %d (%v), want %d", ev.Resolved, total, err, accounts*initialFunds)
 	}
@@ -243,6 +256,55 @@ func (f *changefeeds) verify(ctx context.Context, db *client.DB) {
 			}
 		}
 	}
+}
+
+// noteWrite keeps account i's change c, with f.mu held, when both its old
+// and new values are amounts (not the first funding, nor a deletion).
+func (f *changefeeds) noteWrite(i int, c *client.Change) {
+	var was, is int
+	if _, err := fmt.Sscan(f.state[string(c.Key)], &was); err != nil || c.Tombstone {
+		return
+	}
+	if _, err := fmt.Sscan(string(c.Value), &is); err != nil {
+		return
+	}
+	if f.writes == nil {
+		f.writes = map[storage.VersionID][]accountWrite{}
+	}
+	for _, w := range f.writes[c.Version] {
+		if w.account == i {
+			return // again, from a feed resumed after the last resolved epoch
+		}
+	}
+	f.writes[c.Version] = append(f.writes[c.Version], accountWrite{account: i, was: was, is: is})
+}
+
+// checkWrites checks, with f.mu held at a resolved epoch, that each version
+// of the accounts since the last one balances: the accounts it wrote lost
+// what they gained.
+func (f *changefeeds) checkWrites() {
+	for v, ws := range f.writes {
+		sum := 0
+		for _, w := range ws {
+			sum += w.is - w.was
+		}
+		if sum == 0 { // one transfer, or more: disjoint transactions may share a version id
+			continue
+		}
+		desc := ""
+		for _, w := range ws {
+			desc += fmt.Sprintf("; account %d %d → %d, written by [", w.account, w.was, w.is)
+			for n, a := range f.bank.writers(w.account, w.is) {
+				if n > 0 {
+					desc += " | "
+				}
+				desc += a.String()
+			}
+			desc += "]"
+		}
+		f.cp.anomaly("changefeed: the bank's write at version %v does not balance (%d accounts, sum %+d)%s", v, len(ws), sum, desc)
+	}
+	clear(f.writes)
 }
 
 // total sums the copy's accounts, with f.mu held.
