@@ -81,6 +81,10 @@ type Status struct {
 	// after the start. Until then its state may be older than state it served
 	// before a crash (applied state is not fsync'd; it replays from the log).
 	CaughtUp bool
+	// Idle is true while the replica's Raft clock runs at the idle pace: a
+	// third of the full one, after a second or two with nothing but
+	// heartbeats (idle.go).
+	Idle bool
 }
 
 type proposal struct {
@@ -128,6 +132,7 @@ type Group struct {
 	snapIn       chan *incoming           // streamed snapshots received, for the loop
 	staged       *staged                  // loop only: the received snapshot Raft may accept
 	leadTicks    int                      // loop only: ticks LeadAtStart still campaigns for
+	pace         idlePace                 // loop only: the Raft clock's idle pace (idle.go)
 
 	mu     sync.Mutex
 	status Status
@@ -718,10 +723,17 @@ func (g *Group) run() {
 		case <-g.stop:
 			g.failWaiters(ErrStopped)
 			g.dropStaged()
+			g.wake()
 			return
 		case <-ticker.C:
 			ticker.Next()
-			g.rn.Tick()
+			tick, idled := g.pace.period(g.mayIdle)
+			if idled {
+				g.setIdle(true)
+			}
+			if tick {
+				g.rn.Tick()
+			}
 			g.catchUp.maybeRequest(g.rn, g.status.Leader)
 			if g.leadTicks > 0 {
 				if g.leadTicks--; g.leadTicks%leadRetryTicks == 0 {
@@ -733,11 +745,13 @@ func (g *Group) run() {
 		case p := <-g.props:
 			g.propose(p)
 		case f := <-g.reports:
+			g.wake()
 			f(g.rn)
 		case <-g.poke:
 		case r := <-g.reads:
 			g.readIndex(r)
 		case in := <-g.snapIn:
+			g.wake()
 			g.takeSnapshot(in)
 		}
 		g.runSnapshotReports()
@@ -750,6 +764,7 @@ func (g *Group) run() {
 				g.mu.Unlock()
 				g.failWaiters(ErrStopped)
 				g.dropStaged()
+				g.wake()
 				return
 			}
 		}
@@ -766,6 +781,7 @@ func (g *Group) drain() {
 		case p := <-g.props:
 			g.propose(p)
 		case f := <-g.reports:
+			g.wake()
 			f(g.rn)
 		case r := <-g.reads:
 			g.readIndex(r)
@@ -776,6 +792,9 @@ func (g *Group) drain() {
 }
 
 func (g *Group) stepLocal(m *raftpb.Message) {
+	if wakes(m.GetType()) {
+		g.wake()
+	}
 	if m.GetType() == raftpb.MsgApp && m.GetIndex() == 0 && g.uninitialized() {
 		// The log from its start, to a replica still waiting for its first
 		// snapshot: applying it from an empty configuration would fail (a
@@ -788,6 +807,7 @@ func (g *Group) stepLocal(m *raftpb.Message) {
 }
 
 func (g *Group) propose(p *proposal) {
+	g.wake()
 	g.nextID++
 	p.id = g.nextID
 	data := make([]byte, 8+len(p.data))
@@ -823,6 +843,25 @@ func (g *Group) readIndex(r *readRequest) {
 	g.rn.ReadIndex(r.ctx[:])
 }
 
+// wake returns the Raft clock to its full pace (idle.go).
+func (g *Group) wake() {
+	if g.pace.wake() {
+		g.setIdle(false)
+	}
+}
+
+// setIdle records whether the Raft clock runs at the idle pace.
+func (g *Group) setIdle(idle bool) {
+	if idle {
+		g.metrics.idle.Inc()
+	} else {
+		g.metrics.idle.Dec()
+	}
+	g.mu.Lock()
+	g.status.Idle = idle
+	g.mu.Unlock()
+}
+
 func (g *Group) failWaiters(err error) {
 	for id, p := range g.waiters {
 		p.done <- proposalResult{err: err}
@@ -831,6 +870,9 @@ func (g *Group) failWaiters(err error) {
 }
 
 func (g *Group) handleReady(rd raft.Ready) error {
+	if rd.SoftState != nil || len(rd.Entries) > 0 || len(rd.CommittedEntries) > 0 || !raft.IsEmptySnap(rd.Snapshot) {
+		g.wake()
+	}
 	if rd.SoftState != nil {
 		g.onSoftState(rd.SoftState)
 	}

@@ -38,6 +38,7 @@ type Metrics struct {
 	droppedMessages prometheus.Counter
 	strayMessages   prometheus.Counter
 	snapshotBytes   prometheus.Counter
+	idle            prometheus.Gauge
 	// sent counts the messages handed to the transport for other nodes,
 	// by raftpb.MessageType (terroir_raft_messages_sent_total's type label).
 	// Local message types (raft.IsLocalMsg) have none.
@@ -79,6 +80,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		snapshotBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "terroir_raft_snapshot_sent_bytes_total", Help: "Bytes of keys and values streamed in Raft snapshots to other nodes.",
 		}),
+		idle: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "terroir_raft_replicas_idle",
+			Help: "Replicas whose Raft clock runs at the idle pace (a third of the full one) after a second or two with nothing but heartbeats.",
+		}),
 	}
 	sent := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "terroir_raft_messages_sent_total",
@@ -90,7 +95,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes, sent)
+		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes, m.idle, sent)
 	}
 	return m
 }

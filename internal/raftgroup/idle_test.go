@@ -1,0 +1,142 @@
+package raftgroup_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/node"
+)
+
+// rangeGroup is the range [a, m) of examples/one-region.yaml.
+const rangeGroup = 10
+
+// heartbeatsSent returns how many heartbeats node n's replicas have sent.
+func heartbeatsSent(t *testing.T, n *node.Node) float64 {
+	t.Helper()
+	mfs, err := n.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "terroir_raft_messages_sent_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "type" && l.GetValue() == "MsgHeartbeat" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// waitIdle waits until every replica of group on the cluster's running
+// nodes runs at the idle pace (idle.go), for at most 10 s.
+func waitIdle(t *testing.T, c *localcluster.Cluster, group uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		idle := 0
+		for _, id := range c.NodeIDs() {
+			if n := c.Node(id); n != nil && n.Group(group) != nil && n.Group(group).Status().Idle {
+				idle++
+			}
+		}
+		if idle == len(c.NodeIDs()) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group %d: %d of %d replicas idle after 10 s without a write", group, idle, len(c.NodeIDs()))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// An idle group's replicas slow their Raft clocks (idle.go): with no
+// writes, every replica of a range comes to the idle pace, and its leader
+// heartbeats about a third as often as a range that is written; a write
+// wakes the range at once and commits as fast as on a range at full pace;
+// and when an idle range's leader dies, its followers elect another within
+// the idle election timeout, and writes commit again.
+func TestIdleGroupsSlowTheirRaftClocks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{RebalanceInterval: -1, Insecure: true})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := db.Put(ctx, []byte("a"), []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, c, rangeGroup)
+
+	// The idle leader's heartbeats over 3 s, against the same leader's
+	// while a writer keeps its range at full pace. The node's other
+	// groups count in both.
+	leaderID := c.Leader(rangeGroup)
+	leader := c.Node(leaderID)
+	window := func(write bool) float64 {
+		wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+		defer wcancel()
+		before := heartbeatsSent(t, leader)
+		for {
+			if write {
+				_, _ = db.Put(wctx, []byte("b"), []byte("v"))
+			}
+			select {
+			case <-wctx.Done():
+				return heartbeatsSent(t, leader) - before
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	idle := window(false)
+	busy := window(true)
+	t.Logf("heartbeats sent by node %d in 3 s: %.0f with range %d idle, %.0f while it is written", leaderID, idle, rangeGroup, busy)
+	if idle >= busy*0.85 {
+		t.Errorf("heartbeats in 3 s: %.0f with range %d idle, want well below the %.0f while it is written", idle, rangeGroup, busy)
+	}
+
+	// A write to an idle range wakes it and commits.
+	waitIdle(t, c, rangeGroup)
+	start := time.Now()
+	if _, err := db.Put(ctx, []byte("c"), []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("a write to the idle range committed in %v", time.Since(start))
+	for _, id := range c.NodeIDs() {
+		if st := c.Node(id).Group(rangeGroup).Status(); st.Idle {
+			t.Errorf("node %d's replica of range %d still idle after a write", id, rangeGroup)
+		}
+	}
+
+	// The idle range's leader dies: a follower takes over and writes commit.
+	waitIdle(t, c, rangeGroup)
+	dead := c.Leader(rangeGroup)
+	if err := c.KillNode(dead); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	for {
+		l := c.Leader(rangeGroup)
+		if l != 0 && l != dead {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("no new leader of idle range %d within 5 s of its leader's death", rangeGroup)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("a new leader of the idle range within %v of its leader's death", time.Since(start))
+	if _, err := db.Put(ctx, []byte("d"), []byte("v")); err != nil {
+		t.Fatalf("a write after the idle range's leader died: %v", err)
+	}
+}
