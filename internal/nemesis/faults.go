@@ -51,7 +51,7 @@ const (
 	faultCutNonVoter   = "cut off the region of a non-voting replica; once healed it must serve again"
 	faultPlacement     = "change a placement rule under load"
 	faultRehome        = "rehome a range to another region under load"
-	faultQuietKill     = "hush the load until the epochs idle and then kill a range leader"
+	faultQuietKill     = "hush the load until the epochs and a range's Raft clock idle and then kill its leader"
 	faultHoldSide      = "deliver side-transported closes up to 1.5 s late while a lease moves"
 	faultStarveLog     = "starve a range's follower or non-voter of the log alone and idle the range so its closes go outside the log"
 )
@@ -191,8 +191,10 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			}
 			heal = func() error { return cp.c.RestartNode(id) }
 		case faultQuietKill:
-			// Epochs at their idle pace (epoch.Pace), then a leaseholder
-			// dies: its successor must bring the pace back to take over,
+			// Epochs at their idle pace (epoch.Pace), and a range's Raft
+			// clock at its own (raftgroup's idle.go), then its leader
+			// dies: its followers must elect another at the idle pace, the
+			// successor must bring the epochs' pace back to take over,
 			// and the first operations after the spell meet the change.
 			end := cp.hush()
 			idle := cp.idleEpochs(ctx)
@@ -205,7 +207,13 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			} else {
 				cp.count("quiet spell, epochs not idle")
 			}
-			id := cp.c.Leader(ranges[r.IntN(len(ranges))].ID)
+			group := ranges[r.IntN(len(ranges))].ID
+			if cp.idleRaft(ctx, group) {
+				cp.count("quiet spell, the range's Raft clock idle")
+			} else {
+				cp.count("quiet spell, the range's Raft clock not idle")
+			}
+			id := cp.c.Leader(group)
 			if id == 0 {
 				end()
 				continue

@@ -96,3 +96,34 @@ func (cp *campaign) idleEpochs(ctx context.Context) bool {
 	}
 	return false
 }
+
+// raftIdleWithin bounds how long a quiet spell waits for a range's Raft
+// clock to idle once the epochs have: its leader idles after a second
+// without a write, and a lease renewal, every few seconds at the idle
+// epoch pace, wakes it for that long again.
+const raftIdleWithin = 8 * time.Second
+
+// idleRaft waits, in a quiet spell, until every running replica of group
+// ticks its Raft clock at the idle pace (raftgroup.Status.Idle), and
+// reports whether that happened within raftIdleWithin.
+func (cp *campaign) idleRaft(ctx context.Context, group uint64) bool {
+	deadline := time.Now().Add(raftIdleWithin)
+	for time.Now().Before(deadline) {
+		idle, replicas := true, 0
+		for _, id := range cp.c.NodeIDs() {
+			if n := cp.c.Node(id); n != nil {
+				if g := n.Group(group); g != nil {
+					replicas++
+					idle = idle && g.Status().Idle
+				}
+			}
+		}
+		if idle && replicas > 0 {
+			return true
+		}
+		if !sleep(ctx, 50*time.Millisecond) {
+			return false
+		}
+	}
+	return false
+}

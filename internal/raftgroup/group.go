@@ -133,6 +133,7 @@ type Group struct {
 	staged       *staged                  // loop only: the received snapshot Raft may accept
 	leadTicks    int                      // loop only: ticks LeadAtStart still campaigns for
 	pace         idlePace                 // loop only: the Raft clock's idle pace (idle.go)
+	appended     map[uint64]time.Time     // loop only: when the leader last sent each follower an append (heartbeat.go)
 
 	mu     sync.Mutex
 	status Status
@@ -968,7 +969,12 @@ func (g *Group) handleReady(rd raft.Ready) error {
 }
 
 func (g *Group) sendAll(msgs []*raftpb.Message) {
+	now := time.Now()
 	for _, m := range msgs {
+		if g.elide(m, now) {
+			g.metrics.heartbeatsElided.Inc()
+			continue
+		}
 		if t := int(m.GetType()); m.GetTo() != g.self && t < numMessageTypes && g.metrics.sent[t] != nil {
 			g.metrics.sent[t].Inc()
 		}

@@ -39,6 +39,9 @@ type Metrics struct {
 	strayMessages   prometheus.Counter
 	snapshotBytes   prometheus.Counter
 	idle            prometheus.Gauge
+	// heartbeatsElided counts the heartbeats a leader did not send: the
+	// follower had an append from it within the heartbeat period.
+	heartbeatsElided prometheus.Counter
 	// sent counts the messages handed to the transport for other nodes,
 	// by raftpb.MessageType (terroir_raft_messages_sent_total's type label).
 	// Local message types (raft.IsLocalMsg) have none.
@@ -80,6 +83,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		snapshotBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "terroir_raft_snapshot_sent_bytes_total", Help: "Bytes of keys and values streamed in Raft snapshots to other nodes.",
 		}),
+		heartbeatsElided: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_raft_heartbeats_elided_total",
+			Help: "Heartbeats a leader did not send because it had sent the follower an append within the heartbeat period.",
+		}),
 		idle: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "terroir_raft_replicas_idle",
 			Help: "Replicas whose Raft clock runs at the idle pace (a third of the full one) after a second or two with nothing but heartbeats.",
@@ -95,7 +102,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes, m.idle, sent)
+		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes, m.idle, m.heartbeatsElided, sent)
 	}
 	return m
 }
