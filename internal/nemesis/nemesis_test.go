@@ -86,8 +86,8 @@ func TestQuietSpellIdlesTheEpochs(t *testing.T) {
 			sum.Ops["quiet spell, epochs idle"], sum.Ops["quiet spell, epochs not idle"])
 	}
 	// The range's Raft clock idles in some spells only: at the campaign's
-	// 3 s gc_ttl its leader collects, and then closes through its log,
-	// about once a second, each of which wakes it for a second
+	// 3 s gc_ttl its leader proposes a GC chunk about every 2 s, and a
+	// lease renewal every 4 s or so, each of which wakes it for a second
 	// (raftgroup's TestIdleGroupsSlowTheirRaftClocks holds the idle pace).
 	t.Logf("quiet spells: the range's Raft clock idle in %d, not in %d",
 		sum.Ops["quiet spell, the range's Raft clock idle"], sum.Ops["quiet spell, the range's Raft clock not idle"])

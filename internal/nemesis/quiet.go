@@ -99,10 +99,10 @@ func (cp *campaign) idleEpochs(ctx context.Context) bool {
 
 // raftIdleWithin bounds how long a quiet spell waits for a range's Raft
 // clock to idle once the epochs have: its leader idles after a second
-// without an entry, and a lease renewal (every few seconds at the idle
-// epoch pace) or a GC chunk and the close through the log that follows it
-// (about once a second at a campaign's 3 s gc_ttl) wakes it for that long
-// again, so in some spells it never does.
+// without an entry, and a GC chunk (about every 2 s per range at a
+// campaign's 3 s gc_ttl) or a lease renewal (every 4 s or so at the idle
+// epoch pace) wakes it for that long again, so in some spells it never
+// does.
 const raftIdleWithin = 8 * time.Second
 
 // idleRaft waits, in a quiet spell, until every running replica of group
