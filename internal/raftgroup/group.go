@@ -82,8 +82,8 @@ type Status struct {
 	// before a crash (applied state is not fsync'd; it replays from the log).
 	CaughtUp bool
 	// Idle is true while the replica's Raft clock runs at the idle pace: a
-	// third of the full one, after a second or two with nothing but
-	// heartbeats (idle.go).
+	// third of the full one, after 0.5 s (a follower) or 1 s (the leader)
+	// with nothing but heartbeats and reads (idle.go).
 	Idle bool
 }
 

@@ -89,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		idle: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "terroir_raft_replicas_idle",
-			Help: "Replicas whose Raft clock runs at the idle pace (a third of the full one) after a second or two with nothing but heartbeats.",
+			Help: "Replicas whose Raft clock runs at the idle pace (a third of the full one) after 0.5 s (a follower) or 1 s (a leader) with nothing but heartbeats and reads.",
 		}),
 	}
 	sent := prometheus.NewCounterVec(prometheus.CounterOpts{
