@@ -8,7 +8,7 @@ import (
 
 // The idle pace of a group's Raft clock (issue 17: an idle cluster should
 // cost a small fraction of a core). A group that has had nothing but
-// heartbeats for a while — an idle range, directory or transaction-state
+// heartbeats and reads for a second — an idle range, directory or transaction-state
 // group — ticks its Raft clock once every idleClockFactor periods instead
 // of every period. Its leader then heartbeats every 300 ms rather than
 // 100 ms, and its followers campaign after 0.9–1.65 s without a leader
