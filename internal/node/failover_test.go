@@ -35,6 +35,13 @@ func (l *commitLog) add(at time.Time, err error) {
 	l.done = append(l.done, at)
 }
 
+// counts returns how many commits and failed operations the log holds.
+func (l *commitLog) counts() (commits, failed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.done), l.failed
+}
+
 // longestGap returns the longest time in [from, to) without a commit
 // completing, counting from `from`.
 func (l *commitLog) longestGap(from, to time.Time) time.Duration {
@@ -183,8 +190,9 @@ split_qps: off
 		for _, region := range []string{"east", "west"} {
 			l := logs[region]
 			gap := l.longestGap(frozeAt, thawAt)
+			commits, failed := l.counts()
 			t.Logf("round %d, %s: longest time without a commit while node %d was frozen: %v (%d commits, %d failed operations so far)",
-				round, region, holder, gap.Round(time.Millisecond), len(l.done), l.failed)
+				round, region, holder, gap.Round(time.Millisecond), commits, failed)
 			if gap > 2*time.Second {
 				missed = append(missed, fmt.Sprintf("%s went %v without a commit", region, gap.Round(time.Millisecond)))
 			}
