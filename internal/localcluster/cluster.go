@@ -426,6 +426,24 @@ func (c *Cluster) Leader(group uint64) uint64 {
 	return 0
 }
 
+// Idle reports whether every running node's replica of group ticks its
+// Raft clock at the idle pace (raftgroup.Status.Idle), with at least one
+// replica running.
+func (c *Cluster) Idle(group uint64) bool {
+	replicas := 0
+	for _, id := range c.NodeIDs() {
+		if n := c.Node(id); n != nil {
+			if g := n.Group(group); g != nil {
+				if !g.Status().Idle {
+					return false
+				}
+				replicas++
+			}
+		}
+	}
+	return replicas > 0
+}
+
 // Dialer returns a client-side dialer located in region; Close closes it.
 func (c *Cluster) Dialer(region string) *transport.Dialer {
 	d := transport.NewDialer(c.Net, transport.Endpoint{Region: region}, c.certs)

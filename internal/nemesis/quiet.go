@@ -106,21 +106,12 @@ func (cp *campaign) idleEpochs(ctx context.Context) bool {
 const raftIdleWithin = 8 * time.Second
 
 // idleRaft waits, in a quiet spell, until every running replica of group
-// ticks its Raft clock at the idle pace (raftgroup.Status.Idle), and
+// ticks its Raft clock at the idle pace (localcluster.Cluster.Idle), and
 // reports whether that happened within raftIdleWithin.
 func (cp *campaign) idleRaft(ctx context.Context, group uint64) bool {
 	deadline := time.Now().Add(raftIdleWithin)
 	for time.Now().Before(deadline) {
-		idle, replicas := true, 0
-		for _, id := range cp.c.NodeIDs() {
-			if n := cp.c.Node(id); n != nil {
-				if g := n.Group(group); g != nil {
-					replicas++
-					idle = idle && g.Status().Idle
-				}
-			}
-		}
-		if idle && replicas > 0 {
+		if cp.c.Idle(group) {
 			return true
 		}
 		if !sleep(ctx, 50*time.Millisecond) {
