@@ -172,13 +172,15 @@ func TestPairedReadsShareOneRPC(t *testing.T) {
 	}
 	// A reader whose joint reply took over hedgeAfter (1 ms: a loaded
 	// machine's scheduling delay, as under -race in CI) asked its group's
-	// third voter too, on its own, as it should: a ReadEpoch to node 3
-	// per hedge. Beyond those, nothing.
+	// third voter too, on its own, as it should: a ReadEpoch per hedge.
+	// If the third answered first, the readers prefer it from then on
+	// (and the hedges go to node 2). Beyond those, nothing.
 	hedged := hedges(local, pub) - before
 	f.settle(reads + hedged)
 	single, many := f.counts()
-	if single[2] != 0 || single[3] != hedged || many[2] != reads || many[3] != 0 || hedged > reads/4 {
-		t.Fatalf("%d paired reads, %d hedges: ReadEpochs RPCs %v, and ReadEpoch %v; want %d ReadEpochs to node 2, a ReadEpoch to node 3 per hedge, and few hedges", reads, hedged, many, single, reads)
+	sum := func(m map[uint64]int) int { return m[2] + m[3] }
+	if sum(many) != reads || sum(single) != hedged || hedged > reads/4 || (hedged == 0 && many[2] != reads) {
+		t.Fatalf("%d paired reads, %d hedges: ReadEpochs RPCs %v, and ReadEpoch %v; want %d ReadEpochs (to node 2 unless a hedge found node 3 first), a ReadEpoch per hedge, and few hedges", reads, hedged, many, single, reads)
 	}
 	// Unpaired sources read as before: a ReadEpoch each.
 	if got, err := StartAll(ctx, pub, local)(); err != nil || got[0] != 70 || got[1] != 50 {
