@@ -27,19 +27,8 @@ duration=${2:-10s}
 # The driver gets twice the run (one per system) plus 300 s for loading and
 # connecting, then is stopped; so the duration is whole hours, minutes or
 # seconds here (10s, 1m30s), which bash can add up.
-run_secs=0 rest=$duration
-while [[ $rest =~ ^([0-9]+)([hms])(.*)$ ]]; do
-  case ${BASH_REMATCH[2]} in
-    h) run_secs=$((run_secs + BASH_REMATCH[1] * 3600)) ;;
-    m) run_secs=$((run_secs + BASH_REMATCH[1] * 60)) ;;
-    s) run_secs=$((run_secs + BASH_REMATCH[1])) ;;
-  esac
-  rest=${BASH_REMATCH[3]}
-done
-if [ -n "$rest" ] || [ "$run_secs" -eq 0 ]; then
-  echo "bench-etcd: duration $duration: give whole hours, minutes or seconds (10s, 1m30s)" >&2
-  exit 2
-fi
+source scripts/duration.sh
+run_secs=$(duration_secs bench-etcd "$duration") || exit 2
 mkdir -p bin
 echo "building etcd (tools/etcd) and terroir..."
 (cd tools/etcd && go build -o ../../bin/etcd .)

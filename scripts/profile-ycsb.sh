@@ -25,19 +25,8 @@ shift 2
 for at in "$@"; do
   [[ $at =~ ^[0-9]+$ ]] || { echo "profile-ycsb: $at: give whole seconds" >&2; exit 2; }
 done
-run_secs=0 rest=$duration
-while [[ $rest =~ ^([0-9]+)([hms])(.*)$ ]]; do
-  case ${BASH_REMATCH[2]} in
-    h) run_secs=$((run_secs + BASH_REMATCH[1] * 3600)) ;;
-    m) run_secs=$((run_secs + BASH_REMATCH[1] * 60)) ;;
-    s) run_secs=$((run_secs + BASH_REMATCH[1])) ;;
-  esac
-  rest=${BASH_REMATCH[3]}
-done
-if [ -n "$rest" ] || [ "$run_secs" -eq 0 ]; then
-  echo "profile-ycsb: duration $duration: give whole hours, minutes or seconds (14m, 90s)" >&2
-  exit 2
-fi
+source scripts/duration.sh
+run_secs=$(duration_secs profile-ycsb "$duration") || exit 2
 mkdir -p bin "$out"
 go build -o bin/terroir ./cmd/terroir
 
