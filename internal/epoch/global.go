@@ -86,6 +86,9 @@ type GlobalConfig struct {
 	// for the global epoch (Demand), here or at a publisher (0: no idle
 	// pace). At most a quarter of PublisherLease keeps publishers fresh.
 	IdleInterval time.Duration
+	// Observe receives the duration of each round's publish and advance
+	// while this replica leads (nil: none).
+	Observe RoundObserver
 }
 
 // publishTimeout bounds one round of Publish calls: half the publisher lease,
@@ -184,6 +187,7 @@ func (g *Global) loop() {
 			transport.SleepCtx(g.ctx, g.cfg.Tick)
 			continue
 		}
+		began := time.Now()
 		asked, err := g.publishAll(e)
 		if err != nil {
 			slog.Debug("global epoch: publishing failed", "epoch", e, "err", err)
@@ -191,6 +195,7 @@ func (g *Global) loop() {
 			transport.SleepCtx(g.ctx, g.cfg.Tick)
 			continue
 		}
+		g.observe(PhasePublish, time.Since(began))
 		if wait := g.excludedLeaseWait(); wait > 0 {
 			// Keep refreshing the others meanwhile.
 			transport.SleepCtx(g.ctx, min(wait, g.cfg.PublisherLease/4))
@@ -200,6 +205,7 @@ func (g *Global) loop() {
 			transport.SleepCtx(g.ctx, wait)
 		}
 		g.idleWait(last, asked)
+		began = time.Now()
 		if err := g.advance(e); err != nil {
 			if !errors.Is(err, context.Canceled) {
 				slog.Debug("global epoch: advance failed", "epoch", e, "err", err)
@@ -207,6 +213,14 @@ func (g *Global) loop() {
 			continue
 		}
 		last = time.Now()
+		g.observe(PhaseAdvance, last.Sub(began))
+	}
+}
+
+// observe reports a phase's duration to the configured observer, if any.
+func (g *Global) observe(p Phase, d time.Duration) {
+	if g.cfg.Observe != nil {
+		g.cfg.Observe(p, d)
 	}
 }
 

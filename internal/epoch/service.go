@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -99,10 +100,22 @@ type Server struct {
 
 	mu       sync.RWMutex
 	replicas map[uint64]served
+	observe  atomic.Pointer[RoundObserver] // Publish's phases (nil: none)
 }
 
 // NewServer returns a server with no replicas.
 func NewServer() *Server { return &Server{replicas: map[uint64]served{}} }
+
+// ObserveRounds makes o receive the phases of the Publish calls this
+// server handles as a publisher's leader (PhasePublisherCommit,
+// PhasePublisherCertify); nil stops it.
+func (s *Server) ObserveRounds(o RoundObserver) {
+	if o == nil {
+		s.observe.Store(nil)
+		return
+	}
+	s.observe.Store(&o)
+}
 
 // AddLocal makes a local epoch replica readable through the server; the
 // reads it serves set its pace (Demand).
@@ -236,12 +249,18 @@ func (s *Server) Publish(ctx context.Context, req *epochpb.PublishRequest) (*epo
 	qctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	certified := make(chan error, 1)
+	began := time.Now()
 	go func() { certified <- r.pub.quorum.AtLeast(qctx, req.GetEpoch()) }()
 	_, err = r.group.Propose(ctx, EncodePublish(req.GetEpoch()))
 	if err != nil {
 		cancel()
 	}
+	committed := time.Now()
 	cerr := <-certified
+	if o := s.observe.Load(); o != nil && err == nil && cerr == nil {
+		(*o)(PhasePublisherCommit, committed.Sub(began))
+		(*o)(PhasePublisherCertify, time.Since(committed))
+	}
 	switch {
 	case errors.Is(err, raftgroup.ErrNotLeader):
 		return nil, status.Errorf(codes.FailedPrecondition, "publisher %d: not the leader", req.GetGroupId())

@@ -91,6 +91,9 @@ type Result struct {
 	// placement rules with how far the ranges matched them.
 	Homes      []client.RangeInfo
 	Placements []client.PlacementStatus
+	// Rounds is what the global epoch's rounds spent in each phase during
+	// the run.
+	Rounds RoundPhases
 }
 
 // DataRegions returns the regions that home ranges, in topology order.
@@ -171,6 +174,7 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 		return nil, err
 	}
 
+	rounds := sampleRounds(c)
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	win := &window{}
@@ -209,6 +213,8 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	}
 	err = runs.Wait()
 	wg.Wait()
+	res.Rounds = sampleRounds(c).since(rounds)
+	res.Rounds.FarthestRTT = farthestPublisher(c.Topology)
 	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer hcancel()
 	res.Homes, _ = dbs[0].Ranges(hctx) // the report's map of homes: best effort

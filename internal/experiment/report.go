@@ -15,6 +15,7 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/latency"
 	"github.com/terroir-db/terroir/internal/ycsb"
 )
@@ -71,6 +72,7 @@ func (r *Result) WriteTable(w io.Writer) {
 				y.Failed[ycsb.OpRead]+y.Failed[ycsb.OpUpdate], y.Retries)
 		}
 	}
+	r.Rounds.write(w)
 	fmt.Fprintf(w, "%-40s %d\n", "strong snapshots failed", r.SnapshotFails)
 	if r.RTT != nil {
 		fmt.Fprintf(w, "%-40s loopback round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n", "floor on this machine",
@@ -123,6 +125,10 @@ func (r *Result) WriteReport(dir string) (string, error) {
 		}
 	}
 	fmt.Fprintf(&b, "- strong snapshots: %d completed, %d failed\n", r.SnapshotTotal.Count(), r.SnapshotFails)
+	if r.Rounds.Count[epoch.PhasePublish] > 0 {
+		b.WriteString("- ")
+		r.Rounds.write(&b)
+	}
 	if r.RTT != nil {
 		fmt.Fprintf(&b, "- floor on this machine: loopback round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n",
 			ms(r.RTT.Quantile(50)), ms(r.Fsync.Quantile(50)))

@@ -91,7 +91,7 @@ func (n *Node) hostGroup(g topology.Group, voters []uint64) (*hostedGroup, error
 			}
 			h.global = epoch.NewGlobal(h.rg, h.epoch, n.dialer, targets, quorum, epoch.GlobalConfig{Tick: top.RaftTick,
 				MinInterval: top.GlobalEpochMinInterval, PublisherLease: top.PublisherLease, AutoExcludeAfter: top.AutoExcludeAfter,
-				IdleInterval: top.GlobalEpochIdleInterval})
+				IdleInterval: top.GlobalEpochIdleInterval, Observe: n.metrics.observeRound})
 			n.epochSrv.AddGlobal(h.global)
 		}
 	case topology.KindTxnState:

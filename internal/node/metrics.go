@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/rebalance"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
@@ -39,12 +40,14 @@ type metrics struct {
 	closedLag   prometheus.Histogram
 	closes      *prometheus.CounterVec   // via
 	epochChange *prometheus.HistogramVec // kind
+	epochRound  *prometheus.HistogramVec // phase
 
 	// The commit path's series, resolved once: by kind (one_phase,
 	// two_phase) and outcome, and by snapshot mode.
 	txnCount   [2][4]prometheus.Counter
 	commitTime [2]prometheus.Observer
-	snapWaits  [3][2]prometheus.Observer // mode × (epoch, lock)
+	snapWaits  [3][2]prometheus.Observer            // mode × (epoch, lock)
+	phases     [epoch.NumPhases]prometheus.Observer // by epoch.Phase
 
 	// observers caches each method's histograms by code (a *[17]prometheus.Observer
 	// per method), so the hot path neither locks nor hashes labels.
@@ -88,6 +91,11 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 			Name: "terroir_epoch_advance_interval_seconds", Help: "Time between two changes of an epoch applied at this node, by group kind (local-epoch, publisher, global-epoch).",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 1.5, 20),
 		}, []string{"kind"}),
+		epochRound: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "terroir_global_epoch_round_seconds",
+			Help:    "The global epoch's round, phase by phase (DESIGN.md §7): at the service's leader, publish (every publisher acknowledged epoch E: the farthest one's RTT plus its update) and advance (E+1 committed and applied by a majority of the service); at a publisher's leader, for each update, publisher_commit (E committed and applied here) and publisher_certify (then until a majority read shows it).",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 1.5, 20),
+		}, []string{"phase"}),
 	}
 	// Every series a dashboard plots exists from the start, at zero.
 	for k, kind := range txnKinds {
@@ -99,10 +107,20 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	for i, mode := range snapModes {
 		m.snapWaits[i] = [2]prometheus.Observer{m.snapEpoch.WithLabelValues(mode), m.snapLock.WithLabelValues(mode)}
 	}
-	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.closedLag, m.closes, m.epochChange,
+	for _, p := range epoch.Phases() {
+		m.phases[p] = m.epochRound.WithLabelValues(p.String())
+	}
+	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.closedLag, m.closes, m.epochChange, m.epochRound,
 		goCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{n: n})
 	return m
+}
+
+// observeRound implements epoch.RoundObserver.
+func (m *metrics) observeRound(p epoch.Phase, d time.Duration) {
+	if int(p) < len(m.phases) {
+		m.phases[p].Observe(d.Seconds())
+	}
 }
 
 // Label values of the commit path's series; the constants index them.

@@ -190,6 +190,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.epochSrv, n.txnSrv, n.dirSrv = epoch.NewServer(), txnstate.NewServer(), directory.NewServer(top.LivenessTimeout)
+	n.epochSrv.ObserveRounds(n.metrics.observeRound)
 	n.rangeSrv = rangeserver.NewServer()
 	n.side = rangeserver.NewSideTransport(cfg.NodeID, sideGather, n.sendSideClosed)
 	if err := n.hostGroups(); err != nil {

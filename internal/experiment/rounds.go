@@ -1,0 +1,103 @@
+package experiment
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// roundMetric is the nodes' histogram of the global epoch's round phases
+// (epoch.RoundObserver, node metrics).
+const roundMetric = "terroir_global_epoch_round_seconds"
+
+// RoundPhases is what the global epoch's rounds spent in each phase over
+// a run (epoch.Phase, DESIGN.md §7), from every node's
+// terroir_global_epoch_round_seconds: it explains the global epoch
+// interval (issue 17: the interval's floor is the farthest publisher's
+// RTT).
+type RoundPhases struct {
+	// Count and Total are, by epoch.Phase, how many phases ran during the
+	// run and their summed duration.
+	Count [epoch.NumPhases]uint64
+	Total [epoch.NumPhases]time.Duration
+	// FarthestRTT is the round trip from the service's region to the
+	// farthest publisher's.
+	FarthestRTT time.Duration
+}
+
+// Mean returns phase p's mean duration (0 if none ran).
+func (r RoundPhases) Mean(p epoch.Phase) time.Duration {
+	if p >= epoch.NumPhases || r.Count[p] == 0 {
+		return 0
+	}
+	return r.Total[p] / time.Duration(r.Count[p])
+}
+
+// sampleRounds sums the round phases every running node of c has
+// observed so far; the run's are the difference of two samples (since).
+func sampleRounds(c *localcluster.Cluster) RoundPhases {
+	var r RoundPhases
+	for _, id := range c.NodeIDs() {
+		n := c.Node(id)
+		if n == nil {
+			continue
+		}
+		mfs, err := n.Gather()
+		if err != nil {
+			continue
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != roundMetric {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					for _, p := range epoch.Phases() {
+						if l.GetName() == "phase" && l.GetValue() == p.String() {
+							r.Count[p] += m.GetHistogram().GetSampleCount()
+							r.Total[p] += time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
+						}
+					}
+				}
+			}
+		}
+	}
+	return r
+}
+
+// since returns what r holds beyond an earlier sample.
+func (r RoundPhases) since(earlier RoundPhases) RoundPhases {
+	out := RoundPhases{FarthestRTT: r.FarthestRTT}
+	for p := range r.Count {
+		out.Count[p] = r.Count[p] - earlier.Count[p]
+		out.Total[p] = r.Total[p] - earlier.Total[p]
+	}
+	return out
+}
+
+// farthestPublisher returns the largest RTT from the global epoch
+// service's region to a publisher's region in top.
+func farthestPublisher(top *topology.Topology) time.Duration {
+	var far time.Duration
+	for _, svc := range top.GroupsOfKind(topology.KindGlobalEpoch, "") {
+		for _, pub := range top.GroupsOfKind(topology.KindPublisher, "") {
+			far = max(far, top.RTT(svc.Region, pub.Region))
+		}
+	}
+	return far
+}
+
+// write prints the phases' means: the service's publish (the farthest
+// publisher's RTT and its commit and certify) and advance.
+func (r RoundPhases) write(w io.Writer) {
+	if r.Count[epoch.PhasePublish] == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%-40s publish %s (farthest publisher's RTT %s; at a publisher: commit %s, certify %s), advance %s\n",
+		"global epoch round, mean ms", ms(r.Mean(epoch.PhasePublish)), ms(r.FarthestRTT),
+		ms(r.Mean(epoch.PhasePublisherCommit)), ms(r.Mean(epoch.PhasePublisherCertify)), ms(r.Mean(epoch.PhaseAdvance)))
+}
