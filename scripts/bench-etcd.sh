@@ -16,7 +16,8 @@
 # It builds a pinned etcd server (tools/etcd, from the Go module proxy) and
 # terroir into ./bin, starts the etcd members on 127.0.0.1:23{79,80,81} (peers
 # 23{90,91,92}) and the Terroir nodes on 127.0.0.1:710{1,2,3} (HTTP 810{1,2,3}),
-# waits (at most 60 s each) until both clusters serve, stops the driver if it
+# refuses to start (exit status 2) while any of these ports is taken, waits
+# (at most 60 s each) until both clusters serve, stops the driver if it
 # runs past twice the duration plus 300 s, and stops everything it started on
 # exit. Data and server logs go to a temporary directory, removed on
 # exit.
@@ -28,7 +29,9 @@ duration=${2:-10s}
 # connecting, then is stopped; so the duration is whole hours, minutes or
 # seconds here (10s, 1m30s), which bash can add up.
 source scripts/duration.sh
+source scripts/ports.sh
 run_secs=$(duration_secs bench-etcd "$duration") || exit 2
+ports_free bench-etcd 2379 2380 2381 2390 2391 2392 7101 7102 7103 8101 8102 8103
 mkdir -p bin
 echo "building etcd (tools/etcd) and terroir..."
 (cd tools/etcd && go build -o ../../bin/etcd .)

@@ -11,8 +11,8 @@
 #
 #   scripts/profile-ycsb.sh OUTDIR DURATION AT...   (e.g. /tmp/p 14m 75 750)
 #
-# It builds terroir into ./bin, uses 127.0.0.1:710{1,2,3} (HTTP 810{1,2,3}),
-# waits at most 60 s for the cluster to serve, stops the driver after the
+# It builds terroir into ./bin, uses 127.0.0.1:710{1,2,3} (HTTP 810{1,2,3})
+# and refuses to start (exit status 2) while one is taken, waits at most 60 s for the cluster to serve, stops the driver after the
 # duration plus 300 s, and stops the nodes and removes their data on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,9 @@ for at in "$@"; do
   [[ $at =~ ^[0-9]+$ ]] || { echo "profile-ycsb: $at: give whole seconds" >&2; exit 2; }
 done
 source scripts/duration.sh
+source scripts/ports.sh
 run_secs=$(duration_secs profile-ycsb "$duration") || exit 2
+ports_free profile-ycsb 7101 7102 7103 8101 8102 8103
 mkdir -p bin "$out"
 go build -o bin/terroir ./cmd/terroir
 
