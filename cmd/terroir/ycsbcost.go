@@ -71,7 +71,7 @@ func sampleCost(c *localcluster.Cluster) runCost {
 		"terroir_pebble_compacted_bytes_total":     &out.compacted,
 		"terroir_pebble_write_stall_seconds_total": &out.stalled,
 	}
-	eachFamily(c, func(mf *dto.MetricFamily) {
+	c.EachMetricFamily(func(mf *dto.MetricFamily) {
 		if sum, ok := counted[mf.GetName()]; ok {
 			*sum += sumMetric(mf)
 		}
@@ -91,24 +91,6 @@ func sampleCost(c *localcluster.Cluster) runCost {
 		out.sched = rs[2].Value.Float64Histogram()
 	}
 	return out
-}
-
-// eachFamily calls fn with every metric family of each of c's running
-// nodes (nodes whose metrics cannot be gathered are skipped).
-func eachFamily(c *localcluster.Cluster, fn func(*dto.MetricFamily)) {
-	for _, id := range c.NodeIDs() {
-		n := c.Node(id)
-		if n == nil {
-			continue
-		}
-		mfs, err := n.Gather()
-		if err != nil {
-			continue
-		}
-		for _, mf := range mfs {
-			fn(mf)
-		}
-	}
 }
 
 // sumMetric adds up a family's counters, or its histograms' sample counts.

@@ -5,6 +5,8 @@ import (
 	"io"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/topology"
@@ -41,31 +43,21 @@ func (r RoundPhases) Mean(p epoch.Phase) time.Duration {
 // observed so far; the run's are the difference of two samples (since).
 func sampleRounds(c *localcluster.Cluster) RoundPhases {
 	var r RoundPhases
-	for _, id := range c.NodeIDs() {
-		n := c.Node(id)
-		if n == nil {
-			continue
+	c.EachMetricFamily(func(mf *dto.MetricFamily) {
+		if mf.GetName() != roundMetric {
+			return
 		}
-		mfs, err := n.Gather()
-		if err != nil {
-			continue
-		}
-		for _, mf := range mfs {
-			if mf.GetName() != roundMetric {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					for _, p := range epoch.Phases() {
-						if l.GetName() == "phase" && l.GetValue() == p.String() {
-							r.Count[p] += m.GetHistogram().GetSampleCount()
-							r.Total[p] += time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
-						}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				for _, p := range epoch.Phases() {
+					if l.GetName() == "phase" && l.GetValue() == p.String() {
+						r.Count[p] += m.GetHistogram().GetSampleCount()
+						r.Total[p] += time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
 					}
 				}
 			}
 		}
-	}
+	})
 	return r
 }
 

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/node"
@@ -280,6 +282,24 @@ func (c *Cluster) Node(id uint64) *node.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.nodes[id]
+}
+
+// EachMetricFamily calls fn with every metric family of each running node,
+// in node order (nodes whose metrics cannot be gathered are skipped).
+func (c *Cluster) EachMetricFamily(fn func(*dto.MetricFamily)) {
+	for _, id := range c.NodeIDs() {
+		n := c.Node(id)
+		if n == nil {
+			continue
+		}
+		mfs, err := n.Gather()
+		if err != nil {
+			continue
+		}
+		for _, mf := range mfs {
+			fn(mf)
+		}
+	}
 }
 
 // NodeIDs returns the IDs of the running nodes, ascending.

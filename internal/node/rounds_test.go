@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/localcluster"
 )
@@ -12,25 +14,19 @@ import (
 // phase, the phases observed and their total duration.
 func roundPhases(t *testing.T, c *localcluster.Cluster) (count [epoch.NumPhases]uint64, total [epoch.NumPhases]time.Duration) {
 	t.Helper()
-	for _, id := range c.NodeIDs() {
-		mfs, err := c.Node(id).Gather()
-		if err != nil {
-			t.Fatal(err)
+	c.EachMetricFamily(func(mf *dto.MetricFamily) {
+		if mf.GetName() != "terroir_global_epoch_round_seconds" {
+			return
 		}
-		for _, mf := range mfs {
-			if mf.GetName() != "terroir_global_epoch_round_seconds" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				for _, p := range epoch.Phases() {
-					if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == p.String() {
-						count[p] += m.GetHistogram().GetSampleCount()
-						total[p] += time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
-					}
+		for _, m := range mf.GetMetric() {
+			for _, p := range epoch.Phases() {
+				if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == p.String() {
+					count[p] += m.GetHistogram().GetSampleCount()
+					total[p] += time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
 				}
 			}
 		}
-	}
+	})
 	return count, total
 }
 
