@@ -42,15 +42,6 @@ func (p Phase) String() string {
 	return "unknown"
 }
 
-// Phases returns every phase, in the order a round runs them.
-func Phases() []Phase {
-	ps := make([]Phase, NumPhases)
-	for i := range ps {
-		ps[i] = Phase(i)
-	}
-	return ps
-}
-
 // RoundObserver receives the duration of each phase a node ran, phase by
 // phase, only for phases that succeeded. It is called from the service's
 // loop and from Publish handlers, so it must be quick and safe for

@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 		return nil, err
 	}
 
-	rounds := sampleRounds(c)
+	rounds := SampleRounds(c)
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	win := &window{}
@@ -213,8 +213,8 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	}
 	err = runs.Wait()
 	wg.Wait()
-	res.Rounds = sampleRounds(c).since(rounds)
-	res.Rounds.FarthestRTT = farthestPublisher(c.Topology)
+	res.Rounds = SampleRounds(c).since(rounds)
+	res.Rounds.FarthestRTT = c.Topology.FarthestPublisherRTT()
 	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer hcancel()
 	res.Homes, _ = dbs[0].Ranges(hctx) // the report's map of homes: best effort

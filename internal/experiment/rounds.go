@@ -9,7 +9,6 @@ import (
 
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/localcluster"
-	"github.com/terroir-db/terroir/internal/topology"
 )
 
 // roundMetric is the nodes' histogram of the global epoch's round phases
@@ -26,8 +25,8 @@ type RoundPhases struct {
 	// run and their summed duration.
 	Count [epoch.NumPhases]uint64
 	Total [epoch.NumPhases]time.Duration
-	// FarthestRTT is the round trip from the service's region to the
-	// farthest publisher's.
+	// FarthestRTT is the largest round trip between the service and a
+	// publisher (topology.FarthestPublisherRTT).
 	FarthestRTT time.Duration
 }
 
@@ -39,9 +38,9 @@ func (r RoundPhases) Mean(p epoch.Phase) time.Duration {
 	return r.Total[p] / time.Duration(r.Count[p])
 }
 
-// sampleRounds sums the round phases every running node of c has
-// observed so far; the run's are the difference of two samples (since).
-func sampleRounds(c *localcluster.Cluster) RoundPhases {
+// SampleRounds sums the round phases every running node of c has
+// observed so far; a run's are the difference of two samples (since).
+func SampleRounds(c *localcluster.Cluster) RoundPhases {
 	var r RoundPhases
 	c.EachMetricFamily(func(mf *dto.MetricFamily) {
 		if mf.GetName() != roundMetric {
@@ -49,7 +48,7 @@ func sampleRounds(c *localcluster.Cluster) RoundPhases {
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				for _, p := range epoch.Phases() {
+				for p := range epoch.NumPhases {
 					if l.GetName() == "phase" && l.GetValue() == p.String() {
 						r.Count[p] += m.GetHistogram().GetSampleCount()
 						r.Total[p] += time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
@@ -63,24 +62,12 @@ func sampleRounds(c *localcluster.Cluster) RoundPhases {
 
 // since returns what r holds beyond an earlier sample.
 func (r RoundPhases) since(earlier RoundPhases) RoundPhases {
-	out := RoundPhases{FarthestRTT: r.FarthestRTT}
+	var out RoundPhases
 	for p := range r.Count {
 		out.Count[p] = r.Count[p] - earlier.Count[p]
 		out.Total[p] = r.Total[p] - earlier.Total[p]
 	}
 	return out
-}
-
-// farthestPublisher returns the largest RTT from the global epoch
-// service's region to a publisher's region in top.
-func farthestPublisher(top *topology.Topology) time.Duration {
-	var far time.Duration
-	for _, svc := range top.GroupsOfKind(topology.KindGlobalEpoch, "") {
-		for _, pub := range top.GroupsOfKind(topology.KindPublisher, "") {
-			far = max(far, top.RTT(svc.Region, pub.Region))
-		}
-	}
-	return far
 }
 
 // write prints the phases' means: the service's publish (the farthest

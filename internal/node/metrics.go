@@ -107,7 +107,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	for i, mode := range snapModes {
 		m.snapWaits[i] = [2]prometheus.Observer{m.snapEpoch.WithLabelValues(mode), m.snapLock.WithLabelValues(mode)}
 	}
-	for _, p := range epoch.Phases() {
+	for p := range epoch.NumPhases {
 		m.phases[p] = m.epochRound.WithLabelValues(p.String())
 	}
 	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.closedLag, m.closes, m.epochChange, m.epochRound,

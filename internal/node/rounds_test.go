@@ -4,31 +4,10 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/experiment"
 	"github.com/terroir-db/terroir/internal/localcluster"
 )
-
-// roundPhases sums terroir_global_epoch_round_seconds over c's nodes: by
-// phase, the phases observed and their total duration.
-func roundPhases(t *testing.T, c *localcluster.Cluster) (count [epoch.NumPhases]uint64, total [epoch.NumPhases]time.Duration) {
-	t.Helper()
-	c.EachMetricFamily(func(mf *dto.MetricFamily) {
-		if mf.GetName() != "terroir_global_epoch_round_seconds" {
-			return
-		}
-		for _, m := range mf.GetMetric() {
-			for _, p := range epoch.Phases() {
-				if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == p.String() {
-					count[p] += m.GetHistogram().GetSampleCount()
-					total[p] += time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
-				}
-			}
-		}
-	})
-	return count, total
-}
 
 // TestGlobalEpochRoundPhasesExplainTheInterval: on the three-region
 // topology (the service in us-central1; publishers 31 and 37 ms away) the
@@ -40,22 +19,24 @@ func roundPhases(t *testing.T, c *localcluster.Cluster) (count [epoch.NumPhases]
 func TestGlobalEpochRoundPhasesExplainTheInterval(t *testing.T) {
 	c := startServing(t, "../../examples/three-regions.yaml", localcluster.Options{})
 	const rounds = 10
-	var count [epoch.NumPhases]uint64
-	var total [epoch.NumPhases]time.Duration
+	var r experiment.RoundPhases
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if count, total = roundPhases(t, c); count[epoch.PhasePublish] >= rounds && count[epoch.PhaseAdvance] >= rounds {
+		if r = experiment.SampleRounds(c); r.Count[epoch.PhasePublish] >= rounds && r.Count[epoch.PhaseAdvance] >= rounds {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 30 s, rounds observed by phase: %v; want at least %d publishes and advances", count, rounds)
+			t.Fatalf("after 30 s, rounds observed by phase: %v; want at least %d publishes and advances", r.Count, rounds)
 		}
 	}
-	mean := func(p epoch.Phase) time.Duration { return total[p] / time.Duration(max(count[p], 1)) }
+	count, mean := r.Count, r.Mean
 	publish, advance := mean(epoch.PhasePublish), mean(epoch.PhaseAdvance)
 	at := mean(epoch.PhasePublisherCommit) + mean(epoch.PhasePublisherCertify)
 	t.Logf("phases %v: publish %v, advance %v, at a publisher: commit %v, certify %v", count, publish, advance,
 		mean(epoch.PhasePublisherCommit), mean(epoch.PhasePublisherCertify))
-	farthest, nearest := c.Topology.RTT("us-central1", "us-west1"), c.Topology.RTT("us-central1", "us-east1")
+	farthest, nearest := c.Topology.FarthestPublisherRTT(), c.Topology.RTT("us-central1", "us-east1")
+	if farthest != 37*time.Millisecond || nearest != 31*time.Millisecond {
+		t.Fatalf("the topology's RTTs from the service: farthest publisher %v, nearest %v; want 37 and 31 ms", farthest, nearest)
+	}
 	if publish < farthest {
 		t.Errorf("mean publish %v, below the farthest publisher's RTT %v", publish, farthest)
 	}

@@ -694,19 +694,28 @@ func build(f *fileTopology) (*Topology, error) {
 	}
 	// The global epoch service pushes to every publisher within half a lease
 	// (epoch.Global), so the farthest publisher must be well inside it.
-	if g := t.GroupsOfKind(KindGlobalEpoch, ""); len(g) == 1 {
-		var far time.Duration
-		for _, id := range g[0].Replicas {
+	if len(t.GroupsOfKind(KindGlobalEpoch, "")) == 1 {
+		if far := t.FarthestPublisherRTT(); 2*far >= t.PublisherLease {
+			return nil, invalid("publisher_lease %v must exceed twice the largest round trip between the global epoch service and a publisher (%v)", t.PublisherLease, far)
+		}
+	}
+	return t, nil
+}
+
+// FarthestPublisherRTT returns the largest round trip between a node of
+// the global epoch service and a publisher's region (0 without either):
+// the floor of the global epoch's interval (DESIGN.md §7).
+func (t *Topology) FarthestPublisherRTT() time.Duration {
+	var far time.Duration
+	for _, g := range t.GroupsOfKind(KindGlobalEpoch, "") {
+		for _, id := range g.Replicas {
 			from, _ := t.Node(id)
 			for _, p := range t.GroupsOfKind(KindPublisher, "") {
 				far = max(far, t.RTT(from.Region, p.Region))
 			}
 		}
-		if 2*far >= t.PublisherLease {
-			return nil, invalid("publisher_lease %v must exceed twice the largest round trip between the global epoch service and a publisher (%v)", t.PublisherLease, far)
-		}
 	}
-	return t, nil
+	return far
 }
 
 // checkRanges requires the ranges, if any, to tile the key space: sorted by
