@@ -137,6 +137,8 @@ func decodeList(v []byte) ([]int, error) {
 // final reads every list in one locking transaction.
 func (w *lists) final(ctx context.Context, db *client.DB) {
 	w.last = map[int][]int{}
+	ctx, cancel := context.WithTimeout(ctx, finalReadTimeout)
+	defer cancel()
 	err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
 		for l := range listCount {
 			got, err := w.read(ctx, tx, l)

@@ -164,10 +164,12 @@ func (w *registers) final(ctx context.Context, db *client.DB) {
 	for k := range registerCount {
 		call := w.cp.now()
 		var v int
-		err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
+		octx, cancel := context.WithTimeout(ctx, finalReadTimeout)
+		err := db.Update(octx, func(ctx context.Context, tx *client.Txn) (err error) {
 			v, err = w.get(ctx, tx, k)
 			return err
 		})
+		cancel()
 		if err != nil {
 			w.cp.anomaly("final read of register %d: %v", k, err)
 			continue
