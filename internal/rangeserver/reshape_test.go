@@ -2,7 +2,6 @@ package rangeserver
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -171,7 +170,7 @@ func TestNoReplicaChangeWhileAbsorbing(t *testing.T) {
 	}}}
 	l := &leadership{txns: newTxnTable(time.Now, 0)}
 	claim := func() error {
-		release, err := left.claimReplicaChange(context.Background(), l, ErrMoveBusy)
+		release, err := left.claimReplicaChange(l, ErrMoveBusy)
 		if err == nil {
 			release()
 		}
