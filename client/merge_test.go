@@ -345,3 +345,52 @@ merging:
 		t.Fatalf("range 11's key read at node 4 = %q; want 1 (merged during the move: %v)", v, mergedDuring)
 	}
 }
+
+// TestAReplicaMoveBringsItsNeighboursLease: a merge subsumes the
+// right-hand range where both ranges lead, and a move of the left-hand
+// range's replicas leaves the two unmergeable, so a subsume that lands
+// after the move strands the right-hand range's keys (nemesis seed 47,
+// stop 47: a leader that took the left range over had not applied the
+// subsume yet and let a move start). So before range 10 moves a replica,
+// range 11's lease comes to range 10's leader, where every subsume that
+// could still apply is visible or is that node's own. With range 11's
+// lease on another node, a move of range 10 succeeds, range 11 then leads
+// on range 10's leader, and its key is intact.
+func TestAReplicaMoveBringsItsNeighboursLease(t *testing.T) {
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	if _, err := db.Put(ctx, []byte("n-key"), []byte("v")); err != nil { // in range 11
+		t.Fatal(err)
+	}
+	if err := c.JoinNode(4, "us-east1"); err != nil {
+		t.Fatal(err)
+	}
+	awaitRows(t, ctx, c, "node 4 live", func(rows map[uint64]admin.NodeRow) bool { return rows[4].Live })
+	x := c.Leader(10)
+	if x == 0 {
+		t.Fatal("range 10 has no leader")
+	}
+	away := c.Leader(11)
+	if away == x || away == 0 {
+		away = x%3 + 1 // another of nodes 1-3
+		if _, _, err := db.AdminTransferLease(ctx, []byte("m"), away); err != nil {
+			t.Fatalf("handing range 11's lease to node %d: %v", away, err)
+		}
+	}
+	if h := c.Node(away).Range(11).LeaseHolder(); h != away {
+		t.Fatalf("range 11's lease is on node %d after the transfer to node %d", h, away)
+	}
+	from := away // not range 10's leader, which would first hand its own lease away
+	ri, err := db.AdminMoveReplica(ctx, []byte("a"), from, 4)
+	if err != nil || !slices.Contains(ri.Replicas, 4) {
+		t.Fatalf("moving range 10's replica from node %d to node 4 = %+v, %v", from, ri, err)
+	}
+	if h := c.Node(x).Range(11).LeaseHolder(); h != x {
+		t.Errorf("range 11's lease is on node %d after range 10 moved a replica at node %d; want it there", h, x)
+	}
+	expectValues(t, ctx, db, map[string]string{"n-key": "v"})
+}

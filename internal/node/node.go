@@ -343,7 +343,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 	r := rangeserver.NewReplica(n.cfg.NodeID, rg, sm, home, n.decider,
 		rangeserver.Config{Tick: rangeTick(top), EpochInterval: top.LocalEpochInterval, LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval,
-			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor,
+			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, PeerTransferLease: n.peerTransferLease,
 			SideClose: n.side.Send, LockWait: n.metrics.lockWait, ClosedLag: n.metrics.closedLag, Closes: [2]prometheus.Counter{n.metrics.closes.WithLabelValues("log"), n.metrics.closes.WithLabelValues("side")}, AddReplica: n.addReplica, RemoveReplica: n.removeRemote,
 			Region: n.dialer.Self().Region, HomeOf: n.homeOf, PickVoters: n.pickVoters, Rehomed: n.writeRehomed})
 	sm.OnSplit(n.onSplit)
@@ -470,6 +470,17 @@ func (n *Node) peerDescriptor(ctx context.Context, node, id uint64) (*pb.RangeDe
 		}
 	}
 	return nil, nil
+}
+
+// peerTransferLease asks node's replica of range id to hand its lease to
+// node `to` (rangeserver.Config.PeerTransferLease).
+func (n *Node) peerTransferLease(ctx context.Context, node, id, to uint64) error {
+	conn, err := n.dialer.Conn(node)
+	if err != nil {
+		return err
+	}
+	_, err = pb.NewRangeClient(conn).TransferLease(ctx, &pb.TransferLeaseRequest{RangeId: id, Target: to})
+	return err
 }
 
 // sideGather is how long the side transport gathers closes into one RPC

@@ -98,6 +98,11 @@ func (r *Replica) AdminMerge(ctx context.Context, endKey []byte) (*pb.RangeDescr
 		if err := r.peersAgree(ctx, right.Desc()); err != nil {
 			return nil, err
 		}
+		if cur, err := r.leader(); err != nil || cur != l {
+			// This range's lease moved meanwhile: its new leader may be
+			// changing its replicas (claimReplicaChange), so no subsume.
+			return nil, fmt.Errorf("%w: range %d's lease changed before the subsume (%v)", ErrMergeRaced, r.id, err)
+		}
 		if highest, err = right.subsume(ctx); err != nil {
 			return nil, err
 		}
@@ -153,19 +158,82 @@ func (r *Replica) absorbing() (uint64, bool) {
 }
 
 // claimReplicaChange takes l's move claim for a change of this range's
-// replicas (a move, a non-voter, a rehome); busy wraps the error if a
-// split, merge or other change holds it, or a merge into this range is
-// under way (absorbing).
-func (r *Replica) claimReplicaChange(l *leadership, busy error) (release func(), err error) {
+// replicas (a move, a non-voter, a rehome). busy wraps the error if a
+// split, merge or other change holds the claim, if the right-hand
+// neighbour does not lead here within neighbourWait (leadNeighbour), or if
+// a merge into this range is under way (absorbing).
+//
+// Why the neighbour must lead here (DESIGN.md §11): a merge subsumes the
+// right-hand range R where both ranges lead, and a change of this range's
+// replicas leaves R unmergeable with it, so a subsume that lands after the
+// change leaves R's keys served by no range. A subsume applies only under
+// the lease it was proposed under. Once R's lease is active on this node,
+// every earlier subsume has applied here, where absorbing sees it, and any
+// later one is this node's own, which l's move claim keeps out until the
+// change is done. Checking this node's replica of R alone is not enough: a
+// leader that took this range over from the merge's node may not have
+// applied the subsume yet.
+func (r *Replica) claimReplicaChange(ctx context.Context, l *leadership, busy error) (release func(), err error) {
 	release, ok := l.txns.claimMove()
 	if !ok {
 		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", busy, r.id)
+	}
+	if err := r.leadNeighbour(ctx); err != nil {
+		release()
+		return nil, fmt.Errorf("%w: %v", busy, err)
 	}
 	if id, ok := r.absorbing(); ok {
 		release()
 		return nil, fmt.Errorf("%w: range %d is absorbing the subsumed range %d: its replicas stay until the merge is done", busy, r.id, id)
 	}
 	return release, nil
+}
+
+// neighbourWait bounds how long a change of a range's replicas waits for
+// its mergeable right-hand neighbour's lease to come to its leader.
+const neighbourWait = 5 * time.Second
+
+// leadNeighbour returns once this node holds the active lease of the range
+// starting where this one ends, if that range could be merged into this
+// one (same region and nodes, as rightNeighbour requires), or is
+// subsumed (absorbing refuses then). Until then it asks the neighbour's
+// leaseholder to hand its lease here, for up to neighbourWait. Errors: the
+// neighbour's lease did not come (its holder's error), or ctx's.
+func (r *Replica) leadNeighbour(ctx context.Context) error {
+	d := r.sm.Descriptor()
+	if len(d.GetEndKey()) == 0 || r.cfg.Sibling == nil || r.cfg.PeerTransferLease == nil {
+		return nil
+	}
+	right := r.cfg.Sibling(d.GetEndKey())
+	if right == nil {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, neighbourWait)
+	defer cancel()
+	var last error
+	for pause := 10 * time.Millisecond; ; {
+		rd := right.Desc()
+		if rd.GetSubsumed() || rd.GetRegion() != d.GetRegion() || !mergeable(d, rd) {
+			return nil
+		}
+		if _, err := right.leader(); err == nil {
+			return nil
+		}
+		if holder := right.sm.Lease().GetHolder(); holder != 0 && holder != r.self {
+			if err := r.cfg.PeerTransferLease(wctx, holder, right.id, r.self); err != nil {
+				last, pause = err, 100*time.Millisecond
+			}
+		} else {
+			right.group.TransferLeadership(r.self) // no other holder: lead here, and the tick takes the lease
+		}
+		if !transport.SleepCtx(wctx, pause) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("range %d, which a merge into range %d could subsume, does not lead on node %d after %v (last error: %v)",
+				right.id, r.id, r.self, neighbourWait, last)
+		}
+	}
 }
 
 func sameNodes(a, b []uint64) bool {

@@ -72,7 +72,7 @@ func (r *Replica) Rehome(ctx context.Context, region string, voters []uint64) (*
 	if err != nil {
 		return nil, 0, err
 	}
-	release, err := r.claimReplicaChange(l, ErrRehomeBusy) // no split, merge or other move meanwhile
+	release, err := r.claimReplicaChange(ctx, l, ErrRehomeBusy) // no split, merge or other move meanwhile
 	if err != nil {
 		return nil, 0, err
 	}

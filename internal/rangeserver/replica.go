@@ -100,6 +100,12 @@ type Config struct {
 	// node does not host it). A merge asks every replica of the subsumed
 	// range whether it has applied its subsume.
 	PeerDescriptor func(ctx context.Context, node, id uint64) (*pb.RangeDescriptor, error)
+	// PeerTransferLease asks node's replica of range id, its leaseholder,
+	// to hand the lease to node `to` (TransferLease, not if-idle). A change
+	// of a range's replicas brings its mergeable right-hand neighbour's
+	// lease to its own leader with it first (claimReplicaChange). nil: a
+	// replica with no peers (unit tests), which skips that step.
+	PeerTransferLease func(ctx context.Context, node, id, to uint64) error
 	// ClosedInterval is the least time between two epochs the leader
 	// closes (DESIGN.md §13; default topology.DefaultClosedEpochInterval,
 	// negative: never, for tests). Each close of a busy range is one Raft

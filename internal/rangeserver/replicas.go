@@ -73,7 +73,7 @@ func (r *Replica) MoveReplica(ctx context.Context, from, to uint64) (*pb.RangeDe
 		}
 		return nil, fmt.Errorf("%w: the lease moved to node %d before moving node %d's replica", ErrNotLeaseholder, succ, from)
 	}
-	release, err := r.claimReplicaChange(l, ErrMoveBusy) // no split or merge meanwhile
+	release, err := r.claimReplicaChange(ctx, l, ErrMoveBusy) // no split or merge meanwhile
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +193,7 @@ func (r *Replica) changeNonVoter(ctx context.Context, node uint64, add bool) (*p
 	if err != nil {
 		return nil, err
 	}
-	release, err := r.claimReplicaChange(l, ErrMoveBusy)
+	release, err := r.claimReplicaChange(ctx, l, ErrMoveBusy)
 	if err != nil {
 		return nil, err
 	}

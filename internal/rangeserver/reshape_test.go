@@ -2,6 +2,7 @@ package rangeserver
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -170,7 +171,7 @@ func TestNoReplicaChangeWhileAbsorbing(t *testing.T) {
 	}}}
 	l := &leadership{txns: newTxnTable(time.Now, 0)}
 	claim := func() error {
-		release, err := left.claimReplicaChange(l, ErrMoveBusy)
+		release, err := left.claimReplicaChange(context.Background(), l, ErrMoveBusy)
 		if err == nil {
 			release()
 		}
