@@ -308,3 +308,70 @@ func TestIdleRangesCloseOutsideTheirLogs(t *testing.T) {
 		})
 	}
 }
+
+// TestCommitsLeaveTheEpochIdleAndAChangefeedAsks: commits read the local
+// epoch without asking it to move (epoch.Demand), so a region that only
+// commits lets it fall to the idle pace (100 ms); a changefeed, which
+// waits for epochs to close, asks through ClosedEpoch and brings back the
+// full pace (10 ms). It fails if a one-phase or a two-range commit kept
+// the full pace, or if ClosedEpoch did not restore it.
+func TestCommitsLeaveTheEpochIdleAndAChangefeedAsks(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{})
+	ctx := ctxT(t, 60*time.Second)
+	r, err := c.EpochReader("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// advanced returns how far the local epoch moved over d while work ran
+	// again and again; the epoch is read in the background, asking nothing.
+	advanced := func(d time.Duration, work func(i int) error) uint64 {
+		t.Helper()
+		first, err := r.ReadBackground(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, end := 0, time.Now().Add(d); time.Now().Before(end); i++ {
+			if err := work(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		last, err := r.ReadBackground(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return last - first
+	}
+	commit := func(i int) error {
+		if i%2 == 0 { // one range: a one-phase commit at its leader
+			_, err := db.Put(ctx, []byte(fmt.Sprintf("a%d", i%50)), []byte("v"))
+			return err
+		}
+		return db.Update(ctx, func(ctx context.Context, tx *client.Txn) error { // two ranges: the coordinator's
+			if err := tx.Put(ctx, []byte(fmt.Sprintf("b%d", i%50)), []byte("v")); err != nil {
+				return err
+			}
+			return tx.Put(ctx, []byte(fmt.Sprintf("x%d", i%50)), []byte("v"))
+		})
+	}
+	// The cluster's start (elections, first leases) asks for the full
+	// pace; once that is a PaceHold behind, only commits remain.
+	var moved uint64
+	idle := false
+	for deadline := time.Now().Add(20 * time.Second); !idle && time.Now().Before(deadline); {
+		moved = advanced(time.Second, commit)
+		idle = moved <= 15 // the idle pace gives 10 a second; the full pace 100
+	}
+	if !idle {
+		t.Fatalf("with only commits the local epoch still moved %d in a second; want the idle pace (about 10)", moved)
+	}
+	t.Logf("with only commits the local epoch moved %d in a second", moved)
+	feed := func(int) error {
+		_, err := db.ClosedEpoch(ctx, nil, nil)
+		time.Sleep(20 * time.Millisecond) // a changefeed's round interval
+		return err
+	}
+	if moved = advanced(500*time.Millisecond, feed); moved < 18 { // the idle pace gives 5
+		t.Fatalf("a changefeed's ClosedEpoch moved the local epoch only %d in 500 ms; want the full pace (about 50)", moved)
+	}
+	t.Logf("with a changefeed's ClosedEpoch the local epoch moved %d in 500 ms", moved)
+}

@@ -2,6 +2,9 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
+
+	"github.com/terroir-db/terroir/internal/epoch"
 
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/routing"
@@ -11,10 +14,16 @@ import (
 // [lo, hi) (hi nil: to the end of the key space): every version of the span
 // with an epoch at or below it is applied and final, so a snapshot at the
 // returned epoch + 1 reads the span with no waits (DESIGN.md §13–§14). It
-// is a changefeed's resolved epoch. Errors: ErrInvalidRange, ErrUnavailable.
+// is a changefeed's resolved epoch. Its caller waits for epochs to close,
+// so it asks for the full pace of the epoch closes follow (epoch.Demand):
+// the region's publisher, or in a regional-only deployment its local
+// epoch. Errors: ErrInvalidRange, ErrUnavailable.
 func (c *Coordinator) ClosedEpoch(ctx context.Context, lo, hi []byte) (uint64, error) {
 	if err := checkScan(lo, hi); err != nil {
 		return 0, err
+	}
+	if err := c.closingEpoch().Ask(); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	closed, first := uint64(0), true
 	err := c.routeSpan(ctx, lo, hi, nil, func(part routing.Part) (bool, error) {
@@ -41,4 +50,13 @@ func (c *Coordinator) ClosedEpoch(ctx context.Context, lo, hi []byte) (uint64, e
 func (c *Coordinator) ClosedSnapshot(at uint64) *Snapshot {
 	return &Snapshot{c: c, mode: Serializable, at: at, closed: true, lR: map[string]uint64{},
 		stats: SnapshotStats{Mode: Serializable, Epoch: at}}
+}
+
+// closingEpoch is the reader of the epoch this region's ranges close: its
+// publisher's, or in a regional-only deployment its local epoch's.
+func (c *Coordinator) closingEpoch() *epoch.Reader {
+	if p, ok := c.publishers[c.region]; ok && c.global != nil {
+		return p
+	}
+	return c.epochs[c.region]
 }

@@ -14,12 +14,14 @@ const PaceHold = time.Second
 // an idle cluster should cost little). Every read does (Reader.Read) but a
 // housekeeping one (Reader.ReadBackground, Reader.AtLeast): a leaseholder
 // keeping its lease, a range leader closing an epoch or sampling one for GC,
-// a publisher certifying an update. Whatever needs an epoch to move asks by
-// reading it — a commit, a snapshot waiting for an epoch, a replica waiting
-// out a dead leaseholder's lease or for a transferred one to start, a new
-// leader waiting for the global epoch to advance (DESIGN.md §3.5). Every
-// replica records the reads it serves, so a new leader starts from what its
-// replica saw. The zero value has seen none.
+// a publisher certifying an update, and a commit (ReadAll), which reads the
+// epochs current once its locks are held and waits for none to pass.
+// Whatever waits for an epoch to pass asks by reading it — a snapshot, a
+// changefeed waiting for epochs to close, a writer waiting out a quiet
+// epoch, a replica waiting out a dead leaseholder's lease or for a
+// transferred one to start, a new leader waiting for the global epoch to
+// advance (DESIGN.md §3.5). Every replica records the reads it serves, so a
+// new leader starts from what its replica saw. The zero value has seen none.
 type Demand struct {
 	wanted atomic.Int64 // when the last read that asked came, in ns since demandOrigin; 0: none
 }

@@ -145,6 +145,16 @@ func (r *Reader) Read(ctx context.Context) (uint64, error) { return r.read(ctx, 
 // round that serves any Read asks for the full pace. Errors as Read.
 func (r *Reader) ReadBackground(ctx context.Context) (uint64, error) { return r.read(ctx, true) }
 
+// Ask joins the next round as a read that asks for the full pace (Demand)
+// and returns without waiting for its epoch: for a caller that waits for
+// epochs to pass and learns of them another way, as a changefeed reads
+// ranges' closed epochs (issue 17: commits no longer keep an epoch at its
+// full pace). Errors: ErrReaderClosed.
+func (r *Reader) Ask() error {
+	_, err := r.start(false, false) // the round's result fills a buffered channel no one reads
+	return err
+}
+
 func (r *Reader) read(ctx context.Context, background bool) (uint64, error) {
 	ch, err := r.start(background, false)
 	if err != nil {

@@ -35,6 +35,9 @@ func ReadBackground(ctx context.Context, src Source) (uint64, error) {
 
 // ReadAll reads every source in parallel (a nil source is skipped and reads as
 // 0) and returns the epochs in the order of sources, or the errors joined.
+// It reads as a commit does (DESIGN.md §4.2): the epochs current once its
+// locks are held, asking none of them to move (ReadBackground), so a
+// region that only commits leaves its epochs at their idle pace (Demand).
 func ReadAll(ctx context.Context, sources ...Source) ([]uint64, error) {
 	return StartAll(ctx, sources...)()
 }
@@ -53,7 +56,7 @@ func StartAll(ctx context.Context, sources ...Source) func() ([]uint64, error) {
 	started := make([]<-chan readResult, len(sources))
 	if len(sources) == 2 {
 		if a, ok := sources[0].(*Reader); ok && a.partner != nil && sources[1] == Source(a.partner) {
-			ch, err := a.start(false, true) // one joint round reads both (Pair)
+			ch, err := a.start(true, true) // one joint round reads both (Pair)
 			return func() ([]uint64, error) {
 				if err != nil {
 					return out, err
@@ -69,12 +72,12 @@ func StartAll(ctx context.Context, sources ...Source) func() ([]uint64, error) {
 		switch src := src.(type) {
 		case nil:
 		case *Reader:
-			started[i], errs[i] = src.start(false, false)
+			started[i], errs[i] = src.start(true, false)
 		default:
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				out[i], errs[i] = src.Read(ctx)
+				out[i], errs[i] = ReadBackground(ctx, src)
 			}()
 		}
 	}

@@ -194,6 +194,8 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	abort := func() { l.txns.release(meta.GetId(), 0) } // nothing written: the transaction aborts
 	// Read the epochs only now that every lock is held (invariant 4); the
 	// local epoch validates the lease, the global one versions the writes.
+	// The reads ask neither epoch to move (epoch.StartAll): a commit waits
+	// for no epoch to pass.
 	// A read-only transaction writes no version: the lease check is all it
 	// needs, and it skips the global epoch (except in the naive baseline,
 	// which reads it at every commit).
