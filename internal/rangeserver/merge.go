@@ -118,10 +118,7 @@ func (r *Replica) rightNeighbour() (*Replica, error) {
 	if len(d.GetEndKey()) == 0 {
 		return nil, fmt.Errorf("%w: range %d", ErrMergeLast, d.GetRangeId())
 	}
-	var right *Replica
-	if r.cfg.Sibling != nil {
-		right = r.cfg.Sibling(d.GetEndKey())
-	}
+	right := r.rightSibling()
 	if right == nil {
 		return nil, fmt.Errorf("%w: node %d hosts no range starting at %q, where range %d ends", ErrMergeReplicas, r.self, d.GetEndKey(), d.GetRangeId())
 	}
@@ -146,11 +143,7 @@ func (r *Replica) rightNeighbour() (*Replica, error) {
 // same replicas (mergeable), so no replica change may start until it is
 // done; the leader finishes it on its next check (maybeMerge).
 func (r *Replica) absorbing() (uint64, bool) {
-	d := r.sm.Descriptor()
-	if len(d.GetEndKey()) == 0 || r.cfg.Sibling == nil {
-		return 0, false
-	}
-	right := r.cfg.Sibling(d.GetEndKey())
+	right := r.rightSibling()
 	if right == nil || !right.Desc().GetSubsumed() {
 		return 0, false
 	}
@@ -201,11 +194,8 @@ const neighbourWait = 5 * time.Second
 // neighbour's lease did not come (its holder's error), or ctx's.
 func (r *Replica) leadNeighbour(ctx context.Context) error {
 	d := r.sm.Descriptor()
-	if len(d.GetEndKey()) == 0 || r.cfg.Sibling == nil || r.cfg.PeerTransferLease == nil {
-		return nil
-	}
-	right := r.cfg.Sibling(d.GetEndKey())
-	if right == nil {
+	right := r.rightSibling()
+	if right == nil || r.cfg.PeerTransferLease == nil {
 		return nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, neighbourWait)
@@ -234,6 +224,17 @@ func (r *Replica) leadNeighbour(ctx context.Context) error {
 				right.id, r.id, r.self, neighbourWait, last)
 		}
 	}
+}
+
+// rightSibling returns this node's replica of the range that starts where
+// this one ends, or nil (the range ends the key space, or this node hosts
+// no such range).
+func (r *Replica) rightSibling() *Replica {
+	end := r.sm.Descriptor().GetEndKey()
+	if len(end) == 0 || r.cfg.Sibling == nil {
+		return nil
+	}
+	return r.cfg.Sibling(end)
 }
 
 func sameNodes(a, b []uint64) bool {
