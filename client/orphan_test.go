@@ -166,3 +166,56 @@ func TestReadAfterCommitRecordAcrossLeaderDeath(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBackToBackLeaseTransfersResolveTheOrphanTheyWaitFor: a transaction's
+// coordinator dies after prepare, and the leader of one of its ranges is
+// then asked, again and again with no pause, to hand its lease over, as a
+// replica change asks a neighbour's leaseholder (leadNeighbour). Each
+// transfer waits for the prepared transaction to settle, and only the
+// leader's tick settles an orphan: it must keep doing so while a transfer
+// is under way, so the orphan is aborted and a transfer goes through.
+func TestBackToBackLeaseTransfersResolveTheOrphanTheyWaitFor(t *testing.T) {
+	c, db := startCluster(t, localcluster.Options{OrphanAfter: orphanAfter})
+	ctx := ctxT(t, 60*time.Second)
+	db.SetCrashHook(func(p client.CrashPoint, _ []byte, _ []uint64) bool { return p == client.CrashAfterPrepare })
+	err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
+		if err := tx.Put(ctx, []byte("a-orphan"), []byte("v")); err != nil {
+			return err
+		}
+		return tx.Put(ctx, []byte("x-orphan"), []byte("v"))
+	})
+	db.SetCrashHook(nil)
+	crashed := time.Now()
+	if !errors.Is(err, client.ErrCommitUnknown) {
+		t.Fatalf("commit returned %v, want ErrCommitUnknown", err)
+	}
+	from := c.Leader(10)
+	if from == 0 {
+		t.Fatal("range 10 has no leader")
+	}
+	rep := c.Node(from).Range(10)
+	var to uint64
+	for _, id := range rep.Desc().GetReplicas() {
+		if id != from {
+			to = id
+			break
+		}
+	}
+	bound := 20 * orphanAfter
+	var last error
+	for {
+		if _, last = rep.TransferLease(ctx, to, false); last == nil {
+			break
+		}
+		if time.Since(crashed) > bound {
+			t.Fatalf("range 10's lease did not move from node %d to node %d within %v of the coordinator's death: %v", from, to, bound, last)
+		}
+	}
+	took := waitUnlocked(t, c, crashed)
+	for k, ok := range readKeys(t, ctx, db, map[uint64][]byte{10: []byte("a-orphan"), 11: []byte("x-orphan")}) {
+		if ok {
+			t.Errorf("%s is visible: the orphan prepared and never recorded its commit, so it must abort", k)
+		}
+	}
+	t.Logf("lease moved and locks released %v after the coordinator died", took)
+}

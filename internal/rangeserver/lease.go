@@ -94,7 +94,12 @@ func (r *Replica) tick() {
 					r.group.TransferLeadership(lease.GetHolder())
 				}
 			}
+			return
 		}
+		// The transfer waits for the prepared transactions to settle, and
+		// one whose coordinator died settles only here: resolve orphans
+		// meanwhile, or back-to-back transfers starve them (and fail).
+		r.resolveOrphans(cur)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
