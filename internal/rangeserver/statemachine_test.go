@@ -314,3 +314,28 @@ func TestMidKeySplitsTheDataInHalf(t *testing.T) {
 		t.Errorf("MidKey with its context done = %v, want context.Canceled", err)
 	}
 }
+
+// TestACommitAfterATransferRaisesTheHandedHighest: a prepared
+// transaction's outcome may apply after its range's lease was handed over
+// (its coordinator's notification, or the old holder's orphan resolution
+// while the transfer was under way). Its epoch must raise what the
+// successor starts at (DESIGN.md §3.5, §12), or the successor could
+// version a later write below a commit it follows.
+func TestACommitAfterATransferRaisesTheHandedHighest(t *testing.T) {
+	sm := openSM(t, 1)
+	txn := &pb.TxnMeta{Id: make([]byte, 16), Priority: 1, TxnStateGroup: 2}
+	handed := leaseCmd(2, 12, 112, 2, 1)
+	handed.GetLease().GetLease().HandedHighest = 5
+	apply(t, sm,
+		leaseCmd(1, 1, 10, 1, 0),
+		&pb.Command{Cmd: &pb.Command_Prepare{Prepare: &pb.PrepareCmd{Txn: txn, LeaseStart: 1, Writes: []*pb.Write{{Key: []byte("a"), Value: []byte("1")}}}}},
+		handed,
+	)
+	if h, ok := sm.Handover(2); !ok || h != 5 {
+		t.Fatalf("handover before the commit = %d, %v; want 5, true", h, ok)
+	}
+	apply(t, sm, &pb.Command{Cmd: &pb.Command_Commit{Commit: &pb.CommitCmd{TxnId: txn.GetId(), Version: &pb.VersionID{Epoch: 9, Counter: 1}}}})
+	if h, ok := sm.Handover(2); !ok || h != 9 {
+		t.Fatalf("handover after a commit at epoch 9 applied = %d, %v; want 9, true", h, ok)
+	}
+}
