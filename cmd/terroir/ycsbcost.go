@@ -25,7 +25,8 @@ type runCost struct {
 	raftMsgs, heartbeats float64
 	// wal, flushed and compacted are the bytes the nodes' stores wrote to
 	// disk: to the WAL, by memtable flushes and by compactions.
-	wal, flushed, compacted float64
+	// compactedBlob is the part of compacted written to blob files.
+	wal, flushed, compacted, compactedBlob float64
 	// stalled is the seconds the stores held back all writes (summed
 	// over the nodes).
 	stalled float64
@@ -53,7 +54,7 @@ var runtimeSamples = []metrics.Sample{
 // the Raft entries proposed (terroir_raft_proposals_total), the Raft
 // messages sent (terroir_raft_messages_sent_total, heartbeats apart), the Raft
 // log appends synced to disk (terroir_raft_append_sync_seconds) and the
-// bytes their stores wrote (terroir_pebble_{wal_written,flushed,compacted}_bytes_total)
+// bytes their stores wrote (terroir_pebble_{wal_written,flushed,compacted,compacted_blob}_bytes_total)
 // and the time their writes stalled (terroir_pebble_write_stall_seconds_total).
 func sampleCost(c *localcluster.Cluster) runCost {
 	out := runCost{byMethod: map[string]float64{}}
@@ -62,14 +63,15 @@ func sampleCost(c *localcluster.Cluster) runCost {
 		out.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	counted := map[string]*float64{
-		"terroir_rpc_server_seconds":               &out.rpcs,
-		"terroir_raft_proposals_total":             &out.proposals,
-		"terroir_raft_messages_sent_total":         &out.raftMsgs,
-		"terroir_raft_append_sync_seconds":         &out.syncs,
-		"terroir_pebble_wal_written_bytes_total":   &out.wal,
-		"terroir_pebble_flushed_bytes_total":       &out.flushed,
-		"terroir_pebble_compacted_bytes_total":     &out.compacted,
-		"terroir_pebble_write_stall_seconds_total": &out.stalled,
+		"terroir_rpc_server_seconds":                &out.rpcs,
+		"terroir_raft_proposals_total":              &out.proposals,
+		"terroir_raft_messages_sent_total":          &out.raftMsgs,
+		"terroir_raft_append_sync_seconds":          &out.syncs,
+		"terroir_pebble_wal_written_bytes_total":    &out.wal,
+		"terroir_pebble_flushed_bytes_total":        &out.flushed,
+		"terroir_pebble_compacted_bytes_total":      &out.compacted,
+		"terroir_pebble_compacted_blob_bytes_total": &out.compactedBlob,
+		"terroir_pebble_write_stall_seconds_total":  &out.stalled,
 	}
 	c.EachMetricFamily(func(mf *dto.MetricFamily) {
 		if sum, ok := counted[mf.GetName()]; ok {
@@ -175,11 +177,13 @@ func fmtWait(d time.Duration) string {
 }
 
 // diskPerOp is the bytes the stores wrote per operation between two
-// samples, in KiB: in all, and to the WAL, by flushes and by compactions.
+// samples, in KiB: in all, and to the WAL, by flushes and by compactions (and
+// how much of the compactions' was separated values written anew).
 func diskPerOp(before, after runCost, ops int64) string {
 	kib := func(a, b float64) float64 { return (b - a) / 1024 / float64(ops) }
 	wal, fl, co := kib(before.wal, after.wal), kib(before.flushed, after.flushed), kib(before.compacted, after.compacted)
-	return fmt.Sprintf("%.1f KiB (WAL %.1f, flushes %.1f, compactions %.1f)", wal+fl+co, wal, fl, co)
+	blob := kib(before.compactedBlob, after.compactedBlob)
+	return fmt.Sprintf("%.1f KiB (WAL %.1f, flushes %.1f, compactions %.1f, of which values rewritten %.1f)", wal+fl+co, wal, fl, co, blob)
 }
 
 // stalledFor is how long the stores' writes stalled between two samples,

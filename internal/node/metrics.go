@@ -20,6 +20,7 @@ import (
 	"github.com/terroir-db/terroir/internal/epoch"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/rebalance"
+	"github.com/terroir-db/terroir/internal/storage"
 	"github.com/terroir-db/terroir/internal/txnstate/txnstatepb"
 )
 
@@ -243,6 +244,7 @@ var (
 		{prometheus.NewDesc("terroir_pebble_write_stalls_total", "Times the store held back every write until flushes or compactions caught up.", nil, nil), func(s pebbleStats) float64 { return s.stalls }},
 		{prometheus.NewDesc("terroir_pebble_write_stall_seconds_total", "Time the store's writes spent held back by write stalls.", nil, nil), func(s pebbleStats) float64 { return s.stallSecs }},
 		{prometheus.NewDesc("terroir_pebble_compacted_bytes_total", "Bytes written to tables (and blob files) by compactions: with the WAL's and the flushes', what the store wrote to disk.", nil, nil), func(s pebbleStats) float64 { return s.compacted }},
+		{prometheus.NewDesc("terroir_pebble_compacted_blob_bytes_total", "Of terroir_pebble_compacted_bytes_total, the bytes written to blob files: separated values that compactions wrote anew (to restore their locality, or to reclaim a blob file's garbage).", nil, nil), func(s pebbleStats) float64 { return s.compactedBlob }},
 		{prometheus.NewDesc("terroir_pebble_block_cache_hits_total", "Block cache hits.", nil, nil), func(s pebbleStats) float64 { return s.hits }},
 		{prometheus.NewDesc("terroir_pebble_block_cache_misses_total", "Block cache misses.", nil, nil), func(s pebbleStats) float64 { return s.misses }},
 	}
@@ -251,7 +253,7 @@ var (
 type pebbleStats struct {
 	readAmp, l0Files, disk, memtable, wal, debt, cacheSize float64
 	compactions, flushes, walWritten, hits, misses         float64
-	flushed, compacted, stalls, stallSecs                  float64
+	flushed, compacted, compactedBlob, stalls, stallSecs   float64
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -321,9 +323,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	stalls, stalled := n.engine.WriteStalls()
 	s.stalls, s.stallSecs = float64(stalls), stalled.Seconds()
 	for _, l := range pm.Levels { // not pm.Total(), which adds the WAL's bytes to the flushes'
-		s.flushed += float64(l.TableBytesFlushed + l.BlobBytesFlushed)
-		s.compacted += float64(l.TableBytesCompacted + l.BlobBytesCompacted)
+		s.flushed += float64(l.TableBytesFlushed)
+		s.compacted += float64(l.TableBytesCompacted)
 	}
+	blobFlushed, blobCompacted := storage.BlobBytesWritten(pm)
+	s.flushed += float64(blobFlushed)
+	s.compacted += float64(blobCompacted)
+	s.compactedBlob = float64(blobCompacted)
 	for _, g := range pebbleGauges {
 		ch <- prometheus.MustNewConstMetric(g.d, prometheus.GaugeValue, g.f(s))
 	}

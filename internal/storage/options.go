@@ -103,17 +103,26 @@ func pebbleOptions(fs vfs.FS, cache *pebble.Cache) *pebble.Options {
 // and they are 5 minutes old.
 //
 // A compaction whose inputs reference more than MaxBlobReferenceDepth
-// blob files writes their values anew, in key order. At 10, the
-// history a store keeps for the GC TTL deepened the LSM until most
-// compactions did: a 21-minute YCSB-A run's compactions grew from 4.9
-// to 17.8 KiB per operation and its throughput fell to 0.69× (issue 17's
-// steady state); writing new blob files took 42% of the nodes' compaction
-// CPU at minute 12, against 19% at minute 1.
-// At 100, with 4 KiB rows in two alternating pairs of 6-minute runs,
-// compactions wrote 34 and 33 KiB per operation against 62 and 65, CPU
-// per operation was 5% and 13% lower, and throughput 7% and 20% higher.
-// The cost: a scan may fetch consecutive keys' values from more blob
-// files.
+// blob files writes their values anew, in key order. Under the history a
+// store keeps for the GC TTL, every table of a hot key span references
+// every blob file flushed since the history began (each flush holds a
+// version of most of its keys), so any bound is reached after that many
+// flushes, and from then on each compaction rewrote the whole history it
+// covered, more of it as the history grew. At 10, a 21-minute YCSB-A run's
+// compactions grew from 4.9 to 17.8 KiB per operation and its throughput
+// fell to 0.69× (issue 17's steady state). At 100, the same came later:
+// with 4 KiB rows, values written again by compactions rose from none in
+// minutes 1–2 to 23 KiB per operation in minute 4 and 37 in minute 7, and
+// CPU per operation from 649 to 980 µs. So no depth bound
+// (maxBlobReferenceDepth): a value is written once, by its flush, and
+// again only when its blob file is rewritten to reclaim garbage. In the
+// same pair of 7-minute runs: no value written again, CPU per operation
+// 655 µs against 708, throughput 2 055 ops/s against 1 866. The costs: a
+// scan of consecutive keys may fetch their values from as many blob
+// files, and a compaction looks up each value's blob file among the
+// references of its output table, which grow with the flushes the
+// history spans (Pebble searches them linearly: about a thousand
+// comparisons per value after an hour of flushes every 4 s).
 var valueSeparation = pebble.ValueSeparationPolicy{
 	Enabled:               true,
 	MinimumSize:           separateAtLeast,
@@ -123,8 +132,9 @@ var valueSeparation = pebble.ValueSeparationPolicy{
 }
 
 // maxBlobReferenceDepth is the most blob files a compaction's inputs may
-// reference before it rewrites their values (valueSeparation).
-const maxBlobReferenceDepth = 100
+// reference before it rewrites their values (valueSeparation): more than
+// a store flushes in weeks, so never (Pebble requires a bound).
+const maxBlobReferenceDepth = 1 << 20
 
 // separateAtLeast is the smallest value kept in a blob file, in bytes:
 // below it, a reference saves a compaction too little to pay for the

@@ -156,3 +156,48 @@ func incompressible(i, size int) []byte {
 	_, _ = rand.NewChaCha8([32]byte{byte(i), byte(i >> 8)}).Read(v)
 	return v
 }
+
+// TestCompactionsCarryTheHistorysValuesForward writes 150 versions of each
+// of 20 keys, a flush apart, as a hot key's history builds up under the
+// GC TTL, then compacts everything: no compaction may write a value to a
+// blob file again. Every table of such a history references every blob
+// file, so a reference depth bounded below the flushes the history spans
+// (Pebble's MaxBlobReferenceDepth) made compactions rewrite the whole
+// history over and over, more of it as it grew (issue 17's steady state).
+func TestCompactionsCarryTheHistorysValuesForward(t *testing.T) {
+	const keys, versions, size = 20, 150, 300
+	e, err := Open(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	value := func(k, v int) []byte { return incompressible(k*versions+v, size) }
+	for v := 1; v <= versions; v++ {
+		b := e.NewBatch()
+		for k := 0; k < keys; k++ {
+			_ = b.Set(EncodeMVCCKey([]byte{PrefixData}, fmt.Appendf(nil, "k%02d", k), VersionID{Epoch: uint64(v), Counter: 1}), value(k, v), nil)
+		}
+		if err := e.Commit(b, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.db.Compact(context.Background(), []byte{PrefixData}, []byte{PrefixData + 1}, true); err != nil {
+		t.Fatal(err)
+	}
+	flushed, rewritten := BlobBytesWritten(e.Metrics())
+	if flushed < keys*versions*size || rewritten != 0 {
+		t.Fatalf("%d versions of %d keys, a flush apart: %d bytes of values flushed to blob files, %d written again by compactions; want all flushed once and none again",
+			versions, keys, flushed, rewritten)
+	}
+	for k := 0; k < keys; k++ {
+		for v := 1; v <= versions; v++ {
+			key := EncodeMVCCKey([]byte{PrefixData}, fmt.Appendf(nil, "k%02d", k), VersionID{Epoch: uint64(v), Counter: 1})
+			if got, err := e.Get(key); err != nil || !bytes.Equal(got, value(k, v)) {
+				t.Fatalf("k%02d at version %d after the compactions: %d bytes, %v; want the %d written", k, v, len(got), err, size)
+			}
+		}
+	}
+}

@@ -48,3 +48,19 @@ func (e *Engine) MVCCStats(prefix []byte) (MVCCStats, error) {
 // Metrics returns Pebble's own metrics of the engine (LSM levels,
 // compactions, flushes, caches, WAL), for the node's /metrics.
 func (e *Engine) Metrics() *pebble.Metrics { return e.db.Metrics() }
+
+// BlobBytesWritten returns the bytes m's flushes wrote to blob files
+// (separated values, written once) and the bytes its compactions wrote to
+// blob files (values written again: to restore their locality, or to
+// reclaim a blob file's garbage). Pebble (v2.1) counts a flush's blob bytes
+// in its level's BlobBytesCompacted as well as in BlobBytesFlushed; this
+// counts them once, as flushed.
+func BlobBytesWritten(m *pebble.Metrics) (flushed, compacted uint64) {
+	for _, l := range m.Levels {
+		flushed += l.BlobBytesFlushed
+		if l.BlobBytesCompacted > l.BlobBytesFlushed {
+			compacted += l.BlobBytesCompacted - l.BlobBytesFlushed
+		}
+	}
+	return flushed, compacted
+}
