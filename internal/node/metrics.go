@@ -322,14 +322,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	stalls, stalled := n.engine.WriteStalls()
 	s.stalls, s.stallSecs = float64(stalls), stalled.Seconds()
-	for _, l := range pm.Levels { // not pm.Total(), which adds the WAL's bytes to the flushes'
-		s.flushed += float64(l.TableBytesFlushed)
-		s.compacted += float64(l.TableBytesCompacted)
-	}
-	blobFlushed, blobCompacted := storage.BlobBytesWritten(pm)
-	s.flushed += float64(blobFlushed)
-	s.compacted += float64(blobCompacted)
-	s.compactedBlob = float64(blobCompacted)
+	flushed, compacted, rewritten := storage.BytesWritten(pm)
+	s.flushed, s.compacted, s.compactedBlob = float64(flushed), float64(compacted), float64(rewritten)
 	for _, g := range pebbleGauges {
 		ch <- prometheus.MustNewConstMetric(g.d, prometheus.GaugeValue, g.f(s))
 	}

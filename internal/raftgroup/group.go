@@ -126,7 +126,6 @@ type Group struct {
 	waiters      map[uint64]*proposal // loop only
 	leading      bool                 // loop only: raft state is leader
 	nextID       uint64               // loop only
-	shownFirst   uint64               // loop only: the log's first index as status shows it
 	catchUp      catchUp              // loop only
 	snapMu       sync.Mutex
 	snapRpts     []func(*raft.RawNode) // snapshot reports: never dropped
@@ -149,6 +148,7 @@ type Group struct {
 	members       atomic.Pointer[configuration] // the configuration as last applied
 	confInLog     atomic.Uint64                 // the log's last configuration change (logStore.confInLog)
 	applied       atomic.Uint64                 // the applied index, stored after what it applied
+	first         atomic.Uint64                 // the log's first index (Status.FirstIndex)
 	onLeft        atomic.Pointer[func()]        // called once an applied configuration leaves this replica out
 }
 
@@ -316,8 +316,8 @@ func newGroup(id, self uint64, voters, learners []uint64, e *storage.Engine, sm 
 	g.catchUp.applied = ls.applied
 	ch := make(chan struct{})
 	g.leaderChanged.Store(&ch)
-	g.status = Status{Group: id, Replica: self, Applied: ls.applied, FirstIndex: ls.first}
-	g.shownFirst = ls.first
+	g.status = Status{Group: id, Replica: self, Applied: ls.applied}
+	g.first.Store(ls.first)
 	g.members.Store(&configuration{ls.ci, proto.Clone(ls.cs).(*raftpb.ConfState)})
 	g.confInLog.Store(ls.confInLog)
 	g.applied.Store(ls.applied)
@@ -375,8 +375,10 @@ func (g *Group) ID() uint64 { return g.id }
 // Status returns the replica's current status.
 func (g *Group) Status() Status {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.status
+	st := g.status
+	g.mu.Unlock()
+	st.FirstIndex = g.first.Load()
+	return st
 }
 
 // Progress returns, at the leader, its commit index and each replica's
@@ -975,12 +977,7 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	}
 	g.rn.Advance(rd)
 	err := g.maybeCompact()
-	if first := g.ls.first; first != g.shownFirst {
-		g.shownFirst = first
-		g.mu.Lock()
-		g.status.FirstIndex = first
-		g.mu.Unlock()
-	}
+	g.first.Store(g.ls.first)
 	return err
 }
 
@@ -1135,6 +1132,9 @@ func (g *Group) maybeCompact() error {
 	if applied-g.ls.first >= g.cfg.CompactAfter {
 		return g.compact(applied, applied-g.cfg.CompactAfter/2)
 	}
+	if applied < g.ls.first+2*logTail {
+		return nil // nothing to truncate in logTail's steps: skip the progress visit
+	}
 	if to := g.caughtUpThrough(applied); to >= g.ls.first+logTail {
 		return g.compact(applied, to)
 	}
@@ -1160,11 +1160,9 @@ const logTail = 256
 // truncated without costing any replica a snapshot: logTail entries
 // short of applied and, on a leader, no further than any follower's match
 // (a follower that is down, or still catching up, holds it back, and then
-// only CompactAfter bounds the log, as before).
+// only CompactAfter bounds the log, as before). applied must be at least
+// logTail.
 func (g *Group) caughtUpThrough(applied uint64) uint64 {
-	if applied < logTail {
-		return 0
-	}
 	to := applied - logTail
 	if g.leading {
 		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/node"
 )
@@ -38,6 +39,25 @@ func heartbeatsDue(t *testing.T, n *node.Node) float64 {
 	return due
 }
 
+// startOneRegion starts examples/one-region.yaml (plaintext, no
+// rebalancing, so leaders stay put) and returns it, a client of us-east1
+// and a context that ends in 2 minutes or with the test. It skips in
+// -short mode.
+func startOneRegion(t *testing.T) (*localcluster.Cluster, *client.DB, context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{RebalanceInterval: -1, Insecure: true})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c, db, ctx
+}
+
 // waitIdle waits until every replica of group on the cluster's running
 // nodes runs at the idle pace (idle.go), for at most 10 s.
 func waitIdle(t *testing.T, c *localcluster.Cluster, group uint64) {
@@ -58,16 +78,7 @@ func waitIdle(t *testing.T, c *localcluster.Cluster, group uint64) {
 // and when an idle range's leader dies, its followers elect another within
 // the idle election timeout, and writes commit again.
 func TestIdleGroupsSlowTheirRaftClocks(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster")
-	}
-	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{RebalanceInterval: -1, Insecure: true})
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	c, db, ctx := startOneRegion(t)
 	if _, err := db.Put(ctx, []byte("a"), []byte("v")); err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,10 @@
 package raftgroup_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/terroir-db/terroir/internal/localcluster"
 	"github.com/terroir-db/terroir/internal/node"
 )
 
@@ -31,16 +29,7 @@ func snapshotBytesSent(t *testing.T, n *node.Node) float64 {
 // table. A follower that is down holds its leader's log back, so that it
 // catches up from the log, not from a snapshot, when it returns.
 func TestALogEveryFollowerHasIsTruncatedSoon(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster")
-	}
-	c := localcluster.StartT(t, "../../examples/one-region.yaml", localcluster.Options{RebalanceInterval: -1, Insecure: true})
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	c, db, ctx := startOneRegion(t)
 	write := func(from, to int) {
 		t.Helper()
 		for i := from; i < to; i++ {

@@ -49,18 +49,21 @@ func (e *Engine) MVCCStats(prefix []byte) (MVCCStats, error) {
 // compactions, flushes, caches, WAL), for the node's /metrics.
 func (e *Engine) Metrics() *pebble.Metrics { return e.db.Metrics() }
 
-// BlobBytesWritten returns the bytes m's flushes wrote to blob files
-// (separated values, written once) and the bytes its compactions wrote to
-// blob files (values written again: to restore their locality, or to
-// reclaim a blob file's garbage). Pebble (v2.1) counts a flush's blob bytes
-// in its level's BlobBytesCompacted as well as in BlobBytesFlushed; this
-// counts them once, as flushed.
-func BlobBytesWritten(m *pebble.Metrics) (flushed, compacted uint64) {
+// BytesWritten returns the bytes m's flushes and compactions wrote to
+// tables and blob files (with the WAL's, what the store wrote to disk),
+// and the part of compacted that went to blob files: separated values
+// written again, to restore their locality or to reclaim a blob file's
+// garbage. Pebble (v2.1) counts a flush's blob bytes in its level's
+// BlobBytesCompacted as well as in BlobBytesFlushed; this counts them
+// once, as flushed. pm.Total() is not used: it adds the WAL's bytes to
+// the flushes'.
+func BytesWritten(m *pebble.Metrics) (flushed, compacted, valuesRewritten uint64) {
 	for _, l := range m.Levels {
-		flushed += l.BlobBytesFlushed
+		flushed += l.TableBytesFlushed + l.BlobBytesFlushed
+		compacted += l.TableBytesCompacted
 		if l.BlobBytesCompacted > l.BlobBytesFlushed {
-			compacted += l.BlobBytesCompacted - l.BlobBytesFlushed
+			valuesRewritten += l.BlobBytesCompacted - l.BlobBytesFlushed
 		}
 	}
-	return flushed, compacted
+	return flushed, compacted + valuesRewritten, valuesRewritten
 }
