@@ -26,6 +26,7 @@ type crashFS struct {
 	vfs.FS
 	mu      sync.Mutex
 	crashed bool
+	hold    *syncGate            // non-nil while fsyncs are held (SyncHold)
 	files   map[string]*fileSync // by path: written before the crash
 	after   []string             // files created after the crash
 }
@@ -175,11 +176,36 @@ func (c *crashFS) cut() error {
 	return errors.Join(errs...)
 }
 
-// crash is the instant of the crash: nothing later reaches the disk.
+// crash is the instant of the crash: nothing later reaches the disk. A
+// held fsync returns, having synced nothing.
 func (c *crashFS) crash() {
 	c.mu.Lock()
 	c.crashed = true
+	if c.hold != nil {
+		close(c.hold.open)
+		c.hold = nil
+	}
 	c.mu.Unlock()
+}
+
+// syncGate is one generation of held fsyncs: they wait until open closes.
+type syncGate struct {
+	open    chan struct{}
+	waiting int // fsyncs that came to this gate
+}
+
+// waitSync returns once the file system lets an fsync through: at once
+// unless fsyncs are held.
+func (c *crashFS) waitSync() {
+	c.mu.Lock()
+	g := c.hold
+	if g == nil {
+		c.mu.Unlock()
+		return
+	}
+	g.waiting++
+	c.mu.Unlock()
+	<-g.open
 }
 
 func (c *crashFS) dead() bool {
@@ -229,7 +255,7 @@ func (f *crashFile) synced(upTo int64) {
 
 // Sync implements vfs.File.
 func (f *crashFile) Sync() error {
-	if f.fs.dead() {
+	if f.fs.waitSync(); f.fs.dead() {
 		return nil
 	}
 	if err := f.File.Sync(); err != nil {
@@ -241,7 +267,7 @@ func (f *crashFile) Sync() error {
 
 // SyncData implements vfs.File.
 func (f *crashFile) SyncData() error {
-	if f.fs.dead() {
+	if f.fs.waitSync(); f.fs.dead() {
 		return nil
 	}
 	if err := f.File.SyncData(); err != nil {
@@ -253,7 +279,7 @@ func (f *crashFile) SyncData() error {
 
 // SyncTo implements vfs.File.
 func (f *crashFile) SyncTo(length int64) (bool, error) {
-	if f.fs.dead() {
+	if f.fs.waitSync(); f.fs.dead() {
 		return true, nil
 	}
 	full, err := f.File.SyncTo(length)
@@ -265,4 +291,57 @@ func (f *crashFile) SyncTo(length int64) (bool, error) {
 	}
 	f.synced(length)
 	return full, nil
+}
+
+// SyncHold stalls a crashable store's fsyncs, as a disk whose cache flushes
+// hang: while it holds, every fsync of the store's files (the WAL's, a
+// flush's, the manifest's) waits, and writes go on. Engine.HoldSyncs makes
+// one; a crash ends it (the held fsyncs return, having synced nothing).
+type SyncHold struct{ c *crashFS }
+
+// HoldSyncs holds the store's fsyncs until the hold's Release, for fault
+// tests. It returns nil on an engine not opened crashable, and replaces a
+// hold already in place (whose fsyncs go through).
+func (e *Engine) HoldSyncs() *SyncHold {
+	if e.crash == nil {
+		return nil
+	}
+	c := e.crash
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hold != nil {
+		close(c.hold.open)
+	}
+	c.hold = &syncGate{open: make(chan struct{})}
+	return &SyncHold{c: c}
+}
+
+// Waiting returns how many fsyncs have come to the hold since it began or
+// last passed fsyncs through.
+func (h *SyncHold) Waiting() int {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	if h.c.hold == nil {
+		return 0
+	}
+	return h.c.hold.waiting
+}
+
+// Pass lets the fsyncs waiting now go through and goes on holding later ones.
+func (h *SyncHold) Pass() { h.end(true) }
+
+// Release lets every fsync go through, now and later.
+func (h *SyncHold) Release() { h.end(false) }
+
+func (h *SyncHold) end(again bool) {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	if h.c.hold == nil {
+		return
+	}
+	close(h.c.hold.open)
+	h.c.hold = nil
+	if again {
+		h.c.hold = &syncGate{open: make(chan struct{})}
+	}
 }

@@ -3,6 +3,7 @@ package storage
 import (
 	"fmt"
 	"testing"
+	"time"
 )
 
 // TestCrashLosesWhatWasNotSynced: across repeated crashes (with memtable
@@ -80,5 +81,79 @@ func TestCrashOfPlainEngineIsClose(t *testing.T) {
 	defer e.Close()
 	if v, err := e.Get([]byte("k")); err != nil || string(v) != "v" {
 		t.Fatalf("Get = %q, %v", v, err)
+	}
+}
+
+// A held store's synced commits wait for the hold while its writes are
+// readable at once (CommitSyncLater returns before the fsync); Pass lets
+// the waiting fsyncs through and holds the next; a crash ends the hold,
+// and what was held is lost, what passed is kept.
+func TestHeldSyncsWaitAndACrashLosesThem(t *testing.T) {
+	dir := t.TempDir()
+	e, err := OpenCrashable(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := e.HoldSyncs()
+	if hold == nil {
+		t.Fatal("HoldSyncs on a crashable engine returned nil")
+	}
+	commit := func(key string) (queued chan struct{}, synced chan error) {
+		queued, synced = make(chan struct{}), make(chan error, 1)
+		go func() {
+			b := e.NewBatch()
+			_ = b.Set([]byte(key), []byte("v"), nil)
+			wait, err := e.CommitSyncLater(b)
+			close(queued)
+			if err != nil {
+				synced <- err
+				return
+			}
+			synced <- wait()
+		}()
+		return queued, synced
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after 5 s: %s", what)
+			}
+		}
+	}
+	queued, syncedA := commit("a")
+	<-queued
+	if v, err := e.Get([]byte("a")); err != nil || v == nil {
+		t.Fatalf("a not readable before its fsync: %q, %v", v, err)
+	}
+	waitFor("no fsync came to the hold", func() bool { return hold.Waiting() > 0 })
+	select {
+	case err := <-syncedA:
+		t.Fatalf("a's commit was durable while the store's fsyncs were held (err %v)", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	hold.Pass()
+	if err := <-syncedA; err != nil {
+		t.Fatal(err)
+	}
+	queued, syncedB := commit("b")
+	<-queued
+	waitFor("the fsync after Pass was not held", func() bool { return hold.Waiting() > 0 })
+	e.Crash()
+	if err := <-syncedB; err != nil {
+		t.Fatal(err)
+	}
+	hold.Release() // after the crash: nothing to release
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if e, err = Open(dir, 1); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for key, want := range map[string]bool{"a": true, "b": false} {
+		if v, err := e.Get([]byte(key)); err != nil || (v != nil) != want {
+			t.Errorf("after the crash: %s present = %v (err %v), want %v", key, v != nil, err, want)
+		}
 	}
 }
