@@ -39,7 +39,14 @@ type runCost struct {
 	// byMethod is rpcs by RPC method (terroir_rpc_server_seconds'
 	// method label).
 	byMethod map[string]float64
+	// stages is terroir_commit_stage_seconds by stage label: the seconds
+	// one-phase commits spent in the stage, and how many did.
+	stages map[string]stageTime
 }
+
+// stageTime is a commit stage's total seconds and count (a histogram's sum
+// and sample count).
+type stageTime struct{ seconds, count float64 }
 
 // runtimeSamples are the runtime/metrics names sampleCost reads, in the
 // order it reads them.
@@ -57,7 +64,7 @@ var runtimeSamples = []metrics.Sample{
 // bytes their stores wrote (terroir_pebble_{wal_written,flushed,compacted,compacted_blob}_bytes_total)
 // and the time their writes stalled (terroir_pebble_write_stall_seconds_total).
 func sampleCost(c *localcluster.Cluster) runCost {
-	out := runCost{byMethod: map[string]float64{}}
+	out := runCost{byMethod: map[string]float64{}, stages: map[string]stageTime{}}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		out.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -78,6 +85,7 @@ func sampleCost(c *localcluster.Cluster) runCost {
 			*sum += sumMetric(mf)
 		}
 		addRPCsByMethod(mf, out.byMethod)
+		addStages(mf, out.stages)
 		out.heartbeats += heartbeatsSent(mf)
 	})
 	rs := make([]metrics.Sample, len(runtimeSamples))
@@ -121,6 +129,7 @@ func printCost(before, after runCost, ops int64) {
 		per(before.raftMsgs, after.raftMsgs), per(before.heartbeats, after.heartbeats))
 	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all\n", diskPerOp(before, after, ops), stalledFor(before, after))
 	printRPCsByMethod(before.byMethod, after.byMethod, ops)
+	printStages(before.stages, after.stages)
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
 		gc := after.gcCPU - before.gcCPU
 		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s\n",
@@ -228,6 +237,32 @@ func labelValue(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
+}
+
+// addStages adds terroir_commit_stage_seconds' sums and counts, by stage,
+// to stages.
+func addStages(mf *dto.MetricFamily, stages map[string]stageTime) {
+	if mf.GetName() != "terroir_commit_stage_seconds" {
+		return
+	}
+	for _, m := range mf.GetMetric() {
+		st := stages[labelValue(m, "stage")]
+		st.seconds += m.GetHistogram().GetSampleSum()
+		st.count += float64(m.GetHistogram().GetSampleCount())
+		stages[labelValue(m, "stage")] = st
+	}
+}
+
+// printStages prints the mean time one-phase commits spent in each stage at
+// their range leaders between two samples of runCost.stages.
+func printStages(before, after map[string]stageTime) {
+	line := "per one-phase commit at its range leader, mean ms:"
+	for _, stage := range []string{"locks", "epochs", "replicate"} {
+		if n := after[stage].count - before[stage].count; n > 0 {
+			line += fmt.Sprintf(" %s %.2f (%.0f),", stage, 1e3*(after[stage].seconds-before[stage].seconds)/n, n)
+		}
+	}
+	fmt.Println(strings.TrimSuffix(line, ","))
 }
 
 // printRPCsByMethod prints the six busiest RPC methods between two samples

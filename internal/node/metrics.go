@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/terroir-db/terroir/internal/epoch"
+	"github.com/terroir-db/terroir/internal/rangeserver"
 	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 	"github.com/terroir-db/terroir/internal/rebalance"
 	"github.com/terroir-db/terroir/internal/storage"
@@ -38,6 +39,7 @@ type metrics struct {
 	snapEpoch   *prometheus.HistogramVec // mode
 	snapLock    *prometheus.HistogramVec // mode
 	lockWait    prometheus.Histogram
+	stage       *prometheus.HistogramVec // stage
 	closedLag   prometheus.Histogram
 	closes      *prometheus.CounterVec   // via
 	epochChange *prometheus.HistogramVec // kind
@@ -81,6 +83,10 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 			Name: "terroir_lock_wait_seconds", Help: "Time each lock acquisition spent in a range leader's lock table.",
 			Buckets: latencyBuckets,
 		}),
+		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "terroir_commit_stage_seconds", Help: "Time a one-phase commit spent at its range leader in each stage: locks (a one-shot's locks taken, waits included), epochs (the local and global epochs read), replicate (its writes proposed, committed and applied).",
+			Buckets: latencyBuckets,
+		}, []string{"stage"}),
 		closedLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "terroir_closed_epoch_lag_epochs", Help: "A range leader's closed-epoch lag each time it begins a close (DESIGN.md §13): its publisher's epoch minus the range's closed epoch. A follower read at the publisher's epoch e needs a lag of at most 1.",
 			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256},
@@ -111,7 +117,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	for p := range epoch.NumPhases {
 		m.phases[p] = m.epochRound.WithLabelValues(p.String())
 	}
-	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.closedLag, m.closes, m.epochChange, m.epochRound,
+	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.stage, m.closedLag, m.closes, m.epochChange, m.epochRound,
 		goCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{n: n})
 	return m
@@ -348,4 +354,13 @@ func goCollector() prometheus.Collector {
 		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)},
 		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/cpu/classes/gc/total:cpu-seconds$`)},
 	))
+}
+
+// commitStages returns the stage histogram's series, by rangeserver.CommitStage.
+func (m *metrics) commitStages() [rangeserver.NumCommitStages]prometheus.Observer {
+	var out [rangeserver.NumCommitStages]prometheus.Observer
+	for s := range rangeserver.NumCommitStages {
+		out[s] = m.stage.WithLabelValues(s.String())
+	}
+	return out
 }

@@ -71,6 +71,9 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := db.Put(ctx, []byte("b"+strconv.Itoa(i)), []byte("v")); err != nil { // one range, one round trip: one-phase
+			t.Fatal(err)
+		}
 		if _, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
 			_, _, err := s.Get(ctx, []byte("a1"))
 			return err
@@ -105,6 +108,8 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		`terroir_rpc_server_seconds_count{code="OK",method="Range/Prepare"}`,
 		`terroir_snapshot_read_epoch_wait_seconds_count{mode="regional"}`,
 		`terroir_lock_wait_seconds_count`,
+		`terroir_commit_stage_seconds_count{stage="locks"}`, `terroir_commit_stage_seconds_count{stage="epochs"}`,
+		`terroir_commit_stage_seconds_count{stage="replicate"}`,
 		`terroir_epoch_advance_interval_seconds_count{kind="local-epoch"}`,
 		`terroir_raft_proposals_total`, `terroir_raft_entries_applied_total`, `terroir_raft_apply_seconds_count`,
 		`terroir_raft_append_sync_seconds_count`, `terroir_raft_leadership_changes_total`, `terroir_raft_leaders`,

@@ -19,8 +19,8 @@ import (
 type indexSM struct{}
 
 func (indexSM) Apply(_ *pebble.Batch, index uint64, _ []byte) any { return index }
-func (indexSM) Snapshot() ([]byte, error)                          { return nil, nil }
-func (indexSM) Restore(*pebble.Batch, []byte) error                { return nil }
+func (indexSM) Snapshot() ([]byte, error)                         { return nil, nil }
+func (indexSM) Restore(*pebble.Batch, []byte) error               { return nil }
 
 // directSender hands a node's Raft messages straight to the other hosts of
 // the test, in process.

@@ -178,12 +178,14 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	lockCount, incarnation := req.GetLockCount(), req.GetIncarnation()
 	var reads []*pb.ReadValue
 	if req.GetTakeLocks() {
-		if !r.oneShots.claim(meta.GetId(), time.Now()) {
+		began := time.Now()
+		if !r.oneShots.claim(meta.GetId(), began) {
 			return nil, nil, fmt.Errorf("%w: transaction %x", ErrDuplicate, meta.GetId())
 		}
 		if reads, lockCount, incarnation, err = r.takeLocks(ctx, l, meta, req.GetReads(), writes); err != nil {
 			return nil, nil, err
 		}
+		r.observeStage(StageLocks, began)
 	}
 	if err := l.txns.startCommit(meta, writes, lockCount, incarnation, txnCommitting); err != nil {
 		if req.GetTakeLocks() {
@@ -210,9 +212,11 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	}
 	// The newest versions of the write set cannot change while its
 	// exclusive locks are held: look them up while the epochs are read.
+	began := time.Now()
 	reading := epoch.StartAll(ctx, h.Local, globalSrc)
 	mv, mr, mvErr := r.maxVersionOf(writes)
 	epochs, err := reading()
+	r.observeStage(StageEpochs, began)
 	e, g := epochs[0], epochs[1]
 	if h.Publisher == nil && len(writes) > 0 {
 		g = e // regional-only: local-epoch versions
@@ -246,7 +250,10 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	if len(writes) > 0 {
 		cmd := &pb.Command{Cmd: &pb.Command_OnePhase{OnePhase: &pb.OnePhaseCmd{TxnId: meta.GetId(), Writes: writes, Version: ver,
 			LeaseStart: l.start, RegionalVersion: regional}}}
-		if err := r.propose(ctx, cmd); err != nil {
+		began := time.Now()
+		err := r.propose(ctx, cmd)
+		r.observeStage(StageReplicate, began)
+		if err != nil {
 			if errors.Is(err, ErrLocksLost) || errors.Is(err, raftgroup.ErrBusy) || errors.Is(err, raftgroup.ErrNotLeader) {
 				// Rejected at apply, or refused before it reached the log:
 				// nothing written.
@@ -268,6 +275,39 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 		r.load.recordWrite(meta.GetRegion())
 	}
 	return ver, reads, nil
+}
+
+// CommitStage indexes Config.CommitStages: the stages of a one-phase commit
+// at its range leader (CommitOnePhase).
+type CommitStage int
+
+// The stages of a one-phase commit, in order.
+const (
+	StageLocks     CommitStage = iota // a one-shot's locks taken (waits included)
+	StageEpochs                       // the local (and global) epoch read
+	StageReplicate                    // the writes proposed, committed and applied
+	NumCommitStages
+)
+
+// String returns the stage's name: locks, epochs or replicate (the node's
+// terroir_commit_stage_seconds stage label).
+func (s CommitStage) String() string {
+	switch s {
+	case StageLocks:
+		return "locks"
+	case StageEpochs:
+		return "epochs"
+	case StageReplicate:
+		return "replicate"
+	}
+	return fmt.Sprintf("stage(%d)", int(s))
+}
+
+// observeStage records that stage s of a commit took from began to now.
+func (r *Replica) observeStage(s CommitStage, began time.Time) {
+	if o := r.cfg.CommitStages[s]; o != nil {
+		o.Observe(time.Since(began).Seconds())
+	}
 }
 
 // settleOnePhase releases, in the background, the locks of a one-phase

@@ -122,6 +122,12 @@ type Config struct {
 	// LockWait, if set, observes the seconds each lock acquisition spent in
 	// the lock table (waiting behind other transactions' locks).
 	LockWait prometheus.Observer
+	// CommitStages, if set, observe the seconds a one-phase commit
+	// (CommitOnePhase) spent in each stage at the range leader, indexed by
+	// CommitStage: taking its locks (a one-shot's, waits included), reading
+	// the epochs, and replicating its writes (proposal to applied; a commit
+	// with writes only). Nil entries observe nothing.
+	CommitStages [NumCommitStages]prometheus.Observer
 	// ClosedLag, if set, observes the leader's closed-epoch lag each time
 	// it begins a close (DESIGN.md §13): the publisher's epoch minus the
 	// range's closed epoch, in epochs.
