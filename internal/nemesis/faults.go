@@ -54,6 +54,8 @@ const (
 	faultQuietKill     = "hush the load until the epochs and a range's Raft clock idle and then kill its leader"
 	faultHoldSide      = "deliver side-transported closes up to 1.5 s late while a lease moves"
 	faultStarveLog     = "starve a range's follower or non-voter of the log alone and idle the range so its closes go outside the log"
+	faultDiskStall     = "stall a range leader's disk: its fsyncs wait 1–2 s under load"
+	faultDiskStallKill = "stall a range leader's disk and kill it while its fsyncs wait"
 )
 
 // FaultKinds lists every kind of fault a campaign injects.
@@ -61,7 +63,8 @@ var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultD
 	faultRestartAll, faultExclude, faultPrepared, faultPreparedCrash, faultDecided, faultDecidedCrash,
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultMergeMove, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
 	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
-	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill, faultHoldSide, faultStarveLog}
+	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill, faultHoldSide, faultStarveLog,
+	faultDiskStall, faultDiskStallKill}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -190,6 +193,30 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 				continue
 			}
 			heal = func() error { return cp.c.RestartNode(id) }
+		case faultDiskStall, faultDiskStallKill:
+			// The leader's Ready loop waits on its append's fsync, having
+			// sent the entries and applied what was committed (raftgroup's
+			// commitAppend): its followers elect another leader, and a kill
+			// while the fsyncs wait loses what the leader applied since its
+			// last sync, which its log must replay.
+			id := cp.c.Leader(ranges[r.IntN(len(ranges))].ID)
+			n := cp.c.Node(id)
+			if n == nil {
+				continue
+			}
+			stall := n.HoldSyncs()
+			if stall == nil {
+				continue // a store not crashable: nothing to hold
+			}
+			heal = func() error { stall.Release(); return nil }
+			if kind == faultDiskStallKill {
+				heal = func() error {
+					if err := cp.c.KillNode(id); err != nil { // the crash ends the hold, nothing synced
+						return err
+					}
+					return cp.c.RestartNode(id)
+				}
+			}
 		case faultQuietKill:
 			// Epochs at their idle pace (epoch.Pace), and a range's Raft
 			// clock at its own (raftgroup's idle.go), then its leader

@@ -616,6 +616,11 @@ func (n *Node) Close() error {
 	return n.closeParts()
 }
 
+// HoldSyncs stalls the node's store as a disk whose flushes hang: its
+// fsyncs wait until the hold's Release, or the node's Kill (storage.SyncHold).
+// For fault campaigns: nil unless the node runs with Config.Crashable.
+func (n *Node) HoldSyncs() *storage.SyncHold { return n.engine.HoldSyncs() }
+
 // Kill stops the node and leaves its store as a power loss would, losing
 // every write not yet synced (with Config.Crashable; otherwise it is Close).
 // The caller isolates the node first (transport.Network.Kill), so nothing it

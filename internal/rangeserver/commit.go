@@ -319,9 +319,7 @@ func (r *Replica) observeStage(s CommitStage, began time.Time) {
 // epoch 0, which changes nothing.
 func (r *Replica) settleOnePhase(l *leadership, txnID []byte, committedEpoch uint64) {
 	barrier := EncodeCommand(&pb.Command{Cmd: &pb.Command_Closed{Closed: &pb.ClosedEpochCmd{LeaseStart: l.start}}})
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
+	r.spawn(func() { // a request's goroutine: Close may have begun
 		for {
 			ctx, cancel := context.WithTimeout(l.ctx, proposeTimeout)
 			_, err := r.group.Propose(ctx, barrier)
@@ -334,7 +332,7 @@ func (r *Replica) settleOnePhase(l *leadership, txnID []byte, committedEpoch uin
 				return
 			}
 		}
-	}()
+	})
 }
 
 // checkWrites refuses a write outside the range.

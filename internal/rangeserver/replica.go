@@ -272,7 +272,13 @@ type Replica struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// wg counts the loop and the goroutines it starts, and those a request
+	// starts through spawn; spawnMu orders spawn's Add against Close's
+	// Wait (an Add once Wait may have seen zero panics), and closing
+	// refuses spawns once Close has begun.
+	wg      sync.WaitGroup
+	spawnMu sync.Mutex
+	closing bool
 }
 
 // NewReplica ties a range's state machine to its Raft group, reading from
@@ -302,9 +308,28 @@ func (r *Replica) Start() {
 
 // Close stops the loop, gives up leadership (waking lock waiters) and waits.
 func (r *Replica) Close() {
+	r.spawnMu.Lock()
+	r.closing = true
+	r.spawnMu.Unlock()
 	r.cancel()
 	r.wg.Wait()
 	r.stepDown()
+}
+
+// spawn runs f on a goroutine that Close waits for, from a goroutine that
+// is not one Close waits for (a request's). Once Close has begun, f does
+// not run.
+func (r *Replica) spawn(f func()) {
+	r.spawnMu.Lock()
+	defer r.spawnMu.Unlock()
+	if r.closing {
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		f()
+	}()
 }
 
 // Desc returns the range's descriptor.
