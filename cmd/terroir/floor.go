@@ -80,8 +80,9 @@ func printFloor(f floor) {
 // on keys of keys (one round trip: DB.Put, DB.Get) and the same as
 // interactive transactions (Begin, Put or Get, Commit), and prints each
 // P50 against its floor (issue 17: a write within 1.5 × write(), a read
-// within 2 × read()).
-func singleClient(ctx context.Context, db *client.DB, key func(i int) []byte, f floor, d time.Duration) error {
+// within 2 × read()), and the mean time its commits spent in each stage at
+// the range leader (terroir_commit_stage_seconds on c's nodes).
+func singleClient(ctx context.Context, c *localcluster.Cluster, db *client.DB, key func(i int) []byte, f floor, d time.Duration) error {
 	value := make([]byte, 100)
 	i := 0
 	next := func() []byte { i++; return key(i) }
@@ -117,7 +118,9 @@ func singleClient(ctx context.Context, db *client.DB, key func(i int) []byte, f 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		before := sampleCost(c).stages
 		h, fails := runFor(d, 1, r.op)
+		after := sampleCost(c).stages
 		if h.Count() == 0 {
 			return fmt.Errorf("%s: no transaction succeeded in %s (%d failed)", r.name, d, fails)
 		}
@@ -126,8 +129,16 @@ func singleClient(ctx context.Context, db *client.DB, key func(i int) []byte, f 
 		if float64(p50) > r.factor*float64(r.bound) {
 			verdict = "over"
 		}
-		fmt.Printf("  %-34s P50 %s P99 %s = %.2f × floor %s (%s the %.1f× target)\n", r.name,
-			latency.MS(p50), latency.MS(h.Quantile(99)), float64(p50)/float64(r.bound), latency.MS(r.bound), verdict, r.factor)
+		fmt.Printf("  %-34s P50 %s P99 %s = %.2f × floor %s (%s the %.1f× target)%s\n", r.name,
+			latency.MS(p50), latency.MS(h.Quantile(99)), float64(p50)/float64(r.bound), latency.MS(r.bound), verdict, r.factor, atLeader(stageMeans(before, after)))
 	}
 	return nil
+}
+
+// atLeader introduces a single client's stage means (stageMeans), if any.
+func atLeader(means string) string {
+	if means == "" {
+		return ""
+	}
+	return "; at the range leader, mean ms:" + means
 }

@@ -309,7 +309,7 @@ func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, cluster
 	}
 	printFloor(fl)
 	records := max(cfg.Workload.RecordCount, 1)
-	if err := singleClient(ctx, db, func(i int) []byte { return cfg.Keys.Key(uint64(i % records)) }, fl, time.Second); err != nil {
+	if err := singleClient(ctx, c, db, func(i int) []byte { return cfg.Keys.Key(uint64(i % records)) }, fl, time.Second); err != nil {
 		return nil, nil, err
 	}
 	return res, cost, nil
