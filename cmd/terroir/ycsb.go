@@ -228,6 +228,7 @@ func runYCSB(ctx context.Context, name string, store ycsb.Store, cfg ycsb.Config
 	}
 	if c != nil {
 		printCost(cost, sampleCost(c), res.Ops())
+		printLeaders(c)
 	}
 	if len(remote) > 0 {
 		printRemote(remoteBefore, sampleRemote(ctx, remote), res.Ops())

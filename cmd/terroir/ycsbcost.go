@@ -302,3 +302,15 @@ func busiest(before, after map[string]float64, per float64, top int) []methodCou
 	sort.Slice(out, func(i, j int) bool { return out[i].n > out[j].n })
 	return out[:min(top, len(out))]
 }
+
+// printLeaders prints which node leads each of the embedded cluster's
+// groups at the end of a run: where the commit path's stages ran (the
+// range leader, the local epoch's leader, whose replicas an epoch read
+// asks), which varies from run to run and with it the figures.
+func printLeaders(c *localcluster.Cluster) {
+	line := "leaders at the end:"
+	for _, g := range c.Topology.Groups {
+		line += fmt.Sprintf(" %s %d on node %d,", g.Kind, g.ID, c.Leader(g.ID))
+	}
+	fmt.Println(strings.TrimSuffix(line, ","))
+}
