@@ -195,10 +195,10 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 			heal = func() error { return cp.c.RestartNode(id) }
 		case faultDiskStall, faultDiskStallKill:
 			// The leader's Ready loop waits on its append's fsync, having
-			// sent the entries and applied what was committed (raftgroup's
-			// commitAppend): its followers elect another leader, and a kill
-			// while the fsyncs wait loses what the leader applied since its
-			// last sync, which its log must replay.
+			// sent the entries (a leader sends before it persists): its
+			// followers may commit them and elect another leader, and a
+			// kill while the fsyncs wait loses what the leader wrote since
+			// its last sync, which the others' logs must make up.
 			id := cp.c.Leader(ranges[r.IntN(len(ranges))].ID)
 			n := cp.c.Node(id)
 			if n == nil {

@@ -953,9 +953,16 @@ func (g *Group) handleReady(rd raft.Ready) error {
 			return err
 		}
 	}
-	appended, err := g.commitAppend(b, sync, early && len(rd.CommittedEntries) > 0 && raft.IsEmptySnap(rd.Snapshot))
-	if err != nil {
-		return err
+	if b.Empty() {
+		_ = b.Close()
+	} else {
+		start := time.Now()
+		if err := g.e.Commit(b, sync); err != nil {
+			return err
+		}
+		if sync {
+			g.metrics.appendSync.Observe(time.Since(start).Seconds())
+		}
 	}
 	if !early {
 		g.sendAll(rd.Messages)
@@ -963,55 +970,15 @@ func (g *Group) handleReady(rd raft.Ready) error {
 	if len(rd.CommittedEntries) > 0 {
 		start := time.Now()
 		if err := g.apply(rd.CommittedEntries); err != nil {
-			return errors.Join(err, appended())
+			return err
 		}
 		g.metrics.apply.Observe(time.Since(start).Seconds())
 		g.metrics.applied.Add(float64(len(rd.CommittedEntries)))
 	}
-	if err := appended(); err != nil {
-		return err
-	}
 	g.rn.Advance(rd)
-	err = g.maybeCompact()
+	err := g.maybeCompact()
 	g.first.Store(g.ls.first)
 	return err
-}
-
-// commitAppend commits b, a Ready's entries and hard state, synced if sync. It
-// returns once b is durable, unless overlap: then it returns once b is applied
-// and queued for the WAL, and appended waits for the fsync. A leader overlaps
-// its fsync with applying the Ready's committed entries, which cuts an fsync
-// from the commit path when proposals keep the leader's log growing: etcd raft
-// commits none of a leader's own entries before they are durable (Advance acks
-// them), so its committed entries are in the log on disk already, and the apply
-// batch follows b in the WAL, so a crash that keeps the apply keeps b. A
-// follower keeps the order (durable, acknowledge, apply), since it acknowledges
-// only after the fsync.
-func (g *Group) commitAppend(b *pebble.Batch, sync, overlap bool) (appended func() error, err error) {
-	none := func() error { return nil }
-	if b.Empty() {
-		_ = b.Close()
-		return none, nil
-	}
-	start := time.Now()
-	if !sync || !overlap {
-		if err := g.e.Commit(b, sync); err != nil {
-			return nil, err
-		}
-		if sync {
-			g.metrics.appendSync.Observe(time.Since(start).Seconds())
-		}
-		return none, nil
-	}
-	wait, err := g.e.CommitSyncLater(b)
-	if err != nil {
-		return nil, err
-	}
-	return func() error {
-		err := wait()
-		g.metrics.appendSync.Observe(time.Since(start).Seconds())
-		return err
-	}, nil
 }
 
 func (g *Group) sendAll(msgs []*raftpb.Message) {

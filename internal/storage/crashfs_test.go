@@ -84,10 +84,9 @@ func TestCrashOfPlainEngineIsClose(t *testing.T) {
 	}
 }
 
-// A held store's synced commits wait for the hold while its writes are
-// readable at once (CommitSyncLater returns before the fsync); Pass lets
-// the waiting fsyncs through and holds the next; a crash ends the hold,
-// and what was held is lost, what passed is kept.
+// A held store's synced commits wait for the hold; Pass lets the waiting
+// fsyncs through and holds the next; a crash ends the hold, and what was
+// held is lost, what passed is kept.
 func TestHeldSyncsWaitAndACrashLosesThem(t *testing.T) {
 	dir := t.TempDir()
 	e, err := OpenCrashable(dir, 1)
@@ -98,20 +97,14 @@ func TestHeldSyncsWaitAndACrashLosesThem(t *testing.T) {
 	if hold == nil {
 		t.Fatal("HoldSyncs on a crashable engine returned nil")
 	}
-	commit := func(key string) (queued chan struct{}, synced chan error) {
-		queued, synced = make(chan struct{}), make(chan error, 1)
+	commit := func(key string) chan error {
+		synced := make(chan error, 1)
 		go func() {
 			b := e.NewBatch()
 			_ = b.Set([]byte(key), []byte("v"), nil)
-			wait, err := e.CommitSyncLater(b)
-			close(queued)
-			if err != nil {
-				synced <- err
-				return
-			}
-			synced <- wait()
+			synced <- e.Commit(b, true)
 		}()
-		return queued, synced
+		return synced
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
@@ -121,23 +114,18 @@ func TestHeldSyncsWaitAndACrashLosesThem(t *testing.T) {
 			}
 		}
 	}
-	queued, syncedA := commit("a")
-	<-queued
-	if v, err := e.Get([]byte("a")); err != nil || v == nil {
-		t.Fatalf("a not readable before its fsync: %q, %v", v, err)
-	}
+	syncedA := commit("a")
 	waitFor("no fsync came to the hold", func() bool { return hold.Waiting() > 0 })
 	select {
 	case err := <-syncedA:
-		t.Fatalf("a's commit was durable while the store's fsyncs were held (err %v)", err)
+		t.Fatalf("a's synced commit returned while the store's fsyncs were held (err %v)", err)
 	case <-time.After(50 * time.Millisecond):
 	}
 	hold.Pass()
 	if err := <-syncedA; err != nil {
 		t.Fatal(err)
 	}
-	queued, syncedB := commit("b")
-	<-queued
+	syncedB := commit("b")
 	waitFor("the fsync after Pass was not held", func() bool { return hold.Waiting() > 0 })
 	e.Crash()
 	if err := <-syncedB; err != nil {

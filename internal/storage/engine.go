@@ -333,27 +333,6 @@ func (e *Engine) Commit(b *pebble.Batch, sync bool) error {
 	return nil
 }
 
-// CommitSyncLater applies b atomically and returns once its writes are
-// visible to readers and queued for the WAL, before the WAL's fsync; b is in
-// the fsync'd WAL once wait returns nil. The caller must call wait exactly once
-// (it closes b). Batches committed after this one follow it in the WAL, so a
-// crash that keeps any of them keeps b too. Errors: wait returns the fsync's
-// error wrapped; CommitSyncLater returns the apply's (and closes b).
-func (e *Engine) CommitSyncLater(b *pebble.Batch) (wait func() error, err error) {
-	if err := e.db.ApplyNoSyncWait(b, pebble.Sync); err != nil {
-		_ = b.Close()
-		return nil, fmt.Errorf("storage: commit: %w", err)
-	}
-	return func() error {
-		err := b.SyncWait()
-		_ = b.Close()
-		if err != nil {
-			return fmt.Errorf("storage: commit: %w", err)
-		}
-		return nil
-	}, nil
-}
-
 // Scan calls fn for each key in [lo, hi) in order until fn returns false or an
 // error. The slices passed to fn are valid only during the call.
 func (e *Engine) Scan(lo, hi []byte, fn func(k, v []byte) (bool, error)) error {
