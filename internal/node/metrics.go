@@ -84,7 +84,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 			Buckets: latencyBuckets,
 		}),
 		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "terroir_commit_stage_seconds", Help: "Time a one-phase commit spent at its range leader in each stage: locks (a one-shot's locks taken, waits included), epochs (the local and global epochs read), replicate (its writes proposed, committed and applied).",
+			Name: "terroir_commit_stage_seconds", Help: "Time a one-phase commit spent at its range leader in each stage: locks (a one-shot's locks taken, waits included), epochs (the local and global epochs read, and beside them the write set's newest versions looked up), replicate (its writes proposed, committed and applied).",
 			Buckets: latencyBuckets,
 		}, []string{"stage"}),
 		closedLag: prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -284,7 +284,7 @@ type CommitStage int
 // The stages of a one-phase commit, in order.
 const (
 	StageLocks     CommitStage = iota // a one-shot's locks taken (waits included)
-	StageEpochs                       // the local (and global) epoch read
+	StageEpochs                       // the local (and global) epoch read, and the write set's newest versions beside it
 	StageReplicate                    // the writes proposed, committed and applied
 	NumCommitStages
 )

@@ -125,7 +125,7 @@ type Config struct {
 	// CommitStages, if set, observe the seconds a one-phase commit
 	// (CommitOnePhase) spent in each stage at the range leader, indexed by
 	// CommitStage: taking its locks (a one-shot's, waits included), reading
-	// the epochs, and replicating its writes (proposal to applied; a commit
+	// the epochs (and the write set's newest versions), and replicating its writes (proposal to applied; a commit
 	// with writes only). Nil entries observe nothing.
 	CommitStages [NumCommitStages]prometheus.Observer
 	// ClosedLag, if set, observes the leader's closed-epoch lag each time
@@ -274,11 +274,9 @@ type Replica struct {
 	cancel context.CancelFunc
 	// wg counts the loop and the goroutines it starts, and those a request
 	// starts through spawn; spawnMu orders spawn's Add against Close's
-	// Wait (an Add once Wait may have seen zero panics), and closing
-	// refuses spawns once Close has begun.
+	// cancel, and so its Wait (an Add once Wait may have seen zero panics).
 	wg      sync.WaitGroup
 	spawnMu sync.Mutex
-	closing bool
 }
 
 // NewReplica ties a range's state machine to its Raft group, reading from
@@ -309,9 +307,8 @@ func (r *Replica) Start() {
 // Close stops the loop, gives up leadership (waking lock waiters) and waits.
 func (r *Replica) Close() {
 	r.spawnMu.Lock()
-	r.closing = true
-	r.spawnMu.Unlock()
 	r.cancel()
+	r.spawnMu.Unlock()
 	r.wg.Wait()
 	r.stepDown()
 }
@@ -322,7 +319,7 @@ func (r *Replica) Close() {
 func (r *Replica) spawn(f func()) {
 	r.spawnMu.Lock()
 	defer r.spawnMu.Unlock()
-	if r.closing {
+	if r.ctx.Err() != nil {
 		return
 	}
 	r.wg.Add(1)

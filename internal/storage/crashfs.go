@@ -181,31 +181,42 @@ func (c *crashFS) cut() error {
 func (c *crashFS) crash() {
 	c.mu.Lock()
 	c.crashed = true
-	if c.hold != nil {
-		close(c.hold.open)
-		c.hold = nil
-	}
+	c.holdLocked(false)
 	c.mu.Unlock()
 }
 
-// syncGate is one generation of held fsyncs: they wait until open closes.
+// syncGate is a hold's fsyncs: they wait until open closes.
 type syncGate struct {
 	open    chan struct{}
 	waiting int // fsyncs that came to this gate
 }
 
-// waitSync returns once the file system lets an fsync through: at once
-// unless fsyncs are held.
-func (c *crashFS) waitSync() {
+// holdLocked lets the fsyncs waiting at the hold, if any, go through, and
+// holds later ones if held. c.mu is held.
+func (c *crashFS) holdLocked(held bool) {
+	if c.hold != nil {
+		close(c.hold.open)
+		c.hold = nil
+	}
+	if held {
+		c.hold = &syncGate{open: make(chan struct{})}
+	}
+}
+
+// waitSync returns once the file system lets an fsync through (at once
+// unless fsyncs are held), and whether the crash has come: then the fsync
+// reaches nothing.
+func (c *crashFS) waitSync() (dead bool) {
 	c.mu.Lock()
 	g := c.hold
 	if g == nil {
-		c.mu.Unlock()
-		return
+		defer c.mu.Unlock()
+		return c.crashed
 	}
 	g.waiting++
 	c.mu.Unlock()
 	<-g.open
+	return c.dead()
 }
 
 func (c *crashFS) dead() bool {
@@ -255,7 +266,7 @@ func (f *crashFile) synced(upTo int64) {
 
 // Sync implements vfs.File.
 func (f *crashFile) Sync() error {
-	if f.fs.waitSync(); f.fs.dead() {
+	if f.fs.waitSync() {
 		return nil
 	}
 	if err := f.File.Sync(); err != nil {
@@ -267,7 +278,7 @@ func (f *crashFile) Sync() error {
 
 // SyncData implements vfs.File.
 func (f *crashFile) SyncData() error {
-	if f.fs.waitSync(); f.fs.dead() {
+	if f.fs.waitSync() {
 		return nil
 	}
 	if err := f.File.SyncData(); err != nil {
@@ -279,7 +290,7 @@ func (f *crashFile) SyncData() error {
 
 // SyncTo implements vfs.File.
 func (f *crashFile) SyncTo(length int64) (bool, error) {
-	if f.fs.waitSync(); f.fs.dead() {
+	if f.fs.waitSync() {
 		return true, nil
 	}
 	full, err := f.File.SyncTo(length)
@@ -300,24 +311,19 @@ func (f *crashFile) SyncTo(length int64) (bool, error) {
 type SyncHold struct{ c *crashFS }
 
 // HoldSyncs holds the store's fsyncs until the hold's Release, for fault
-// tests. It returns nil on an engine not opened crashable, and replaces a
-// hold already in place (whose fsyncs go through).
+// tests. It returns nil on an engine not opened crashable. One hold at a
+// time: a second call lets the first one's fsyncs through and holds again.
 func (e *Engine) HoldSyncs() *SyncHold {
 	if e.crash == nil {
 		return nil
 	}
-	c := e.crash
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.hold != nil {
-		close(c.hold.open)
-	}
-	c.hold = &syncGate{open: make(chan struct{})}
-	return &SyncHold{c: c}
+	e.crash.mu.Lock()
+	defer e.crash.mu.Unlock()
+	e.crash.holdLocked(true)
+	return &SyncHold{c: e.crash}
 }
 
-// Waiting returns how many fsyncs have come to the hold since it began or
-// last passed fsyncs through.
+// Waiting returns how many fsyncs have come to the hold.
 func (h *SyncHold) Waiting() int {
 	h.c.mu.Lock()
 	defer h.c.mu.Unlock()
@@ -327,21 +333,9 @@ func (h *SyncHold) Waiting() int {
 	return h.c.hold.waiting
 }
 
-// Pass lets the fsyncs waiting now go through and goes on holding later ones.
-func (h *SyncHold) Pass() { h.end(true) }
-
 // Release lets every fsync go through, now and later.
-func (h *SyncHold) Release() { h.end(false) }
-
-func (h *SyncHold) end(again bool) {
+func (h *SyncHold) Release() {
 	h.c.mu.Lock()
 	defer h.c.mu.Unlock()
-	if h.c.hold == nil {
-		return
-	}
-	close(h.c.hold.open)
-	h.c.hold = nil
-	if again {
-		h.c.hold = &syncGate{open: make(chan struct{})}
-	}
+	h.c.holdLocked(false)
 }

@@ -84,9 +84,9 @@ func TestCrashOfPlainEngineIsClose(t *testing.T) {
 	}
 }
 
-// A held store's synced commits wait for the hold; Pass lets the waiting
-// fsyncs through and holds the next; a crash ends the hold, and what was
-// held is lost, what passed is kept.
+// A held store's synced commits wait for the hold; Release lets them
+// through; a crash ends a hold, and what was held is lost, what was
+// released is kept.
 func TestHeldSyncsWaitAndACrashLosesThem(t *testing.T) {
 	dir := t.TempDir()
 	e, err := OpenCrashable(dir, 1)
@@ -121,12 +121,13 @@ func TestHeldSyncsWaitAndACrashLosesThem(t *testing.T) {
 		t.Fatalf("a's synced commit returned while the store's fsyncs were held (err %v)", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	hold.Pass()
+	hold.Release()
 	if err := <-syncedA; err != nil {
 		t.Fatal(err)
 	}
+	hold = e.HoldSyncs()
 	syncedB := commit("b")
-	waitFor("the fsync after Pass was not held", func() bool { return hold.Waiting() > 0 })
+	waitFor("b's fsync was not held", func() bool { return hold.Waiting() > 0 })
 	e.Crash()
 	if err := <-syncedB; err != nil {
 		t.Fatal(err)
