@@ -10,6 +10,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/epoch/epochpb"
 	"github.com/terroir-db/terroir/internal/topology"
+	"github.com/terroir-db/terroir/internal/transport"
 )
 
 // fakeReplicas answers a Reader's ReadEpoch requests in place of a group's
@@ -20,18 +21,22 @@ type fakeReplicas struct {
 	epochs map[uint64]uint64
 	failed map[uint64]bool
 	hung   map[uint64]bool
+	delay  map[uint64]time.Duration // how long a node takes to answer
 	asked  map[uint64]int
 }
 
 func newFakeReplicas(epochs map[uint64]uint64) *fakeReplicas {
-	return &fakeReplicas{epochs: epochs, failed: map[uint64]bool{}, hung: map[uint64]bool{}, asked: map[uint64]int{}}
+	return &fakeReplicas{epochs: epochs, failed: map[uint64]bool{}, hung: map[uint64]bool{}, delay: map[uint64]time.Duration{}, asked: map[uint64]int{}}
 }
 
 func (f *fakeReplicas) serve(ctx context.Context, id uint64, _ *epochpb.ReadEpochRequest) (*epochpb.ReadEpochResponse, error) {
 	f.mu.Lock()
 	f.asked[id]++
-	e, failed, hung := f.epochs[id], f.failed[id], f.hung[id]
+	e, failed, hung, delay := f.epochs[id], f.failed[id], f.hung[id], f.delay[id]
 	f.mu.Unlock()
+	if delay > 0 && !transport.SleepCtx(ctx, delay) {
+		return nil, ctx.Err()
+	}
 	switch {
 	case hung:
 		<-ctx.Done()
@@ -104,8 +109,8 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	for i := 0; i < reads; i++ {
 		read(50)
 	}
-	// A read whose two replies took over hedgeAfter (1 ms: a loaded
-	// machine's scheduling delay) asked the third too, as it should: each
+	// A read whose two replies took over hedgeAfter (at least 1 ms: a
+	// loaded machine's scheduling delay) asked the third too, as it should: each
 	// such hedge adds one ask of a third replica. Beyond those, and the
 	// first read's, none.
 	_, _, hedges := r.Stats()
@@ -134,8 +139,8 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	f.mu.Unlock()
 	began := time.Now()
 	read(50) // node 1 and, after hedgeAfter, node `other`
-	if took := time.Since(began); took < hedgeAfter {
-		t.Fatalf("with node %d hung the read took %v; it should have waited %v before asking the third", third, took, hedgeAfter)
+	if took := time.Since(began); took < hedgeMin {
+		t.Fatalf("with node %d hung the read took %v; it should have waited %v before asking the third", third, took, hedgeMin)
 	}
 	if got := f.counts(); got[other] != 1 {
 		t.Fatalf("with node %d hung: asked %v; want node %d after the hedge", third, got, other)
@@ -152,6 +157,95 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	_, splits, after := r.Stats()
 	if splits != 0 || after-hedges != 3 {
 		t.Fatalf("splits %d, hedges %d since the agreeing reads; want 0 and 3 (a failure, a hang, a disagreement: one each, however late the replies)", splits, after-hedges)
+	}
+}
+
+// TestTheHedgeWaitsForTheSlowTail: an attempt asks the third voter only
+// once it has taken twice the reader's recent time to decide (within
+// [hedgeMin, hedgeMax]), so replicas that all answer in 3 ms (a loaded
+// machine) cost two asks a read, not three; and a replica that then hangs
+// costs one read the wait before the hedge, after which the reader
+// prefers the one that answered. It fails with a fixed 1 ms hedge
+// ("30 reads hedged 30 times").
+func TestTheHedgeWaitsForTheSlowTail(t *testing.T) {
+	const slow = 3 * time.Millisecond
+	f := newFakeReplicas(map[uint64]uint64{1: 50, 2: 50, 3: 50})
+	f.delay[2], f.delay[3] = slow, slow
+	r := fakeReader(t, f)
+	r.demandEvery = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	read := func() {
+		t.Helper()
+		if e, err := r.Read(ctx); err != nil || e != 50 {
+			t.Fatalf("read %d, %v; want 50", e, err)
+		}
+	}
+	if got := r.hedgeAfter(); got != hedgeMin {
+		t.Fatalf("a reader that has decided nothing hedges after %v; want %v", got, hedgeMin)
+	}
+	read() // the first read asks every voter (demandDue): no hedge to time
+	const reads = 30
+	_, _, before := r.Stats()
+	for range reads {
+		read()
+	}
+	_, _, after := r.Stats()
+	// The first bare attempt hedges after hedgeMin, as nothing has been
+	// timed yet; from then on the wait is twice ~3 ms, capped at 5 ms. A
+	// reply late past that (a loaded CI machine) hedges too, rarely.
+	if hedged := after - before; hedged > reads/3 {
+		t.Fatalf("%d reads hedged %d times with every replica answering in %v; want at most %d", reads, hedged, slow, reads/3)
+	}
+	if got := r.hedgeAfter(); got < 2*slow-slow/2 && got != hedgeMax {
+		t.Fatalf("after reads that took about %v, the hedge waits %v; want about twice that, at most %v", slow, got, hedgeMax)
+	}
+	f.settle(1 + 2*reads + int(after-before))
+	f.counts()
+
+	other := r.preferred.Load()
+	third := 5 - other
+	f.mu.Lock()
+	f.hung[other] = true
+	f.mu.Unlock()
+	wait := r.hedgeAfter()
+	began := time.Now()
+	read()
+	if took := time.Since(began); took < wait {
+		t.Fatalf("with node %d hung the read took %v; it should have waited %v before asking node %d", other, took, wait, third)
+	}
+	if got := f.counts(); got[third] != 1 {
+		t.Fatalf("with node %d hung: asked %v; want node %d after the hedge", other, got, third)
+	}
+	if p := r.preferred.Load(); p != third {
+		t.Fatalf("preferred %d after node %d hung; want %d, which answered", p, other, third)
+	}
+}
+
+// TestHedgeAfterIsTwiceTheTimeToDecideWithinItsBounds: the wait before a
+// hedge follows the moving mean of the time to decide, within
+// [hedgeMin, hedgeMax].
+func TestHedgeAfterIsTwiceTheTimeToDecideWithinItsBounds(t *testing.T) {
+	r := NewReader(nil, topology.Group{ID: 1, Region: "r", Replicas: []uint64{1, 2, 3}})
+	defer r.Close()
+	for _, tc := range []struct {
+		decided []time.Duration
+		want    time.Duration
+	}{
+		{nil, hedgeMin},
+		{[]time.Duration{100 * time.Microsecond}, hedgeMin},
+		{[]time.Duration{1500 * time.Microsecond}, 3 * time.Millisecond},
+		{[]time.Duration{time.Second}, hedgeMax},
+		// One slow attempt among fast ones moves the mean by an eighth.
+		{[]time.Duration{time.Millisecond, 9 * time.Millisecond}, 4 * time.Millisecond},
+	} {
+		r.decideNs.Store(0)
+		for _, d := range tc.decided {
+			r.observeDecide(d)
+		}
+		if got := r.hedgeAfter(); got != tc.want {
+			t.Errorf("after attempts that took %v: hedge after %v, want %v", tc.decided, got, tc.want)
+		}
 	}
 }
 

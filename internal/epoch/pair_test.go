@@ -170,7 +170,7 @@ func TestPairedReadsShareOneRPC(t *testing.T) {
 	for i := 0; i < reads; i++ {
 		read()
 	}
-	// A reader whose joint reply took over hedgeAfter (1 ms: a loaded
+	// A reader whose joint reply took over hedgeAfter (at least 1 ms: a loaded
 	// machine's scheduling delay, as under -race in CI) asked its group's
 	// third voter too, on its own, as it should: a ReadEpoch per hedge.
 	// If the third answered first, the readers prefer it from then on

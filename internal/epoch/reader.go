@@ -92,6 +92,11 @@ type Reader struct {
 	// does (demandDue).
 	demanded    atomic.Int64
 	demandEvery time.Duration
+
+	// decideNs is the moving mean (ns; 0: none yet) of how long the
+	// reader's attempts that asked a bare majority first took to decide
+	// (observeDecide), from which hedgeAfter derives.
+	decideNs atomic.Int64
 }
 
 // waiter is a caller waiting for the next round, and whether it wants the
@@ -430,9 +435,12 @@ func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, dec
 	}
 	// A bare majority first; the other voters once one of those fails,
 	// they answer without deciding, or hedgeAfter (waitHedgeAfter) passes.
+	// An attempt that asked a bare majority for a plain read feeds the
+	// time it took into the next ones' hedgeAfter.
 	var hedge <-chan time.Time
+	bare, began := !all && req.GetWaitUs() == 0, time.Now()
 	if !all {
-		after := hedgeAfter
+		after := r.hedgeAfter()
 		if req.GetWaitUs() > 0 {
 			after = waitHedgeAfter
 		}
@@ -471,6 +479,9 @@ func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, dec
 		}
 		if e, ok := decide(t); ok {
 			r.prefer(t, e)
+			if bare {
+				r.observeDecide(time.Since(began))
+			}
 			return e, true, false, nil
 		}
 		if n+1 == len(asked) {
@@ -489,12 +500,49 @@ func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, dec
 	return 0, false, lost, err
 }
 
-// hedgeAfter is how long an attempt waits for the bare majority it asked
-// first before it asks the group's other voters too: 1 ms, ten loopback
-// round trips of an epoch read.
-const hedgeAfter = time.Millisecond
+// An attempt waits hedgeTimes its reader's recent time to decide, within
+// [hedgeMin, hedgeMax], for the bare majority it asked first before it
+// asks the group's other voters too (hedgeAfter): a hedge is for the
+// slowest attempts, not the usual one. hedgeMin, 1 ms, is ten loopback
+// round trips of an idle epoch read. Under load an attempt takes 1–2 ms
+// (issue 17: the remote replica's reply waits its turn on a busy
+// machine), so a fixed 1 ms hedged 57% of the attempts, a third RPC for
+// more than half the rounds; at twice the mean, only the slow tail does.
+// hedgeMax, 5 ms, bounds what one silent replica costs an attempt before
+// it asks the others (after which it prefers one that answered).
+const (
+	hedgeMin   = time.Millisecond
+	hedgeMax   = 5 * time.Millisecond
+	hedgeTimes = 2
+)
 
-// waitHedgeAfter is hedgeAfter for an attempt whose replicas wait for the
+// decideWeight is the weight of the newest attempt in decideNs's moving
+// mean: 1/8.
+const decideWeight = 8
+
+// hedgeAfter returns how long an attempt that asked a bare majority first
+// waits for it before asking the other voters (hedgeTimes the recent time
+// to decide, within [hedgeMin, hedgeMax]).
+func (r *Reader) hedgeAfter() time.Duration {
+	return min(max(hedgeTimes*time.Duration(r.decideNs.Load()), hedgeMin), hedgeMax)
+}
+
+// observeDecide adds d, how long an attempt that asked a bare majority
+// first took to decide (hedged or not), to decideNs's moving mean.
+func (r *Reader) observeDecide(d time.Duration) {
+	for {
+		old := r.decideNs.Load()
+		next := int64(d)
+		if old != 0 {
+			next = old + (int64(d)-old)/decideWeight
+		}
+		if r.decideNs.CompareAndSwap(old, max(next, 1)) {
+			return
+		}
+	}
+}
+
+// waitHedgeAfter is hedgeAfter's for an attempt whose replicas wait for the
 // epoch (AtLeast): they answer when they apply it, which a follower does a
 // few ms after its leader on a loaded machine (P90 4.4 ms under bench
 // paper), so only a replica silent for longer is taken as slow.
