@@ -542,7 +542,7 @@ func (r *Reader) observeDecide(d time.Duration) {
 	}
 }
 
-// waitHedgeAfter is hedgeAfter's for an attempt whose replicas wait for the
+// waitHedgeAfter replaces hedgeAfter for an attempt whose replicas wait for the
 // epoch (AtLeast): they answer when they apply it, which a follower does a
 // few ms after its leader on a loaded machine (P90 4.4 ms under bench
 // paper), so only a replica silent for longer is taken as slow.
