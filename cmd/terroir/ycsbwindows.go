@@ -12,7 +12,8 @@ import (
 // windows reports a long run window by window (issue 17's steady state):
 // every `every`, the window's throughput (operations per second) and the
 // P50/P99 of every operation it completed; at the end, the last window's
-// throughput against the second's (the first includes the warm-up).
+// throughput against the second's (the first includes the warm-up), and
+// the last five windows' mean against windows 2–6's (steadyMeans).
 // With cost (the embedded cluster's), each window also prints what an
 // operation of it cost: CPU, RPCs (more when a split or a lease transfer
 // puts a range's leader on another node than the client's) and disk
@@ -73,9 +74,40 @@ func (w *windows) run(done <-chan struct{}) {
 	}
 }
 
-// summary prints the last full window's throughput against the second's.
+// summary prints the last full window's throughput against the second's,
+// and the mean of the last steadySpan windows against that of windows 2
+// to steadySpan+1 (steadyMeans).
 func (w *windows) summary() {
 	if n := len(w.rates); n >= 3 && w.rates[1] > 0 {
 		fmt.Printf("  %s: window %d at %.0f ops/s is %.2f× window 2 (%.0f ops/s)\n", w.name, n, w.rates[n-1], w.rates[n-1]/w.rates[1], w.rates[1])
 	}
+	if first, last, ok := steadyMeans(w.rates); ok {
+		n := len(w.rates)
+		fmt.Printf("  %s: windows %d–%d at %.0f ops/s on average are %.2f× windows 2–%d (%.0f ops/s)\n", w.name, n-steadySpan+1, n, last, last/first, steadySpan+1, first)
+	}
+}
+
+// steadySpan is how many windows steadyMeans averages at each end of a
+// run: one window against one other moves by up to ±15% between
+// neighbouring minutes on a 2-core machine (issue 17), five of them far
+// less.
+const steadySpan = 5
+
+// steadyMeans returns the mean throughput of windows 2 to steadySpan+1
+// (the first includes the warm-up) and of the last steadySpan windows,
+// in operations per second; ok is false unless the two spans are
+// disjoint and the first is above zero.
+func steadyMeans(rates []float64) (first, last float64, ok bool) {
+	if len(rates) < 1+2*steadySpan {
+		return 0, 0, false
+	}
+	mean := func(rs []float64) float64 {
+		sum := 0.0
+		for _, r := range rs {
+			sum += r
+		}
+		return sum / float64(len(rs))
+	}
+	first, last = mean(rates[1:1+steadySpan]), mean(rates[len(rates)-steadySpan:])
+	return first, last, first > 0
 }
