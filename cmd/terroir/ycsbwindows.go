@@ -78,11 +78,11 @@ func (w *windows) run(done <-chan struct{}) {
 // and the mean of the last steadySpan windows against that of windows 2
 // to steadySpan+1 (steadyMeans).
 func (w *windows) summary() {
-	if n := len(w.rates); n >= 3 && w.rates[1] > 0 {
+	n := len(w.rates)
+	if n >= 3 && w.rates[1] > 0 {
 		fmt.Printf("  %s: window %d at %.0f ops/s is %.2f× window 2 (%.0f ops/s)\n", w.name, n, w.rates[n-1], w.rates[n-1]/w.rates[1], w.rates[1])
 	}
 	if first, last, ok := steadyMeans(w.rates); ok {
-		n := len(w.rates)
 		fmt.Printf("  %s: windows %d–%d at %.0f ops/s on average are %.2f× windows 2–%d (%.0f ops/s)\n", w.name, n-steadySpan+1, n, last, last/first, steadySpan+1, first)
 	}
 }

@@ -438,11 +438,12 @@ func (r *Reader) attempt(ctx context.Context, req *epochpb.ReadEpochRequest, dec
 	// An attempt that asked a bare majority for a plain read feeds the
 	// time it took into the next ones' hedgeAfter.
 	var hedge <-chan time.Time
-	bare, began := !all && req.GetWaitUs() == 0, time.Now()
+	waits := req.GetWaitUs() > 0
+	bare, began := !all && !waits, time.Now()
 	if !all {
-		after := r.hedgeAfter()
-		if req.GetWaitUs() > 0 {
-			after = waitHedgeAfter
+		after := waitHedgeAfter
+		if !waits {
+			after = r.hedgeAfter()
 		}
 		tm := time.NewTimer(after)
 		defer tm.Stop()
