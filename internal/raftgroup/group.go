@@ -131,14 +131,18 @@ type Group struct {
 	snapRpts     []func(*raft.RawNode) // snapshot reports: never dropped
 	poke         chan struct{}
 	reads        chan *readRequest
-	pending      uint64                   // loop only: last read request id (random start)
-	pendingReads map[[8]byte]*readRequest // loop only
-	appliedC     chan struct{}            // closed and replaced when Applied changes
-	snapIn       chan *incoming           // streamed snapshots received, for the loop
-	staged       *staged                  // loop only: the received snapshot Raft may accept
-	leadTicks    int                      // loop only: ticks LeadAtStart still campaigns for
-	pace         idlePace                 // loop only: the Raft clock's idle pace (idle.go)
-	appended     map[uint64]time.Time     // loop only: when the leader last sent each follower an append (heartbeat.go)
+	pending      uint64                     // loop only: last read request id (random start)
+	pendingReads map[[8]byte]*readRequest   // loop only
+	appliedC     chan struct{}              // closed and replaced when Applied changes
+	snapIn       chan *incoming             // streamed snapshots received, for the loop
+	staged       *staged                    // loop only: the received snapshot Raft may accept
+	leadTicks    int                        // loop only: ticks LeadAtStart still campaigns for
+	pace         idlePace                   // loop only: the Raft clock's idle pace (idle.go)
+	appended     map[uint64]time.Time       // loop only: when the leader last sent each follower an append (heartbeat.go)
+	commitHold   time.Duration              // LazyCommit's hold (0: none; commitappend.go)
+	held         map[uint64]*raftpb.Message // loop only: the commit-only append held for each follower
+	holdTimer    *time.Timer                // loop only: ends the holds (holdC while armed)
+	holdC        <-chan time.Time           // loop only: holdTimer.C while a hold runs, else nil
 
 	mu     sync.Mutex
 	status Status
@@ -311,6 +315,9 @@ func newGroup(id, self uint64, voters, learners []uint64, e *storage.Engine, sm 
 		pending:      rand.Uint64(),
 		appliedC:     make(chan struct{}),
 		snapIn:       make(chan *incoming),
+	}
+	if lc, ok := sm.(LazyCommit); ok {
+		g.commitHold = lc.CommitHold()
 	}
 	binary.BigEndian.PutUint64(g.catchUp.ctx[:], rand.Uint64())
 	g.catchUp.applied = ls.applied
@@ -735,8 +742,11 @@ func (g *Group) run() {
 		case <-g.stop:
 			g.failWaiters(ErrStopped)
 			g.dropStaged()
+			g.dropHeld()
 			g.wake()
 			return
+		case <-g.holdC:
+			g.releaseHeld()
 		case <-ticker.C:
 			ticker.Next()
 			tick, idled := g.pace.period(g.mayIdle)
@@ -776,6 +786,7 @@ func (g *Group) run() {
 				g.mu.Unlock()
 				g.failWaiters(ErrStopped)
 				g.dropStaged()
+				g.dropHeld()
 				g.wake()
 				return
 			}
@@ -984,19 +995,30 @@ func (g *Group) handleReady(rd raft.Ready) error {
 func (g *Group) sendAll(msgs []*raftpb.Message) {
 	now := time.Now()
 	for _, m := range msgs {
-		if g.elide(m, now) {
-			g.metrics.heartbeatsElided.Inc()
-			continue
+		if !g.holdCommit(m) {
+			g.sendOne(m, now)
 		}
-		if t := int(m.GetType()); m.GetTo() != g.self && t < numMessageTypes && g.metrics.sent[t] != nil {
-			g.metrics.sent[t].Inc()
-		}
-		g.send(g.id, m)
 	}
+}
+
+// sendOne sends m, unless it is a heartbeat the follower does not need
+// (elide); now is the send's time.
+func (g *Group) sendOne(m *raftpb.Message, now time.Time) {
+	if g.elide(m, now) {
+		g.metrics.heartbeatsElided.Inc()
+		return
+	}
+	if t := int(m.GetType()); m.GetTo() != g.self && t < numMessageTypes && g.metrics.sent[t] != nil {
+		g.metrics.sent[t].Inc()
+	}
+	g.send(g.id, m)
 }
 
 func (g *Group) onSoftState(ss *raft.SoftState) {
 	g.leading = ss.RaftState == raft.StateLeader
+	if !g.leading {
+		g.dropHeld()
+	}
 	g.mu.Lock()
 	was := g.status.Leader
 	g.status.Leader = ss.Lead

@@ -42,6 +42,10 @@ type Metrics struct {
 	// heartbeatsElided counts the heartbeats a leader did not send: the
 	// follower had an append from it within the heartbeat period.
 	heartbeatsElided prometheus.Counter
+	// commitsCoalesced counts the commit-only appends a leader held and
+	// did not send: a newer append to the follower superseded them
+	// (commitappend.go).
+	commitsCoalesced prometheus.Counter
 	// sent counts the messages handed to the transport for other nodes,
 	// by raftpb.MessageType (terroir_raft_messages_sent_total's type label).
 	// Local message types (raft.IsLocalMsg) have none.
@@ -87,6 +91,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "terroir_raft_heartbeats_elided_total",
 			Help: "Heartbeats a leader did not send because it had sent the follower an append within the heartbeat period.",
 		}),
+		commitsCoalesced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_raft_commit_appends_coalesced_total",
+			Help: "Commit-only appends a leader held and did not send because a newer append to the follower superseded them.",
+		}),
 		idle: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "terroir_raft_replicas_idle",
 			Help: "Replicas whose Raft clock runs at the idle pace (a third of the full one) after 0.5 s (a follower) or 1 s (a leader) with nothing but heartbeats and reads.",
@@ -102,7 +110,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes, m.idle, m.heartbeatsElided, sent)
+		reg.MustRegister(m.appendSync, m.apply, m.applied, m.proposals, m.leaderChanges, m.droppedMessages, m.strayMessages, m.snapshotBytes, m.idle, m.heartbeatsElided, m.commitsCoalesced, sent)
 	}
 	return m
 }
