@@ -403,8 +403,10 @@ func EncodeCommand(c *pb.Command) []byte {
 func (sm *StateMachine) CommitHold() time.Duration { return followerCommitHold }
 
 // followerCommitHold is StateMachine.CommitHold: 2 ms, a fifth of a local
-// epoch at the default interval, and a few times the gap between a range's
-// appends under load.
+// epoch at the default interval, and longer than the gap between a range's
+// appends under YCSB-A's 16 clients (about 1.4 ms): there the next append
+// replaced about 86% of the commit-only ones (Raft messages per operation
+// 4.1 to 2.3).
 const followerCommitHold = 2 * time.Millisecond
 
 // Apply implements raftgroup.StateMachine. The result is an Applied or an error.
