@@ -74,9 +74,10 @@ func (g *Group) holdCommit(m *raftpb.Message) bool {
 	return true
 }
 
-// releaseHeld sends the commit-only appends still held: their hold ended.
+// releaseHeld sends the commit-only appends still held: their hold ended,
+// or their leader hands over (TransferLeadership).
 func (g *Group) releaseHeld() {
-	g.holdC = nil
+	g.stopHold()
 	if len(g.held) == 0 {
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -85,5 +86,27 @@ func TestCommitOnlyAppendsWaitForTheNextAppend(t *testing.T) {
 	eager.sendAll([]*raftpb.Message{appendTo(2, 0, 5), appendTo(3, 0, 5)})
 	if len(sent) != 2 || eager.holdC != nil {
 		t.Fatalf("a group that is not LazyCommit: %d of 2 commit-only appends sent", len(sent))
+	}
+}
+
+// A leader that hands over its leadership first sends the commit-only
+// appends it holds, so that its successor knows every commit when it
+// takes over.
+func TestATransferSendsTheHeldAppendsFirst(t *testing.T) {
+	var sent sentLog
+	g := &Group{id: 10, self: 1, cfg: Config{}.withDefaults(), metrics: NewMetrics(nil), commitHold: time.Minute, send: sent.send,
+		reports: make(chan func(*raft.RawNode), 1)}
+	g.sendAll([]*raftpb.Message{appendTo(2, 0, 5), appendTo(3, 0, 5)})
+	if len(sent) != 0 {
+		t.Fatalf("%d commit-only appends sent at once, want both held", len(sent))
+	}
+	rn, err := raft.NewRawNode(&raft.Config{ID: 1, ElectionTick: 10, HeartbeatTick: 1, Storage: raft.NewMemoryStorage(), MaxInflightMsgs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.TransferLeadership(2)
+	(<-g.reports)(rn)
+	if len(sent) != 2 || g.holdC != nil {
+		t.Fatalf("after TransferLeadership: %d of 2 held appends sent", len(sent))
 	}
 }

@@ -598,9 +598,15 @@ func (g *Group) report(f func(*raft.RawNode)) {
 // TransferLeadership asks the group's leader to hand leadership to replica
 // to (a follower forwards the request to the leader it knows). It returns at
 // once; the transfer may not happen (raft abandons it after an election
-// timeout).
+// timeout). A leader first sends the commit-only appends it holds
+// (commitappend.go), so that the replica it hands over to knows every
+// commit when it takes over (a transferred range lease is applied and
+// committed before its leadership moves) rather than one round later.
 func (g *Group) TransferLeadership(to uint64) {
-	g.report(func(rn *raft.RawNode) { rn.TransferLeader(to) })
+	g.report(func(rn *raft.RawNode) {
+		g.releaseHeld()
+		rn.TransferLeader(to)
+	})
 }
 
 // StartLeader returns the voter that should lead the group when it starts
