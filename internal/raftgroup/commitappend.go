@@ -16,9 +16,9 @@ import (
 // commit index too. So a group whose followers need not apply at once
 // (LazyCommit) holds a commit-only append for up to its CommitHold: an
 // append with entries sent to the follower meanwhile supersedes it (it
-// is dropped: the newer append carries a commit index at least as high);
-// otherwise it leaves when the hold ends, or at the group's next send to
-// that follower of a newer commit-only append, which replaces it.
+// is dropped: the newer append carries a commit index at least as high),
+// and so does a newer commit-only append, which is held in its place;
+// otherwise it leaves when the hold ends.
 //
 // Raft is safe whatever messages are lost or delayed, so this changes no
 // outcome, only how soon a follower applies what is committed: at most
@@ -41,7 +41,7 @@ type LazyCommit interface {
 // the group holds rather than sends now; an append with entries drops the
 // one held for its follower, which it supersedes.
 func (g *Group) holdCommit(m *raftpb.Message) bool {
-	if g.commitHold <= 0 || m.GetType() != raftpb.MsgApp || m.GetTo() == g.self {
+	if g.commitHold <= 0 || m.GetType() != raftpb.MsgApp { // etcd raft sends no append to itself
 		return false
 	}
 	to := m.GetTo()
@@ -78,9 +78,6 @@ func (g *Group) holdCommit(m *raftpb.Message) bool {
 // or their leader hands over (TransferLeadership).
 func (g *Group) releaseHeld() {
 	g.stopHold()
-	if len(g.held) == 0 {
-		return
-	}
 	now := time.Now()
 	for to, m := range g.held {
 		delete(g.held, to)
