@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -11,6 +12,10 @@ import (
 	"github.com/terroir-db/terroir/internal/nemesis"
 	"github.com/terroir-db/terroir/internal/topology"
 )
+
+// nemesisLogLines is how many of the last lines logged a campaign keeps
+// for --out: a 10-minute campaign logs a few thousand at info.
+const nemesisLogLines = 100_000
 
 func nemesisCmd() *cobra.Command {
 	var cfg nemesis.Config
@@ -44,7 +49,9 @@ aborted, phantom, diverged, fractured and stale reads), every bank total, the
 epoch invariants, and that no lock outlives the load. It prints operations,
 faults, recovery times and anomalies. Ranges collect old versions below
 --gc-ttl (3 s) meanwhile. On an anomaly it writes the histories
-and the seed to --out and exits 1; the same --seed repeats the same choices.`,
+the seed and the last lines logged at info and above (log.txt, whatever
+--log-level prints) to --out and exits 1; the same --seed repeats the same
+choices.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -62,6 +69,11 @@ and the seed to --out and exits 1; the same --seed repeats the same choices.`,
 				}
 				cfg.Topology.GCTTL = gcTTL
 			}
+			// Keep the Info lines whatever --log-level prints, for --out.
+			prev := slog.Default()
+			cfg.Log = nemesis.NewLogRing(prev.Handler(), nemesisLogLines)
+			slog.SetDefault(slog.New(cfg.Log))
+			defer slog.SetDefault(prev)
 			sum, err := nemesis.Run(cmd.Context(), cfg)
 			if sum != nil {
 				sum.Write(os.Stdout)

@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,6 +54,9 @@ type Config struct {
 	FaultEvery time.Duration
 	// Faults are the kinds injected (default: FaultKinds, all of them).
 	Faults []string
+	// Log, if set, is the process's recent log, written to Out as log.txt
+	// when a check fails.
+	Log *LogRing
 }
 
 // Summary is what a campaign did and found.
@@ -298,7 +302,8 @@ func (cp *campaign) orderRegions() error {
 	return nil
 }
 
-// dump writes every workload's history and the seed into cfg.Out, and
+// dump writes every workload's history, the seed and the recent log
+// (cfg.Log) into cfg.Out, and
 // returns the error Run reports.
 func (cp *campaign) dump(workloads []workload) error {
 	err := fmt.Errorf("nemesis: %d anomalies (seed %d)", len(cp.sum.Anomalies), cp.cfg.Seed)
@@ -317,6 +322,9 @@ func (cp *campaign) dump(workloads []workload) error {
 		seed += "  " + a + "\n"
 	}
 	errs = append(errs, os.WriteFile(filepath.Join(cp.cfg.Out, "seed.txt"), []byte(seed), 0o644))
+	if cp.cfg.Log != nil {
+		errs = append(errs, os.WriteFile(filepath.Join(cp.cfg.Out, "log.txt"), []byte(strings.Join(cp.cfg.Log.Lines(), "")), 0o644))
+	}
 	return errors.Join(errs...)
 }
 
