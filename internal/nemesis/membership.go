@@ -156,8 +156,13 @@ func (cp *campaign) holdings(ctx context.Context, node uint64) string {
 	}
 	for _, nid := range cp.c.NodeIDs() {
 		if n := cp.c.Node(nid); n != nil {
-			if st, ok := n.QueueStats(); ok && st.LastFailed != "" {
-				out = append(out, fmt.Sprintf("node %d's queue last failed: %s", nid, st.LastFailed))
+			if st, ok := n.QueueStats(); ok {
+				if st.LastFailed != "" {
+					out = append(out, fmt.Sprintf("node %d's queue last failed: %s", nid, st.LastFailed))
+				}
+				if len(st.Running) > 0 {
+					out = append(out, fmt.Sprintf("node %d's queue runs: %s", nid, strings.Join(st.Running, ", ")))
+				}
 			}
 		}
 	}

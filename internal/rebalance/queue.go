@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -87,6 +88,16 @@ type Queue struct {
 	flights map[flight]time.Time
 	moves   int // steps under way that count against MaxMoves
 	steps   sync.WaitGroup
+	// running: the steps under way, by a number start gives each, with
+	// when each began (Stats.Running).
+	running map[uint64]runningStep
+	stepSeq uint64
+}
+
+// runningStep is a step under way and when it began.
+type runningStep struct {
+	a     Action
+	began time.Time
 }
 
 // flight names what a step changes: a range (moves and transfers), a
@@ -115,6 +126,10 @@ type Stats struct {
 	// when ("" if none has): what an operator, or a campaign whose drain
 	// stalls, reads first.
 	LastFailed string
+	// Running describes each step under way and when it began, oldest
+	// first: a step that waits out its timeout shows here, not yet in
+	// LastFailed.
+	Running []string
 }
 
 // NewQueue returns a queue over c.
@@ -134,7 +149,7 @@ func NewQueue(c Cluster, cfg QueueConfig) *Queue {
 	if cfg.LeaseSettle <= 0 {
 		cfg.LeaseSettle = 30 * time.Second
 	}
-	return &Queue{c: c, cfg: cfg, flights: map[flight]time.Time{}}
+	return &Queue{c: c, cfg: cfg, flights: map[flight]time.Time{}, running: map[uint64]runningStep{}}
 }
 
 // Run plans every Interval while this node leads the region's directory
@@ -220,11 +235,19 @@ func (q *Queue) start(ctx context.Context, a Action, timeout time.Duration) {
 	q.track(a, true)
 	q.mu.Lock()
 	q.stats.InFlight++
+	q.stepSeq++
+	seq := q.stepSeq
+	q.running[seq] = runningStep{a: a, began: time.Now()}
 	q.mu.Unlock()
 	q.steps.Add(1)
 	go func() {
 		defer q.steps.Done()
 		defer q.track(a, false)
+		defer func() {
+			q.mu.Lock()
+			delete(q.running, seq)
+			q.mu.Unlock()
+		}()
 		actx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		var err error
@@ -292,11 +315,16 @@ func (q *Queue) count(a Action, err error) {
 	}
 }
 
-// Stats returns what the queue did so far.
+// Stats returns what the queue did so far, and the steps under way.
 func (q *Queue) Stats() Stats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.stats
+	st := q.stats
+	steps := slices.SortedFunc(maps.Values(q.running), func(x, y runningStep) int { return x.began.Compare(y.began) })
+	for _, s := range steps {
+		st.Running = append(st.Running, fmt.Sprintf("%s since %s", s.a, s.began.Format(time.TimeOnly)))
+	}
+	return st
 }
 
 // insist reports whether lease counts have been uneven so long (twice

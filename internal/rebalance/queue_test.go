@@ -166,11 +166,16 @@ func TestQueueStepsDoNotWaitForEachOther(t *testing.T) {
 			if twice {
 				t.Fatalf("the hanging range's move started twice while under way: %v", f.moves)
 			}
+			if run := q.Stats().Running; !slices.ContainsFunc(run, func(s string) bool {
+				return strings.HasPrefix(s, "move range 1 4→") && strings.Contains(s, " since ")
+			}) {
+				t.Fatalf("steps under way %q; want the hanging move among them, with when it began", run)
+			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	q.Wait()
-	if st := q.Stats(); st.InFlight != 0 || st.Failed[Move] != 1 || st.Done[Gone] != 1 || st.Done[MoveGroup] != 1 {
+	if st := q.Stats(); st.InFlight != 0 || len(st.Running) != 0 || st.Failed[Move] != 1 || st.Done[Gone] != 1 || st.Done[MoveGroup] != 1 {
 		t.Errorf("stats %+v; want nothing in flight, one failed move (the hang), one gone, one group move", st)
 	}
 	if got, want := q.Stats().LastFailed, "move range 1 4→"; !strings.HasPrefix(got, want) || !strings.Contains(got, context.DeadlineExceeded.Error()) {
