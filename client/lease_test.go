@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,8 +80,12 @@ func TestLeaseTransferUnderLoad(t *testing.T) {
 	}
 	holder := waitServing()
 	for _, bad := range []uint64{holder, 99} {
-		if _, _, err := db.AdminTransferLease(ctx, key, bad); !errors.Is(err, client.ErrLeaseTarget) {
+		_, _, err := db.AdminTransferLease(ctx, key, bad)
+		if !errors.Is(err, client.ErrLeaseTarget) {
 			t.Errorf("transfer to node %d = %v; want ErrLeaseTarget", bad, err)
+		}
+		if want := "already holds the lease"; bad == holder && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("transfer to the holder, node %d = %v; want it to say it %s", bad, err, want)
 		}
 	}
 	if got := waitServing(); got != holder {

@@ -407,7 +407,11 @@ const (
 // lease stays); any other error leaves the outcome unknown.
 func (r *Replica) TransferLease(ctx context.Context, to uint64, ifIdle bool) (*pb.Lease, error) {
 	d := r.sm.Descriptor()
-	if to == r.self || !slices.Contains(d.GetReplicas(), to) {
+	switch {
+	case to == r.self:
+		// A queue whose view is stale asks the holder to hand the lease to itself.
+		return nil, fmt.Errorf("%w: node %d already holds the lease of range %d", ErrTransferTarget, to, r.id)
+	case !slices.Contains(d.GetReplicas(), to):
 		return nil, fmt.Errorf("%w: node %d is not another replica of range %d (replicas %v)", ErrTransferTarget, to, r.id, d.GetReplicas())
 	}
 	l, err := r.leader()
