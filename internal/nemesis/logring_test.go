@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -36,5 +38,24 @@ func TestLogRingKeepsTheLastInfoLines(t *testing.T) {
 	}
 	if p := printed.String(); strings.Count(p, "\n") != 1 || !strings.Contains(p, "msg=slow node=7") {
 		t.Errorf("printed %q, want the warning alone", p)
+	}
+}
+
+// A campaign that found an anomaly writes the lines its LogRing kept to
+// --out as log.txt, beside the seed.
+func TestAFailedCampaignWritesItsLog(t *testing.T) {
+	ring := NewLogRing(slog.DiscardHandler, 10)
+	slog.New(ring).Info("rebalance: step failed", "range", 2000000002)
+	dir := t.TempDir()
+	cp := &campaign{cfg: Config{Out: dir, Log: ring, Seed: 60}, sum: &Summary{Anomalies: []string{"a drain past its bound"}}}
+	if err := cp.dump(nil); err == nil || !strings.Contains(err.Error(), "1 anomalies (seed 60)") {
+		t.Fatalf("dump = %v; want the anomalies' error", err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "log.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(got), `msg="rebalance: step failed" range=2000000002`) {
+		t.Errorf("log.txt holds %q; want the info line logged", got)
 	}
 }
