@@ -303,8 +303,7 @@ func (cp *campaign) orderRegions() error {
 }
 
 // dump writes every workload's history, the seed and the recent log
-// (cfg.Log) into cfg.Out, and
-// returns the error Run reports.
+// (cfg.Log) into cfg.Out, and returns the error Run reports.
 func (cp *campaign) dump(workloads []workload) error {
 	err := fmt.Errorf("nemesis: %d anomalies (seed %d)", len(cp.sum.Anomalies), cp.cfg.Seed)
 	if cp.cfg.Out == "" {

@@ -234,7 +234,6 @@ func (q *Queue) Wait() { q.steps.Wait() }
 func (q *Queue) start(ctx context.Context, a Action, timeout time.Duration) {
 	q.track(a, true)
 	q.mu.Lock()
-	q.stats.InFlight++
 	q.stepSeq++
 	seq := q.stepSeq
 	q.running[seq] = runningStep{a: a, began: time.Now()}
@@ -243,11 +242,6 @@ func (q *Queue) start(ctx context.Context, a Action, timeout time.Duration) {
 	go func() {
 		defer q.steps.Done()
 		defer q.track(a, false)
-		defer func() {
-			q.mu.Lock()
-			delete(q.running, seq)
-			q.mu.Unlock()
-		}()
 		actx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		var err error
@@ -274,7 +268,7 @@ func (q *Queue) start(ctx context.Context, a Action, timeout time.Duration) {
 		case Rehome:
 			err = q.c.Rehome(actx, a.Range.GetStartKey(), a.Home)
 		}
-		q.count(a, err)
+		q.count(seq, a, err)
 		if err != nil {
 			slog.Info("rebalance: step failed", "kind", a.Kind, "range", a.Range.GetRangeId(), "group", a.Group, "from", a.From, "to", a.To, "why", a.Why, "err", err)
 			return
@@ -302,11 +296,12 @@ func (q *Queue) track(a Action, on bool) {
 	}
 }
 
-// count adds a's outcome to the queue's stats.
-func (q *Queue) count(a Action, err error) {
+// count adds the outcome of step seq, a, to the queue's stats; the step
+// is no longer under way.
+func (q *Queue) count(seq uint64, a Action, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.stats.InFlight--
+	delete(q.running, seq)
 	if err != nil {
 		q.stats.Failed[a.Kind]++
 		q.stats.LastFailed = fmt.Sprintf("%s at %s: %v", a, time.Now().Format(time.TimeOnly), err)
@@ -320,6 +315,7 @@ func (q *Queue) Stats() Stats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	st := q.stats
+	st.InFlight = len(q.running)
 	steps := slices.SortedFunc(maps.Values(q.running), func(x, y runningStep) int { return x.began.Compare(y.began) })
 	for _, s := range steps {
 		st.Running = append(st.Running, fmt.Sprintf("%s since %s", s.a, s.began.Format(time.TimeOnly)))
