@@ -1,0 +1,273 @@
+package storage
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// The newest-version cache (issue 17's steady state). A range leader reads
+// the newest committed version of a key for every read of a read-write
+// transaction (DESIGN.md §4.1) and the newest version id of every key it
+// writes (§6). In Pebble each such read is an iterator over every level of
+// the LSM, and under the history a store keeps for the GC TTL the levels
+// fill one by one: a YCSB-A run's CPU per operation rose by a fifth between
+// its 2nd and its 20th minute while disk writes per operation stayed flat.
+// The cache keeps, for the keys read lately, the newest version (id,
+// tombstone, value) as Pebble last showed it, so that such a read of a hot
+// key costs a map lookup, whatever the history under it.
+//
+// It is a cache of Pebble's state, never a source: an entry is made only
+// from a read of the engine and dropped by every commit that writes its
+// key (Engine.Commit reads the batch's keys) and by every ingestion or
+// range deletion over the MVCC key spaces, after the write is visible in
+// Pebble and before Commit returns, so before any lock the write's
+// transaction holds is released or any applied index moves past it. A
+// read that raced a write cannot leave its older answer behind: each shard
+// counts its invalidations, and an entry made from a read is kept only
+// when no invalidation of its shard came between the read's start and its
+// end. Snapshot-consistent reads at older epochs use an entry only when
+// its version lies below the epoch read; scans, changefeeds and Pebble
+// snapshots never use it.
+
+// rowCacheShards is how many shards (each with its lock and LRU) the
+// cache has: enough that commits and reads on two cores rarely meet.
+const rowCacheShards = 32
+
+// rowCacheMaxValue is the largest value the cache keeps, in bytes: a
+// bigger row is read from Pebble each time, so that a few big rows do not
+// evict the many small hot ones.
+const rowCacheMaxValue = 16 << 10
+
+// rowCacheEntryOverhead approximates, in bytes, what an entry costs beyond
+// its key and value (the LRU's list element and map slot, the entry).
+const rowCacheEntryOverhead = 96
+
+// rowEntry is a key's newest version as Pebble last showed it: its id,
+// whether it is a tombstone, and (full) its value; an entry made by
+// NewestVersion, which does not read the value, has the id alone.
+type rowEntry struct {
+	id    VersionID
+	tomb  bool
+	full  bool
+	value []byte
+}
+
+func (r rowEntry) size(key string) int64 {
+	return int64(len(key) + len(r.value) + rowCacheEntryOverhead)
+}
+
+// rowCache is the newest-version cache of one Engine (see above), keyed by
+// the escaped user key under its prefix (the MVCC key without its
+// version). It is safe for concurrent use.
+type rowCache struct {
+	seed   maphash.Seed
+	shards [rowCacheShards]rowShard
+	// hits and misses count the reads (GetMVCC, NewestVersion) the
+	// cache answered and those it sent to Pebble.
+	hits, misses atomic.Uint64
+}
+
+// RowCacheStats is what a store's newest-version cache (rowcache.go) has
+// done since the store opened: the reads of a key's newest version it
+// answered (Hits) and those that went to Pebble (Misses), and the bytes
+// it holds now (keys, values and an estimate of their overhead).
+type RowCacheStats struct {
+	Hits, Misses uint64
+	Bytes        int64
+}
+
+// RowCacheStats returns the store's newest-version cache's counters.
+func (e *Engine) RowCacheStats() RowCacheStats {
+	c := e.rows
+	if c == nil {
+		return RowCacheStats{}
+	}
+	st := RowCacheStats{Hits: c.hits.Load(), Misses: c.misses.Load()}
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		st.Bytes += s.bytes
+		s.mu.Unlock()
+	}
+	return st
+}
+
+// rowShard is one shard: its LRU, its bytes, the bytes it may hold, and
+// the count of invalidations (gen) that a racing read checks.
+type rowShard struct {
+	mu     sync.Mutex
+	lru    *simplelru.LRU[string, rowEntry]
+	bytes  int64
+	budget int64
+	gen    uint64
+}
+
+// newRowCache returns a cache of about capacity bytes (keys, values and
+// overhead); nil when capacity is 0 (no cache).
+func newRowCache(capacity int64) *rowCache {
+	if capacity <= 0 {
+		return nil
+	}
+	c := &rowCache{seed: maphash.MakeSeed()}
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.budget = max(capacity/rowCacheShards, 1)
+		// The LRU's own bound is the entry count that fits the budget at
+		// the smallest entry; bytes bound it first (evict).
+		lru, err := simplelru.NewLRU[string, rowEntry](int(s.budget/rowCacheEntryOverhead)+1, nil)
+		if err != nil {
+			panic(err) // only for a size ≤ 0
+		}
+		s.lru = lru
+	}
+	return c
+}
+
+func (c *rowCache) shard(key []byte) *rowShard {
+	return &c.shards[maphash.Bytes(c.seed, key)%rowCacheShards]
+}
+
+// get returns key's entry, if the cache holds one, and the shard's
+// invalidation count, which a read of the engine that follows a miss
+// passes back to put.
+func (c *rowCache) get(key []byte) (rowEntry, bool, uint64) {
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.lru.Get(string(key))
+	return e, ok, s.gen
+}
+
+// counted records whether a read was answered by the cache.
+func (c *rowCache) counted(hit bool) {
+	if hit {
+		c.hits.Add(1)
+	} else {
+		c.misses.Add(1)
+	}
+}
+
+// put records e as key's newest version, read from the engine after get
+// returned gen, unless the shard was invalidated since (the read may have
+// missed a write), or the value is too big to keep. An id-only entry never
+// replaces a full one for the same version.
+func (c *rowCache) put(key []byte, e rowEntry, gen uint64) {
+	if len(e.value) > rowCacheMaxValue {
+		return
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen != gen {
+		return
+	}
+	k := string(key)
+	if old, ok := s.lru.Peek(k); ok {
+		if old.full && !e.full && old.id == e.id {
+			return
+		}
+		s.bytes -= old.size(k)
+	}
+	s.lru.Add(k, e)
+	s.bytes += e.size(k)
+	for s.bytes > s.budget {
+		ok, v, ok2 := s.lru.RemoveOldest()
+		if !ok2 {
+			break
+		}
+		s.bytes -= v.size(ok)
+	}
+}
+
+// invalidate drops key's entry and counts an invalidation of its shard.
+func (c *rowCache) invalidate(key []byte) {
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gen++
+	if old, ok := s.lru.Peek(string(key)); ok {
+		s.bytes -= old.size(string(key))
+		s.lru.Remove(string(key))
+	}
+}
+
+// clear drops every entry and counts an invalidation of every shard: an
+// ingestion, or a range deletion over the MVCC key spaces.
+func (c *rowCache) clear() {
+	if c == nil {
+		return
+	}
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		s.gen++
+		s.lru.Purge()
+		s.bytes = 0
+		s.mu.Unlock()
+	}
+}
+
+// len returns how many entries the cache holds (tests).
+func (c *rowCache) len() int {
+	n := 0
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		n += s.lru.Len()
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// rowsFor returns the cache for a read of the engine key lo (an escaped
+// user key under its prefix), or nil: only the MVCC key spaces, whose
+// writes invalidateBatch follows, are cached.
+func (e *Engine) rowsFor(lo []byte) *rowCache {
+	if !isMVCC(lo) {
+		return nil
+	}
+	return e.rows
+}
+
+// isMVCC reports whether an engine key lies in an MVCC key space.
+func isMVCC(k []byte) bool {
+	return len(k) > 0 && (k[0] == PrefixData || k[0] == PrefixRegional)
+}
+
+// invalidateBatch drops the entries of every MVCC key b wrote, and all of
+// them when b deletes a span reaching into an MVCC key space (or does not
+// decode). b has been committed.
+func (c *rowCache) invalidateBatch(b *pebble.Batch) {
+	if c == nil {
+		return
+	}
+	r := b.Reader()
+	for {
+		kind, k, v, ok, err := r.Next()
+		if err != nil {
+			c.clear()
+			return
+		}
+		if !ok {
+			return
+		}
+		switch kind {
+		case pebble.InternalKeyKindRangeDelete, pebble.InternalKeyKindRangeKeySet,
+			pebble.InternalKeyKindRangeKeyUnset, pebble.InternalKeyKindRangeKeyDelete:
+			// [k, v): does it reach [PrefixData, PrefixRegional+1)?
+			if (len(v) == 0 || v[0] >= PrefixData) && (len(k) == 0 || k[0] <= PrefixRegional) {
+				c.clear()
+				return
+			}
+		case pebble.InternalKeyKindLogData:
+		default:
+			if isMVCC(k) && len(k) > versionLen {
+				c.invalidate(k[:len(k)-versionLen])
+			}
+		}
+	}
+}
