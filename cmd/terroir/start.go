@@ -115,7 +115,7 @@ func startCmd() *cobra.Command {
 	cmd.Flags().Uint64Var(&nodeID, "node", 0, "this node's ID (default: its certificate's)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for the node's Pebble store")
 	cmd.Flags().StringVar(&certsDir, "certs-dir", "certs", "directory of ca.crt, node.crt and node.key (reloaded when they change)")
-	cmd.Flags().StringVar(&cacheFlag, "cache", "", "memory for the store's block cache (uncompressed data blocks) and memtables, e.g. 512MiB (default 256MiB, at least 8MiB)")
+	cmd.Flags().StringVar(&cacheFlag, "cache", "", "memory for the store's block cache (uncompressed data blocks) and memtables, e.g. 512MiB (default 256MiB, at least 8MiB); an eighth more holds the newest versions of the keys read lately")
 	cmd.Flags().BoolVar(&pprofOn, "pprof", false, "also serve Go's profiles under /debug/pprof/ on --http-addr (CPU, heap, goroutines), to diagnose a slow node; unauthenticated, like the rest of that address")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "serve plaintext with no authentication: any process that reaches the port may do anything")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and the web console on this host:port (default: 127.0.0.1 at the node's RPC port + 1000; the console shows range boundaries, so expose it only to operators)")

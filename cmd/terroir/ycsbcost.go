@@ -27,6 +27,9 @@ type runCost struct {
 	// disk: to the WAL, by memtable flushes and by compactions.
 	// compactedBlob is the part of compacted written to blob files.
 	wal, flushed, compacted, compactedBlob float64
+	// rowHits and rowMisses are the reads of a key's newest version the
+	// stores' newest-version caches answered, and those they did not.
+	rowHits, rowMisses float64
 	// stalled is the seconds the stores held back all writes (summed
 	// over the nodes).
 	stalled float64
@@ -79,6 +82,8 @@ func sampleCost(c *localcluster.Cluster) runCost {
 		"terroir_pebble_compacted_bytes_total":      &out.compacted,
 		"terroir_pebble_compacted_blob_bytes_total": &out.compactedBlob,
 		"terroir_pebble_write_stall_seconds_total":  &out.stalled,
+		"terroir_storage_row_cache_hits_total":      &out.rowHits,
+		"terroir_storage_row_cache_misses_total":    &out.rowMisses,
 	}
 	c.EachMetricFamily(func(mf *dto.MetricFamily) {
 		if sum, ok := counted[mf.GetName()]; ok {
@@ -117,6 +122,16 @@ func sumMetric(mf *dto.MetricFamily) float64 {
 	return sum
 }
 
+// rowCacheHits formats the share of the reads of a key's newest version
+// that the stores' newest-version caches answered between two samples.
+func rowCacheHits(before, after runCost) string {
+	hits, misses := after.rowHits-before.rowHits, after.rowMisses-before.rowMisses
+	if hits+misses <= 0 {
+		return "(none read)"
+	}
+	return fmt.Sprintf("%.0f%% (of %.0f)", 100*hits/(hits+misses), hits+misses)
+}
+
 // printCost prints what one operation cost between two samples over ops
 // operations.
 func printCost(before, after runCost, ops int64) {
@@ -127,7 +142,8 @@ func printCost(before, after runCost, ops int64) {
 	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's), Raft messages %.2f (heartbeats %.2f)\n",
 		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs),
 		per(before.raftMsgs, after.raftMsgs), per(before.heartbeats, after.heartbeats))
-	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all\n", diskPerOp(before, after, ops), stalledFor(before, after))
+	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all; newest versions read from the cache %s\n",
+		diskPerOp(before, after, ops), stalledFor(before, after), rowCacheHits(before, after))
 	printRPCsByMethod(before.byMethod, after.byMethod, ops)
 	printStages(before.stages, after.stages)
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {

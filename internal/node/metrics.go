@@ -238,6 +238,7 @@ var (
 		{prometheus.NewDesc("terroir_pebble_wal_bytes", "Live bytes in WAL files.", nil, nil), func(s pebbleStats) float64 { return s.wal }},
 		{prometheus.NewDesc("terroir_pebble_compaction_debt_bytes", "Estimated bytes compactions still owe.", nil, nil), func(s pebbleStats) float64 { return s.debt }},
 		{prometheus.NewDesc("terroir_pebble_block_cache_bytes", "Bytes in the block cache.", nil, nil), func(s pebbleStats) float64 { return s.cacheSize }},
+		{prometheus.NewDesc("terroir_storage_row_cache_bytes", "Bytes in the store's newest-version cache (keys, values and their overhead).", nil, nil), func(s pebbleStats) float64 { return s.rowBytes }},
 	}
 	pebbleCounters = []struct {
 		d *prometheus.Desc
@@ -253,6 +254,8 @@ var (
 		{prometheus.NewDesc("terroir_pebble_compacted_blob_bytes_total", "Of terroir_pebble_compacted_bytes_total, the bytes written to blob files: separated values that compactions wrote anew (to restore their locality, or to reclaim a blob file's garbage).", nil, nil), func(s pebbleStats) float64 { return s.compactedBlob }},
 		{prometheus.NewDesc("terroir_pebble_block_cache_hits_total", "Block cache hits.", nil, nil), func(s pebbleStats) float64 { return s.hits }},
 		{prometheus.NewDesc("terroir_pebble_block_cache_misses_total", "Block cache misses.", nil, nil), func(s pebbleStats) float64 { return s.misses }},
+		{prometheus.NewDesc("terroir_storage_row_cache_hits_total", "Reads of a key's newest version the store's newest-version cache answered.", nil, nil), func(s pebbleStats) float64 { return s.rowHits }},
+		{prometheus.NewDesc("terroir_storage_row_cache_misses_total", "Reads of a key's newest version that went to Pebble.", nil, nil), func(s pebbleStats) float64 { return s.rowMisses }},
 	}
 )
 
@@ -260,6 +263,7 @@ type pebbleStats struct {
 	readAmp, l0Files, disk, memtable, wal, debt, cacheSize float64
 	compactions, flushes, walWritten, hits, misses         float64
 	flushed, compacted, compactedBlob, stalls, stallSecs   float64
+	rowHits, rowMisses, rowBytes                           float64
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -326,6 +330,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		cacheSize: float64(pm.BlockCache.Size), compactions: float64(pm.Compact.Count), flushes: float64(pm.Flush.Count),
 		walWritten: float64(pm.WAL.BytesWritten), hits: float64(pm.BlockCache.Hits), misses: float64(pm.BlockCache.Misses),
 	}
+	rc := n.engine.RowCacheStats()
+	s.rowHits, s.rowMisses, s.rowBytes = float64(rc.Hits), float64(rc.Misses), float64(rc.Bytes)
 	stalls, stalled := n.engine.WriteStalls()
 	s.stalls, s.stallSecs = float64(stalls), stalled.Seconds()
 	flushed, compacted, rewritten := storage.BytesWritten(pm)

@@ -74,6 +74,9 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		if _, err := db.Put(ctx, []byte("b"+strconv.Itoa(i)), []byte("v")); err != nil { // one range, one round trip: one-phase
 			t.Fatal(err)
 		}
+		if _, _, err := db.Get(ctx, []byte("b0")); err != nil { // the newest version: from the cache after the first
+			t.Fatal(err)
+		}
 		if _, err := db.View(ctx, client.Strong, func(ctx context.Context, s *client.Snapshot) error {
 			_, _, err := s.Get(ctx, []byte("a1"))
 			return err
@@ -115,6 +118,7 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		`terroir_raft_append_sync_seconds_count`, `terroir_raft_leadership_changes_total`, `terroir_raft_leaders`,
 		`terroir_raft_messages_sent_total{type="MsgApp"}`, `terroir_raft_messages_sent_total{type="MsgAppResp"}`,
 		`terroir_pebble_wal_written_bytes_total`, `terroir_pebble_disk_usage_bytes`,
+		`terroir_storage_row_cache_hits_total`, `terroir_storage_row_cache_misses_total`, `terroir_storage_row_cache_bytes`,
 		`go_goroutines`, `process_cpu_seconds_total`, `go_sched_latencies_seconds_count`, `go_cpu_classes_gc_total_cpu_seconds_total`,
 	} {
 		if v := sample(all, want); v <= 0 {

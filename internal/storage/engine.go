@@ -79,6 +79,7 @@ type Engine struct {
 	fs       vfs.FS        // the store's file system (the crash-injecting one, if crashable)
 	crash    *crashFS      // nil unless opened with OpenCrashable
 	cache    *pebble.Cache // the block cache (db holds the reference; freed by Close)
+	rows     *rowCache     // the newest-version cache (rowcache.go)
 	stalls   *stalls
 }
 
@@ -145,7 +146,8 @@ func open(dir string, nodeID uint64, o Options) (e *Engine, err error) {
 		// missing referenced file.
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
-	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash, cache: cache, stalls: st}
+	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash, cache: cache, stalls: st,
+		rows: newRowCache(rowCacheSize(cmp.Or(o.CacheSize, DefaultCacheSize)))}
 	if err := e.checkIdent(nodeID); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -326,6 +328,15 @@ func (e *Engine) Commit(b *pebble.Batch, sync bool) error {
 		opt = pebble.Sync
 	}
 	err := b.Commit(opt)
+	// Visible in Pebble now: bring the newest-version cache up to date
+	// with the keys written before the batch goes, and before the caller
+	// releases any lock over them. A failed commit may have applied some
+	// of it, or none: the cache forgets everything.
+	if err != nil {
+		e.rows.clear()
+	} else {
+		e.rows.applyBatch(b)
+	}
 	_ = b.Close()
 	if err != nil {
 		return fmt.Errorf("storage: commit: %w", err)

@@ -261,7 +261,15 @@ func (v Version) Live() bool { return v.ID != (VersionID{}) && !v.Tombstone }
 // is a tombstone; v.ID and v.Tombstone still tell which) and the key's newest
 // version id overall (zero if the key was never written).
 func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok bool, newest VersionID, err error) {
-	lo := appendEscaped(append([]byte{}, prefix...), key)
+	lo := appendEscaped(append(make([]byte, 0, len(prefix)+len(key)+2), prefix...), key)
+	ent, hit, rows, gen := e.cachedNewest(lo, func(ent rowEntry) bool { return ent.full && ent.id.Less(below) })
+	if hit {
+		v = Version{Key: append([]byte{}, key...), ID: ent.id, Tombstone: ent.tomb}
+		if !ent.tomb {
+			v.Value, ok = append([]byte{}, ent.value...), true
+		}
+		return v, ok, ent.id, nil
+	}
 	hi := PrefixEnd(lo)
 	first := true
 	err = e.Scan(lo, hi, func(k, val []byte) (bool, error) {
@@ -285,6 +293,10 @@ func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok boo
 		}
 		return false, nil
 	})
+	if err == nil && rows != nil && !first && v.ID == newest {
+		// The newest version was the one read: the cache may keep it.
+		rows.put(lo, rowEntry{id: newest, tomb: v.Tombstone, full: true, value: v.Value}, gen)
+	}
 	return v, ok, newest, err
 }
 
@@ -295,6 +307,10 @@ func (e *Engine) GetMVCC(prefix, key []byte, below VersionID) (v Version, ok boo
 // row's; issue 17). Errors wrap ErrCorrupt.
 func (e *Engine) NewestVersion(prefix, key []byte) (v VersionID, ok bool, err error) {
 	lo := appendEscaped(append(make([]byte, 0, len(prefix)+len(key)+2), prefix...), key)
+	ent, hit, rows, gen := e.cachedNewest(lo, func(rowEntry) bool { return true })
+	if hit {
+		return ent.id, true, nil
+	}
 	// Every key in [lo, hi) is lo and a version: hi is lo with its
 	// terminator's last byte raised.
 	hi := bytes.Clone(lo)
@@ -316,6 +332,9 @@ func (e *Engine) NewestVersion(prefix, key []byte) (v VersionID, ok bool, err er
 	}
 	if err != nil {
 		return VersionID{}, false, err
+	}
+	if ok && rows != nil {
+		rows.put(lo, rowEntry{id: v}, gen)
 	}
 	return v, ok, nil
 }

@@ -23,7 +23,9 @@ type Options struct {
 	// keeps uncompressed sstable blocks outside Go's heap, and the
 	// memtables, which Pebble charges to it (0: DefaultCacheSize; at least
 	// MinCacheSize). A point read or Raft log read that misses the cache
-	// reads and decompresses a block from a file.
+	// reads and decompresses a block from a file. An eighth more
+	// (rowCacheSize) holds the newest versions of the keys read lately
+	// (rowcache.go).
 	CacheSize int64
 	// Crashable opens the store for fault campaigns: Crash can stop it,
 	// losing what a power loss would.
@@ -36,6 +38,11 @@ type Options struct {
 func OpenWith(dir string, nodeID uint64, o Options) (*Engine, error) {
 	return open(dir, nodeID, o)
 }
+
+// rowCacheSize is the newest-version cache (rowcache.go) of a store
+// whose block cache holds cacheSize bytes: an eighth of it, 32 MiB by
+// default, room for the newest versions of about 30 000 rows of 1 KiB.
+func rowCacheSize(cacheSize int64) int64 { return cacheSize / 8 }
 
 // memtableStops is how many memtables (the one taking writes and those
 // waiting to flush) may exist before writes wait for a flush.

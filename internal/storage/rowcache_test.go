@@ -17,8 +17,9 @@ func uncached(e *Engine) *Engine {
 }
 
 // TestRowCacheFollowsEveryWrite runs random writes of every kind a store
-// sees over its MVCC data (new versions, tombstones, GC's point deletions
-// of old versions, a replica's range deletion, an ingested snapshot) and
+// sees over its MVCC data (new versions, tombstones, a version below the
+// newest, GC's point deletions of old versions, a replica's range
+// deletion, an ingested snapshot) and
 // after each checks that every key reads, at every bound, what Pebble
 // itself answers, while the reads hit the cache.
 func TestRowCacheFollowsEveryWrite(t *testing.T) {
@@ -50,6 +51,18 @@ func TestRowCacheFollowsEveryWrite(t *testing.T) {
 				_ = b.Set(EncodeMVCCKey(p, []byte(k2), v), EncodeMVCCValue([]byte("second"), false), nil)
 				versions[string(p)+k2] = append(versions[string(p)+k2], v)
 			}
+			if err := e.Commit(b, false); err != nil {
+				t.Fatal(err)
+			}
+		case op == 12: // a version below the key's newest (the newest stays)
+			vs := versions[id]
+			if len(vs) == 0 || vs[0].Epoch < 2 {
+				continue
+			}
+			v := VersionID{Epoch: vs[0].Epoch - 1, Counter: 9}
+			b := e.NewBatch()
+			_ = b.Set(EncodeMVCCKey(p, []byte(k), v), EncodeMVCCValue([]byte("older"), false), nil)
+			versions[id] = append([]VersionID{v}, vs...)
 			if err := e.Commit(b, false); err != nil {
 				t.Fatal(err)
 			}
@@ -133,7 +146,7 @@ func TestRowCacheKeepsNoAnswerOlderThanAWrite(t *testing.T) {
 	c := newRowCache(1 << 20)
 	key := []byte{PrefixData, 'k', 0, 1}
 	_, _, gen := c.get(key)
-	c.invalidate(key) // a commit of the key lands while the read runs
+	c.written(key, VersionID{2, 1}, EncodeMVCCValue([]byte("new"), false)) // a commit of the key lands while the read runs
 	c.put(key, rowEntry{id: VersionID{1, 1}, full: true, value: []byte("old")}, gen)
 	if _, ok, _ := c.get(key); ok {
 		t.Fatal("a read that raced a write left its answer in the cache")

@@ -112,7 +112,9 @@ func (e *Engine) RemoveStaged(paths []string) {
 // keys and range deletions become visible at once, as if one batch, and
 // durable (Pebble syncs the ingestion). The files are moved into the store.
 func (e *Engine) Ingest(paths []string) error {
-	if err := e.db.Ingest(context.Background(), paths); err != nil {
+	err := e.db.Ingest(context.Background(), paths)
+	e.rows.clear() // the files may hold any MVCC key, and range deletions
+	if err != nil {
 		return fmt.Errorf("storage: ingest: %w", err)
 	}
 	return nil
