@@ -93,26 +93,10 @@ func TestRowCacheFollowsEveryWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 		default: // a snapshot ingested: a span's data replaced
-			w, err := e.NewSSTWriter()
-			if err != nil {
-				t.Fatal(err)
-			}
 			lo, hi := MVCCKeyBounds(p, []byte("a"), []byte("b"))
-			if err := w.DeleteRange(lo, hi); err != nil {
-				t.Fatal(err)
-			}
 			epoch++
 			v := VersionID{Epoch: epoch, Counter: 7}
-			if err := w.Set(EncodeMVCCKey(p, []byte("a"), v), EncodeMVCCValue([]byte("ingested"), false)); err != nil {
-				t.Fatal(err)
-			}
-			path, err := w.Finish()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := e.Ingest([]string{path}); err != nil {
-				t.Fatal(err)
-			}
+			ingestSST(t, e, lo, hi, map[string]string{string(EncodeMVCCKey(p, []byte("a"), v)): string(EncodeMVCCValue([]byte("ingested"), false))})
 			versions[string(p)+"a"] = []VersionID{v}
 			delete(versions, string(p)+"a\x00")
 		}

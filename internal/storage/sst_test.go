@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -27,25 +28,7 @@ func TestIngestReplacesSpans(t *testing.T) {
 	before := e.NewSnapshot()
 	defer before.Close()
 
-	w, err := e.NewSSTWriter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.DeleteRange([]byte("b"), []byte("c")); err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range []string{"b2", "b3"} {
-		if err := w.Set([]byte(k), []byte("new")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	path, err := w.Finish()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Ingest([]string{path}); err != nil {
-		t.Fatal(err)
-	}
+	ingestSST(t, e, []byte("b"), []byte("c"), map[string]string{"b2": "new", "b3": "new"})
 	got := map[string]string{}
 	_ = e.Scan([]byte("a"), []byte("z"), func(k, v []byte) (bool, error) { got[string(k)] = string(v); return true, nil })
 	want := map[string]string{"a1": "old", "b2": "new", "b3": "new", "c1": "old"}
@@ -83,6 +66,35 @@ func TestStagingClearedAtOpen(t *testing.T) {
 		t.Fatalf("staged %s survived a reopen: %v", path, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, stagingDir)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ingestSST ingests into e one table that deletes [lo, hi) and sets kvs.
+func ingestSST(t *testing.T, e *Engine, lo, hi []byte, kvs map[string]string) {
+	t.Helper()
+	w, err := e.NewSSTWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.DeleteRange(lo, hi); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, 0, len(kvs))
+	for k := range kvs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if err := w.Set([]byte(k), []byte(kvs[k])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path, err := w.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Ingest([]string{path}); err != nil {
 		t.Fatal(err)
 	}
 }
