@@ -73,6 +73,12 @@ func EncodeMVCCKey(prefix, key []byte, v VersionID) []byte {
 	return binary.BigEndian.AppendUint32(out, ^v.Counter)
 }
 
+// decodeVersion decodes the inverted version id (versionLen bytes) that
+// ends an MVCC key.
+func decodeVersion(b []byte) VersionID {
+	return VersionID{Epoch: ^binary.BigEndian.Uint64(b), Counter: ^binary.BigEndian.Uint32(b[8:])}
+}
+
 // MVCCKeyBounds returns [lo, hi) covering every version of every user key in
 // [start, end) under prefix; a nil end means the end of the key space.
 func MVCCKeyBounds(prefix, start, end []byte) (lo, hi []byte) {
@@ -128,10 +134,7 @@ func DecodeMVCCKey(prefix, k []byte) ([]byte, VersionID, error) {
 			if len(ver) != versionLen {
 				return nil, VersionID{}, fmt.Errorf("%w: version of %d bytes", ErrBadKey, len(ver))
 			}
-			return key, VersionID{
-				Epoch:   ^binary.BigEndian.Uint64(ver),
-				Counter: ^binary.BigEndian.Uint32(ver[8:]),
-			}, nil
+			return key, decodeVersion(ver), nil
 		default:
 			return nil, VersionID{}, fmt.Errorf("%w: bad escape 0x00 0x%02x", ErrBadKey, rest[i+1])
 		}
@@ -324,7 +327,7 @@ func (e *Engine) NewestVersion(prefix, key []byte) (v VersionID, ok bool, err er
 		if len(ver) != versionLen {
 			err = fmt.Errorf("%w: %v: version of %d bytes", ErrCorrupt, ErrBadKey, len(ver))
 		} else {
-			v = VersionID{Epoch: ^binary.BigEndian.Uint64(ver), Counter: ^binary.BigEndian.Uint32(ver[8:])}
+			v = decodeVersion(ver)
 		}
 	}
 	if cerr := it.Close(); err == nil && cerr != nil {

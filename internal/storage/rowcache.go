@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"encoding/binary"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -33,8 +32,9 @@ import (
 // one that follows the writes answers nearly all of a hot key's. A read
 // that raced a write cannot leave its older answer behind: each shard
 // counts the writes it saw, and an entry made from a read is kept only
-// when no write to its shard came between the read's start and its end. Snapshot-consistent reads at older epochs use an entry only when
-// its version lies below the epoch read; scans, changefeeds and Pebble
+// when no write to its shard came between the read's start and its end.
+// Snapshot-consistent reads at older epochs use an entry only when its
+// version lies below the epoch read; scans, changefeeds and Pebble
 // snapshots never use it.
 
 // rowCacheShards is how many shards (each with its lock and LRU) the
@@ -101,7 +101,8 @@ func (e *Engine) RowCacheStats() RowCacheStats {
 }
 
 // rowShard is one shard: its LRU, its bytes, the bytes it may hold, and
-// the count of invalidations (gen) that a racing read checks.
+// the count of the writes and clears it saw (gen), which a racing read
+// checks.
 type rowShard struct {
 	mu     sync.Mutex
 	lru    *simplelru.LRU[string, rowEntry]
@@ -135,9 +136,9 @@ func (c *rowCache) shard(key []byte) *rowShard {
 	return &c.shards[maphash.Bytes(c.seed, key)%rowCacheShards]
 }
 
-// get returns key's entry, if the cache holds one, and the shard's
-// invalidation count, which a read of the engine that follows a miss
-// passes back to put.
+// get returns key's entry, if the cache holds one, and the shard's write
+// count, which a read of the engine that follows a miss passes back to
+// put.
 func (c *rowCache) get(key []byte) (rowEntry, bool, uint64) {
 	s := c.shard(key)
 	s.mu.Lock()
@@ -156,13 +157,10 @@ func (c *rowCache) counted(hit bool) {
 }
 
 // put records e as key's newest version, read from the engine after get
-// returned gen, unless the shard was invalidated since (the read may have
-// missed a write), or the value is too big to keep. An id-only entry never
-// replaces a full one for the same version.
+// returned gen, unless the shard saw a write since (the read may have
+// missed it). An id-only entry never replaces a full one for the same
+// version.
 func (c *rowCache) put(key []byte, e rowEntry, gen uint64) {
-	if len(e.value) > rowCacheMaxValue {
-		return
-	}
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -170,20 +168,22 @@ func (c *rowCache) put(key []byte, e rowEntry, gen uint64) {
 		return
 	}
 	k := string(key)
-	if old, ok := s.lru.Peek(k); ok {
-		if old.full && !e.full && old.id == e.id {
-			return
-		}
-		s.bytes -= old.size(k)
+	if old, ok := s.lru.Peek(k); ok && old.full && !e.full && old.id == e.id {
+		return
+	}
+	s.store(k, e)
+}
+
+// store makes e key k's entry, or drops k's entry when e's value is above
+// rowCacheMaxValue, then evicts the least recently used entries while the
+// shard holds more than its budget (s.mu held).
+func (s *rowShard) store(k string, e rowEntry) {
+	s.drop(k)
+	if len(e.value) > rowCacheMaxValue {
+		return
 	}
 	s.lru.Add(k, e)
 	s.bytes += e.size(k)
-	s.evict()
-}
-
-// evict drops the least recently used entries while the shard holds more
-// than its budget (s.mu held).
-func (s *rowShard) evict() {
 	for s.bytes > s.budget {
 		k, v, ok := s.lru.RemoveOldest()
 		if !ok {
@@ -193,8 +193,16 @@ func (s *rowShard) evict() {
 	}
 }
 
-// clear drops every entry and counts an invalidation of every shard: an
-// ingestion, or a range deletion over the MVCC key spaces.
+// drop removes k's entry, if any (s.mu held).
+func (s *rowShard) drop(k string) {
+	if old, ok := s.lru.Peek(k); ok {
+		s.bytes -= old.size(k)
+		s.lru.Remove(k)
+	}
+}
+
+// clear drops every entry and counts a write in every shard: an
+// ingestion, a range deletion over the MVCC key spaces, a failed commit.
 func (c *rowCache) clear() {
 	if c == nil {
 		return
@@ -284,38 +292,28 @@ func (c *rowCache) applyBatch(b *pebble.Batch) {
 	}
 }
 
-// decodeVersion decodes the inverted version id that ends an MVCC key.
-func decodeVersion(b []byte) VersionID {
-	return VersionID{Epoch: ^binary.BigEndian.Uint64(b), Counter: ^binary.BigEndian.Uint32(b[8:])}
-}
-
 // written records a commit of version id of key with the encoded MVCC
 // value enc: the key's entry, if the cache holds one at most as new,
-// becomes it (a copy of the value). Either way the shard counts an
-// invalidation, so that a read that began before the commit keeps nothing.
+// becomes it (a copy of the value). Either way the shard counts a write,
+// so that a read that began before the commit keeps nothing.
 func (c *rowCache) written(key []byte, id VersionID, enc []byte) {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gen++
 	k := string(key)
-	old, ok := s.lru.Peek(k)
-	if !ok || id.Less(old.id) {
+	if old, ok := s.lru.Peek(k); !ok || id.Less(old.id) {
 		return
 	}
 	val, tomb, err := DecodeMVCCValue(enc)
-	s.bytes -= old.size(k)
-	if err != nil || len(val) > rowCacheMaxValue {
-		s.lru.Remove(k)
-		return
+	switch {
+	case err != nil || len(val) > rowCacheMaxValue:
+		s.drop(k)
+	case tomb:
+		s.store(k, rowEntry{id: id, tomb: true, full: true})
+	default:
+		s.store(k, rowEntry{id: id, full: true, value: append([]byte{}, val...)})
 	}
-	e := rowEntry{id: id, tomb: tomb, full: true}
-	if !tomb {
-		e.value = append([]byte{}, val...)
-	}
-	s.lru.Add(k, e)
-	s.bytes += e.size(k)
-	s.evict()
 }
 
 // deleted records the deletion of version id of key (GC): the entry goes
@@ -325,9 +323,7 @@ func (c *rowCache) deleted(key []byte, id VersionID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gen++
-	k := string(key)
-	if old, ok := s.lru.Peek(k); ok && !id.Less(old.id) {
-		s.bytes -= old.size(k)
-		s.lru.Remove(k)
+	if old, ok := s.lru.Peek(string(key)); ok && !id.Less(old.id) {
+		s.drop(string(key))
 	}
 }

@@ -123,8 +123,8 @@ func TestRowCacheFollowsEveryWrite(t *testing.T) {
 	}
 }
 
-// TestRowCacheKeepsNoAnswerOlderThanAWrite: a read that began before an
-// invalidation of its shard must not leave its answer behind, and an
+// TestRowCacheKeepsNoAnswerOlderThanAWrite: a read that began before a
+// write to its shard must not leave its answer behind, and an
 // id-only entry does not replace a full one.
 func TestRowCacheKeepsNoAnswerOlderThanAWrite(t *testing.T) {
 	c := newRowCache(1 << 20)
