@@ -388,9 +388,6 @@ func (g *Group) Status() Status {
 	return st
 }
 
-// Progress returns, at the leader, its commit index and each replica's
-// matched log index (ok false elsewhere). It asks the group's goroutine, so
-// it waits at most for one Ready cycle, bounded by ctx.
 // RecentlyActive returns, at the leader, which members it heard from within
 // the last election timeout (etcd raft's Progress.RecentActive; it counts
 // itself). Errors: ErrNotLeader, ErrStopped, ctx's error.
@@ -427,6 +424,10 @@ func (g *Group) RecentlyActive(ctx context.Context) (map[uint64]bool, error) {
 	}
 }
 
+// Progress returns, at the leader, its commit index and each replica's
+// matched log index (ok false elsewhere). It asks the group's goroutine, so
+// it waits at most for one Ready cycle, bounded by ctx.
+// Errors: ErrStopped, ctx's error.
 func (g *Group) Progress(ctx context.Context) (commit uint64, match map[uint64]uint64, ok bool, err error) {
 	type answer struct {
 		commit uint64
