@@ -134,8 +134,6 @@ func (f *benchFlags) startBench() (*localcluster.Cluster, topology.Group, error)
 // call's latency; it returns the histogram and the failures.
 func runFor(d time.Duration, workers int, op func(ctx context.Context) error) (*latency.Histogram, int) {
 	h := latency.New()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	fails := 0
@@ -143,23 +141,31 @@ func runFor(d time.Duration, workers int, op func(ctx context.Context) error) (*
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for ctx.Err() == nil {
-				start := time.Now()
-				octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
-				err := op(octx)
-				ocancel()
-				if err != nil {
-					mu.Lock()
-					fails++
-					mu.Unlock()
-					continue
-				}
-				h.Since(start)
-			}
+			n := timedFor(h, op, d)
+			mu.Lock()
+			fails += n
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	return h, fails
+}
+
+// timedFor runs op from one caller for d, each call within 5 s, records
+// the latency of each that succeeds in h, and returns how many failed.
+func timedFor(h *latency.Histogram, op func(ctx context.Context) error, d time.Duration) (fails int) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		start := time.Now()
+		err := op(ctx)
+		cancel()
+		if err != nil {
+			fails++
+			continue
+		}
+		h.Since(start)
+	}
+	return fails
 }
 
 func printRow(name string, h *latency.Histogram, d time.Duration, fails int) {

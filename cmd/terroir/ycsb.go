@@ -304,13 +304,17 @@ func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, cluster
 	// The floor, then one client's transactions against it, on the same
 	// cluster after the run (issue 17).
 	group := top.GroupsOfKind(topology.KindLocalEpoch, region)[0]
-	fl, err := measureFloor(c, group, time.Second)
+	probe, err := newFloorProbe(c, group)
+	if err != nil {
+		return nil, nil, err
+	}
+	fl, err := measureFloor(c, probe, time.Second)
 	if err != nil {
 		return nil, nil, err
 	}
 	printFloor(fl)
 	records := max(cfg.Workload.RecordCount, 1)
-	if err := singleClient(ctx, c, db, func(i int) []byte { return cfg.Keys.Key(uint64(i % records)) }, fl, time.Second); err != nil {
+	if err := singleClient(ctx, c, db, func(i int) []byte { return cfg.Keys.Key(uint64(i % records)) }, probe, fl, time.Second); err != nil {
 		return nil, nil, err
 	}
 	return res, cost, nil

@@ -372,26 +372,41 @@ func floor(c *localcluster.Cluster, region string) (rtt, fsync *latency.Histogra
 }
 
 // MeasurePing measures the round trip from a client in group's region to
-// one of its replicas, one call at a time, for d: a Ping over the node's
-// Multiplex stream (transport.Dialer.Multiplexed), a message each way, as
-// a client's calls to range leaders and a leader's epoch reads travel.
+// one of its replicas, one call at a time, for d (Pinger's calls); a call
+// that fails is not counted. Errors: Pinger's.
 func MeasurePing(c *localcluster.Cluster, group topology.Group, d time.Duration) (*latency.Histogram, error) {
-	conn, err := c.Dialer(group.Region).Multiplexed(group.Replicas[0])
+	ping, err := Pinger(c, group)
 	if err != nil {
 		return nil, err
 	}
-	ping := transportpb.NewTransportClient(conn)
 	h := latency.New()
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		start := time.Now()
-		_, err := ping.Ping(ctx, &transportpb.PingRequest{Payload: make([]byte, 64)})
+		err := ping(ctx)
 		cancel()
 		if err == nil {
 			h.Since(start)
 		}
 	}
 	return h, nil
+}
+
+// Pinger returns one round trip from a client in group's region to one of
+// its replicas: a 64-byte Ping over the node's Multiplex stream
+// (transport.Dialer.Multiplexed), a message each way, as a client's calls
+// to range leaders and a leader's epoch reads travel. Errors: the
+// dialer's, for a replica it cannot reach.
+func Pinger(c *localcluster.Cluster, group topology.Group) (func(ctx context.Context) error, error) {
+	conn, err := c.Dialer(group.Region).Multiplexed(group.Replicas[0])
+	if err != nil {
+		return nil, err
+	}
+	ping := transportpb.NewTransportClient(conn)
+	return func(ctx context.Context) error {
+		_, err := ping.Ping(ctx, &transportpb.PingRequest{Payload: make([]byte, 64)})
+		return err
+	}, nil
 }
 
 // MeasureFsync measures a 4 KiB append plus fsync of a file in dir, for d.
