@@ -41,7 +41,7 @@ type floorProbe struct {
 // dialer's and the epoch reader's.
 func newFloorProbe(c *localcluster.Cluster, group topology.Group) (floorProbe, error) {
 	var p floorProbe
-	ping, err := experiment.Pinger(c, group)
+	ping, err := experiment.Pinger(c, group.Region, group)
 	if err != nil {
 		return p, err
 	}

@@ -174,14 +174,25 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 		return nil, err
 	}
 
+	far, ok := farthestPublisher(top, global[0].Region)
+	if !ok {
+		return nil, errors.New("experiment: the topology has no publisher")
+	}
+	pingFar, err := Pinger(c, global[0].Region, far)
+	if err != nil {
+		return nil, err
+	}
+	farRTT := latency.New()
+
 	rounds := SampleRounds(c)
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	win := &window{}
 	win.reset()
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); measureGlobalInterval(runCtx, svc, res.GlobalInterval) }()
+	go func() { defer wg.Done(); measureRTT(runCtx, pingFar, farRTT) }()
 	go func() {
 		defer wg.Done()
 		res.SnapshotFails = snapshots(runCtx, cfg, dbs[len(dbs)-1], keys, res, win)
@@ -215,6 +226,7 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	wg.Wait()
 	res.Rounds = SampleRounds(c).since(rounds)
 	res.Rounds.FarthestRTT = c.Topology.FarthestPublisherRTT()
+	res.Rounds.MeasuredRTT = farRTT.Quantile(50)
 	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer hcancel()
 	res.Homes, _ = dbs[0].Ranges(hctx) // the report's map of homes: best effort
@@ -319,6 +331,29 @@ func measureGlobalInterval(ctx context.Context, svc *epoch.Reader, h *latency.Hi
 	}
 }
 
+// measureRTT records a round trip (ping) every rttEvery until ctx ends.
+func measureRTT(ctx context.Context, ping func(ctx context.Context) error, h *latency.Histogram) {
+	tick := time.NewTicker(rttEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		start := time.Now()
+		if ping(pctx) == nil {
+			h.Since(start)
+		}
+		cancel()
+	}
+}
+
+// rttEvery is how often measureRTT pings: often enough for a P50 of a
+// short run, rarely enough to add no load (a ping every 20 ms).
+const rttEvery = 20 * time.Millisecond
+
 // snapshots runs a strong snapshot reading one key per data region, the keys
 // read in parallel, every cfg.SnapshotEvery until ctx ends, and returns how
 // many failed.
@@ -375,7 +410,7 @@ func floor(c *localcluster.Cluster, region string) (rtt, fsync *latency.Histogra
 // one of its replicas, one call at a time, for d (Pinger's calls); a call
 // that fails is not counted. Errors: Pinger's.
 func MeasurePing(c *localcluster.Cluster, group topology.Group, d time.Duration) (*latency.Histogram, error) {
-	ping, err := Pinger(c, group)
+	ping, err := Pinger(c, group.Region, group)
 	if err != nil {
 		return nil, err
 	}
@@ -392,13 +427,14 @@ func MeasurePing(c *localcluster.Cluster, group topology.Group, d time.Duration)
 	return h, nil
 }
 
-// Pinger returns one round trip from a client in group's region to one of
-// its replicas: a 64-byte Ping over the node's Multiplex stream
+// Pinger returns one round trip from a client in region from to one of
+// group's replicas: a 64-byte Ping over the node's Multiplex stream
 // (transport.Dialer.Multiplexed), a message each way, as a client's calls
-// to range leaders and a leader's epoch reads travel. Errors: the
-// dialer's, for a replica it cannot reach.
-func Pinger(c *localcluster.Cluster, group topology.Group) (func(ctx context.Context) error, error) {
-	conn, err := c.Dialer(group.Region).Multiplexed(group.Replicas[0])
+// to range leaders, a leader's epoch reads and the global epoch service's
+// publishes travel, with the network's delay between the regions
+// (DESIGN.md §8). Errors: the dialer's, for a replica it cannot reach.
+func Pinger(c *localcluster.Cluster, from string, group topology.Group) (func(ctx context.Context) error, error) {
+	conn, err := c.Dialer(from).Multiplexed(group.Replicas[0])
 	if err != nil {
 		return nil, err
 	}

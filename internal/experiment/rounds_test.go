@@ -1,0 +1,32 @@
+package experiment
+
+import (
+	"testing"
+
+	"github.com/terroir-db/terroir/examples"
+	"github.com/terroir-db/terroir/internal/topology"
+)
+
+// The round trip bench paper measures is to the publisher farthest from
+// the service: us-west1's from us-central1 (37 ms against us-east1's 31),
+// whichever order the groups are listed in; from us-east1 it is us-west1's
+// too (63 ms against its own region's 0).
+func TestFarthestPublisherIsTheOneAtTheLargestRTT(t *testing.T) {
+	top, err := topology.Parse(examples.ThreeRegions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ from, want string }{{"us-central1", "us-west1"}, {"us-east1", "us-west1"}, {"us-west1", "us-east1"}} {
+		far, ok := farthestPublisher(top, tc.from)
+		if !ok || far.Region != tc.want {
+			t.Errorf("from %s: farthest publisher %+v (ok %v), want the one in %s", tc.from, far, ok, tc.want)
+		}
+	}
+	one, err := topology.Parse(examples.OneRegion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if far, ok := farthestPublisher(one, "us-east1"); ok {
+		t.Errorf("one region without publishers: farthest publisher %+v, want none", far)
+	}
+}
