@@ -275,14 +275,7 @@ func load(ctx context.Context, c *localcluster.Cluster, cfg Config, regions []st
 func report(ctx context.Context, cfg Config, win *window, pub *epoch.Reader, locals []*epoch.Reader, progress func(Progress)) {
 	began := time.Now()
 	last := began
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	everyTick(ctx, time.Second, func() {
 		now := time.Now()
 		reads, writes, snaps := win.reset()
 		txns := win.txns.Load()
@@ -307,6 +300,20 @@ func report(ctx context.Context, cfg Config, win *window, pub *epoch.Reader, loc
 			p.SnapshotP50 = snaps.Quantile(50)
 		}
 		progress(p)
+	})
+}
+
+// everyTick calls f every d until ctx ends (not at once: first after d).
+func everyTick(ctx context.Context, d time.Duration, f func()) {
+	tick := time.NewTicker(d)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		f()
 	}
 }
 
@@ -333,21 +340,14 @@ func measureGlobalInterval(ctx context.Context, svc *epoch.Reader, h *latency.Hi
 
 // measureRTT records a round trip (ping) every rttEvery until ctx ends.
 func measureRTT(ctx context.Context, ping func(ctx context.Context) error, h *latency.Histogram) {
-	tick := time.NewTicker(rttEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	everyTick(ctx, rttEvery, func() {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
 		start := time.Now()
 		if ping(pctx) == nil {
 			h.Since(start)
 		}
-		cancel()
-	}
+	})
 }
 
 // rttEvery is how often measureRTT pings: often enough for a P50 of a
