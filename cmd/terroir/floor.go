@@ -69,27 +69,27 @@ func newFloorProbe(c *localcluster.Cluster, group topology.Group) (floorProbe, e
 // other, and a 4 KiB write + fsync in c's data directory.
 func measureFloor(c *localcluster.Cluster, p floorProbe, d time.Duration) (floor, error) {
 	var f floor
-	h, _ := runFor(d, 1, p.ping)
-	if h.Count() == 0 {
-		return f, fmt.Errorf("no round trip succeeded within %s", d)
+	p50 := func(part string, op func(ctx context.Context) error) (time.Duration, error) {
+		h, fails := runFor(d, 1, op)
+		if h.Count() == 0 {
+			return 0, fmt.Errorf("no %s within %s (%d failed)", part, d, fails)
+		}
+		return h.Quantile(50), nil
 	}
-	f.rtt = h.Quantile(50)
+	var err error
+	if f.rtt, err = p50("round trip", p.ping); err != nil {
+		return f, err
+	}
 	h, err := experiment.MeasureFsync(c.DataDir(), d)
 	if err != nil {
 		return f, err
 	}
 	f.fsync = h.Quantile(50)
-	h, fails := runFor(d, 1, p.raft)
-	if h.Count() == 0 {
-		return f, fmt.Errorf("no Raft commit within %s (%d failed)", d, fails)
+	if f.raft, err = p50("Raft commit", p.raft); err != nil {
+		return f, err
 	}
-	f.raft = h.Quantile(50)
-	h, fails = runFor(d, 1, p.epochRead)
-	if h.Count() == 0 {
-		return f, fmt.Errorf("no epoch read within %s (%d failed)", d, fails)
-	}
-	f.epochRead = h.Quantile(50)
-	return f, nil
+	f.epochRead, err = p50("epoch read", p.epochRead)
+	return f, err
 }
 
 // pairedRun runs op from one client for d, in slices of pairSlice each

@@ -9,7 +9,6 @@ import (
 
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/localcluster"
-	"github.com/terroir-db/terroir/internal/topology"
 )
 
 // roundMetric is the nodes' histogram of the global epoch's round phases
@@ -35,17 +34,6 @@ type RoundPhases struct {
 	// timers' lateness and the loopback call itself, which a publish pays
 	// too.
 	MeasuredRTT time.Duration
-}
-
-// farthestPublisher returns the publisher group whose region is farthest
-// (by the topology's RTT) from region; ok false when there is none.
-func farthestPublisher(top *topology.Topology, region string) (far topology.Group, ok bool) {
-	for _, p := range top.GroupsOfKind(topology.KindPublisher, "") {
-		if !ok || top.RTT(region, p.Region) > top.RTT(region, far.Region) {
-			far, ok = p, true
-		}
-	}
-	return far, ok
 }
 
 // Mean returns phase p's mean duration (0 if none ran).

@@ -710,12 +710,24 @@ func (t *Topology) FarthestPublisherRTT() time.Duration {
 	for _, g := range t.GroupsOfKind(KindGlobalEpoch, "") {
 		for _, id := range g.Replicas {
 			from, _ := t.Node(id)
-			for _, p := range t.GroupsOfKind(KindPublisher, "") {
+			if p, ok := t.FarthestPublisher(from.Region); ok {
 				far = max(far, t.RTT(from.Region, p.Region))
 			}
 		}
 	}
 	return far
+}
+
+// FarthestPublisher returns the publisher group whose region is farthest
+// (by RTT) from region, the first listed among equals; ok is false when
+// the topology has no publisher.
+func (t *Topology) FarthestPublisher(region string) (far Group, ok bool) {
+	for _, p := range t.GroupsOfKind(KindPublisher, "") {
+		if !ok || t.RTT(region, p.Region) > t.RTT(region, far.Region) {
+			far, ok = p, true
+		}
+	}
+	return far, ok
 }
 
 // checkRanges requires the ranges, if any, to tile the key space: sorted by
