@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -76,11 +77,15 @@ type Engine struct {
 	db       *pebble.DB
 	dir      string
 	fsCloser io.Closer
-	fs       vfs.FS        // the store's file system (the crash-injecting one, if crashable)
-	crash    *crashFS      // nil unless opened with OpenCrashable
-	cache    *pebble.Cache // the block cache (db holds the reference; freed by Close)
-	rows     *rowCache     // the newest-version cache (rowcache.go)
-	stalls   *stalls
+	fs       vfs.FS // the store's file system (the crash-injecting one, if crashable): through useFS
+	// closing orders the engine's own file work (staged SSTs) before Close
+	// stops the file system's disk-health checker: a call after it would
+	// start the checker's goroutine again, to outlive the engine.
+	closing *fsGate
+	crash   *crashFS      // nil unless opened with OpenCrashable
+	cache   *pebble.Cache // the block cache (db holds the reference; freed by Close)
+	rows    *rowCache     // the newest-version cache (rowcache.go)
+	stalls  *stalls
 }
 
 // Open opens (creating if absent) the store in dir for node nodeID. A directory
@@ -146,7 +151,7 @@ func open(dir string, nodeID uint64, o Options) (e *Engine, err error) {
 		// missing referenced file.
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
-	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, crash: crash, cache: cache, stalls: st,
+	e = &Engine{db: db, dir: dir, fsCloser: fsCloser, fs: diskFS, closing: &fsGate{}, crash: crash, cache: cache, stalls: st,
 		rows: newRowCache(rowCacheSize(cmp.Or(o.CacheSize, DefaultCacheSize)))}
 	if err := e.checkIdent(nodeID); err != nil {
 		_ = db.Close()
@@ -414,11 +419,32 @@ func (v *LazyValue) Value() ([]byte, error) {
 // crash; after Crash it is.
 func (e *Engine) Close() error {
 	err := e.db.Close()
+	e.closing.mu.Lock()
+	e.closing.closed = true
+	e.closing.mu.Unlock()
 	_ = e.fsCloser.Close()
 	if e.crash != nil && e.crash.dead() {
 		return e.crash.cut() // the store's own complaints are moot after a crash
 	}
 	return err
+}
+
+// useFS runs op on the store's file system, unless the engine is closed
+// (an error wrapping pebble.ErrClosed).
+func (e *Engine) useFS(op func(fs vfs.FS) error) error {
+	e.closing.mu.RLock()
+	defer e.closing.mu.RUnlock()
+	if e.closing.closed {
+		return fmt.Errorf("storage: %w", pebble.ErrClosed)
+	}
+	return op(e.fs)
+}
+
+// fsGate is what useFS and Close share: closed, under mu, once Close has
+// begun.
+type fsGate struct {
+	mu     sync.RWMutex
+	closed bool
 }
 
 // Crash is the instant of a power loss or kill -9: from now on nothing the

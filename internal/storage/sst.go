@@ -40,10 +40,12 @@ var stagedSeq atomic.Uint64
 
 func (e *Engine) clearStaging() error {
 	dir := filepath.Join(e.dir, stagingDir)
-	if err := e.fs.RemoveAll(dir); err != nil {
-		return fmt.Errorf("storage: clear %s: %w", dir, err)
-	}
-	return e.fs.MkdirAll(dir, 0o755)
+	return e.useFS(func(fs vfs.FS) error {
+		if err := fs.RemoveAll(dir); err != nil {
+			return fmt.Errorf("storage: clear %s: %w", dir, err)
+		}
+		return fs.MkdirAll(dir, 0o755)
+	})
 }
 
 // SSTWriter writes one SST file for Ingest, in the engine's table format.
@@ -52,21 +54,26 @@ func (e *Engine) clearStaging() error {
 // by Pebble's block size whatever the file's size.
 type SSTWriter struct {
 	w     *sstable.Writer
-	fs    vfs.FS
+	e     *Engine
 	path  string
 	bytes uint64
 	done  bool
 }
 
-// NewSSTWriter creates a staged SST file.
+// NewSSTWriter creates a staged SST file. Errors: the file system's, or
+// one wrapping pebble.ErrClosed after Close.
 func (e *Engine) NewSSTWriter() (*SSTWriter, error) {
 	path := filepath.Join(e.dir, stagingDir, fmt.Sprintf("%d.sst", stagedSeq.Add(1)))
-	f, err := e.fs.Create(path, vfs.WriteCategoryUnspecified)
+	var f vfs.File
+	err := e.useFS(func(fs vfs.FS) (err error) {
+		f, err = fs.Create(path, vfs.WriteCategoryUnspecified)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("storage: stage %s: %w", path, err)
 	}
 	w := sstable.NewWriter(objstorageprovider.NewFileWritable(f), sstable.WriterOptions{TableFormat: e.db.TableFormat()})
-	return &SSTWriter{w: w, fs: e.fs, path: path}, nil
+	return &SSTWriter{w: w, e: e, path: path}, nil
 }
 
 // Set adds key k with value v.
@@ -86,7 +93,7 @@ func (w *SSTWriter) Bytes() uint64 { return w.bytes }
 func (w *SSTWriter) Finish() (string, error) {
 	w.done = true
 	if err := w.w.Close(); err != nil {
-		_ = w.fs.Remove(w.path)
+		w.e.remove(w.path)
 		return "", fmt.Errorf("storage: finish %s: %w", w.path, err)
 	}
 	return w.path, nil
@@ -98,14 +105,21 @@ func (w *SSTWriter) Abort() {
 		w.done = true
 		_ = w.w.Close()
 	}
-	_ = w.fs.Remove(w.path)
+	w.e.remove(w.path)
 }
 
-// RemoveStaged removes finished files that will not be ingested.
+// RemoveStaged removes finished files that will not be ingested (after
+// Close, none: the next open empties the staging directory).
 func (e *Engine) RemoveStaged(paths []string) {
 	for _, p := range paths {
-		_ = e.fs.Remove(p)
+		e.remove(p)
 	}
+}
+
+// remove removes a staged file, best effort: what stays behind, the next
+// open removes.
+func (e *Engine) remove(path string) {
+	_ = e.useFS(func(fs vfs.FS) error { return fs.Remove(path) })
 }
 
 // Ingest adds finished SST files to the engine atomically: every file's
