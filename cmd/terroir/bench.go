@@ -246,9 +246,11 @@ func benchEpochCmd() *cobra.Command {
 					return err
 				})
 				printRow(fmt.Sprintf("ReadEpoch, %d reader(s)", readers), h, d, fails)
-				rounds, splits, hedges := r.Stats()
+				st := r.Stats()
 				fmt.Printf("  %d reads in %d rounds (%.1f reads per round of %d requests, %d asked first), %d split replies retried, %d rounds asked the rest\n",
-					h.Count(), rounds, float64(h.Count())/float64(max(rounds, 1)), len(group.Replicas), len(group.Replicas)/2+1, splits, hedges)
+					h.Count(), st.Rounds, float64(h.Count())/float64(max(st.Rounds, 1)), len(group.Replicas), len(group.Replicas)/2+1, st.Splits, st.Hedges)
+				fmt.Printf("  per read: waited %.3f ms for its round to begin; a round took %.3f ms to decide\n",
+					st.Waited.Seconds()*1e3/float64(max(st.Reads, 1)), st.InRounds.Seconds()*1e3/float64(max(st.Rounds, 1)))
 			}
 			return nil
 		})

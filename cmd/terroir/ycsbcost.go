@@ -33,6 +33,11 @@ type runCost struct {
 	// stalled is the seconds the stores held back all writes (summed
 	// over the nodes).
 	stalled float64
+	// epochReads and epochRounds are the reads the nodes' epoch readers
+	// answered and the rounds they ran; epochWaited the seconds those
+	// reads waited for their round to begin, epochInRounds the seconds the
+	// rounds took to decide (terroir_epoch_read*_total).
+	epochReads, epochRounds, epochWaited, epochInRounds float64
 	// gcCPU is the CPU seconds the Go garbage collector spent, gcCycles
 	// the collections completed, and sched the process's histogram of how
 	// long runnable goroutines waited to run (runtime/metrics; all three
@@ -84,6 +89,10 @@ func sampleCost(c *localcluster.Cluster) runCost {
 		"terroir_pebble_write_stall_seconds_total":  &out.stalled,
 		"terroir_storage_row_cache_hits_total":      &out.rowHits,
 		"terroir_storage_row_cache_misses_total":    &out.rowMisses,
+		"terroir_epoch_reads_total":                 &out.epochReads,
+		"terroir_epoch_read_rounds_total":           &out.epochRounds,
+		"terroir_epoch_read_wait_seconds_total":     &out.epochWaited,
+		"terroir_epoch_read_round_seconds_total":    &out.epochInRounds,
 	}
 	c.EachMetricFamily(func(mf *dto.MetricFamily) {
 		if sum, ok := counted[mf.GetName()]; ok {
@@ -146,6 +155,7 @@ func printCost(before, after runCost, ops int64) {
 		diskPerOp(before, after, ops), stalledFor(before, after), rowCacheHits(before, after))
 	printRPCsByMethod(before.byMethod, after.byMethod, ops)
 	printStages(before.stages, after.stages)
+	printEpochReads(before, after)
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
 		gc := after.gcCPU - before.gcCPU
 		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s\n",
@@ -287,6 +297,18 @@ func stageMeans(before, after map[string]stageTime) string {
 		}
 	}
 	return strings.TrimSuffix(line, ",")
+}
+
+// printEpochReads prints where the nodes' epoch reads spent their time
+// between two samples: waiting for their round to begin, and in it (a
+// commit's epochs stage is about the two, plus its wake-up).
+func printEpochReads(before, after runCost) {
+	reads, rounds := after.epochReads-before.epochReads, after.epochRounds-before.epochRounds
+	if reads <= 0 || rounds <= 0 {
+		return
+	}
+	fmt.Printf("per epoch read (the nodes' readers: %.0f reads in %.0f rounds, %.2f per round): waited %.2f ms for its round to begin; a round took %.2f ms to decide\n",
+		reads, rounds, reads/rounds, 1e3*(after.epochWaited-before.epochWaited)/reads, 1e3*(after.epochInRounds-before.epochInRounds)/rounds)
 }
 
 // printRPCsByMethod prints the six busiest RPC methods between two samples

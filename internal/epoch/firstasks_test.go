@@ -113,7 +113,7 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	// loaded machine's scheduling delay) asked the third too, as it should: each
 	// such hedge adds one ask of a third replica. Beyond those, and the
 	// first read's, none.
-	_, _, hedges := r.Stats()
+	hedges := r.Stats().Hedges
 	f.settle(2*reads + 1 + int(hedges))
 	got := f.counts()
 	if got[1] != reads || got[2]+got[3] != reads+1+int(hedges) || hedges > reads/4 {
@@ -154,7 +154,8 @@ func TestAReadAsksABareMajorityFirst(t *testing.T) {
 	if got := f.counts(); got[1]+got[2]+got[3] != 3 {
 		t.Fatalf("split replicas: asked %v; want all three once", got)
 	}
-	_, splits, after := r.Stats()
+	st := r.Stats()
+	splits, after := st.Splits, st.Hedges
 	if splits != 0 || after-hedges != 3 {
 		t.Fatalf("splits %d, hedges %d since the agreeing reads; want 0 and 3 (a failure, a hang, a disagreement: one each, however late the replies)", splits, after-hedges)
 	}
@@ -186,11 +187,11 @@ func TestTheHedgeWaitsForTheSlowTail(t *testing.T) {
 	}
 	read() // the first read asks every voter (demandDue): no hedge to time
 	const reads = 30
-	_, _, before := r.Stats()
+	before := r.Stats().Hedges
 	for range reads {
 		read()
 	}
-	_, _, after := r.Stats()
+	after := r.Stats().Hedges
 	// The first bare attempt hedges after hedgeMin, as nothing has been
 	// timed yet; from then on the wait is twice ~3 ms, capped at 5 ms. A
 	// reply late past that (a loaded CI machine) hedges too, rarely.
@@ -262,13 +263,13 @@ func TestAReadThatAsksReachesEveryVoterOncePerPeriod(t *testing.T) {
 	defer cancel()
 	asks := func(what string, read func(context.Context) (uint64, error), want int) {
 		t.Helper()
-		_, _, before := r.Stats()
+		before := r.Stats().Hedges
 		if _, err := read(ctx); err != nil {
 			t.Fatal(err)
 		}
 		// A bare majority's reply later than hedgeAfter (a loaded
 		// machine) asks the third voter too: an ask of all three.
-		if _, _, after := r.Stats(); after > before {
+		if after := r.Stats().Hedges; after > before {
 			want = 3
 		}
 		f.settle(want)

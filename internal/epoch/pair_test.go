@@ -134,7 +134,7 @@ func fakePair(t *testing.T, f *fakeNodes) (local, pub *Reader) {
 func hedges(readers ...*Reader) int {
 	n := 0
 	for _, r := range readers {
-		_, _, h := r.Stats()
+		h := r.Stats().Hedges
 		n += int(h)
 	}
 	return n

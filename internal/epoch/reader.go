@@ -85,7 +85,11 @@ type Reader struct {
 	lastPaced, lastJoint bool
 
 	rounds, splits, hedges atomic.Uint64
-	preferred              atomic.Uint64 // a voter that agreed with the last decision (firstAsks)
+	// reads, waitedNs and roundNs add up, over the rounds run: the reads
+	// they answered, how long those waited for their round to begin (ns),
+	// and how long the rounds took to decide this group's epoch (ns).
+	reads, waitedNs, roundNs atomic.Uint64
+	preferred                atomic.Uint64 // a voter that agreed with the last decision (firstAsks)
 
 	// demanded is when (ns since demandOrigin; 0: never) an attempt that
 	// asks for the epoch last asked every voter; demandEvery how often one
@@ -104,6 +108,7 @@ type Reader struct {
 type waiter struct {
 	ch    chan readResult
 	joint bool
+	at    time.Time // when it joined: its wait for the round counts from it
 }
 
 // readResult is a round's answer: the group's epoch or err, and in a
@@ -179,7 +184,7 @@ func (r *Reader) start(background, joint bool) (<-chan readResult, error) {
 		r.mu.Unlock()
 		return nil, ErrReaderClosed
 	}
-	r.waiting = append(r.waiting, waiter{ch: ch, joint: joint})
+	r.waiting = append(r.waiting, waiter{ch: ch, joint: joint, at: time.Now()})
 	r.paced = r.paced || !background
 	r.joint = r.joint || joint
 	if !r.running {
@@ -205,11 +210,29 @@ func wait(ctx context.Context, ch <-chan readResult) readResult {
 	}
 }
 
-// Stats returns how many rounds the reader ran, how many of their attempts
-// found the replicas split (and asked again), and how many attempts asked
-// more than the bare majority they asked first (firstAsks).
-func (r *Reader) Stats() (rounds, splits, hedges uint64) {
-	return r.rounds.Load(), r.splits.Load(), r.hedges.Load()
+// ReaderStats counts what a Reader's rounds did since it was made
+// (Reader.Stats).
+type ReaderStats struct {
+	// Rounds is how many rounds ran; Reads how many reads (Read,
+	// ReadBackground, Ask, a StartAll's joint read) they answered.
+	Rounds, Reads uint64
+	// Splits is how many attempts found the replicas split (and asked
+	// again); Hedges how many asked more than the bare majority they asked
+	// first (firstAsks).
+	Splits, Hedges uint64
+	// Waited is the time the reads answered spent waiting for their round
+	// to begin, summed over them: a read that arrives while a round is in
+	// flight waits for it to end (issue 17: under load that is about half
+	// a round). InRounds is the time the rounds took to decide this
+	// group's epoch, summed over the rounds.
+	Waited, InRounds time.Duration
+}
+
+// Stats returns what the reader's rounds did since it was made. AtLeast
+// runs no round: it counts only in Splits and Hedges.
+func (r *Reader) Stats() ReaderStats {
+	return ReaderStats{Rounds: r.rounds.Load(), Reads: r.reads.Load(), Splits: r.splits.Load(), Hedges: r.hedges.Load(),
+		Waited: time.Duration(r.waitedNs.Load()), InRounds: time.Duration(r.roundNs.Load())}
 }
 
 // Close waits for the round in flight and makes later reads fail; the
@@ -277,7 +300,13 @@ func (r *Reader) take() []waiter {
 // unavailable partner (a publisher whose lease lapsed) holds up neither
 // them nor the next round (a leaseholder renewing its lease).
 func (r *Reader) round(background, joint bool, batch []waiter) {
+	began := time.Now()
 	r.rounds.Add(1)
+	r.reads.Add(uint64(len(batch)))
+	for _, w := range batch {
+		r.waitedNs.Add(uint64(began.Sub(w.at)))
+	}
+	decided := func() { r.roundNs.Add(uint64(time.Since(began))) }
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}
 	p := r.partner
@@ -288,12 +317,14 @@ func (r *Reader) round(background, joint bool, batch []waiter) {
 			res.partnerErr = ErrReaderClosed // the partner closed
 		}
 		res.epoch, res.err = r.until(ctx, req, (*tally).decide, nil)
+		decided()
 		answer(batch, res, func(waiter) bool { return true })
 		return
 	}
 	preq := &epochpb.ReadEpochRequest{GroupId: p.group, Background: background}
 	mine, theirs := r.askJointly(ctx, req, preq)
 	e, err := r.until(ctx, req, (*tally).decide, mine)
+	decided()
 	answer(batch, readResult{epoch: e, err: err}, wantsOwn)
 	r.wg.Add(1) // the loop holds a count: Close waits for this one too
 	go func() {

@@ -227,6 +227,12 @@ var (
 	descRangeBytes = prometheus.NewDesc("terroir_range_bytes", "Estimated bytes on disk of the ranges hosted here.", nil, nil)
 	descQueueSteps = prometheus.NewDesc("terroir_rebalance_steps_total", "Steps the region's replicate queue ran from this node (while it led the region's directory), by kind (move, transfer, gone, move group) and outcome (done, failed).", []string{"kind", "outcome"}, nil)
 	descQueueBusy  = prometheus.NewDesc("terroir_rebalance_steps_in_flight", "Steps of the region's replicate queue under way at this node.", nil, nil)
+	// The node's epoch readers (epoch.ReaderStats), by the kind and region
+	// of the group read: where a commit's epoch read spends its time.
+	descReadRounds = prometheus.NewDesc("terroir_epoch_read_rounds_total", "Batched rounds of linearizable epoch reads this node's reader of a group ran.", []string{"kind", "region"}, nil)
+	descReads      = prometheus.NewDesc("terroir_epoch_reads_total", "Epoch reads those rounds answered.", []string{"kind", "region"}, nil)
+	descReadWait   = prometheus.NewDesc("terroir_epoch_read_wait_seconds_total", "Time those reads waited for their round to begin (a read arriving during a round waits for it to end), summed over the reads.", []string{"kind", "region"}, nil)
+	descReadRound  = prometheus.NewDesc("terroir_epoch_read_round_seconds_total", "Time those rounds took to decide the group's epoch, summed over the rounds.", []string{"kind", "region"}, nil)
 	pebbleGauges   = []struct {
 		d *prometheus.Desc
 		f func(s pebbleStats) float64
@@ -267,7 +273,8 @@ type pebbleStats struct {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEpoch, descEpochAge, descLeaders, descReplicas, descLocks, descRangeBytes, descQueueSteps, descQueueBusy} {
+	for _, d := range []*prometheus.Desc{descEpoch, descEpochAge, descLeaders, descReplicas, descLocks, descRangeBytes, descQueueSteps, descQueueBusy,
+		descReadRounds, descReads, descReadWait, descReadRound} {
 		ch <- d
 	}
 	for _, g := range pebbleGauges {
@@ -322,6 +329,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descQueueSteps, prometheus.CounterValue, float64(st.Failed[k]), k.String(), "failed")
 		}
 		ch <- prometheus.MustNewConstMetric(descQueueBusy, prometheus.GaugeValue, float64(st.InFlight))
+	}
+	for key, st := range n.readerStats() {
+		kind, region, _ := strings.Cut(key, "/")
+		ch <- prometheus.MustNewConstMetric(descReadRounds, prometheus.CounterValue, float64(st.Rounds), kind, region)
+		ch <- prometheus.MustNewConstMetric(descReads, prometheus.CounterValue, float64(st.Reads), kind, region)
+		ch <- prometheus.MustNewConstMetric(descReadWait, prometheus.CounterValue, st.Waited.Seconds(), kind, region)
+		ch <- prometheus.MustNewConstMetric(descReadRound, prometheus.CounterValue, st.InRounds.Seconds(), kind, region)
 	}
 	pm := n.engine.Metrics()
 	s := pebbleStats{

@@ -119,13 +119,16 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		`terroir_raft_messages_sent_total{type="MsgApp"}`, `terroir_raft_messages_sent_total{type="MsgAppResp"}`,
 		`terroir_pebble_wal_written_bytes_total`, `terroir_pebble_disk_usage_bytes`,
 		`terroir_storage_row_cache_hits_total`, `terroir_storage_row_cache_misses_total`, `terroir_storage_row_cache_bytes`,
+		`terroir_epoch_read_rounds_total{kind="local-epoch",region="us-east1"}`, `terroir_epoch_reads_total{kind="local-epoch",region="us-east1"}`,
+		`terroir_epoch_read_round_seconds_total{kind="local-epoch",region="us-east1"}`,
 		`go_goroutines`, `process_cpu_seconds_total`, `go_sched_latencies_seconds_count`, `go_cpu_classes_gc_total_cpu_seconds_total`,
 	} {
 		if v := sample(all, want); v <= 0 {
 			t.Errorf("%s = %v across the nodes, want > 0", want, v)
 		}
 	}
-	for _, want := range []string{"terroir_pebble_flushed_bytes_total ", "terroir_pebble_compacted_bytes_total ", "terroir_pebble_write_stall_seconds_total "} {
+	for _, want := range []string{`terroir_epoch_read_wait_seconds_total{kind="local-epoch",region="us-east1"} `, // zero while reads come one at a time
+		"terroir_pebble_flushed_bytes_total ", "terroir_pebble_compacted_bytes_total ", "terroir_pebble_write_stall_seconds_total "} {
 		if !strings.Contains(all, want) { // zero until the first flush or stall
 			t.Errorf("no %sseries", want)
 		}

@@ -552,6 +552,18 @@ func (n *Node) readerLocked(kind topology.Kind, region string) (*epoch.Reader, e
 	return r, nil
 }
 
+// readerStats returns what each of the node's epoch readers did, by
+// "kind/region" (the readers' key).
+func (n *Node) readerStats() map[string]epoch.ReaderStats {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make(map[string]epoch.ReaderStats, len(n.readers))
+	for key, r := range n.readers {
+		out[key] = r.Stats()
+	}
+	return out
+}
+
 // decider returns a client of txn-state group id (nil if the topology has none).
 func (n *Node) decider(id uint64) rangeserver.Decider {
 	n.mu.Lock()
