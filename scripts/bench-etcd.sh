@@ -4,14 +4,19 @@
 # as three server processes (etcd members; `terroir start` nodes of
 # examples/one-region.yaml, plaintext), with the same durability (each commit
 # fsync'd by a majority of replicas: etcd's default, and Terroir's Raft), and
-# one driver process (`terroir bench ycsb`) runs the workload on etcd, then on
-# Terroir. It prints both side by side, then each system's CPU time per
-# operation of the run phase, summed over its three processes (from
+# one driver process (`terroir bench ycsb`) runs the workload on etcd and on
+# Terroir in alternating slices (etcd, Terroir, etcd, ...: --pairs), so
+# that both see the same minutes of this machine, whose speed swings by
+# tens of percent from one to the next. It prints each pair's throughput
+# ratio and their median, both systems side by side, then each system's
+# CPU time per operation of its slices, summed over its three processes (from
 # /proc/<pid>/stat), beside the driver's own; for Terroir also the RPCs its
 # nodes served per operation by method, and the Raft groups each node led
 # (from their /metrics), which tell the run's layout of leaders.
 #
-#   scripts/bench-etcd.sh [workload (a–f, default a)] [duration (default 10s)]
+#   scripts/bench-etcd.sh [workload (a–f, default a)] [duration (default 10s)] [pairs (default 4)]
+#
+# Each system runs for the whole duration, in pairs slices of duration/pairs.
 #
 # It builds a pinned etcd server (tools/etcd, from the Go module proxy) and
 # terroir into ./bin, starts the etcd members on 127.0.0.1:23{79,80,81} (peers
@@ -25,6 +30,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 workload=${1:-a}
 duration=${2:-10s}
+pairs=${3:-4}
+[[ "$pairs" =~ ^[1-9][0-9]*$ ]] || { echo "bench-etcd: pairs $pairs: want a positive whole number" >&2; exit 2; }
 # The driver gets twice the run (one per system) plus 300 s for loading and
 # connecting, then is stopped; so the duration is whole hours, minutes or
 # seconds here (10s, 1m30s), which bash can add up.
@@ -106,6 +113,6 @@ join() { local IFS=,; echo "$*"; }
 timeout --kill-after=10s $((2 * run_secs + 300)) \
   bin/terroir bench ycsb --target etcd://127.0.0.1:2379,127.0.0.1:2380,127.0.0.1:2381 --target-pids "$(join "${etcd_pids[@]}")" \
   --versus-terroir --cluster examples/one-region.yaml --insecure --cluster-pids "$(join "${terroir_pids[@]}")" \
-  --workload "$workload" --duration "$duration" --records 10000 --clients 16 &
+  --workload "$workload" --duration "$duration" --pairs "$pairs" --records 10000 --clients 16 &
 pids+=($!)
 wait $!

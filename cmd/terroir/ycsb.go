@@ -25,7 +25,7 @@ func benchYCSBCmd() *cobra.Command {
 	var workload, distribution, clusterPath, region, out, target, targetPids, clusterPids string
 	var versus bool
 	var every time.Duration
-	var records, operations, clients, fieldCount, fieldLength int
+	var records, operations, clients, fieldCount, fieldLength, pairs int
 	var seed uint64
 	cmd := &cobra.Command{
 		Use:   "ycsb",
@@ -88,6 +88,9 @@ operation of the run phase (user + system, summed over its processes, from
 			if every < 0 {
 				return fmt.Errorf("--every %v: must not be negative", every)
 			}
+			if err := checkPairs(pairs, target != "" && versus, operations, every); err != nil {
+				return err
+			}
 			if err := w.Validate(); err != nil {
 				return err
 			}
@@ -107,6 +110,9 @@ operation of the run phase (user + system, summed over its processes, from
 				}
 				defer store.Close()
 				cfg.Keys = ycsb.KeySpace{Prefixes: [][]byte{[]byte("y-")}}
+				if pairs > 1 {
+					return runVersusInPairs(ctx, &f, &conn, clusterPath, region, pairs, pairSide{name: "etcd", store: store, keys: cfg.Keys, pids: etcdProcs}, terroirProcs, cfg, out)
+				}
 				res, cost, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil, nil, etcdProcs, every)
 				if err != nil {
 					return err
@@ -120,26 +126,7 @@ operation of the run phase (user + system, summed over its processes, from
 				}
 				results, costs, names = append(results, res), append(costs, cost), append(names, "terroir")
 			}
-			for i, res := range results {
-				fmt.Println()
-				fmt.Print(res.Markdown(fmt.Sprintf("YCSB workload %s on %s", w.Name, names[i])))
-				if costs[i] != nil {
-					fmt.Printf("%s: %s\n", names[i], costs[i])
-				}
-			}
-			if len(results) == 2 {
-				fmt.Println()
-				fmt.Print(ycsb.SideBySide(names[0], results[0], names[1], results[1]))
-				fmt.Println(ratios(names[0], results[0], costs[0], names[1], results[1], costs[1]))
-			}
-			if out != "" {
-				for i, res := range results {
-					if err := writeYCSB(out, names[i], res); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
+			return report(results, costs, names, out)
 		},
 	}
 	f.register(cmd)
@@ -166,11 +153,86 @@ operation of the run phase (user + system, summed over its processes, from
 	cmd.Flags().StringVar(&out, "out", "", "directory to write <target>-ycsb-<workload>.json and .md to")
 	cmd.Flags().StringVar(&target, "target", "", "run against etcd instead: etcd://host:port[,host:port...]")
 	cmd.Flags().DurationVar(&every, "every", 0, "also print the throughput and P50/P99 of every window of this length, and the last window against the second (steady state; 0: off)")
+	cmd.Flags().IntVar(&pairs, "pairs", 1, "with --target and --versus-terroir: run each system for --duration in this many alternating slices (etcd, Terroir, etcd, ...), so both see the same minutes of the machine, and print each pair's throughput ratio")
 	cmd.Flags().BoolVar(&versus, "versus-terroir", false, "with --target: also run the same workload on Terroir (the embedded cluster, or --cluster) and print both side by side")
 	cmd.Flags().StringVar(&targetPids, "target-pids", "", "with --target: comma-separated pids of the target's server processes, to print their CPU time per operation")
 	cmd.Flags().StringVar(&clusterPids, "cluster-pids", "", "with --cluster: comma-separated pids of the cluster's node processes, to print their CPU time per operation")
 	cmd.Flags().Lookup("insecure").Usage = "plaintext, no TLS: the embedded cluster, or connect to a --cluster started with --insecure"
 	return cmd
+}
+
+// report prints each run's table and CPU cost, the two side by side when
+// there are two, and writes them into out (""; none).
+func report(results []*ycsb.Result, costs []*cpuPerOp, names []string, out string) error {
+	for i, res := range results {
+		fmt.Println()
+		fmt.Print(res.Markdown(fmt.Sprintf("YCSB workload %s on %s", res.Workload.Name, names[i])))
+		if costs[i] != nil {
+			fmt.Printf("%s: %s\n", names[i], costs[i])
+		}
+	}
+	if len(results) == 2 {
+		fmt.Println()
+		fmt.Print(ycsb.SideBySide(names[0], results[0], names[1], results[1]))
+		fmt.Println(ratios(names[0], results[0], costs[0], names[1], results[1], costs[1]))
+	}
+	if out != "" {
+		for i, res := range results {
+			if err := writeYCSB(out, names[i], res); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkPairs refuses a --pairs the run cannot honour: below 1, above 1
+// without both systems (versus: --target with --versus-terroir), or with
+// a run bounded by operations or cut into --every windows.
+func checkPairs(pairs int, versus bool, operations int, every time.Duration) error {
+	switch {
+	case pairs < 1:
+		return fmt.Errorf("--pairs %d: must be at least 1", pairs)
+	case pairs == 1:
+		return nil
+	case !versus:
+		return fmt.Errorf("--pairs %d needs --target and --versus-terroir: it alternates the two systems", pairs)
+	case operations > 0:
+		return fmt.Errorf("--pairs %d splits --duration: not with --operations", pairs)
+	case every > 0:
+		return fmt.Errorf("--pairs %d: not with --every (its windows would span the other system's slices)", pairs)
+	}
+	return nil
+}
+
+// runVersusInPairs runs cfg on etcd and on Terroir (a running cluster of
+// clusterPath whose node processes are terroirPids, or the embedded one
+// of f) in pairs alternating slices (runPairs), then reports them as
+// report does; on the embedded cluster it then measures the floor and one
+// client's transactions.
+func runVersusInPairs(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, pairs int, etcd pairSide, terroirPids []int, cfg ycsb.Config, out string) error {
+	t, err := openTerroir(ctx, f, conn, clusterPath, region)
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	keys, err := t.keys()
+	if err != nil {
+		return err
+	}
+	ter := pairSide{name: "terroir", store: ycsb.Terroir(t.db), keys: keys, pids: terroirPids, remote: t.remote}
+	res, costs, err := runPairs(ctx, pairs, [2]pairSide{etcd, ter}, cfg)
+	if err != nil {
+		return err
+	}
+	if err := report(res[:], costs[:], []string{etcd.name, ter.name}, out); err != nil {
+		return err
+	}
+	if t.c != nil {
+		cfg.Keys = keys
+		return t.floorAndOneClient(ctx, cfg)
+	}
+	return nil
 }
 
 // runYCSB loads store and runs cfg on it. With c (the embedded cluster
@@ -255,69 +317,108 @@ func runLength(w ycsb.Workload, d time.Duration) string {
 	return d.String()
 }
 
-// runTerroirYCSB runs cfg on a running cluster (clusterPath, whose node
-// processes are pids) or the embedded one of f, with keys homed in the
-// clients' region, and prints the machine's floor for the embedded one.
-func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config, pids []int, every time.Duration) (*ycsb.Result, *cpuPerOp, error) {
-	var db *client.DB
-	var top *topology.Topology
-	var c *localcluster.Cluster
-	var err error
+// terroirTarget is the Terroir cluster a YCSB run drives: a running one
+// (c nil; remote its nodes' HTTP addresses, where they are the default) or
+// the embedded one (c), and the client's region.
+type terroirTarget struct {
+	db      *client.DB
+	c       *localcluster.Cluster
+	top     *topology.Topology
+	region  string
+	remote  []string
+	closers []func()
+}
+
+// openTerroir connects to the running cluster of clusterPath, or starts
+// the embedded one of f, and opens a client in region (the first: "").
+// Errors: the connection's, the cluster's start, the client's.
+func openTerroir(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string) (*terroirTarget, error) {
+	t := &terroirTarget{}
 	if clusterPath != "" {
 		conn.insecure = f.insecure
 		cn, err := conn.connect(ctx, clusterPath, region)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		defer cn.Close()
-		if db, err = cn.client(); err != nil {
-			return nil, nil, err
+		t.closers = append(t.closers, cn.Close)
+		db, err := cn.client()
+		if err != nil {
+			t.close()
+			return nil, err
 		}
-		defer db.Close()
-		top, region = cn.top, cn.region
-	} else {
-		var group topology.Group
-		if c, group, err = f.startBench(); err != nil {
-			return nil, nil, err
-		}
-		defer c.Close()
-		top, region = c.Topology, group.Region
-		if db, err = c.Client(region); err != nil {
-			return nil, nil, err
-		}
-	}
-	if cfg.Keys, err = ycsb.RegionKeys(top, region); err != nil {
-		return nil, nil, err
-	}
-	var remote []string // the running cluster's nodes' HTTP addresses, where they are the default
-	if c == nil {
-		for _, n := range top.Nodes {
+		t.db, t.top, t.region = db, cn.top, cn.region
+		t.closers = append(t.closers, func() { _ = db.Close() })
+		for _, n := range t.top.Nodes {
 			if a, err := defaultHTTPAddr(n.Addr); err == nil {
-				remote = append(remote, a)
+				t.remote = append(t.remote, a)
 			}
 		}
+		return t, nil
 	}
-	res, cost, err := runYCSB(ctx, "terroir in "+region, ycsb.Terroir(db), cfg, c, remote, pids, every)
-	if err != nil || c == nil {
+	c, group, err := f.startBench()
+	if err != nil {
+		return nil, err
+	}
+	t.c, t.top, t.region = c, c.Topology, group.Region
+	t.closers = append(t.closers, func() { _ = c.Close() })
+	if t.db, err = c.Client(t.region); err != nil {
+		t.close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// close closes what openTerroir opened, the last first.
+func (t *terroirTarget) close() {
+	for i := len(t.closers) - 1; i >= 0; i-- {
+		t.closers[i]()
+	}
+}
+
+// name is the target as a run's lines name it.
+func (t *terroirTarget) name() string { return "terroir in " + t.region }
+
+// keys is the key space homed in the target's region.
+func (t *terroirTarget) keys() (ycsb.KeySpace, error) { return ycsb.RegionKeys(t.top, t.region) }
+
+// runTerroirYCSB runs cfg on a running cluster (clusterPath, whose node
+// processes are pids) or the embedded one of f, with keys homed in the
+// clients' region, and prints the machine's floor for the embedded one.
+func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config, pids []int, every time.Duration) (*ycsb.Result, *cpuPerOp, error) {
+	t, err := openTerroir(ctx, f, conn, clusterPath, region)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer t.close()
+	if cfg.Keys, err = t.keys(); err != nil {
+		return nil, nil, err
+	}
+	res, cost, err := runYCSB(ctx, t.name(), ycsb.Terroir(t.db), cfg, t.c, t.remote, pids, every)
+	if err != nil || t.c == nil {
 		return res, cost, err
 	}
-	// The floor, then one client's transactions against it, on the same
-	// cluster after the run (issue 17).
-	group := top.GroupsOfKind(topology.KindLocalEpoch, region)[0]
-	probe, err := newFloorProbe(c, group)
-	if err != nil {
-		return nil, nil, err
-	}
-	fl, err := measureFloor(c, probe, time.Second)
-	if err != nil {
-		return nil, nil, err
-	}
-	printFloor(fl)
-	records := max(cfg.Workload.RecordCount, 1)
-	if err := singleClient(ctx, c, db, func(i int) []byte { return cfg.Keys.Key(uint64(i % records)) }, probe, fl, time.Second); err != nil {
+	if err := t.floorAndOneClient(ctx, cfg); err != nil {
 		return nil, nil, err
 	}
 	return res, cost, nil
+}
+
+// floorAndOneClient measures the embedded cluster's floor, then one
+// client's transactions against it, on the same cluster after the run
+// (issue 17).
+func (t *terroirTarget) floorAndOneClient(ctx context.Context, cfg ycsb.Config) error {
+	group := t.top.GroupsOfKind(topology.KindLocalEpoch, t.region)[0]
+	probe, err := newFloorProbe(t.c, group)
+	if err != nil {
+		return err
+	}
+	fl, err := measureFloor(t.c, probe, time.Second)
+	if err != nil {
+		return err
+	}
+	printFloor(fl)
+	records := max(cfg.Workload.RecordCount, 1)
+	return singleClient(ctx, t.c, t.db, func(i int) []byte { return cfg.Keys.Key(uint64(i % records)) }, probe, fl, time.Second)
 }
 
 // writeYCSB writes res as JSON and Markdown into dir, named after the target.

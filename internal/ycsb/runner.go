@@ -77,6 +77,19 @@ func (r *Result) Ops() int64 {
 // Throughput returns completed operations per second.
 func (r *Result) Throughput() float64 { return float64(r.Ops()) / r.Elapsed.Seconds() }
 
+// Merge adds o, another run of the same workload and clients, to r: as
+// one run that lasted both runs' time, its latencies those of both (a run
+// split into slices that alternate with another system's: bench ycsb
+// --pairs).
+func (r *Result) Merge(o *Result) {
+	r.Elapsed += o.Elapsed
+	for i := range r.Latency {
+		r.Latency[i].Merge(o.Latency[i])
+		r.Failed[i] += o.Failed[i]
+	}
+	r.Retries += o.Retries
+}
+
 // record returns a record value: FieldCount fields of FieldLength bytes.
 func (w Workload) record(r *rand.Rand) []byte {
 	v := make([]byte, w.FieldCount*w.FieldLength)

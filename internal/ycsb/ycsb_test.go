@@ -3,6 +3,9 @@ package ycsb
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
+
+	"github.com/terroir-db/terroir/internal/latency"
 )
 
 func TestCoreWorkloads(t *testing.T) {
@@ -100,5 +103,37 @@ func TestKeySpaceSpreadsAndScansStayInPrefix(t *testing.T) {
 	}
 	if seen['a'] < 30 || seen['n'] < 30 {
 		t.Errorf("keys over prefixes: %v", seen)
+	}
+}
+
+// TestMergedRunsAreOneRun: two runs merged count both runs' operations,
+// failures, retries and time, and their latencies are both runs'.
+func TestMergedRunsAreOneRun(t *testing.T) {
+	w, _ := Core("a")
+	run := func(elapsed time.Duration, reads, updates int, d time.Duration) *Result {
+		r := &Result{Workload: w, Clients: 16, Elapsed: elapsed, Retries: 1}
+		for i := range r.Latency {
+			r.Latency[i] = latency.New()
+		}
+		for range reads {
+			r.Latency[OpRead].Record(d)
+		}
+		for range updates {
+			r.Latency[OpUpdate].Record(d)
+		}
+		r.Failed[OpUpdate] = 2
+		return r
+	}
+	a, b := run(time.Second, 100, 50, time.Millisecond), run(3*time.Second, 300, 150, 10*time.Millisecond)
+	a.Merge(b)
+	if a.Ops() != 600 || a.Elapsed != 4*time.Second || a.Retries != 2 || a.Failed[OpUpdate] != 4 {
+		t.Fatalf("merged: %d ops in %v, %d retries, %d updates failed; want 600 in 4s, 2, 4", a.Ops(), a.Elapsed, a.Retries, a.Failed[OpUpdate])
+	}
+	if got := a.Throughput(); got != 150 {
+		t.Errorf("merged throughput %.1f ops/s; want 150", got)
+	}
+	// A quarter of the reads took 1 ms, the rest 10 ms: the P50 is b's.
+	if p50 := a.Latency[OpRead].Quantile(50); p50 < 9*time.Millisecond {
+		t.Errorf("merged read P50 %v; want about 10 ms (three quarters of the reads)", p50)
 	}
 }
