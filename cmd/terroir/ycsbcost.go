@@ -38,6 +38,12 @@ type runCost struct {
 	// reads waited for their round to begin, epochInRounds the seconds the
 	// rounds took to decide (terroir_epoch_read*_total).
 	epochReads, epochRounds, epochWaited, epochInRounds float64
+	// syncSecs and applySecs are the seconds the nodes' Raft groups spent
+	// writing their Readys' appends durably and applying their committed
+	// entries, applies how many Readys applied some
+	// (terroir_raft_{append_sync,apply}_seconds): what a group's goroutine
+	// is busy with while proposals and messages wait for it.
+	syncSecs, applySecs, applies float64
 	// gcCPU is the CPU seconds the Go garbage collector spent, gcCycles
 	// the collections completed, and sched the process's histogram of how
 	// long runnable goroutines waited to run (runtime/metrics; all three
@@ -100,6 +106,13 @@ func sampleCost(c *localcluster.Cluster) runCost {
 		}
 		addRPCsByMethod(mf, out.byMethod)
 		addStages(mf, out.stages)
+		switch mf.GetName() {
+		case "terroir_raft_append_sync_seconds":
+			out.syncSecs += histogramSum(mf)
+		case "terroir_raft_apply_seconds":
+			out.applySecs += histogramSum(mf)
+			out.applies += sumMetric(mf)
+		}
 		out.heartbeats += heartbeatsSent(mf)
 	})
 	rs := make([]metrics.Sample, len(runtimeSamples))
@@ -131,6 +144,15 @@ func sumMetric(mf *dto.MetricFamily) float64 {
 	return sum
 }
 
+// histogramSum is the sum of the samples of mf's histograms.
+func histogramSum(mf *dto.MetricFamily) float64 {
+	var sum float64
+	for _, m := range mf.GetMetric() {
+		sum += m.GetHistogram().GetSampleSum()
+	}
+	return sum
+}
+
 // rowCacheHits formats the share of the reads of a key's newest version
 // that the stores' newest-version caches answered between two samples.
 func rowCacheHits(before, after runCost) string {
@@ -156,6 +178,10 @@ func printCost(before, after runCost, ops int64) {
 	printRPCsByMethod(before.byMethod, after.byMethod, ops)
 	printStages(before.stages, after.stages)
 	printEpochReads(before, after)
+	if syncs, applies := after.syncs-before.syncs, after.applies-before.applies; syncs > 0 && applies > 0 {
+		fmt.Printf("per Raft Ready (every replica's), mean ms: durable append %.2f (%.0f), apply %.2f (%.0f)\n",
+			1e3*(after.syncSecs-before.syncSecs)/syncs, syncs, 1e3*(after.applySecs-before.applySecs)/applies, applies)
+	}
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
 		gc := after.gcCPU - before.gcCPU
 		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s\n",
