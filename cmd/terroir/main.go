@@ -15,7 +15,10 @@ import (
 	"github.com/terroir-db/terroir/internal/version"
 )
 
-func main() { os.Exit(runCLI(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	setProcs()
+	os.Exit(runCLI(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 // runCLI runs the command line args and prints a failure as its user reads
 // it: gRPC's envelopes removed (the full text with --verbose). It returns
