@@ -178,10 +178,7 @@ func printCost(before, after runCost, ops int64) {
 	printRPCsByMethod(before.byMethod, after.byMethod, ops)
 	printStages(before.stages, after.stages)
 	printEpochReads(before, after)
-	if syncs, applies := after.syncs-before.syncs, after.applies-before.applies; syncs > 0 && applies > 0 {
-		fmt.Printf("per Raft Ready (every replica's), mean ms: durable append %.2f (%.0f), apply %.2f (%.0f)\n",
-			1e3*(after.syncSecs-before.syncSecs)/syncs, syncs, 1e3*(after.applySecs-before.applySecs)/applies, applies)
-	}
+	printReadys(before, after)
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
 		gc := after.gcCPU - before.gcCPU
 		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s\n",
@@ -335,6 +332,19 @@ func printEpochReads(before, after runCost) {
 	}
 	fmt.Printf("per epoch read (the nodes' readers: %.0f reads in %.0f rounds, %.2f per round): waited %.2f ms for its round to begin; a round took %.2f ms to decide\n",
 		reads, rounds, reads/rounds, 1e3*(after.epochWaited-before.epochWaited)/reads, 1e3*(after.epochInRounds-before.epochInRounds)/rounds)
+}
+
+// printReadys prints the mean time the nodes' Raft Readys spent making
+// their appends durable and applying committed entries between two
+// samples: what a group's goroutine is busy with while proposals and
+// messages wait for it.
+func printReadys(before, after runCost) {
+	syncs, applies := after.syncs-before.syncs, after.applies-before.applies
+	if syncs <= 0 || applies <= 0 {
+		return
+	}
+	fmt.Printf("per Raft Ready (every replica's), mean ms: durable append %.2f (%.0f), apply %.2f (%.0f)\n",
+		1e3*(after.syncSecs-before.syncSecs)/syncs, syncs, 1e3*(after.applySecs-before.applySecs)/applies, applies)
 }
 
 // printRPCsByMethod prints the six busiest RPC methods between two samples

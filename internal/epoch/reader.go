@@ -302,10 +302,12 @@ func (r *Reader) take() []waiter {
 func (r *Reader) round(background, joint bool, batch []waiter) {
 	began := time.Now()
 	r.rounds.Add(1)
-	r.reads.Add(uint64(len(batch)))
+	var waited time.Duration
 	for _, w := range batch {
-		r.waitedNs.Add(uint64(began.Sub(w.at)))
+		waited += began.Sub(w.at)
 	}
+	r.reads.Add(uint64(len(batch)))
+	r.waitedNs.Add(uint64(waited))
 	decided := func() { r.roundNs.Add(uint64(time.Since(began))) }
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	req := &epochpb.ReadEpochRequest{GroupId: r.group, Background: background}
