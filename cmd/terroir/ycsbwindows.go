@@ -17,7 +17,10 @@ import (
 // With cost (the embedded cluster's), each window also prints what an
 // operation of it cost: CPU, RPCs (more when a split or a lease transfer
 // puts a range's leader on another node than the client's) and disk
-// writes, which tell why a window is slower than another.
+// writes, which tell why a window is slower than another. Each window
+// also prints the share of the machine's CPU time the hypervisor took
+// (machineCPU): on a shared machine it swings from minute to minute, and
+// the summary also compares the throughput per CPU left to this guest.
 type windows struct {
 	name  string
 	every time.Duration
@@ -26,6 +29,9 @@ type windows struct {
 	mu    sync.Mutex
 	cur   *latency.Histogram
 	rates []float64 // operations per second, per window
+	// stolen is the share (0–1) of the machine's CPU time the hypervisor
+	// took in each window; -1 where /proc/stat gave no reading.
+	stolen []float64
 }
 
 func newWindows(name string, every time.Duration, cost func() runCost) *windows {
@@ -48,6 +54,7 @@ func (w *windows) run(done <-chan struct{}) {
 	if w.cost != nil {
 		lastCost = w.cost()
 	}
+	lastCPU, _ := readMachineCPU() // no reading: no share printed
 	for {
 		select {
 		case <-done:
@@ -63,6 +70,15 @@ func (w *windows) run(done <-chan struct{}) {
 			w.rates = append(w.rates, rate)
 			line := fmt.Sprintf("  %s window %d (%v): %.0f ops/s, P50 %s, P99 %s", w.name, len(w.rates), w.every,
 				rate, latency.MS(h.Quantile(50)), latency.MS(h.Quantile(99)))
+			stolen := -1.0
+			if cpu, err := readMachineCPU(); err == nil {
+				if share, ok := cpu.stolenSince(lastCPU); ok {
+					stolen = share
+					line += fmt.Sprintf(", CPU stolen by the hypervisor %.0f%%", 100*share)
+				}
+				lastCPU = cpu
+			}
+			w.stolen = append(w.stolen, stolen)
 			if ops := h.Count(); w.cost != nil && ops > 0 {
 				c := w.cost()
 				line += fmt.Sprintf("; per operation CPU %.0f µs, RPCs %.2f, disk writes %s; writes stalled %s", float64(c.cpu-lastCost.cpu)/float64(time.Microsecond)/float64(ops),
@@ -80,11 +96,37 @@ func (w *windows) run(done <-chan struct{}) {
 func (w *windows) summary() {
 	n := len(w.rates)
 	if n >= 3 && w.rates[1] > 0 {
-		fmt.Printf("  %s: window %d at %.0f ops/s is %.2f× window 2 (%.0f ops/s)\n", w.name, n, w.rates[n-1], w.rates[n-1]/w.rates[1], w.rates[1])
+		fmt.Printf("  %s: window %d at %.0f ops/s is %.2f× window 2 (%.0f ops/s)%s\n", w.name, n, w.rates[n-1], w.rates[n-1]/w.rates[1], w.rates[1],
+			perCPULeft(w.rates[n-1:], w.rates[1:2], w.stolen[n-1:], w.stolen[1:2]))
 	}
 	if first, last, ok := steadyMeans(w.rates); ok {
-		fmt.Printf("  %s: windows %d–%d at %.0f ops/s on average are %.2f× windows 2–%d (%.0f ops/s)\n", w.name, n-steadySpan+1, n, last, last/first, steadySpan+1, first)
+		fmt.Printf("  %s: windows %d–%d at %.0f ops/s on average are %.2f× windows 2–%d (%.0f ops/s)%s\n", w.name, n-steadySpan+1, n, last, last/first, steadySpan+1, first,
+			perCPULeft(w.rates[n-steadySpan:], w.rates[1:1+steadySpan], w.stolen[n-steadySpan:], w.stolen[1:1+steadySpan]))
 	}
+}
+
+// perCPULeft compares two spans of windows (rates in operations per
+// second, stolen the hypervisor's shares, as windows.stolen) by their
+// throughput per CPU left to this guest: the sum of rate/(1-stolen) over
+// the span later, against the same over earlier. It returns the clause
+// the summary prints, or "" when a window has no reading of its share.
+func perCPULeft(later, earlier, stolenLater, stolenEarlier []float64) string {
+	perCPU := func(rates, stolen []float64) (rate, share float64, ok bool) {
+		for i, r := range rates {
+			if stolen[i] < 0 || stolen[i] >= 1 {
+				return 0, 0, false
+			}
+			rate += r / (1 - stolen[i])
+			share += stolen[i]
+		}
+		return rate, share / float64(len(rates)), true
+	}
+	l, ls, okL := perCPU(later, stolenLater)
+	e, es, okE := perCPU(earlier, stolenEarlier)
+	if !okL || !okE || e == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the hypervisor took %.0f%% of the CPU time against %.0f%%: per CPU left to this machine, %.2f×", 100*ls, 100*es, l/e)
 }
 
 // steadySpan is how many windows steadyMeans averages at each end of a
