@@ -180,9 +180,9 @@ func singleClient(ctx context.Context, c *localcluster.Cluster, db *client.DB, k
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		before := sampleCost(c).stages
+		before := sampleCost(c)
 		h, paired, fails, err := pairedRun(d, r.op, p)
-		after := sampleCost(c).stages
+		after := sampleCost(c)
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.name, err)
 		}
@@ -196,15 +196,24 @@ func singleClient(ctx context.Context, c *localcluster.Cluster, db *client.DB, k
 		}
 		fmt.Printf("  %-34s P50 %s P99 %s = %.2f × floor %s (%s the %.1f× target; %.2f × the floor above)%s\n", r.name,
 			latency.MS(p50), latency.MS(h.Quantile(99)), float64(p50)/float64(bound), latency.MS(bound), verdict, r.factor,
-			float64(p50)/float64(r.bound(f)), atLeader(stageMeans(before, after)))
+			float64(p50)/float64(r.bound(f)), atLeader(stageMeans(before.stages, after.stages), before, after))
 	}
 	return nil
 }
 
-// atLeader introduces a single client's stage means (stageMeans), if any.
-func atLeader(means string) string {
+// atLeader introduces a single client's stage means (stageMeans), if
+// any, and says how the nodes' epoch reads between before and after split
+// the epochs stage: the wait for a round to begin (a read arriving while
+// one is in flight waits for it, DESIGN.md §3.1) and the round itself.
+// Those reads include the leaseholders' and closed epochs' background
+// ones, not the floor's (its reader is the cluster's, not a node's).
+func atLeader(means string, before, after runCost) string {
 	if means == "" {
 		return ""
 	}
-	return "; at the range leader, mean ms:" + means
+	out := "; at the range leader, mean ms:" + means
+	if r, ok := epochReadsBetween(before, after); ok {
+		out += fmt.Sprintf("; the nodes' epoch reads waited %.3f for their round, which took %.3f", r.waitMS, r.roundMS)
+	}
+	return out
 }

@@ -326,12 +326,29 @@ func stageMeans(before, after map[string]stageTime) string {
 // between two samples: waiting for their round to begin, and in it (a
 // commit's epochs stage is about the two, plus its wake-up).
 func printEpochReads(before, after runCost) {
-	reads, rounds := after.epochReads-before.epochReads, after.epochRounds-before.epochRounds
-	if reads <= 0 || rounds <= 0 {
-		return
+	if r, ok := epochReadsBetween(before, after); ok {
+		fmt.Printf("per epoch read (the nodes' readers: %.0f reads in %.0f rounds, %.2f per round): waited %.2f ms for its round to begin; a round took %.2f ms to decide\n",
+			r.reads, r.rounds, r.reads/r.rounds, r.waitMS, r.roundMS)
 	}
-	fmt.Printf("per epoch read (the nodes' readers: %.0f reads in %.0f rounds, %.2f per round): waited %.2f ms for its round to begin; a round took %.2f ms to decide\n",
-		reads, rounds, reads/rounds, 1e3*(after.epochWaited-before.epochWaited)/reads, 1e3*(after.epochInRounds-before.epochInRounds)/rounds)
+}
+
+// epochReads is what the nodes' epoch readers did between two samples of
+// runCost: reads answered, rounds run, the mean ms a read waited for its
+// round to begin and the mean ms a round took to decide.
+type epochReads struct {
+	reads, rounds, waitMS, roundMS float64
+}
+
+// epochReadsBetween returns the nodes' epoch reads between before and
+// after; ok is false when there were none.
+func epochReadsBetween(before, after runCost) (r epochReads, ok bool) {
+	r.reads, r.rounds = after.epochReads-before.epochReads, after.epochRounds-before.epochRounds
+	if r.reads <= 0 || r.rounds <= 0 {
+		return epochReads{}, false
+	}
+	r.waitMS = 1e3 * (after.epochWaited - before.epochWaited) / r.reads
+	r.roundMS = 1e3 * (after.epochInRounds - before.epochInRounds) / r.rounds
+	return r, true
 }
 
 // printReadys prints the mean time the nodes' Raft Readys spent making

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -35,5 +36,23 @@ terroir_raft_proposals_total 9
 	}
 	if got := heartbeatsSent(mfs["terroir_raft_proposals_total"]); got != 0 {
 		t.Errorf("heartbeatsSent of another family = %v, want 0", got)
+	}
+}
+
+// TestEpochReadsBetweenAreMeansOfTheDifference: the wait is per read and
+// the round time per round, both over what happened between the samples
+// only; no reads or no rounds between them is no figure.
+func TestEpochReadsBetweenAreMeansOfTheDifference(t *testing.T) {
+	before := runCost{epochReads: 100, epochRounds: 50, epochWaited: 1, epochInRounds: 2}
+	after := runCost{epochReads: 300, epochRounds: 150, epochWaited: 1.02, epochInRounds: 2.014}
+	r, ok := epochReadsBetween(before, after)
+	if !ok || r.reads != 200 || r.rounds != 100 || math.Abs(r.waitMS-0.1) > 1e-9 || math.Abs(r.roundMS-0.14) > 1e-9 {
+		t.Errorf("epochReadsBetween = %+v, %v; want 200 reads, 100 rounds, 0.1 ms waited, 0.14 ms a round", r, ok)
+	}
+	if _, ok := epochReadsBetween(after, after); ok {
+		t.Error("a figure from no reads")
+	}
+	if _, ok := epochReadsBetween(runCost{epochReads: 1}, runCost{epochReads: 5, epochRounds: 0}); ok {
+		t.Error("a figure from no rounds")
 	}
 }
