@@ -64,11 +64,11 @@ each: terroir (the protocol); regional-only (the global epoch off: the lower
 bound); naive (every commit reads the global epoch from the global epoch
 service across the WAN: the paper's §3 problem); commit-wait (writers wait out
 a clock uncertainty of --uncertainty before acknowledging and releasing their
-locks, as Spanner does). The modes that share the cluster take turns in rounds
-of --round, so the machine's drift falls on all alike; regional-only needs the
-global epoch off and runs on a second cluster of the same nodes and ranges. It
-prints each mode's read and write P50/P99 and throughput per region, and the
-ratios to terroir.`,
+locks, as Spanner does). The modes take turns in rounds of --round, so the
+machine's drift falls on all alike; regional-only needs the global epoch off
+and runs on a second cluster of the same nodes and ranges, started beside the
+first and idle while the others take their turns. It prints each mode's read
+and write P50/P99 and throughput per region, and the ratios to terroir.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config()

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
+	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -63,88 +65,109 @@ type Comparison struct {
 }
 
 // Compare runs the same YCSB-A load (cfg.Threads per data region, cfg.Records
-// records each) in every mode for cfg.Duration each. The modes on the full
-// topology share one cluster and run in rounds of `round`, taking turns, so
-// that the machine's drift falls on all alike; regional-only needs the global
-// epoch off and runs on a second cluster of the same nodes and ranges.
+// records each) in every mode for cfg.Duration each, in rounds of `round`:
+// each round runs every mode once, in the order given, so that the
+// machine's drift falls on all alike. Regional-only needs the global epoch
+// off, so it runs on a second cluster of the same nodes and ranges, started
+// and loaded beside the first and idle while the others run (and the first
+// idle while it does): run after the first, its figures came from other
+// minutes of this machine, whose speed swings by tens of percent from one
+// to the next (issue 17), and terroir's write P50 read 1.10×, 1.36× and
+// 1.22× regional-only's in three runs of one build. With cfg.DataDir set,
+// the second cluster's nodes keep their data in its "regional-only"
+// subdirectory.
 func Compare(ctx context.Context, cfg Config, modes []Mode, round time.Duration) (*Comparison, error) {
 	regions := DataRegions(cfg.Topology)
 	if len(regions) == 0 {
 		return nil, errors.New("experiment: the topology has no data region")
 	}
 	cmp := &Comparison{Config: cfg, Regions: regions}
-	var shared, regional []*ModeResult
-	for _, m := range modes {
+	var clusters [2]*loaded // the full topology's, and regional-only's
+	on := make([]int, len(modes))
+	for j, m := range modes {
 		mr := &ModeResult{Mode: m, Txns: make([]int64, len(regions))}
 		for range regions {
 			mr.Reads, mr.Writes = append(mr.Reads, latency.New()), append(mr.Writes, latency.New())
 		}
 		cmp.Modes = append(cmp.Modes, mr)
 		if m.Regional {
-			regional = append(regional, mr)
-		} else {
-			shared = append(shared, mr)
+			on[j] = 1
 		}
 	}
-	regionalCfg := cfg
-	regionalCfg.Topology = cfg.Topology.WithoutGlobalEpoch()
-	for _, set := range []struct {
-		modes []*ModeResult
-		cfg   Config
-	}{{shared, cfg}, {regional, regionalCfg}} {
-		if len(set.modes) == 0 {
+	for k := range clusters {
+		if !slices.Contains(on, k) {
 			continue
 		}
-		if err := compareOn(ctx, set.cfg, regions, set.modes, round); err != nil {
+		kcfg := cfg
+		if k == 1 {
+			kcfg.Topology = cfg.Topology.WithoutGlobalEpoch()
+			if cfg.DataDir != "" {
+				kcfg.DataDir = filepath.Join(cfg.DataDir, "regional-only")
+			}
+		}
+		c, err := localcluster.Start(kcfg.Topology, localcluster.Options{DataDir: kcfg.DataDir, Keep: kcfg.Keep})
+		if err != nil {
 			return nil, err
 		}
+		defer c.Close()
+		if clusters[k], err = load(ctx, c, kcfg, regions); err != nil {
+			return nil, err
+		}
+	}
+	err := eachTurn(cfg.Duration, round, len(modes), func(turn, j int, d time.Duration) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return runTurn(ctx, cfg, clusters[on[j]], cmp.Modes[j], turn, d)
+	})
+	if err != nil {
+		return nil, err
 	}
 	return cmp, nil
 }
 
-// compareOn starts one cluster of cfg, loads it, and runs modes in turns of
-// round until each has run cfg.Duration.
-func compareOn(ctx context.Context, cfg Config, regions []string, modes []*ModeResult, round time.Duration) error {
-	c, err := localcluster.Start(cfg.Topology, localcluster.Options{DataDir: cfg.DataDir, Keep: cfg.Keep})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ld, err := load(ctx, c, cfg, regions)
-	if err != nil {
-		return err
-	}
-	for turn := 0; time.Duration(turn)*round < cfg.Duration; turn++ {
-		d := min(round, cfg.Duration-time.Duration(turn)*round)
-		for _, mr := range modes {
-			if err := ctx.Err(); err != nil {
+// eachTurn calls run for every turn of n modes, each running `total` in
+// turns of at most round: turn 0 of modes 0 to n-1, then turn 1 of each,
+// and so on, the last turn shorter when round does not divide total. It
+// stops at run's first error and returns it.
+func eachTurn(total, round time.Duration, n int, run func(turn, mode int, d time.Duration) error) error {
+	for turn := 0; time.Duration(turn)*round < total; turn++ {
+		d := min(round, total-time.Duration(turn)*round)
+		for j := range n {
+			if err := run(turn, j, d); err != nil {
 				return err
 			}
-			var runs errgroup.Group
-			for i := range regions {
-				ld.dbs[i].SetCommitMode(mr.Mode.Commit)
-				runs.Go(func() error {
-					res, err := ycsb.Run(ctx, ld.stores[i], ycsb.Config{Workload: ld.workload, Keys: ld.keys[i], Clients: cfg.Threads,
-						Duration: d, Seed: cfg.Seed + uint64(turn*len(regions)+i),
-						Observe: func(op ycsb.Op, d time.Duration) {
-							if op == ycsb.OpRead {
-								mr.Reads[i].Record(d)
-							} else {
-								mr.Writes[i].Record(d)
-							}
-						}})
-					if err == nil {
-						mr.Txns[i] += res.Ops()
-					}
-					return err
-				})
-			}
-			if err := runs.Wait(); err != nil {
-				return err
-			}
-			mr.Elapsed += d
 		}
 	}
+	return nil
+}
+
+// runTurn runs mode mr's turn number `turn` on the loaded cluster ld for d:
+// cfg.Threads clients in each data region, recording into mr.
+func runTurn(ctx context.Context, cfg Config, ld *loaded, mr *ModeResult, turn int, d time.Duration) error {
+	var runs errgroup.Group
+	for i := range ld.dbs {
+		ld.dbs[i].SetCommitMode(mr.Mode.Commit)
+		runs.Go(func() error {
+			res, err := ycsb.Run(ctx, ld.stores[i], ycsb.Config{Workload: ld.workload, Keys: ld.keys[i], Clients: cfg.Threads,
+				Duration: d, Seed: cfg.Seed + uint64(turn*len(ld.dbs)+i),
+				Observe: func(op ycsb.Op, d time.Duration) {
+					if op == ycsb.OpRead {
+						mr.Reads[i].Record(d)
+					} else {
+						mr.Writes[i].Record(d)
+					}
+				}})
+			if err == nil {
+				mr.Txns[i] += res.Ops()
+			}
+			return err
+		})
+	}
+	if err := runs.Wait(); err != nil {
+		return err
+	}
+	mr.Elapsed += d
 	return nil
 }
 
