@@ -56,15 +56,15 @@ func TestStolenSinceIsTheShareBetweenTwoReadings(t *testing.T) {
 // against 20% did as much per CPU left (0.8 × 0.8 / 0.64 = 1.0); with no
 // reading for a window nothing is claimed.
 func TestPerCPULeftComparesThroughputPerGuestCPU(t *testing.T) {
-	got := perCPULeft([]float64{3200}, []float64{4000}, []float64{0.36}, []float64{0.2})
+	got := perCPULeft([]float64{4000, 3200}, []float64{0.2, 0.36}, 1, 0, 1)
 	if !strings.Contains(got, "36% of the CPU time against 20%") || !strings.Contains(got, "1.00×") {
 		t.Errorf("perCPULeft = %q, want 36%% against 20%% and 1.00×", got)
 	}
-	got = perCPULeft([]float64{4000, 4000}, []float64{4000, 4000}, []float64{0.5, 0.5}, []float64{0, 0})
+	got = perCPULeft([]float64{4000, 4000, 4000, 4000}, []float64{0, 0, 0.5, 0.5}, 2, 0, 2)
 	if !strings.Contains(got, "2.00×") {
 		t.Errorf("half the CPU gone at the same rate: %q, want 2.00×", got)
 	}
-	if got := perCPULeft([]float64{1}, []float64{1}, []float64{-1}, []float64{0}); got != "" {
+	if got := perCPULeft([]float64{1, 1}, []float64{0, -1}, 1, 0, 1); got != "" {
 		t.Errorf("a window without a reading: %q, want nothing", got)
 	}
 	if r := 0.8 * 0.8 / 0.64; math.Abs(r-1) > 1e-9 {

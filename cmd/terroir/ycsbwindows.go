@@ -97,32 +97,33 @@ func (w *windows) summary() {
 	n := len(w.rates)
 	if n >= 3 && w.rates[1] > 0 {
 		fmt.Printf("  %s: window %d at %.0f ops/s is %.2f× window 2 (%.0f ops/s)%s\n", w.name, n, w.rates[n-1], w.rates[n-1]/w.rates[1], w.rates[1],
-			perCPULeft(w.rates[n-1:], w.rates[1:2], w.stolen[n-1:], w.stolen[1:2]))
+			perCPULeft(w.rates, w.stolen, n-1, 1, 1))
 	}
 	if first, last, ok := steadyMeans(w.rates); ok {
 		fmt.Printf("  %s: windows %d–%d at %.0f ops/s on average are %.2f× windows 2–%d (%.0f ops/s)%s\n", w.name, n-steadySpan+1, n, last, last/first, steadySpan+1, first,
-			perCPULeft(w.rates[n-steadySpan:], w.rates[1:1+steadySpan], w.stolen[n-steadySpan:], w.stolen[1:1+steadySpan]))
+			perCPULeft(w.rates, w.stolen, n-steadySpan, 1, steadySpan))
 	}
 }
 
-// perCPULeft compares two spans of windows (rates in operations per
-// second, stolen the hypervisor's shares, as windows.stolen) by their
-// throughput per CPU left to this guest: the sum of rate/(1-stolen) over
-// the span later, against the same over earlier. It returns the clause
-// the summary prints, or "" when a window has no reading of its share.
-func perCPULeft(later, earlier, stolenLater, stolenEarlier []float64) string {
-	perCPU := func(rates, stolen []float64) (rate, share float64, ok bool) {
-		for i, r := range rates {
+// perCPULeft compares two spans of span windows, from index later and
+// from index earlier (rates in operations per second, stolen the
+// hypervisor's shares, as windows holds them), by their throughput per CPU
+// left to this guest: the sum of rate/(1-stolen) over the later span
+// against the same over the earlier. It returns the clause the summary
+// prints, or "" when a window has no reading of its share.
+func perCPULeft(rates, stolen []float64, later, earlier, span int) string {
+	perCPU := func(from int) (rate, share float64, ok bool) {
+		for i := from; i < from+span; i++ {
 			if stolen[i] < 0 || stolen[i] >= 1 {
 				return 0, 0, false
 			}
-			rate += r / (1 - stolen[i])
+			rate += rates[i] / (1 - stolen[i])
 			share += stolen[i]
 		}
-		return rate, share / float64(len(rates)), true
+		return rate, share / float64(span), true
 	}
-	l, ls, okL := perCPU(later, stolenLater)
-	e, es, okE := perCPU(earlier, stolenEarlier)
+	l, ls, okL := perCPU(later)
+	e, es, okE := perCPU(earlier)
 	if !okL || !okE || e == 0 {
 		return ""
 	}

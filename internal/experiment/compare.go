@@ -82,20 +82,16 @@ func Compare(ctx context.Context, cfg Config, modes []Mode, round time.Duration)
 		return nil, errors.New("experiment: the topology has no data region")
 	}
 	cmp := &Comparison{Config: cfg, Regions: regions}
-	var clusters [2]*loaded // the full topology's, and regional-only's
-	on := make([]int, len(modes))
-	for j, m := range modes {
+	var clusters [2]*loaded // by clusterOf: the full topology's, and regional-only's
+	for _, m := range modes {
 		mr := &ModeResult{Mode: m, Txns: make([]int64, len(regions))}
 		for range regions {
 			mr.Reads, mr.Writes = append(mr.Reads, latency.New()), append(mr.Writes, latency.New())
 		}
 		cmp.Modes = append(cmp.Modes, mr)
-		if m.Regional {
-			on[j] = 1
-		}
 	}
 	for k := range clusters {
-		if !slices.Contains(on, k) {
+		if !slices.ContainsFunc(modes, func(m Mode) bool { return clusterOf(m) == k }) {
 			continue
 		}
 		kcfg := cfg
@@ -118,12 +114,21 @@ func Compare(ctx context.Context, cfg Config, modes []Mode, round time.Duration)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		return runTurn(ctx, cfg, clusters[on[j]], cmp.Modes[j], turn, d)
+		return runTurn(ctx, cfg, clusters[clusterOf(modes[j])], cmp.Modes[j], turn, d)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return cmp, nil
+}
+
+// clusterOf returns the cluster Compare runs m on: 1, the topology without
+// its global epoch, for regional-only; 0, the full topology, otherwise.
+func clusterOf(m Mode) int {
+	if m.Regional {
+		return 1
+	}
+	return 0
 }
 
 // eachTurn calls run for every turn of n modes, each running `total` in
