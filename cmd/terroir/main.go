@@ -16,8 +16,12 @@ import (
 )
 
 func main() {
-	setProcs()
-	os.Exit(runCLI(os.Args[1:], os.Stdout, os.Stderr))
+	ps := startProcs()
+	code := runCLI(os.Args[1:], os.Stdout, os.Stderr)
+	if ps != nil {
+		ps.Close()
+	}
+	os.Exit(code)
 }
 
 // runCLI runs the command line args and prints a failure as its user reads

@@ -2,14 +2,15 @@ package main
 
 import "testing"
 
-// TestProcsAreRaisedUnlessTheOperatorSetsThem: the binary runs extraProcs
-// Ps beyond the runtime's default, and leaves GOMAXPROCS alone when the
+// TestProcsMoveUnlessTheOperatorSetsThem: the binary may add extraProcs Ps
+// to the runtime's default, and leaves GOMAXPROCS alone when the
 // environment sets it.
-func TestProcsAreRaisedUnlessTheOperatorSetsThem(t *testing.T) {
-	if got := procsFor("", 2); got != 2+extraProcs {
-		t.Errorf("procsFor(unset, 2) = %d; want %d", got, 2+extraProcs)
+func TestProcsMoveUnlessTheOperatorSetsThem(t *testing.T) {
+	p, ok := procsPolicy("", 2)
+	if !ok || p.Base != 2 || p.Extra != extraProcs {
+		t.Errorf("procsPolicy(unset, 2) = %+v, %v; want base 2, extra %d", p, ok, extraProcs)
 	}
-	if got := procsFor("3", 2); got != 0 {
-		t.Errorf("procsFor(\"3\", 2) = %d; want 0 (the environment's 3 stands)", got)
+	if _, ok := procsPolicy("3", 2); ok {
+		t.Errorf("procsPolicy(\"3\", 2) moves the Ps; want the environment's 3 to stand")
 	}
 }

@@ -363,16 +363,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 // its run (commands per transaction).
 func (n *Node) Gather() ([]*dto.MetricFamily, error) { return n.registry.Gather() }
 
-// goCollector exports the Go runtime's default series and two more an
+// goCollector exports the Go runtime's default series and three more an
 // operator needs when a loaded node loses Raft leaders or slows: how long
 // runnable goroutines waited to run (go_sched_latencies_seconds, a
 // histogram in seconds: waits of a few hundred ms delay Raft's messages past
-// its election timeout, issue 17) and the CPU the garbage collector spent
-// (go_cpu_classes_gc_total_cpu_seconds_total, in seconds).
+// its election timeout, issue 17), the CPU the garbage collector spent
+// (go_cpu_classes_gc_total_cpu_seconds_total, in seconds), and the Go
+// processors the binary runs now (go_sched_gomaxprocs_threads, a gauge:
+// internal/procs adds some while goroutines queue).
 func goCollector() prometheus.Collector {
 	return collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
 		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)},
 		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/cpu/classes/gc/total:cpu-seconds$`)},
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/gomaxprocs:threads$`)},
 	))
 }
 

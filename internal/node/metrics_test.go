@@ -122,6 +122,7 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		`terroir_epoch_read_rounds_total{kind="local-epoch",region="us-east1"}`, `terroir_epoch_reads_total{kind="local-epoch",region="us-east1"}`,
 		`terroir_epoch_read_round_seconds_total{kind="local-epoch",region="us-east1"}`,
 		`go_goroutines`, `process_cpu_seconds_total`, `go_sched_latencies_seconds_count`, `go_cpu_classes_gc_total_cpu_seconds_total`,
+		`go_sched_gomaxprocs_threads`,
 	} {
 		if v := sample(all, want); v <= 0 {
 			t.Errorf("%s = %v across the nodes, want > 0", want, v)
