@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"runtime"
+	"time"
 
 	"github.com/terroir-db/terroir/internal/procs"
 )
@@ -22,12 +24,36 @@ func procsPolicy(env string, def int) (procs.Policy, bool) {
 	return procs.DefaultPolicy(def, extraProcs), true
 }
 
+// binaryProcs is the controller of the binary's Ps (startProcs; nil when
+// none runs, as under go test): the benchmarks say how long it ran the
+// extra ones.
+var binaryProcs *procs.Controller
+
 // startProcs starts the controller of the binary's Ps, or returns nil when
-// the environment sets GOMAXPROCS.
+// the environment sets GOMAXPROCS. It is the binary's: main calls it once.
 func startProcs() *procs.Controller {
 	p, ok := procsPolicy(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0))
 	if !ok {
 		return nil
 	}
-	return procs.Start(p)
+	binaryProcs = procs.Start(p)
+	return binaryProcs
+}
+
+// procsExtraTime is how long the binary has run its extra Ps (0 when no
+// controller runs).
+func procsExtraTime() time.Duration {
+	if binaryProcs == nil {
+		return 0
+	}
+	return binaryProcs.ExtraTime()
+}
+
+// extraShare formats the share of a span of secs seconds, between two
+// readings of procsExtraTime, that ran the extra Ps.
+func extraShare(before, after time.Duration, secs float64) string {
+	if binaryProcs == nil {
+		return "none (GOMAXPROCS is fixed)"
+	}
+	return fmt.Sprintf("%.0f%% of the time", 100*(after-before).Seconds()/secs)
 }

@@ -17,7 +17,11 @@ import (
 // moment: the process's CPU time and the nodes' counters of the commands
 // that make up a transaction (issue 17: a benchmark that explains itself).
 type runCost struct {
-	cpu                    time.Duration
+	cpu time.Duration
+	// at is when it was sampled; procsExtra how long the binary had run
+	// its extra Go processors by then (procsExtraTime).
+	at                     time.Time
+	procsExtra             time.Duration
 	rpcs, proposals, syncs float64
 	// raftMsgs is the Raft messages the nodes sent each other
 	// (terroir_raft_messages_sent_total), heartbeats those that were
@@ -78,7 +82,7 @@ var runtimeSamples = []metrics.Sample{
 // bytes their stores wrote (terroir_pebble_{wal_written,flushed,compacted,compacted_blob}_bytes_total)
 // and the time their writes stalled (terroir_pebble_write_stall_seconds_total).
 func sampleCost(c *localcluster.Cluster) runCost {
-	out := runCost{byMethod: map[string]float64{}, stages: map[string]stageTime{}}
+	out := runCost{byMethod: map[string]float64{}, stages: map[string]stageTime{}, at: time.Now(), procsExtra: procsExtraTime()}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		out.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -181,8 +185,9 @@ func printCost(before, after runCost, ops int64) {
 	printReadys(before, after)
 	if cpu := (after.cpu - before.cpu).Seconds(); cpu > 0 {
 		gc := after.gcCPU - before.gcCPU
-		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s\n",
-			gc*1e6/float64(ops), 100*gc/cpu, 1000*per(before.gcCycles, after.gcCycles), schedWaits(before.sched, after.sched))
+		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s; extra Go processors %s\n",
+			gc*1e6/float64(ops), 100*gc/cpu, 1000*per(before.gcCycles, after.gcCycles), schedWaits(before.sched, after.sched),
+			extraShare(before.procsExtra, after.procsExtra, after.at.Sub(before.at).Seconds()))
 	}
 }
 

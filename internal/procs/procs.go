@@ -93,6 +93,9 @@ type Controller struct {
 
 	procs          atomic.Int64  // the Ps it last set (Base until it raises)
 	raises, lowers atomic.Uint64 // how often it raised to Base+Extra and lowered back
+	mu             sync.Mutex
+	raisedAt       time.Time     // under mu: when it last raised, while it runs above Base (zero: at Base)
+	extra          time.Duration // under mu: the time it spent above Base before that
 }
 
 // Start sets the runtime to p.Base Ps and starts a Controller that moves
@@ -118,6 +121,17 @@ func (c *Controller) Procs() int { return int(c.procs.Load()) }
 // Moves returns how many times the controller raised the Ps to
 // Base+Extra, and lowered them back to Base.
 func (c *Controller) Moves() (raises, lowers uint64) { return c.raises.Load(), c.lowers.Load() }
+
+// ExtraTime returns how long the controller has run the runtime above
+// Base, the current stretch included.
+func (c *Controller) ExtraTime() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.raisedAt.IsZero() {
+		return c.extra
+	}
+	return c.extra + time.Since(c.raisedAt)
+}
 
 // Close stops the controller and waits for its goroutine; the Ps stay as
 // they were last set. It is safe to call more than once.
@@ -158,11 +172,16 @@ func (c *Controller) run(sample []metrics.Sample) {
 			continue
 		}
 		c.set(next)
+		c.mu.Lock()
 		if next > now {
 			c.raises.Add(1)
+			c.raisedAt = time.Now()
 		} else {
 			c.lowers.Add(1)
+			c.extra += time.Since(c.raisedAt)
+			c.raisedAt = time.Time{}
 		}
+		c.mu.Unlock()
 		slog.Debug("procs: moved the Go runtime's processors", "from", now, "to", next, "runnable_mean", mean)
 	}
 }

@@ -85,6 +85,14 @@ func TestControllerFollowsTheRuntimesQueue(t *testing.T) {
 	if !waitFor(t, func() bool { return c.Procs() == 1 }) {
 		t.Fatalf("nothing queued for 5 s and the controller kept %d Ps; want 1", c.Procs())
 	}
+	extra := c.ExtraTime()
+	if extra < WindowSamples*SampleEvery {
+		t.Errorf("ExtraTime() = %v after a raise and a lower; want at least the quiet windows' %v", extra, 2*WindowSamples*SampleEvery)
+	}
+	time.Sleep(2 * SampleEvery)
+	if again := c.ExtraTime(); again != extra {
+		t.Errorf("ExtraTime() grew from %v to %v at the base", extra, again)
+	}
 	if r, l := c.Moves(); r < 1 || l < 1 {
 		t.Errorf("Moves() = %d raises, %d lowers; want at least one of each", r, l)
 	}
