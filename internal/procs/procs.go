@@ -16,8 +16,8 @@
 // wait for a P, and adds extra Ps while they queue: it samples the count of
 // runnable goroutines (runtime/metrics) every SampleEvery, and at the end
 // of each window of WindowSamples samples moves by the window's mean (see
-// Policy). Under 16 clients with 2 Ps the mean was 9–11 goroutines; one
-// client's transactions, or an idle cluster, kept it at 0–3.4.
+// Policy): it raises as soon as goroutines queue on most samples of a
+// window, and lowers once they have not for a second.
 package procs
 
 import (
@@ -55,12 +55,14 @@ type Policy struct {
 }
 
 // DefaultPolicy is the policy for a runtime whose default is base Ps, with
-// extra more when busy: raise at a mean of 2×base runnable goroutines (4 on
-// 2 CPUs, where 16 clients queued 9–11 and one client at most 3.4), lower
-// after 1 s (5 windows) below base/2 (1 on 2 CPUs, where 16 clients queued
-// 5–7 with 4 Ps and one client 0.6–0.8).
+// extra more when busy: raise at a mean of base/2 runnable goroutines (1 on
+// 2 CPUs), lower after 1 s (5 windows) below base/4 (0.5). On 2 CPUs with 2
+// Ps a node serving its share of 16 clients as one of three `terroir start`
+// processes queued 0.65–2.3 goroutines, and gained from 4 Ps (throughput
+// against etcd 0.83–1.00× of always-4 while a threshold of 4 kept it at 2);
+// an idle cluster queued under 0.5.
 func DefaultPolicy(base, extra int) Policy {
-	return Policy{Base: base, Extra: extra, RaiseAt: 2 * float64(base), LowerBelow: float64(base) / 2, QuietWindows: 5}
+	return Policy{Base: base, Extra: extra, RaiseAt: float64(base) / 2, LowerBelow: float64(base) / 4, QuietWindows: 5}
 }
 
 // Next returns the Ps after a window whose mean count of runnable goroutines

@@ -14,7 +14,7 @@ import (
 // between the thresholds (which resets the quiet count), and lowers only
 // after QuietWindows quiet windows in a row.
 func TestPolicyRaisesOnAQueueAndLowersAfterQuietWindows(t *testing.T) {
-	p := DefaultPolicy(2, 2) // raise at 4, quiet below 1, 5 windows
+	p := Policy{Base: 2, Extra: 2, RaiseAt: 4, LowerBelow: 1, QuietWindows: 5}
 	steps := []struct {
 		runnable float64
 		want     int
