@@ -61,7 +61,7 @@ leases, closed epochs and heartbeats are all it does.`,
 			}
 			fmt.Printf("idle cluster of %d nodes, %s: CPU %.1f%% of one core (%s the %.0f%% target); extra Go processors %s\n",
 				len(t.Nodes), time.Duration(secs*float64(time.Second)).Round(time.Millisecond), 100*share, verdict, 100*idleTarget,
-				extraShare(before.procsExtra, after.procsExtra, secs))
+				extraShare(before, after))
 			fmt.Printf("per second: Raft proposals %.0f, log syncs %.0f, RPCs served %.0f, Raft messages %.0f (heartbeats and their replies %.0f)\n",
 				(after.proposals-before.proposals)/secs, (after.syncs-before.syncs)/secs, (after.rpcs-before.rpcs)/secs,
 				(after.raftMsgs-before.raftMsgs)/secs, (after.heartbeats-before.heartbeats)/secs)

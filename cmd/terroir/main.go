@@ -16,11 +16,9 @@ import (
 )
 
 func main() {
-	ps := startProcs()
+	startProcs()
 	code := runCLI(os.Args[1:], os.Stdout, os.Stderr)
-	if ps != nil {
-		ps.Close()
-	}
+	stopProcs()
 	os.Exit(code)
 }
 

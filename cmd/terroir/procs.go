@@ -29,15 +29,20 @@ func procsPolicy(env string, def int) (procs.Policy, bool) {
 // extra ones.
 var binaryProcs *procs.Controller
 
-// startProcs starts the controller of the binary's Ps, or returns nil when
-// the environment sets GOMAXPROCS. It is the binary's: main calls it once.
-func startProcs() *procs.Controller {
-	p, ok := procsPolicy(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0))
-	if !ok {
-		return nil
+// startProcs starts the controller of the binary's Ps (binaryProcs), unless
+// the environment sets GOMAXPROCS. It is the binary's: main calls it once,
+// and stopProcs before the process exits.
+func startProcs() {
+	if p, ok := procsPolicy(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); ok {
+		binaryProcs = procs.Start(p)
 	}
-	binaryProcs = procs.Start(p)
-	return binaryProcs
+}
+
+// stopProcs stops the controller startProcs started, if any.
+func stopProcs() {
+	if binaryProcs != nil {
+		binaryProcs.Close()
+	}
 }
 
 // procsExtraTime is how long the binary has run its extra Ps (0 when no
@@ -49,11 +54,12 @@ func procsExtraTime() time.Duration {
 	return binaryProcs.ExtraTime()
 }
 
-// extraShare formats the share of a span of secs seconds, between two
-// readings of procsExtraTime, that ran the extra Ps.
-func extraShare(before, after time.Duration, secs float64) string {
-	if binaryProcs == nil {
+// extraShare formats the share of the time between two samples that ran
+// the extra Ps.
+func extraShare(before, after runCost) string {
+	span := after.at.Sub(before.at)
+	if binaryProcs == nil || span <= 0 {
 		return "none (GOMAXPROCS is fixed)"
 	}
-	return fmt.Sprintf("%.0f%% of the time", 100*(after-before).Seconds()/secs)
+	return fmt.Sprintf("%.0f%% of the time", 100*float64(after.procsExtra-before.procsExtra)/float64(span))
 }

@@ -17,11 +17,11 @@ import (
 // moment: the process's CPU time and the nodes' counters of the commands
 // that make up a transaction (issue 17: a benchmark that explains itself).
 type runCost struct {
-	cpu time.Duration
-	// at is when it was sampled; procsExtra how long the binary had run
-	// its extra Go processors by then (procsExtraTime).
+	// cpu is the process's CPU time; at when it was sampled, procsExtra
+	// how long the binary had run its extra Go processors by then
+	// (procsExtraTime).
+	cpu, procsExtra        time.Duration
 	at                     time.Time
-	procsExtra             time.Duration
 	rpcs, proposals, syncs float64
 	// raftMsgs is the Raft messages the nodes sent each other
 	// (terroir_raft_messages_sent_total), heartbeats those that were
@@ -187,7 +187,7 @@ func printCost(before, after runCost, ops int64) {
 		gc := after.gcCPU - before.gcCPU
 		fmt.Printf("per operation: GC CPU %.0f µs (%.0f%% of the process's), %.2f GC cycles per 1000 operations; goroutines waited to run %s; extra Go processors %s\n",
 			gc*1e6/float64(ops), 100*gc/cpu, 1000*per(before.gcCycles, after.gcCycles), schedWaits(before.sched, after.sched),
-			extraShare(before.procsExtra, after.procsExtra, after.at.Sub(before.at).Seconds()))
+			extraShare(before, after))
 	}
 }
 

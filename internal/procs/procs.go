@@ -25,7 +25,6 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -94,9 +93,9 @@ type Controller struct {
 	wg     sync.WaitGroup
 	once   sync.Once
 
-	procs          atomic.Int64  // the Ps it last set (Base until it raises)
-	raises, lowers atomic.Uint64 // how often it raised to Base+Extra and lowered back
 	mu             sync.Mutex
+	procs          int           // under mu: the Ps it last set (Base until it raises)
+	raises, lowers uint64        // under mu: how often it raised to Base+Extra and lowered back
 	raisedAt       time.Time     // under mu: when it last raised, while it runs above Base (zero: at Base)
 	extra          time.Duration // under mu: the time it spent above Base before that
 }
@@ -119,11 +118,19 @@ func Start(p Policy) *Controller {
 }
 
 // Procs returns the Ps the controller last set.
-func (c *Controller) Procs() int { return int(c.procs.Load()) }
+func (c *Controller) Procs() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.procs
+}
 
 // Moves returns how many times the controller raised the Ps to
 // Base+Extra, and lowered them back to Base.
-func (c *Controller) Moves() (raises, lowers uint64) { return c.raises.Load(), c.lowers.Load() }
+func (c *Controller) Moves() (raises, lowers uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.raises, c.lowers
+}
 
 // ExtraTime returns how long the controller has run the runtime above
 // Base, the current stretch included.
@@ -143,9 +150,22 @@ func (c *Controller) Close() {
 	c.wg.Wait()
 }
 
+// set sets the runtime's Ps to n and keeps the account of the time spent
+// above Base.
 func (c *Controller) set(n int) {
 	runtime.GOMAXPROCS(n)
-	c.procs.Store(int64(n))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case n > c.policy.Base && c.raisedAt.IsZero():
+		c.raisedAt = time.Now()
+		c.raises++
+	case n <= c.policy.Base && !c.raisedAt.IsZero():
+		c.extra += time.Since(c.raisedAt)
+		c.raisedAt = time.Time{}
+		c.lowers++
+	}
+	c.procs = n
 }
 
 // run samples the runnable goroutines every SampleEvery and applies the
@@ -175,16 +195,6 @@ func (c *Controller) run(sample []metrics.Sample) {
 			continue
 		}
 		c.set(next)
-		c.mu.Lock()
-		if next > now {
-			c.raises.Add(1)
-			c.raisedAt = time.Now()
-		} else {
-			c.lowers.Add(1)
-			c.extra += time.Since(c.raisedAt)
-			c.raisedAt = time.Time{}
-		}
-		c.mu.Unlock()
 		slog.Debug("procs: moved the Go runtime's processors", "from", now, "to", next, "runnable_mean", mean)
 	}
 }
