@@ -64,8 +64,9 @@ directory (removed unless --keep), real gRPC on 127.0.0.1, the WAN's round trips
 injected between regions (us-east1 ↔ us-west1 63 ms, ↔ us-central1 31 and 37 ms).
 It loads a YCSB table in each data region, then runs the paper's §6.2
 experiment for --duration: YCSB-A in us-east1 and us-west1 from clients in
-each region, and a strong snapshot from us-west1 reading one key per region
-every 100 ms. A progress bar and a status line show throughput, the global and
+each region, and a snapshot from us-west1 reading one key per region every
+100 ms, strong (the paper's mode) and strong-local (the same guarantee
+without the call to the global epoch service) by turns. A progress bar and a status line show throughput, the global and
 local epochs and latencies as it runs. At the end it prints the measured
 figures beside the paper's and writes a Markdown report with latency CDF
 plots (PNG) into --out.`,

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,9 +24,25 @@ func run(args ...string) error {
 	return cmd.Execute()
 }
 
+// TestDemoRunsAndStops runs the demo briefly; its report must count
+// snapshots of both strong modes, which take turns.
 func TestDemoRunsAndStops(t *testing.T) {
-	if err := run("demo", "--duration", "2s", "--records", "100", "--out", t.TempDir()); err != nil {
+	out := t.TempDir()
+	if err := run("demo", "--duration", "2s", "--records", "100", "--out", out); err != nil {
 		t.Fatal(err)
+	}
+	report, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var strong, local, failed int
+	for _, line := range strings.Split(string(report), "\n") {
+		if _, err := fmt.Sscanf(line, "- snapshots: %d strong and %d strong-local completed, %d failed", &strong, &local, &failed); err == nil {
+			break
+		}
+	}
+	if strong == 0 || local == 0 || failed != 0 {
+		t.Fatalf("the demo's report counts %d strong and %d strong-local snapshots, %d failed; want both modes run, none failed:\n%s", strong, local, failed, report)
 	}
 }
 

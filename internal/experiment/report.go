@@ -35,6 +35,8 @@ func (r *Result) rows() []row {
 		{"global epoch interval", r.GlobalInterval, "P50 ~47 ms, P99 ~76 ms, mean < 55 ms", 47 * time.Millisecond, "p50"},
 		{"strong snapshot: waiting for the epoch", r.EpochWait, "mean ~82 ms", 82 * time.Millisecond, "mean"},
 		{"strong snapshot: total", r.SnapshotTotal, "mean ~107 ms", 107 * time.Millisecond, "mean"},
+		{"strong-local snapshot: waiting", r.LocalEpochWait, "mean ~82 ms (strong)", 82 * time.Millisecond, "mean"},
+		{"strong-local snapshot: total", r.LocalSnapshotTotal, "mean ~107 ms (strong)", 107 * time.Millisecond, "mean"},
 	}
 	for i, region := range r.Regions {
 		y := r.YCSB[i]
@@ -73,11 +75,35 @@ func (r *Result) WriteTable(w io.Writer) {
 		}
 	}
 	r.Rounds.write(w)
-	fmt.Fprintf(w, "%-40s %d\n", "strong snapshots failed", r.SnapshotFails)
+	r.writeTargets(w)
+	fmt.Fprintf(w, "%-40s %d\n", "snapshots failed (both modes)", r.SnapshotFails)
 	if r.RTT != nil {
 		fmt.Fprintf(w, "%-40s loopback round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n", "floor on this machine",
 			ms(r.RTT.Quantile(50)), ms(r.Fsync.Quantile(50)))
 	}
+}
+
+// writeTargets prints the run's figures against issue 17's targets for
+// the global epoch: the interval's P50 within the farthest publisher's
+// configured RTT + 3 ms, and a strong snapshot's total P50 within one
+// interval (this run's P50) + that RTT + 10 ms, in each strong mode.
+func (r *Result) writeTargets(w io.Writer) {
+	rtt := r.Rounds.FarthestRTT
+	if rtt <= 0 || r.GlobalInterval.Count() == 0 {
+		return
+	}
+	interval := r.GlobalInterval.Quantile(50)
+	verdict := func(v, limit time.Duration) string {
+		if v <= limit {
+			return "within"
+		}
+		return "over"
+	}
+	snapLimit := interval + rtt + 10*time.Millisecond
+	fmt.Fprintf(w, "%-40s interval P50 %s %s RTT + 3 = %s; snapshot total P50 ≤ interval + RTT + 10 = %s: strong %s %s, strong-local %s %s\n",
+		"targets (issue 17), ms", ms(interval), verdict(interval, rtt+3*time.Millisecond), ms(rtt+3*time.Millisecond), ms(snapLimit),
+		ms(r.SnapshotTotal.Quantile(50)), verdict(r.SnapshotTotal.Quantile(50), snapLimit),
+		ms(r.LocalSnapshotTotal.Quantile(50)), verdict(r.LocalSnapshotTotal.Quantile(50), snapLimit))
 }
 
 // WriteReport writes report.md, results.json and the latency CDFs
@@ -99,7 +125,8 @@ func (r *Result) WriteReport(dir string) (string, error) {
 	}{
 		{"cdf-regional.png", "Regional YCSB-A transactions", regional},
 		{"cdf-snapshot.png", "Strong multi-region snapshots from " + r.SnapshotRegion,
-			[]series{{"waiting for the epoch", r.EpochWait}, {"total", r.SnapshotTotal}}},
+			[]series{{"strong: waiting for the epoch", r.EpochWait}, {"strong: total", r.SnapshotTotal},
+				{"strong-local: waiting", r.LocalEpochWait}, {"strong-local: total", r.LocalSnapshotTotal}}},
 		{"cdf-global-epoch.png", "Global epoch interval", []series{{"interval", r.GlobalInterval}}},
 	}
 	var errs []error
@@ -111,7 +138,7 @@ func (r *Result) WriteReport(dir string) (string, error) {
 	fmt.Fprintf(&b, "# Terroir: the Chablis paper's §6.2 on this machine\n\n")
 	fmt.Fprintf(&b, "Topology: regions %v, data in %v; %d nodes, all in one process on 127.0.0.1 with the WAN's round trips injected. "+
 		"YCSB-A (50%% reads, 50%% updates, uniform) over %d records of 1 KiB per data region from %d threads each, "+
-		"and a strong snapshot reading one key per data region from %s every %v, for %v (seed %d).\n\n",
+		"and a snapshot reading one key per data region from %s every %v, strong and strong-local by turns, for %v (seed %d).\n\n",
 		cfg.Topology.Regions, r.Regions, len(cfg.Topology.Nodes), cfg.Records, cfg.Threads, r.SnapshotRegion, cfg.SnapshotEvery, cfg.Duration, cfg.Seed)
 	b.WriteString("| measurement | P50 ms | P99 ms | mean ms | count | × paper | paper |\n|---|---:|---:|---:|---:|---:|---|\n")
 	for _, rw := range r.rows() {
@@ -124,10 +151,12 @@ func (r *Result) WriteReport(dir string) (string, error) {
 			fmt.Fprintf(&b, "- %s: %.0f YCSB transactions/s, %d retried attempts\n", region, y.Throughput(), y.Retries)
 		}
 	}
-	fmt.Fprintf(&b, "- strong snapshots: %d completed, %d failed\n", r.SnapshotTotal.Count(), r.SnapshotFails)
+	fmt.Fprintf(&b, "- snapshots: %d strong and %d strong-local completed, %d failed\n", r.SnapshotTotal.Count(), r.LocalSnapshotTotal.Count(), r.SnapshotFails)
 	if r.Rounds.Count[epoch.PhasePublish] > 0 {
 		b.WriteString("- ")
 		r.Rounds.write(&b)
+		b.WriteString("- ")
+		r.writeTargets(&b)
 	}
 	if r.RTT != nil {
 		fmt.Fprintf(&b, "- floor on this machine: loopback round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n",
