@@ -81,17 +81,10 @@ type Result struct {
 	SnapshotRegion string
 	// GlobalInterval is the time between global epoch advances.
 	GlobalInterval *latency.Histogram
-	// EpochWait is each strong snapshot's wait for its epoch (the
-	// paper's mode: the epoch read from the global epoch service);
-	// SnapshotTotal its whole duration.
-	EpochWait, SnapshotTotal *latency.Histogram
-	// LocalEpochWait and LocalSnapshotTotal are the same for the
-	// strong-local snapshots, which take turns with the strong ones: the
-	// epoch read from the snapshot region's publisher, two advances
-	// waited for (DESIGN.md §5), the same guarantee without the call to
-	// the service.
-	LocalEpochWait, LocalSnapshotTotal *latency.Histogram
-	// SnapshotFails counts the snapshots of either mode that failed.
+	// Snapshots are each snapshot mode's figures, in the order the modes
+	// take turns (snapshotModes): strong, the paper's, first.
+	Snapshots []SnapshotFigures
+	// SnapshotFails counts the snapshots of any mode that failed.
 	SnapshotFails int
 	// YCSB holds each data region's result, in Regions order.
 	YCSB []*ycsb.Result
@@ -107,6 +100,20 @@ type Result struct {
 	// the run.
 	Rounds RoundPhases
 }
+
+// SnapshotFigures are one snapshot mode's figures in a run.
+type SnapshotFigures struct {
+	Mode client.SnapshotMode
+	// Wait is each snapshot's wait for its epoch (SnapshotStats.EpochWait);
+	// Total its whole duration.
+	Wait, Total *latency.Histogram
+}
+
+// snapshotModes are the modes the run's snapshots take turns in: strong,
+// the paper's (the epoch read from the global epoch service), and
+// strong-local, the same guarantee with the epoch read from the snapshot
+// region's publisher and two advances waited for (DESIGN.md §5).
+var snapshotModes = []client.SnapshotMode{client.Strong, client.StrongLocal}
 
 // DataRegions returns the regions that home ranges, in topology order.
 func DataRegions(top *topology.Topology) []string {
@@ -167,8 +174,10 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 		cfg.Started("http://" + c.Node(top.Nodes[0].ID).HTTPAddr() + "/")
 	}
 	res := &Result{Config: cfg, Regions: regions, SnapshotRegion: regions[len(regions)-1],
-		GlobalInterval: latency.New(), EpochWait: latency.New(), SnapshotTotal: latency.New(),
-		LocalEpochWait: latency.New(), LocalSnapshotTotal: latency.New()}
+		GlobalInterval: latency.New()}
+	for _, m := range snapshotModes {
+		res.Snapshots = append(res.Snapshots, SnapshotFigures{Mode: m, Wait: latency.New(), Total: latency.New()})
+	}
 	ld, err := load(ctx, c, cfg, regions)
 	if err != nil {
 		return nil, err
@@ -371,7 +380,7 @@ const rttEvery = 20 * time.Millisecond
 
 // snapshots starts a snapshot reading one key per data region, the keys
 // read in parallel, at every tick of cfg.SnapshotEvery until ctx ends,
-// strong and strong-local by turns, and returns how many failed once all
+// in snapshotModes by turns, and returns how many failed once all
 // have ended. Each runs on its own goroutine, so a snapshot that outlasts
 // the tick (a strong one takes ~107 ms) never delays the next. In a closed
 // loop a snapshot begun as the last one ended begins at a fixed phase of
@@ -400,17 +409,14 @@ func snapshots(ctx context.Context, cfg Config, db *client.DB, keys []ycsb.KeySp
 		default:
 			continue
 		}
-		mode, wait, total := client.Strong, res.EpochWait, res.SnapshotTotal
-		if i%2 == 1 {
-			mode, wait, total = client.StrongLocal, res.LocalEpochWait, res.LocalSnapshotTotal
-		}
+		fig := res.Snapshots[i%len(res.Snapshots)]
 		running.Add(1)
 		go func() {
 			defer func() { <-slots; running.Done() }()
 			began := time.Now()
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			stats, err := db.View(sctx, mode, func(ctx context.Context, s *client.Snapshot) error {
+			stats, err := db.View(sctx, fig.Mode, func(ctx context.Context, s *client.Snapshot) error {
 				var reads errgroup.Group
 				for _, k := range keys {
 					reads.Go(func() error {
@@ -425,9 +431,9 @@ func snapshots(ctx context.Context, cfg Config, db *client.DB, keys []ycsb.KeySp
 				return
 			}
 			d := time.Since(began)
-			total.Record(d)
-			wait.Record(stats.EpochWait)
-			if mode == client.Strong {
+			fig.Total.Record(d)
+			fig.Wait.Record(stats.EpochWait)
+			if fig.Mode == client.Strong {
 				win.snapN.Add(1)
 				win.record(func(w *window) *latency.Histogram { return w.snaps }, d)
 			}
