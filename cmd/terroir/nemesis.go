@@ -38,18 +38,18 @@ kill and restart a node or a range leader; kill a participant's leader between
 prepare and commit record or between commit record and notification, with or
 without the coordinator dying too; stall a coordinator there briefly, or past
 the transaction-record grace; split and merge ranges, killing the leader as
-they apply or merging while the left range moves a replica; pause a range's closing of epochs; restart the whole cluster from
-disk; cut a region off, or cut it, exclude it and readmit it; drop 10%,
-duplicate 20% or delay by 20 ms every message. After
-each fault it measures how long until every data region commits again, and
-how long until a transaction struck mid-commit holds no lock. At the end it
-reads every key, and checks: porcupine for the key groups (strict
-serializability) and registers (linearizability), the list history (lost,
-aborted, phantom, diverged, fractured and stale reads), every bank total, the
-epoch invariants, and that no lock outlives the load. It prints operations,
-faults, recovery times and anomalies. Ranges collect old versions below
---gc-ttl (3 s) meanwhile. On an anomaly it writes the histories
-the seed and the last lines logged at info and above (log.txt, whatever
+they apply or merging while the left range moves a replica; pause a range's
+closing of epochs; restart the whole cluster from disk; cut a region off, or
+cut it, exclude it and readmit it; drop 10%, duplicate 20% or delay by 20 ms
+every message. After each fault it measures how long until every data region
+commits again, and how long until a transaction struck mid-commit holds no
+lock. At the end it reads every key, and checks: porcupine for the key groups
+(strict serializability) and registers (linearizability), the list history
+(lost, aborted, phantom, diverged, fractured and stale reads), every bank
+total, the epoch invariants, and that no lock outlives the load. It prints
+operations, faults, recovery times and anomalies. Ranges collect old versions
+below --gc-ttl (3 s) meanwhile. On an anomaly it writes the histories, the
+seed and the last lines logged at info and above (log.txt, whatever
 --log-level prints) to --out and exits 1; the same --seed repeats the same
 choices.`,
 		Args: cobra.NoArgs,
