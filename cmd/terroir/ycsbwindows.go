@@ -20,7 +20,10 @@ import (
 // writes, which tell why a window is slower than another. Each window
 // also prints the share of the machine's CPU time the hypervisor took
 // (machineCPU): on a shared machine it swings from minute to minute, and
-// the summary also compares the throughput per CPU left to this guest.
+// the summary also compares the throughput per CPU left to this guest;
+// and the CPU time a fixed piece of work took (speedProbe), which tells a
+// minute the machine's CPUs ran slower, and the summary also compares the
+// throughput per CPU left at that speed (atCPUSpeed).
 type windows struct {
 	name  string
 	every time.Duration
@@ -32,6 +35,9 @@ type windows struct {
 	// stolen is the share (0–1) of the machine's CPU time the hypervisor
 	// took in each window; -1 where /proc/stat gave no reading.
 	stolen []float64
+	// work is the median CPU time speedProbe's fixed work took in each
+	// window; 0 where it took no sample.
+	work []time.Duration
 }
 
 func newWindows(name string, every time.Duration, cost func() runCost) *windows {
@@ -55,6 +61,8 @@ func (w *windows) run(done <-chan struct{}) {
 		lastCost = w.cost()
 	}
 	lastCPU, _ := readMachineCPU() // no reading: no share printed
+	speed := startSpeedProbe()
+	defer speed.close()
 	for {
 		select {
 		case <-done:
@@ -79,6 +87,11 @@ func (w *windows) run(done <-chan struct{}) {
 				lastCPU = cpu
 			}
 			w.stolen = append(w.stolen, stolen)
+			work, _ := speed.take() // 0: none
+			if work > 0 {
+				line += fmt.Sprintf(", the fixed hash took %.2f ms of CPU", float64(work)/float64(time.Millisecond))
+			}
+			w.work = append(w.work, work)
 			if ops := h.Count(); w.cost != nil && ops > 0 {
 				c := w.cost()
 				line += fmt.Sprintf("; per operation CPU %.0f µs, RPCs %.2f, disk writes %s; writes stalled %s", float64(c.cpu-lastCost.cpu)/float64(time.Microsecond)/float64(ops),
@@ -96,12 +109,12 @@ func (w *windows) run(done <-chan struct{}) {
 func (w *windows) summary() {
 	n := len(w.rates)
 	if n >= 3 && w.rates[1] > 0 {
-		fmt.Printf("  %s: window %d at %.0f ops/s is %.2f× window 2 (%.0f ops/s)%s\n", w.name, n, w.rates[n-1], w.rates[n-1]/w.rates[1], w.rates[1],
-			perCPULeft(w.rates, w.stolen, n-1, 1, 1))
+		fmt.Printf("  %s: window %d at %.0f ops/s is %.2f× window 2 (%.0f ops/s)%s%s\n", w.name, n, w.rates[n-1], w.rates[n-1]/w.rates[1], w.rates[1],
+			perCPULeft(w.rates, w.stolen, n-1, 1, 1), atCPUSpeed(w.rates, w.stolen, w.work, n-1, 1, 1))
 	}
 	if first, last, ok := steadyMeans(w.rates); ok {
-		fmt.Printf("  %s: windows %d–%d at %.0f ops/s on average are %.2f× windows 2–%d (%.0f ops/s)%s\n", w.name, n-steadySpan+1, n, last, last/first, steadySpan+1, first,
-			perCPULeft(w.rates, w.stolen, n-steadySpan, 1, steadySpan))
+		fmt.Printf("  %s: windows %d–%d at %.0f ops/s on average are %.2f× windows 2–%d (%.0f ops/s)%s%s\n", w.name, n-steadySpan+1, n, last, last/first, steadySpan+1, first,
+			perCPULeft(w.rates, w.stolen, n-steadySpan, 1, steadySpan), atCPUSpeed(w.rates, w.stolen, w.work, n-steadySpan, 1, steadySpan))
 	}
 }
 
@@ -128,6 +141,32 @@ func perCPULeft(rates, stolen []float64, later, earlier, span int) string {
 		return ""
 	}
 	return fmt.Sprintf("; the hypervisor took %.0f%% of the CPU time against %.0f%%: per CPU left to this machine, %.2f×", 100*ls, 100*es, l/e)
+}
+
+// atCPUSpeed compares two spans of span windows as perCPULeft does, each
+// window's throughput per CPU left also scaled by the CPU time the probe's
+// fixed work took in it (work, as windows holds it): a CPU-bound load on
+// CPUs that run a third slower does a third less, and this asks whether
+// the database did less than that. It returns the clause the summary
+// prints, or "" when a window has no reading of its share or its speed.
+func atCPUSpeed(rates, stolen []float64, work []time.Duration, later, earlier, span int) string {
+	scaled := func(from int) (rate float64, mean time.Duration, ok bool) {
+		for i := from; i < from+span; i++ {
+			if stolen[i] < 0 || stolen[i] >= 1 || work[i] <= 0 {
+				return 0, 0, false
+			}
+			rate += rates[i] / (1 - stolen[i]) * work[i].Seconds()
+			mean += work[i] / time.Duration(span)
+		}
+		return rate, mean, true
+	}
+	l, lw, okL := scaled(later)
+	e, ew, okE := scaled(earlier)
+	if !okL || !okE || e == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the fixed hash took %.2f ms of CPU against %.2f: per CPU left at its speed, %.2f×",
+		float64(lw)/float64(time.Millisecond), float64(ew)/float64(time.Millisecond), l/e)
 }
 
 // steadySpan is how many windows steadyMeans averages at each end of a
