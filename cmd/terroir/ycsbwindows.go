@@ -18,12 +18,12 @@ import (
 // operation of it cost: CPU, RPCs (more when a split or a lease transfer
 // puts a range's leader on another node than the client's) and disk
 // writes, which tell why a window is slower than another. Each window
-// also prints the share of the machine's CPU time the hypervisor took
-// (machineCPU): on a shared machine it swings from minute to minute, and
-// the summary also compares the throughput per CPU left to this guest;
-// and the CPU time a fixed piece of work took (speedProbe), which tells a
-// minute the machine's CPUs ran slower, and the summary also compares the
-// throughput per CPU left at that speed (atCPUSpeed).
+// also prints two readings of the machine itself, which on a shared
+// machine swing from minute to minute: the share of its CPU time the
+// hypervisor took (machineCPU), and the CPU time a fixed piece of work
+// took (speedProbe: how fast the CPUs left to it ran). The summary also
+// compares the throughput per CPU left to this guest (perCPULeft), and
+// per CPU left at that speed (atCPUSpeed).
 type windows struct {
 	name  string
 	every time.Duration
