@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -16,9 +17,9 @@ import (
 // away; this catches a CPU that stays but runs slower, its core or caches
 // shared with a busy neighbour. In one 21-minute YCSB-A run the process's
 // CPU per operation moved between 304 and 479 µs from one minute to
-// another with steal steady at 6–7% (issue 17's steady state): such a
-// minute is slower because the machine is, not the database. The probe
-// costs about 0.5% of one core.
+// another with steal steady at 6–7% (issue 17's steady state); the probe
+// tells how much of such a swing is the machine's. It costs about 0.5% of
+// one core.
 type speedProbe struct {
 	mu      sync.Mutex
 	samples []time.Duration // since the last take
@@ -26,13 +27,14 @@ type speedProbe struct {
 	stop, done chan struct{}
 }
 
-// speedWork is the probe's fixed work: FNV-1a over speedBuf bytes (a
-// chain of multiplies, about 5.5 ms of CPU on this machine).
+// speedWork is the probe's fixed work, in bytes: FNV-1a over 4 MiB, a
+// buffer of speedBuf bytes four times over (a chain of multiplies, about
+// 5.5 ms of CPU on this machine).
 const speedWork = 4 << 20
 
-// speedBuf is the size of the buffer speedWork hashes, in passes over
-// it: 1 MiB, which stays in the core's caches, so that the probe times the
-// core rather than memory.
+// speedBuf is the size of the buffer speedWork hashes: 1 MiB, which stays
+// in the core's caches, so that the probe times the core rather than
+// memory.
 const speedBuf = 1 << 20
 
 // speedEvery is how often the probe samples: 1 s.
@@ -46,6 +48,7 @@ func startSpeedProbe() *speedProbe {
 	return p
 }
 
+// run takes a sample every speedEvery until close.
 func (p *speedProbe) run() {
 	defer close(p.done)
 	runtime.LockOSThread()
@@ -83,14 +86,16 @@ func timeWork(buf []byte) (time.Duration, bool) {
 		h.Write(buf)
 	}
 	after, ok := threadCPU()
-	if sink = h.Sum64(); !ok || after <= before {
+	speedSink.Store(h.Sum64())
+	if !ok || after <= before {
 		return 0, false
 	}
 	return after - before, true
 }
 
-// sink keeps the probe's hash live.
-var sink uint64
+// speedSink keeps the probe's hash live, so that the compiler drops none
+// of the work; atomic, as two probes may run at once.
+var speedSink atomic.Uint64
 
 // threadCPU reads the calling thread's CPU clock (CLOCK_THREAD_CPUTIME_ID:
 // user + system, to the nanosecond; getrusage's per-thread times move in
