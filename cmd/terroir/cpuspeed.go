@@ -3,12 +3,12 @@ package main
 import (
 	"hash/fnv"
 	"runtime"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/terroir-db/terroir/internal/latency"
 )
 
 // speedProbe samples how fast this guest's CPUs run: the CPU time its own
@@ -21,8 +21,7 @@ import (
 // tells how much of such a swing is the machine's. It costs about 0.5% of
 // one core.
 type speedProbe struct {
-	mu      sync.Mutex
-	samples []time.Duration // since the last take
+	samples atomic.Pointer[latency.Histogram] // since the last take
 
 	stop, done chan struct{}
 }
@@ -44,6 +43,7 @@ const speedEvery = time.Second
 // OS thread (the CPU clock is the thread's); close stops it.
 func startSpeedProbe() *speedProbe {
 	p := &speedProbe{stop: make(chan struct{}), done: make(chan struct{})}
+	p.samples.Store(latency.New())
 	go p.run()
 	return p
 }
@@ -66,9 +66,7 @@ func (p *speedProbe) run() {
 		case <-t.C:
 		}
 		if d, ok := timeWork(buf); ok {
-			p.mu.Lock()
-			p.samples = append(p.samples, d)
-			p.mu.Unlock()
+			p.samples.Load().Record(d)
 		}
 	}
 }
@@ -109,17 +107,14 @@ func threadCPU() (time.Duration, bool) {
 }
 
 // take returns the median CPU time of the samples since the last take
-// and forgets them; ok is false when there were none.
+// (to the µs, 3 significant digits: latency.Histogram) and forgets them;
+// ok is false when there were none.
 func (p *speedProbe) take() (time.Duration, bool) {
-	p.mu.Lock()
-	s := p.samples
-	p.samples = nil
-	p.mu.Unlock()
-	if len(s) == 0 {
+	h := p.samples.Swap(latency.New())
+	if h.Count() == 0 {
 		return 0, false
 	}
-	slices.Sort(s)
-	return s[len(s)/2], true
+	return h.Quantile(50), true
 }
 
 // close stops the probe and waits for its goroutine.

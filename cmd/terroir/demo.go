@@ -68,9 +68,8 @@ each region, and a snapshot from us-west1 reading one key per region every
 100 ms, strong (the paper's mode) and strong-local (the same guarantee
 without the call to the global epoch service) by turns. A progress bar and a
 status line show throughput, the global and local epochs and latencies as it
-runs. At the end it prints the measured
-figures beside the paper's and writes a Markdown report with latency CDF
-plots (PNG) into --out.`,
+runs. At the end it prints the measured figures beside the paper's and writes
+a Markdown report with latency CDF plots (PNG) into --out.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config()

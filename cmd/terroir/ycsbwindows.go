@@ -125,22 +125,13 @@ func (w *windows) summary() {
 // against the same over the earlier. It returns the clause the summary
 // prints, or "" when a window has no reading of its share.
 func perCPULeft(rates, stolen []float64, later, earlier, span int) string {
-	perCPU := func(from int) (rate, share float64, ok bool) {
-		for i := from; i < from+span; i++ {
-			if stolen[i] < 0 || stolen[i] >= 1 {
-				return 0, 0, false
-			}
-			rate += rates[i] / (1 - stolen[i])
-			share += stolen[i]
-		}
-		return rate, share / float64(span), true
-	}
-	l, ls, okL := perCPU(later)
-	e, es, okE := perCPU(earlier)
+	l, okL := perCPUSum(rates, stolen, nil, later, span)
+	e, okE := perCPUSum(rates, stolen, nil, earlier, span)
 	if !okL || !okE || e == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; the hypervisor took %.0f%% of the CPU time against %.0f%%: per CPU left to this machine, %.2f×", 100*ls, 100*es, l/e)
+	return fmt.Sprintf("; the hypervisor took %.0f%% of the CPU time against %.0f%%: per CPU left to this machine, %.2f×",
+		100*mean(stolen[later:later+span]), 100*mean(stolen[earlier:earlier+span]), l/e)
 }
 
 // atCPUSpeed compares two spans of span windows as perCPULeft does, each
@@ -150,23 +141,37 @@ func perCPULeft(rates, stolen []float64, later, earlier, span int) string {
 // the database did less than that. It returns the clause the summary
 // prints, or "" when a window has no reading of its share or its speed.
 func atCPUSpeed(rates, stolen []float64, work []time.Duration, later, earlier, span int) string {
-	scaled := func(from int) (rate float64, mean time.Duration, ok bool) {
-		for i := from; i < from+span; i++ {
-			if stolen[i] < 0 || stolen[i] >= 1 || work[i] <= 0 {
-				return 0, 0, false
-			}
-			rate += rates[i] / (1 - stolen[i]) * work[i].Seconds()
-			mean += work[i] / time.Duration(span)
-		}
-		return rate, mean, true
-	}
-	l, lw, okL := scaled(later)
-	e, ew, okE := scaled(earlier)
+	l, okL := perCPUSum(rates, stolen, work, later, span)
+	e, okE := perCPUSum(rates, stolen, work, earlier, span)
 	if !okL || !okE || e == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; the fixed hash took %.2f ms of CPU against %.2f: per CPU left at its speed, %.2f×",
-		float64(lw)/float64(time.Millisecond), float64(ew)/float64(time.Millisecond), l/e)
+	msOf := func(from int) float64 {
+		var sum time.Duration
+		for _, w := range work[from : from+span] {
+			sum += w
+		}
+		return float64(sum) / float64(span) / float64(time.Millisecond)
+	}
+	return fmt.Sprintf("; the fixed hash took %.2f ms of CPU against %.2f: per CPU left at its speed, %.2f×", msOf(later), msOf(earlier), l/e)
+}
+
+// perCPUSum returns the sum, over the span windows from index from, of
+// each window's throughput per CPU left to this guest (rate/(1-stolen)),
+// each also times its probe's CPU time in seconds unless work is nil; ok
+// is false when a window has no reading of its share, or of its speed.
+func perCPUSum(rates, stolen []float64, work []time.Duration, from, span int) (sum float64, ok bool) {
+	for i := from; i < from+span; i++ {
+		if stolen[i] < 0 || stolen[i] >= 1 || (work != nil && work[i] <= 0) {
+			return 0, false
+		}
+		r := rates[i] / (1 - stolen[i])
+		if work != nil {
+			r *= work[i].Seconds()
+		}
+		sum += r
+	}
+	return sum, true
 }
 
 // steadySpan is how many windows steadyMeans averages at each end of a
@@ -183,13 +188,15 @@ func steadyMeans(rates []float64) (first, last float64, ok bool) {
 	if len(rates) < 1+2*steadySpan {
 		return 0, 0, false
 	}
-	mean := func(rs []float64) float64 {
-		sum := 0.0
-		for _, r := range rs {
-			sum += r
-		}
-		return sum / float64(len(rs))
-	}
 	first, last = mean(rates[1:1+steadySpan]), mean(rates[len(rates)-steadySpan:])
 	return first, last, first > 0
+}
+
+// mean returns the mean of xs, which is not empty.
+func mean(xs []float64) float64 {
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
 }

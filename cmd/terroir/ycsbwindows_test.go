@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/terroir-db/terroir/internal/latency"
 )
 
 // TestSteadyMeansComparesFiveWindowsAtEachEnd: the steady-state means
@@ -65,9 +67,13 @@ func TestSpeedProbeTimesItsWork(t *testing.T) {
 	if !ok || one <= 0 {
 		t.Fatalf("timeWork = %v, %v; want a CPU time", one, ok)
 	}
-	p := &speedProbe{samples: []time.Duration{9, 1, 5}}
-	if m, ok := p.take(); !ok || m != 5 {
-		t.Errorf("take = %v, %v; want the median 5", m, ok)
+	p := &speedProbe{}
+	p.samples.Store(latency.New())
+	for _, d := range []time.Duration{9, 1, 5} {
+		p.samples.Load().Record(d * time.Millisecond)
+	}
+	if m, ok := p.take(); !ok || m.Round(time.Millisecond) != 5*time.Millisecond {
+		t.Errorf("take = %v, %v; want the median 5 ms", m, ok)
 	}
 	if m, ok := p.take(); ok {
 		t.Errorf("take again = %v; want no samples", m)
