@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/terroir-db/terroir/client"
 	"github.com/terroir-db/terroir/internal/admin"
 	"github.com/terroir-db/terroir/internal/localcluster"
@@ -247,4 +250,76 @@ func nodeThreeDown(t *testing.T, gcEvery time.Duration) (*localcluster.Cluster, 
 	}
 	awaitRows(t, ctx, c, "node 3 down, node 4 live", func(rows map[uint64]admin.NodeRow) bool { return !rows[3].Live && rows[4].Live })
 	return c, db, ctx
+}
+
+// TestReplicaGCKeepsAJointConfigurationsOutgoingVoter: the replica GC must
+// not drop a replica that the range's Raft configuration still names as a
+// voter of its outgoing half. A range's descriptor leaves a moved-off
+// voter out as the group enters the joint configuration, before the group
+// leaves it, and until it has, the outgoing voters' quorum is needed to
+// commit anything (leaving included). In CI, the GC dropped such a
+// replica of range 11 whose node had not yet applied the joint change,
+// while the range's third old voter was down: the group could never leave
+// the joint configuration, and the range had no leader or lease again
+// (TestReplaceWipedNode). Here the range's leader enters a joint
+// configuration that removes voter v and stays in it (an explicit
+// transition), with v starved of the log so that v's descriptor is older
+// than the others'. The GC runs every 100 ms and must keep v's replica
+// while the group is joint; once the leader leaves the joint
+// configuration, v is out of it for good and the GC drops it.
+func TestReplicaGCKeepsAJointConfigurationsOutgoingVoter(t *testing.T) {
+	c := localcluster.StartT(t, threeNodesFile(t, ""), localcluster.Options{RebalanceInterval: -1, ReplicaGCInterval: 100 * time.Millisecond})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	fund(t, ctx, db)
+	const id = 11
+	leader := c.Leader(id)
+	for ; leader == 0; leader = c.Leader(id) {
+		if ctx.Err() != nil {
+			t.Fatalf("range %d has no leader", id)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	v := leader%3 + 1
+	keep := slices.DeleteFunc([]uint64{1, 2, 3}, func(n uint64) bool { return n == v })
+	payload, err := proto.Marshal(&rangepb.ReplicasChange{Replicas: keep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Net.StarveLog(v)
+	rg := c.Node(leader).Group(id)
+	enter := &raftpb.ConfChangeV2{Transition: raftpb.ConfChangeTransitionJointExplicit.Enum(),
+		Changes: []*raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeRemoveNode.Enum(), NodeId: proto.Uint64(v)}}}
+	if _, err := rg.ProposeConfChange(ctx, enter, payload); err != nil {
+		t.Fatalf("entering a joint configuration that removes node %d: %v", v, err)
+	}
+	if _, _, joint := rg.Members(); !joint {
+		t.Fatal("the group is not in a joint configuration")
+	}
+	if r := c.Node(v).Range(id); r == nil || !slices.Contains(r.Desc().GetReplicas(), v) {
+		t.Fatalf("node %d dropped its replica or applied the change it was starved of", v)
+	}
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if c.Node(v).Range(id) == nil {
+			t.Fatalf("the replica GC dropped node %d's replica of range %d, a voter of the joint configuration's outgoing half", v, id)
+		}
+	}
+	if _, err := rg.ProposeConfChange(ctx, &raftpb.ConfChangeV2{}, payload); err != nil {
+		t.Fatalf("leaving the joint configuration: %v", err)
+	}
+	began := time.Now()
+	for c.Node(v).Range(id) != nil {
+		if ctx.Err() != nil {
+			t.Fatalf("node %d still hosts range %d after the group left the joint configuration without it", v, id)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("node %d's replica dropped %v after the group left the joint configuration", v, time.Since(began).Round(time.Millisecond))
+	c.Net.Heal()
+	if sum, err := total(ctx, db); err != nil || sum != accounts*initialBalance {
+		t.Errorf("total %d, %v", sum, err)
+	}
 }

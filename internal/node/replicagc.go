@@ -25,9 +25,11 @@ import (
 // Config.ReplicaGCInterval, asks the other nodes of its region (and, for
 // a non-voting replica of a range homed elsewhere, that range's voters)
 // for their descriptors and group configurations, and drops each
-// replica of its own that a newer one leaves out. Dropping a range replica
-// deletes its span's data on this node, so no replica whose span overlaps
-// it is hosted here meanwhile (AddRangeReplica waits: awaitNoOverlap).
+// replica of its own that a newer one leaves out (a voter, only once the
+// group has left the joint configuration that removed it: leftRangeGroup).
+// Dropping a range replica deletes its span's data on this node, so no
+// replica whose span overlaps it is hosted here meanwhile (AddRangeReplica
+// waits: awaitNoOverlap).
 
 // defaultReplicaGCInterval is Config.ReplicaGCInterval's default.
 const defaultReplicaGCInterval = 10 * time.Second
@@ -129,12 +131,61 @@ func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 		if r.Desc().GetGeneration() != d.GetGeneration() {
 			continue // a snapshot (a move bringing it back) just arrived
 		}
+		if !n.leftRangeGroup(ctx, r.ID(), d, nd) {
+			continue
+		}
 		slog.Info("replica GC: dropping a range replica a newer descriptor leaves out", "node", self, "range", d.GetRangeId(),
 			"generation", d.GetGeneration(), "newer_generation", nd.GetGeneration(), "replicas", nd.GetReplicas())
 		n.removeReplica(r)
 		dropped = append(dropped, d.GetRangeId())
 	}
 	return dropped
+}
+
+// leftRangeGroup reports whether this node's replica of range id, whose
+// descriptor is d, is out of the range's Raft group for good, now that the
+// newer descriptor nd leaves it out. A replica that is a voter of the
+// configuration it applied was removed through a joint configuration, and
+// the descriptor changes as the group enters it, before the group leaves
+// it: until then the group needs a quorum of the outgoing voters, this
+// one among them, to commit anything, leaving included. Dropped then (its
+// node not yet having applied the joint change, so that its descriptor is
+// older than the leader's), with another old voter down, it would leave
+// the range in the joint configuration for good, with no leader and no
+// lease. So a voter is dropped only once another replica (asked by
+// transport.LocateGroup) applied a configuration newer than its own that
+// is not joint and names it nowhere (leftForGood). A learner, or a replica
+// with no configuration yet, was removed by a single change: nd suffices.
+func (n *Node) leftRangeGroup(ctx context.Context, id uint64, d, nd *pb.RangeDescriptor) bool {
+	self := n.cfg.NodeID
+	rg := n.Group(id)
+	if rg == nil {
+		return true
+	}
+	index, voters, outgoing := rg.Configuration()
+	if !slices.Contains(voters, self) && !slices.Contains(outgoing, self) {
+		return true
+	}
+	var peers []uint64
+	for _, p := range slices.Concat(nd.GetReplicas(), nd.GetLearners(), nd.GetNonVoters(), d.GetReplicas()) {
+		if p != self && !slices.Contains(peers, p) {
+			peers = append(peers, p)
+		}
+	}
+	lctx, cancel := context.WithTimeout(ctx, replicaGCTimeout)
+	defer cancel()
+	v, err := transport.LocateGroup(lctx, n.dialer, id, peers)
+	return err == nil && leftForGood(self, index, v)
+}
+
+// leftForGood reports whether v, the newest configuration another replica
+// of a group applied, shows that replica self, a voter of the
+// configuration it applied at index, has left the group for good: v is
+// newer, is not joint, and names self neither as a voter nor as a learner.
+// An applied configuration is a committed one, so the joint configuration
+// that removed self has been left and no quorum needs self again.
+func leftForGood(self, index uint64, v transport.GroupView) bool {
+	return v.ConfIndex > index && !v.Joint && !slices.Contains(v.Voters, self) && !slices.Contains(v.Learners, self)
 }
 
 // directoryDescriptor returns the newest descriptor of d's range that a
