@@ -167,8 +167,9 @@ type node struct {
 // first: replicas off draining nodes, leases off draining nodes, marking
 // drained decommissioning nodes gone, then moves that put merge
 // candidates (mergePairs) on the same nodes, then replica moves (of a range, or
-// of a group when no range can go) and one lease transfer from the fullest
-// target to the emptiest while they differ by more than one. A group in a
+// of a group when no range can go; neither with a replica on a node that is
+// down) and one lease transfer from the fullest target to the emptiest
+// while they differ by more than one. A group in a
 // joint configuration, and a range or group the queue changes already
 // (v.InFlight), are left alone.
 func Plan(v View, cfg Config) []Action {
@@ -432,20 +433,28 @@ func Plan(v View, cfg Config) []Action {
 	// another range, or of a group when no range can go.
 	moved := map[uint64]bool{}
 	movedGroup := map[uint64]bool{}
+	// A range or group with a replica on a node that is down waits for the
+	// drain (ReplaceAfter) to replace that one: a balance move of another
+	// would take it through a joint configuration that needs a quorum of
+	// the old voters and of the new, each with one voter down.
+	up := func(replicas []uint64) bool {
+		return !slices.ContainsFunc(replicas, func(r uint64) bool { n := byID[r]; return n == nil || !n.target })
+	}
 	for moves < cfg.MaxMoves {
 		full, empty := extremes(targets, replicaCount)
 		if full.replicas-empty.replicas <= 1 {
 			break
 		}
 		if i := slices.IndexFunc(ranges, func(d *pb.RangeDescriptor) bool {
-			return settled(d) && !moved[d.GetRangeId()] && !candidate[d.GetRangeId()] &&
+			return settled(d) && !moved[d.GetRangeId()] && !candidate[d.GetRangeId()] && up(d.GetReplicas()) &&
 				slices.Contains(d.GetReplicas(), full.id) && !slices.Contains(d.GetReplicas(), empty.id)
 		}); i >= 0 {
 			d := ranges[i]
 			out = append(out, Action{Kind: Move, Range: d, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
 			moved[d.GetRangeId()] = true
 		} else if i := slices.IndexFunc(v.Groups, func(g Group) bool {
-			return g.Settled && !v.InFlight.Groups[g.ID] && !movedGroup[g.ID] && slices.Contains(g.Voters, full.id) && !slices.Contains(g.Voters, empty.id)
+			return g.Settled && !v.InFlight.Groups[g.ID] && !movedGroup[g.ID] && up(g.Voters) &&
+				slices.Contains(g.Voters, full.id) && !slices.Contains(g.Voters, empty.id)
 		}); i >= 0 {
 			out = append(out, Action{Kind: MoveGroup, Group: v.Groups[i].ID, From: full.id, To: empty.id, Why: "balance replicas", Balance: true})
 			movedGroup[v.Groups[i].ID] = true

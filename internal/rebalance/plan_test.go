@@ -457,3 +457,34 @@ func TestAutoRehomeCandidates(t *testing.T) {
 		t.Fatalf("ripe: plan %v, want range 101 rehomed to us-west1", show(plan))
 	}
 }
+
+// TestPlanBalancesNoRangeWithAReplicaDown: while node 3 is down (not yet
+// past ReplaceAfter), balance moves no replica of a range or group that
+// has one on node 3, since the move's joint configuration would need a
+// quorum of the old voters and of the new, each with node 3 down; the
+// ranges whose replicas are all up still balance onto the empty node 5.
+func TestPlanBalancesNoRangeWithAReplicaDown(t *testing.T) {
+	down := live(3)
+	down.Live, down.SinceHeartbeatMs = false, 10_000
+	v := View{Nodes: []*directorypb.NodeLiveness{live(1), live(2), down, live(4), live(5)}, Leases: map[uint64]uint64{},
+		Ranges: []*pb.RangeDescriptor{rng(10, "a", 1, 2, 3), rng(11, "b", 1, 2, 3), rng(12, "c", 1, 2, 4), rng(13, "d", 1, 2, 4)},
+		Groups: []Group{{ID: 1, Voters: []uint64{1, 2, 3}, Settled: true}}}
+	plan := Plan(v, Config{MaxMoves: 2, ReplaceAfter: time.Minute})
+	for _, a := range plan {
+		if a.Kind == Move && a.Range.GetRangeId() < 12 || a.Kind == MoveGroup {
+			t.Fatalf("plan %v moves a replica of a range or group with one on down node 3", show(plan))
+		}
+	}
+	if len(plan) == 0 || plan[0].Kind != Move || plan[0].To != 5 {
+		t.Fatalf("plan %v; want ranges 12 and 13 balanced onto node 5", show(plan))
+	}
+	t.Logf("plan: %v", show(plan))
+
+	// No range can go: only the group whose voters are all up moves.
+	v.Ranges = v.Ranges[:2]
+	v.Groups = append(v.Groups, Group{ID: 2, Voters: []uint64{1, 2, 4}, Settled: true})
+	plan = Plan(v, Config{MaxMoves: 2, ReplaceAfter: time.Minute})
+	if len(plan) == 0 || slices.ContainsFunc(plan, func(a Action) bool { return a.Kind != MoveGroup || a.Group != 2 }) {
+		t.Fatalf("plan %v; want only group 2's replica moved", plan)
+	}
+}
