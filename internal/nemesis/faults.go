@@ -47,6 +47,7 @@ const (
 	faultMoveGroup     = "move an epoch/txn-state/directory group's replica under load"
 	faultLeaveBehind   = "kill a node and move a replica off it; restart it and its left-behind replica must be collected"
 	faultStarve        = "starve a range's follower or non-voter of the log while it answers reads"
+	faultMoveStarved   = "starve a range's follower of the log and move its replica off it; it keeps the replica until the range leaves the joint configuration"
 	faultMoveNonVoter  = "move a non-voting replica to another node of its region under load"
 	faultCutNonVoter   = "cut off the region of a non-voting replica; once healed it must serve again"
 	faultPlacement     = "change a placement rule under load"
@@ -64,7 +65,7 @@ var FaultKinds = []string{faultKillNode, faultKillLeader, faultCutRegion, faultD
 	faultSplit, faultSplitKill, faultMerge, faultMergeKill, faultMergeMove, faultDirectory, faultStall, faultStallBrief, faultPauseClose, faultRotateCerts,
 	faultTransferLease, faultMoveReplica, faultMoveKill, faultAddNode, faultDecommission, faultMoveGroup, faultLeaveBehind,
 	faultStarve, faultMoveNonVoter, faultCutNonVoter, faultPlacement, faultRehome, faultQuietKill, faultHoldSide, faultStarveLog,
-	faultDiskStall, faultDiskStallKill}
+	faultDiskStall, faultDiskStallKill, faultMoveStarved}
 
 // reshapes lists the faults after which the directories must agree with
 // the ranges (checkDirectories).
@@ -424,6 +425,16 @@ func (cp *campaign) faults(ctx context.Context, dbs []*client.DB) {
 					return err
 				}
 				cp.awaitCollected(ctx, killed, rangeID)
+				return nil
+			}
+		case faultMoveStarved:
+			starved, rangeID := cp.moveStarved(ctx, r, dbs[0], cp.splitKey(r), net.StarveLog)
+			if starved == 0 {
+				continue
+			}
+			heal = func() error {
+				net.Heal()
+				cp.awaitCollected(ctx, starved, rangeID)
 				return nil
 			}
 		case faultMoveKill:

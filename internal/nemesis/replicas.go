@@ -156,9 +156,67 @@ func (cp *campaign) leaveBehind(ctx context.Context, r *rand.Rand, db *client.DB
 	}
 }
 
+// moveStarved starves a follower of the range holding key of the Raft log
+// (starve) and moves its replica off it: the follower never learns of its
+// removal, yet answers the replica GC's questions all along, its
+// descriptor older than the others' from the moment the group enters the
+// joint configuration that removes it. Until the group has left that
+// configuration the follower is one of its outgoing voters, whose quorum
+// the group still needs, and it must keep its replica
+// (node/replicagc.go: leftRangeGroup); an anomaly is recorded if it is
+// gone while the leader's configuration still names it as one. It
+// returns the starved node and the range (0, 0: nothing was tried).
+func (cp *campaign) moveStarved(ctx context.Context, r *rand.Rand, db *client.DB, key []byte, starve func(node uint64)) (starved, rangeID uint64) {
+	d, from, to, ok := cp.pickMove(r, key)
+	id := d.GetRangeId()
+	if !ok || cp.c.Node(to) == nil || cp.c.Node(from) == nil || cp.c.Leader(id) == from || cp.c.Leader(id) == 0 {
+		return 0, 0
+	}
+	starve(from)
+	mctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			_, err := db.AdminMoveReplica(mctx, key, from, to)
+			switch {
+			case err == nil:
+				cp.count("replica moved off a follower starved of the log")
+				return
+			case mctx.Err() != nil || errors.Is(err, client.ErrMoveTarget):
+				cp.count("replica move off a follower starved of the log not made")
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	for {
+		// Whether the replica is gone first, then whether the leader's
+		// configuration names it: a configuration that still does, seen
+		// after, did before too.
+		n := cp.c.Node(from)
+		gone := n != nil && n.Range(id) == nil
+		if l := cp.c.Node(cp.c.Leader(id)); gone && l != nil {
+			if g := l.Group(id); g != nil {
+				if _, _, outgoing := g.Configuration(); slices.Contains(outgoing, from) {
+					cp.anomaly("node %d dropped its replica of range %d while the range's joint configuration still names it as a voter (outgoing %v)", from, id, outgoing)
+					<-done
+					return from, id
+				}
+			}
+		}
+		select {
+		case <-done:
+			return from, id
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // awaitCollected records an anomaly if node still hosts a replica of
 // range id that the range's newest descriptor does not name, collectBound
-// after its restart.
+// after the fault that left it behind ended.
 func (cp *campaign) awaitCollected(ctx context.Context, node, id uint64) {
 	deadline := time.Now().Add(collectBound)
 	for ctx.Err() == nil {
@@ -172,7 +230,7 @@ func (cp *campaign) awaitCollected(ctx context.Context, node, id uint64) {
 			return
 		}
 		if time.Now().After(deadline) {
-			cp.anomaly("node %d still hosts range %d %v after its restart; the range's replicas are %v (generation %d, the left-behind one's %d)",
+			cp.anomaly("node %d still hosts range %d %v after the fault ended; the range's replicas are %v (generation %d, the left-behind one's %d)",
 				node, id, collectBound, newest.GetReplicas(), newest.GetGeneration(), rep.Desc().GetGeneration())
 			return
 		}
