@@ -344,7 +344,7 @@ func TestReplaceWipedNode(t *testing.T) {
 	began := time.Now()
 	d := c.Dialer("us-east1")
 	for {
-		done := true
+		var pending []string // the groups not yet rebuilt, with their voters as seen
 		for _, g := range c.Topology.Groups {
 			var voters []uint64
 			if g.Kind == topology.KindRange {
@@ -355,14 +355,14 @@ func TestReplaceWipedNode(t *testing.T) {
 				voters = v.Voters
 			}
 			if len(voters) != 3 || slices.Contains(voters, 3) || !slices.Contains(voters, 6) {
-				done = false
+				pending = append(pending, fmt.Sprintf("%s %d: voters %v (leader %d)", g.Kind, g.ID, voters, c.Leader(g.ID)))
 			}
 		}
-		if done {
+		if len(pending) == 0 {
 			break
 		}
 		if ctx.Err() != nil {
-			t.Fatal("node 3's replicas were not rebuilt on the replacement")
+			t.Fatalf("node 3's replicas were not rebuilt on the replacement: %v", pending)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
