@@ -140,19 +140,29 @@ func (cp *campaign) leaveBehind(ctx context.Context, r *rand.Rand, db *client.DB
 		cp.anomaly("killing node %d: %v", from, err)
 		return 0, 0
 	}
+	// Moved or not (refused, or never through), the heal's check finds
+	// whatever was left behind.
+	cp.moveRetrying(ctx, db, key, from, to)
+	return from, d.GetRangeId()
+}
+
+// moveRetrying moves the replica of the range holding key from node from
+// to node to, again every 100 ms while the move fails in a way a retry may
+// mend (the lease was on a node that is down or starved, or a reply was
+// lost), for up to 15 s; it reports whether the move went through. A
+// refusal (the range changed, the target went down) is final.
+func (cp *campaign) moveRetrying(ctx context.Context, db *client.DB, key []byte, from, to uint64) bool {
 	mctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	for {
 		_, err := db.AdminMoveReplica(mctx, key, from, to)
 		switch {
 		case err == nil:
-			return from, d.GetRangeId()
+			return true
 		case mctx.Err() != nil || errors.Is(err, client.ErrMoveTarget):
-			// Refused (the range changed, the target went down) or never
-			// through: nothing is left behind, or the next check finds it.
-			return from, d.GetRangeId()
+			return false
 		}
-		time.Sleep(100 * time.Millisecond) // the lease was on the killed node, or a reply was lost
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -173,22 +183,13 @@ func (cp *campaign) moveStarved(ctx context.Context, r *rand.Rand, db *client.DB
 		return 0, 0
 	}
 	starve(from)
-	mctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for ctx.Err() == nil {
-			_, err := db.AdminMoveReplica(mctx, key, from, to)
-			switch {
-			case err == nil:
-				cp.count("replica moved off a follower starved of the log")
-				return
-			case mctx.Err() != nil || errors.Is(err, client.ErrMoveTarget):
-				cp.count("replica move off a follower starved of the log not made")
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
+		if cp.moveRetrying(ctx, db, key, from, to) {
+			cp.count("replica moved off a follower starved of the log")
+		} else {
+			cp.count("replica move off a follower starved of the log not made")
 		}
 	}()
 	for {

@@ -131,7 +131,7 @@ func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 		if r.Desc().GetGeneration() != d.GetGeneration() {
 			continue // a snapshot (a move bringing it back) just arrived
 		}
-		if !n.leftRangeGroup(ctx, r.ID(), d, nd) {
+		if !n.leftRangeGroup(ctx, r.ID(), nd) {
 			continue
 		}
 		slog.Info("replica GC: dropping a range replica a newer descriptor leaves out", "node", self, "range", d.GetRangeId(),
@@ -142,50 +142,43 @@ func (n *Node) gcRangeReplicas(ctx context.Context, region string) []uint64 {
 	return dropped
 }
 
-// leftRangeGroup reports whether this node's replica of range id, whose
-// descriptor is d, is out of the range's Raft group for good, now that the
-// newer descriptor nd leaves it out. A replica that is a voter of the
-// configuration it applied was removed through a joint configuration, and
-// the descriptor changes as the group enters it, before the group leaves
-// it: until then the group needs a quorum of the outgoing voters, this
-// one among them, to commit anything, leaving included. Dropped then (its
-// node not yet having applied the joint change, so that its descriptor is
-// older than the leader's), with another old voter down, it would leave
-// the range in the joint configuration for good, with no leader and no
-// lease. So a voter is dropped only once another replica (asked by
-// transport.LocateGroup) applied a configuration newer than its own that
-// is not joint and names it nowhere (leftForGood). A learner, or a replica
-// with no configuration yet, was removed by a single change: nd suffices.
-func (n *Node) leftRangeGroup(ctx context.Context, id uint64, d, nd *pb.RangeDescriptor) bool {
-	self := n.cfg.NodeID
+// leftRangeGroup reports whether this node's replica of range id is out
+// of the range's Raft group for good, now that the newer descriptor nd
+// leaves it out. A replica that is a voter of the configuration it applied
+// was removed through a joint configuration, and the descriptor changes as
+// the group enters it, before the group leaves it: until then the group
+// needs a quorum of the outgoing voters, this one among them, to commit
+// anything, leaving included. Dropped then (its node not yet having
+// applied the joint change, so that its descriptor is older than the
+// leader's), with another old voter down, it would leave the range in the
+// joint configuration for good, with no leader and no lease. So a voter is
+// dropped only once the nodes of nd's region show a configuration that
+// leaves it out (leftOut), as a group's replica is (gcGroupReplicas). A
+// learner, or a replica with no configuration yet, was removed by a single
+// change: nd suffices.
+func (n *Node) leftRangeGroup(ctx context.Context, id uint64, nd *pb.RangeDescriptor) bool {
 	rg := n.Group(id)
 	if rg == nil {
 		return true
 	}
 	index, voters, outgoing := rg.Configuration()
-	if !slices.Contains(voters, self) && !slices.Contains(outgoing, self) {
+	if !slices.Contains(voters, n.cfg.NodeID) && !slices.Contains(outgoing, n.cfg.NodeID) {
 		return true
-	}
-	var peers []uint64
-	for _, p := range slices.Concat(nd.GetReplicas(), nd.GetLearners(), nd.GetNonVoters(), d.GetReplicas()) {
-		if p != self && !slices.Contains(peers, p) {
-			peers = append(peers, p)
-		}
 	}
 	lctx, cancel := context.WithTimeout(ctx, replicaGCTimeout)
 	defer cancel()
-	v, err := transport.LocateGroup(lctx, n.dialer, id, peers)
-	return err == nil && leftForGood(self, index, v)
+	v, err := transport.LocateGroup(lctx, n.dialer, id, n.dialer.RegionNodes(nd.GetRegion(), nd.GetReplicas()))
+	return err == nil && leftOut(n.cfg.NodeID, index, v)
 }
 
-// leftForGood reports whether v, the newest configuration another replica
-// of a group applied, shows that replica self, a voter of the
-// configuration it applied at index, has left the group for good: v is
-// newer, is not joint, and names self neither as a voter nor as a learner.
-// An applied configuration is a committed one, so the joint configuration
-// that removed self has been left and no quorum needs self again.
-func leftForGood(self, index uint64, v transport.GroupView) bool {
-	return v.ConfIndex > index && !v.Joint && !slices.Contains(v.Voters, self) && !slices.Contains(v.Learners, self)
+// leftOut reports whether v, the newest configuration a group's replicas
+// applied, leaves replica self out for good, self having applied the one
+// made at index: v is newer and names self nowhere, as a voter of either
+// half of a joint configuration (v.Voters holds both) or as a learner.
+// An applied configuration is a committed one, so no quorum needs self
+// again.
+func leftOut(self, index uint64, v transport.GroupView) bool {
+	return v.ConfIndex > index && !slices.Contains(v.Voters, self) && !slices.Contains(v.Learners, self)
 }
 
 // directoryDescriptor returns the newest descriptor of d's range that a
@@ -228,7 +221,7 @@ func (n *Node) gcGroupReplicas(ctx context.Context) []uint64 {
 		lctx, cancel := context.WithTimeout(ctx, replicaGCTimeout)
 		v, err := transport.LocateGroup(lctx, n.dialer, h.g.ID, n.dialer.RegionNodes(h.g.Region, h.g.Replicas))
 		cancel()
-		if err != nil || v.ConfIndex <= index || slices.Contains(v.Voters, self) || slices.Contains(v.Learners, self) || h.rg.ConfIndex() != index {
+		if err != nil || !leftOut(self, index, v) || h.rg.ConfIndex() != index {
 			continue
 		}
 		slog.Info("replica GC: dropping a group replica a newer configuration leaves out", "node", self, "group", h.g.ID,
