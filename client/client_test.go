@@ -31,6 +31,23 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
+// retry runs f until it succeeds, while it fails in a way a loaded machine
+// explains (retryable, or with its outcome unknown: each f is idempotent),
+// until ctx ends; any other failure fails the test, as what.
+func retry(t *testing.T, ctx context.Context, what string, f func() error) {
+	t.Helper()
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil || !client.IsRetryable(err) && !errors.Is(err, client.ErrCommitUnknown) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func TestPutGetScanDeleteAcrossRanges(t *testing.T) {
 	_, db := startCluster(t, localcluster.Options{})
 	ctx := ctxT(t, 30*time.Second)

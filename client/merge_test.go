@@ -244,24 +244,9 @@ func TestAMergeWaitsForAMoveOfItsRange(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, 120*time.Second)
-	// retry runs f until it succeeds, while it fails in a way a loaded
-	// machine explains (each f is idempotent).
-	retry := func(what string, f func() error) {
-		t.Helper()
-		for {
-			err := f()
-			if err == nil {
-				return
-			}
-			if ctx.Err() != nil || !client.IsRetryable(err) && !errors.Is(err, client.ErrCommitUnknown) {
-				t.Fatalf("%s: %v", what, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
 	put := func(key string, v []byte) {
 		t.Helper()
-		retry("put "+key, func() error { _, err := db.Put(ctx, []byte(key), v); return err })
+		retry(t, ctx, "put "+key, func() error { _, err := db.Put(ctx, []byte(key), v); return err })
 	}
 	blob := make([]byte, 1<<20-64) // 32 MiB in range 10: its snapshot streams for about a second
 	for i := range 32 {
@@ -318,7 +303,7 @@ merging:
 	}
 	if moveErr != nil { // a loaded machine: finish the move through a client
 		t.Logf("the move at the leader: %v", moveErr)
-		retry("the move", func() error {
+		retry(t, ctx, "the move", func() error {
 			if slices.Contains(newestDesc(c, 10).GetReplicas(), 4) {
 				return nil
 			}
@@ -331,11 +316,11 @@ merging:
 		t.Fatal("no merge was attempted during the move")
 	}
 	if !mergedDuring { // colocates range 11 with range 10 first
-		retry("the merge after the move", func() error { _, err := db.AdminMerge(ctx, nil); return err })
+		retry(t, ctx, "the merge after the move", func() error { _, err := db.AdminMerge(ctx, nil); return err })
 	}
-	retry("moving the merged range's lease to node 4", func() error { _, _, err := db.AdminTransferLease(ctx, nil, 4); return err })
+	retry(t, ctx, "moving the merged range's lease to node 4", func() error { _, _, err := db.AdminTransferLease(ctx, nil, 4); return err })
 	var v []byte
-	retry("reading range 11's key", func() error {
+	retry(t, ctx, "reading range 11's key", func() error {
 		return db.Update(ctx, func(ctx context.Context, tx *client.Txn) (err error) {
 			v, _, err = tx.Get(ctx, []byte("n-register"))
 			return err

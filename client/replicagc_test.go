@@ -149,11 +149,8 @@ func TestLeftoverLearnerRemoved(t *testing.T) {
 	blob := make([]byte, 1<<20-64)
 	for i := range 24 {
 		_, _ = rand.Read(blob)
-		if err := db.Update(ctx, func(ctx context.Context, tx *client.Txn) error {
-			return tx.Put(ctx, []byte(fmt.Sprintf("n-blob-%02d", i)), blob)
-		}); err != nil {
-			t.Fatal(err)
-		}
+		key := fmt.Sprintf("n-blob-%02d", i)
+		retry(t, ctx, "put "+key, func() error { _, err := db.Put(ctx, []byte(key), blob); return err })
 	}
 	if err := c.JoinNode(4, "us-east1"); err != nil {
 		t.Fatal(err)
