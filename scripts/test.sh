@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The tests, under the race detector. The client package's tests (73 of them,
+# The tests, under the race detector. The client package's tests (78 of them,
 # each against real clusters of three to nine nodes in one process) take about
-# 8.5 min alone and are the most sensitive to a loaded machine: beside another
+# 8–9.5 min alone and are the most sensitive to a loaded machine: beside another
 # package's test binary on 2 cores, a cluster's goroutines waited long enough
 # for nodes to declare each other unresponsive. So it runs first, alone; then
 # every other package, as many at once as go test chooses. Extra arguments go
