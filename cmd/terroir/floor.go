@@ -215,5 +215,8 @@ func atLeader(means string, before, after runCost) string {
 	if r, ok := epochReadsBetween(before, after); ok {
 		out += fmt.Sprintf("; the nodes' epoch reads waited %.3f for their round, which took %.3f", r.waitMS, r.roundMS)
 	}
+	if s := readysBetween(before, after); s != "" {
+		out += "; per Raft Ready (every replica's, the floor's too): " + s
+	}
 	return out
 }

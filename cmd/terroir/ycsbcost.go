@@ -361,11 +361,20 @@ func epochReadsBetween(before, after runCost) (r epochReads, ok bool) {
 // samples: what a group's goroutine is busy with while proposals and
 // messages wait for it.
 func printReadys(before, after runCost) {
+	if s := readysBetween(before, after); s != "" {
+		fmt.Printf("per Raft Ready (every replica's), mean ms: %s\n", s)
+	}
+}
+
+// readysBetween says how long, in mean ms, the nodes' Raft Readys between
+// two samples took to make their appends durable and to apply committed
+// entries, with how many of each ("" if either is none).
+func readysBetween(before, after runCost) string {
 	syncs, applies := after.syncs-before.syncs, after.applies-before.applies
 	if syncs <= 0 || applies <= 0 {
-		return
+		return ""
 	}
-	fmt.Printf("per Raft Ready (every replica's), mean ms: durable append %.2f (%.0f), apply %.2f (%.0f)\n",
+	return fmt.Sprintf("durable append %.3f (%.0f), apply %.3f (%.0f)",
 		1e3*(after.syncSecs-before.syncSecs)/syncs, syncs, 1e3*(after.applySecs-before.applySecs)/applies, applies)
 }
 
