@@ -121,6 +121,9 @@ func open(dir string, nodeID uint64, o Options) (e *Engine, err error) {
 			_ = fsCloser.Close()
 		}
 	}()
+	if !o.plainWAL {
+		diskFS = walFillFS{diskFS} // under crashFS: a crash cuts Pebble's own writes (walfill.go)
+	}
 	var crash *crashFS
 	if o.Crashable {
 		crash = newCrashFS(diskFS)

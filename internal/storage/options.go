@@ -30,6 +30,9 @@ type Options struct {
 	// Crashable opens the store for fault campaigns: Crash can stop it,
 	// losing what a power loss would.
 	Crashable bool
+	// plainWAL leaves the WAL as Pebble writes it, without walFillFS: for
+	// BenchmarkSyncedCommit's comparison.
+	plainWAL bool
 }
 
 // OpenWith is Open with options: the cache's size, and whether the store
