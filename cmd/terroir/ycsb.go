@@ -44,8 +44,10 @@ It prints P50/P95/P99 per operation and the throughput, beside this machine's
 floor measured in the same run, and with --out writes ycsb-<workload>.json and
 .md there. On the embedded cluster it also prints what an operation cost: the
 process's CPU time, RPCs, Raft proposals and log syncs, the bytes the stores
-wrote (WAL, flushes, compactions) and how long their writes stalled; with
---every, each window prints its own CPU, disk writes and stalls. Each window
+wrote (WAL, flushes, compactions), the write requests the data directory's
+disk served (every process's, per operation and per second) and how long
+the stores' writes stalled; with --every, each window prints its own CPU,
+disk writes and stalls. Each window
 also prints the share of the machine's CPU the hypervisor took and the CPU
 time a fixed hash took (how fast the machine's CPUs ran that window), and
 the summary compares the last windows with the first per CPU left and at

@@ -10,6 +10,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/terroir-db/terroir/internal/experiment"
 	"github.com/terroir-db/terroir/internal/localcluster"
 )
 
@@ -54,6 +55,10 @@ type runCost struct {
 	// cumulative since the process started).
 	gcCPU, gcCycles float64
 	sched           *metrics.Float64Histogram
+	// device is what the block device of the cluster's data directory
+	// had written, by every process (deviceOK false: none, as on a tmpfs).
+	device   experiment.DeviceWrites
+	deviceOK bool
 	// byMethod is rpcs by RPC method (terroir_rpc_server_seconds'
 	// method label).
 	byMethod map[string]float64
@@ -87,6 +92,7 @@ func sampleCost(c *localcluster.Cluster) runCost {
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		out.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
+	out.device, out.deviceOK = experiment.ReadDeviceWrites(c.DataDir())
 	counted := map[string]*float64{
 		"terroir_rpc_server_seconds":                &out.rpcs,
 		"terroir_raft_proposals_total":              &out.proposals,
@@ -177,8 +183,8 @@ func printCost(before, after runCost, ops int64) {
 	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's), Raft messages %.2f (heartbeats %.2f)\n",
 		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs),
 		per(before.raftMsgs, after.raftMsgs), per(before.heartbeats, after.heartbeats))
-	fmt.Printf("per operation: disk writes %s (every store's); writes stalled %s in all; newest versions read from the cache %s\n",
-		diskPerOp(before, after, ops), stalledFor(before, after), rowCacheHits(before, after))
+	fmt.Printf("per operation: disk writes %s (every store's)%s; writes stalled %s in all; newest versions read from the cache %s\n",
+		diskPerOp(before, after, ops), deviceWrites(before, after, ops), stalledFor(before, after), rowCacheHits(before, after))
 	printRPCsByMethod(before.byMethod, after.byMethod, ops)
 	printStages(before.stages, after.stages)
 	printEpochReads(before, after)
@@ -247,6 +253,19 @@ func diskPerOp(before, after runCost, ops int64) string {
 	wal, fl, co := kib(before.wal, after.wal), kib(before.flushed, after.flushed), kib(before.compacted, after.compacted)
 	blob := kib(before.compactedBlob, after.compactedBlob)
 	return fmt.Sprintf("%.1f KiB (WAL %.1f, flushes %.1f, compactions %.1f, of which values rewritten %.1f)", wal+fl+co, wal, fl, co, blob)
+}
+
+// deviceWrites gives the write requests the data directory's block device
+// completed between two samples, per operation and per second, or "" when
+// either sample has none (experiment.DeviceWrites: this machine's disk
+// throttles write requests, issue 17).
+func deviceWrites(before, after runCost, ops int64) string {
+	secs := after.at.Sub(before.at).Seconds()
+	if !before.deviceOK || !after.deviceOK || ops <= 0 || secs <= 0 {
+		return ""
+	}
+	n := float64(after.device.Requests - before.device.Requests)
+	return fmt.Sprintf("; the device's write requests %.2f (%.0f/s, every process's)", n/float64(ops), n/secs)
 }
 
 // stalledFor is how long the stores' writes stalled between two samples,

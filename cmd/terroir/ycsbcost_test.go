@@ -4,9 +4,12 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/terroir-db/terroir/internal/experiment"
 )
 
 // The benches count every Raft message a node sent, and the heartbeats
@@ -54,5 +57,27 @@ func TestEpochReadsBetweenAreMeansOfTheDifference(t *testing.T) {
 	}
 	if _, ok := epochReadsBetween(runCost{epochReads: 1}, runCost{epochReads: 5, epochRounds: 0}); ok {
 		t.Error("a figure from no rounds")
+	}
+}
+
+func TestDeviceWritesArePerOperationAndPerSecond(t *testing.T) {
+	at := time.Now()
+	before := runCost{at: at, device: experiment.DeviceWrites{Requests: 1000}, deviceOK: true}
+	after := runCost{at: at.Add(2 * time.Second), device: experiment.DeviceWrites{Requests: 9000}, deviceOK: true}
+	if got, want := deviceWrites(before, after, 4000), "; the device's write requests 2.00 (4000/s, every process's)"; got != want {
+		t.Errorf("8000 requests over 2 s and 4000 operations: %q; want %q", got, want)
+	}
+	for name, tc := range map[string]struct {
+		before, after runCost
+		ops           int64
+	}{
+		"no device before":   {runCost{at: at}, after, 4000},
+		"no device after":    {before, runCost{at: at.Add(time.Second)}, 4000},
+		"no operation":       {before, after, 0},
+		"no time in between": {before, runCost{at: at, device: after.device, deviceOK: true}, 4000},
+	} {
+		if got := deviceWrites(tc.before, tc.after, tc.ops); got != "" {
+			t.Errorf("%s: %q; want nothing", name, got)
+		}
 	}
 }

@@ -94,8 +94,8 @@ func (w *windows) run(done <-chan struct{}) {
 			w.work = append(w.work, work)
 			if ops := h.Count(); w.cost != nil && ops > 0 {
 				c := w.cost()
-				line += fmt.Sprintf("; per operation CPU %.0f µs, RPCs %.2f, disk writes %s; writes stalled %s", float64(c.cpu-lastCost.cpu)/float64(time.Microsecond)/float64(ops),
-					(c.rpcs-lastCost.rpcs)/float64(ops), diskPerOp(lastCost, c, ops), stalledFor(lastCost, c))
+				line += fmt.Sprintf("; per operation CPU %.0f µs, RPCs %.2f, disk writes %s%s; writes stalled %s", float64(c.cpu-lastCost.cpu)/float64(time.Microsecond)/float64(ops),
+					(c.rpcs-lastCost.rpcs)/float64(ops), diskPerOp(lastCost, c, ops), deviceWrites(lastCost, c, ops), stalledFor(lastCost, c))
 				lastCost = c
 			}
 			fmt.Println(line)

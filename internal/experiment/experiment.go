@@ -99,6 +99,11 @@ type Result struct {
 	// Rounds is what the global epoch's rounds spent in each phase during
 	// the run.
 	Rounds RoundPhases
+	// Device is the write load on the block device of the cluster's data
+	// directory during the run, every process's (DeviceOK false: none
+	// measured, as on a tmpfs).
+	Device   DeviceLoad
+	DeviceOK bool
 }
 
 // SnapshotFigures are one snapshot mode's figures in a run.
@@ -209,6 +214,7 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	rounds := SampleRounds(c)
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
+	device := WatchDevice(runCtx, c.DataDir())
 	win := &window{}
 	win.reset()
 	var wg sync.WaitGroup
@@ -246,6 +252,8 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (*Result, err
 	}
 	err = runs.Wait()
 	wg.Wait()
+	cancel() // the run is over: stop watching the device
+	res.Device, res.DeviceOK = device()
 	res.Rounds = SampleRounds(c).since(rounds)
 	res.Rounds.FarthestRTT = c.Topology.FarthestPublisherRTT()
 	res.Rounds.MeasuredRTT = farRTT.Quantile(50)

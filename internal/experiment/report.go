@@ -88,6 +88,9 @@ func (r *Result) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "%-40s loopback round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n", "floor on this machine",
 			ms(r.RTT.Quantile(50)), ms(r.Fsync.Quantile(50)))
 	}
+	if r.DeviceOK {
+		fmt.Fprintf(w, "%-40s %s\n", "disk, every process's", r.Device)
+	}
 }
 
 // writeTargets prints the run's figures against issue 17's targets for
@@ -176,6 +179,9 @@ func (r *Result) WriteReport(dir string) (string, error) {
 	if r.RTT != nil {
 		fmt.Fprintf(&b, "- floor on this machine: loopback round trip P50 %s ms, fsync (4 KiB) P50 %s ms\n",
 			ms(r.RTT.Quantile(50)), ms(r.Fsync.Quantile(50)))
+	}
+	if r.DeviceOK {
+		fmt.Fprintf(&b, "- disk, every process's: %s\n", r.Device)
 	}
 	writeHomes(&b, r)
 	b.WriteString("\nThe paper ran each region's client on a dedicated VM with eRPC and data in DRAM; here every node and " +
