@@ -47,11 +47,10 @@ process's CPU time, RPCs, Raft proposals and log syncs, the bytes the stores
 wrote (WAL, flushes, compactions), the write requests the data directory's
 disk served (every process's, per operation and per second) and how long
 the stores' writes stalled; with --every, each window prints its own CPU,
-disk writes and stalls. Each window
-also prints the share of the machine's CPU the hypervisor took and the CPU
-time a fixed hash took (how fast the machine's CPUs ran that window), and
-the summary compares the last windows with the first per CPU left and at
-that speed.
+disk writes and stalls. Each window also prints the share of the
+machine's CPU the hypervisor took and the CPU time a fixed hash took (how
+fast the machine's CPUs ran that window), and the summary compares the
+last windows with the first per CPU left and at that speed.
 
 With --target-pids (the etcd members' processes) and --cluster-pids (the
 running cluster's node processes), it also prints each system's CPU time per
