@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/terroir-db/terroir/internal/transport"
@@ -45,50 +44,65 @@ func ReadAll(ctx context.Context, sources ...Source) ([]uint64, error) {
 // StartAll begins ReadAll's reads and returns the function that waits for
 // them and returns what ReadAll does, so a caller can work while the reads
 // are under way: a range leader looks up its write set's newest versions
-// (issue 17). Each read starts before StartAll returns, so the epochs are
-// at least those of its call (DESIGN.md §3.1). A *Reader's read joins its
-// next round with no goroutine of its own; any other Source is read on a
-// goroutine. The function must be called once, and it waits for every
-// read to end (ctx bounds them).
+// (issue 17). It is Begin with ctx bounding both the reads and the wait.
 func StartAll(ctx context.Context, sources ...Source) func() ([]uint64, error) {
-	out := make([]uint64, len(sources))
-	errs := make([]error, len(sources))
+	reading := Begin(ctx, sources...)
+	return func() ([]uint64, error) { return reading(ctx) }
+}
+
+// Reading waits, bounded by ctx, for the reads Begin started and returns
+// their epochs in the order of Begin's sources (a nil source reads as 0),
+// or the errors joined (ctx's for a read not answered when ctx ended). Call
+// it at most once.
+type Reading func(ctx context.Context) ([]uint64, error)
+
+// Begin starts ReadAll's reads of sources now and returns the Reading that
+// waits for them: each read starts before Begin returns, so the epochs are
+// at least those of its call (DESIGN.md §3.1), however much later the
+// Reading is called. ctx bounds the reads themselves. A *Reader's read
+// joins its next round with no goroutine of its own, and its answer waits
+// in a buffered channel until read, or is dropped with the Reading; any
+// other Source is read on a goroutine that ends with its read (ctx bounds
+// it). A Reading never called costs its reads and nothing more: a range
+// leader reads a transaction's epochs ahead, at its last lock, and may not
+// need them (issue 17).
+func Begin(ctx context.Context, sources ...Source) Reading {
 	started := make([]<-chan readResult, len(sources))
+	errs := make([]error, len(sources))
 	if len(sources) == 2 {
 		if a, ok := sources[0].(*Reader); ok && a.partner != nil && sources[1] == Source(a.partner) {
 			ch, err := a.start(true, true) // one joint round reads both (Pair)
-			return func() ([]uint64, error) {
+			return func(wctx context.Context) ([]uint64, error) {
 				if err != nil {
-					return out, err
+					return make([]uint64, 2), err
 				}
-				res := wait(ctx, ch)
-				out[0], out[1] = res.epoch, res.partner
-				return out, errors.Join(res.err, res.partnerErr)
+				res := wait(wctx, ch)
+				return []uint64{res.epoch, res.partner}, errors.Join(res.err, res.partnerErr)
 			}
 		}
 	}
-	var wg sync.WaitGroup
 	for i, src := range sources {
 		switch src := src.(type) {
 		case nil:
 		case *Reader:
 			started[i], errs[i] = src.start(true, false)
 		default:
-			wg.Add(1)
+			ch := make(chan readResult, 1)
+			started[i] = ch
 			go func() {
-				defer wg.Done()
-				out[i], errs[i] = ReadBackground(ctx, src)
+				e, err := ReadBackground(ctx, src)
+				ch <- readResult{epoch: e, err: err}
 			}()
 		}
 	}
-	return func() ([]uint64, error) {
+	return func(wctx context.Context) ([]uint64, error) {
+		out := make([]uint64, len(sources))
 		for i, ch := range started {
-			if ch != nil {
-				res := wait(ctx, ch)
+			if ch != nil && errs[i] == nil {
+				res := wait(wctx, ch)
 				out[i], errs[i] = res.epoch, res.err
 			}
 		}
-		wg.Wait()
 		return out, errors.Join(errs...)
 	}
 }

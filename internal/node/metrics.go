@@ -40,6 +40,7 @@ type metrics struct {
 	snapLock    *prometheus.HistogramVec // mode
 	lockWait    prometheus.Histogram
 	stage       *prometheus.HistogramVec // stage
+	readAhead   prometheus.Counter
 	closedLag   prometheus.Histogram
 	closes      *prometheus.CounterVec   // via
 	epochChange *prometheus.HistogramVec // kind
@@ -87,6 +88,9 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 			Name: "terroir_commit_stage_seconds", Help: "Time a one-phase commit spent at its range leader in each stage: locks (a one-shot's locks taken, waits included), epochs (the local and global epochs read, and beside them the write set's newest versions looked up), replicate (its writes proposed, committed and applied).",
 			Buckets: latencyBuckets,
 		}, []string{"stage"}),
+		readAhead: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "terroir_commit_epochs_read_ahead_total", Help: "One-phase commits at this node's range leaders whose epochs were read ahead, at the transaction's last Lock, rather than after the commit arrived (issue 17): an interactive write's commit waits no round of epoch reads.",
+		}),
 		closedLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "terroir_closed_epoch_lag_epochs", Help: "A range leader's closed-epoch lag each time it begins a close (DESIGN.md §13): its publisher's epoch minus the range's closed epoch. A follower read at the publisher's epoch e needs a lag of at most 1.",
 			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256},
@@ -117,7 +121,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	for p := range epoch.NumPhases {
 		m.phases[p] = m.epochRound.WithLabelValues(p.String())
 	}
-	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.stage, m.closedLag, m.closes, m.epochChange, m.epochRound,
+	reg.MustRegister(m.rpcs, m.txns, m.commit, m.snapEpoch, m.snapLock, m.lockWait, m.stage, m.readAhead, m.closedLag, m.closes, m.epochChange, m.epochRound,
 		goCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{n: n})
 	return m

@@ -112,7 +112,7 @@ func TestMetricsHealthAndReadiness(t *testing.T) {
 		`terroir_snapshot_read_epoch_wait_seconds_count{mode="regional"}`,
 		`terroir_lock_wait_seconds_count`,
 		`terroir_commit_stage_seconds_count{stage="locks"}`, `terroir_commit_stage_seconds_count{stage="epochs"}`,
-		`terroir_commit_stage_seconds_count{stage="replicate"}`,
+		`terroir_commit_stage_seconds_count{stage="replicate"}`, `terroir_commit_epochs_read_ahead_total`,
 		`terroir_epoch_advance_interval_seconds_count{kind="local-epoch"}`,
 		`terroir_raft_proposals_total`, `terroir_raft_entries_applied_total`, `terroir_raft_apply_seconds_count`,
 		`terroir_raft_append_sync_seconds_count`, `terroir_raft_leadership_changes_total`, `terroir_raft_leaders`,

@@ -344,7 +344,7 @@ func (n *Node) addRange(seed *pb.RangeDescriptor, start, joining bool) (*rangese
 		rangeserver.Config{Tick: rangeTick(top), EpochInterval: top.LocalEpochInterval, LeaseEpochs: top.RangeLeaseEpochs, LeaseRenewEpochs: top.RangeLeaseRenewEpochs, OrphanAfter: cmp.Or(n.cfg.OrphanAfter, top.OrphanAfter), QuietEpochs: top.QuietEpochs,
 			SplitSize: top.SplitSize, SplitQPS: top.SplitQPS, MergeSize: top.MergeSize, MergeQPS: top.MergeQPS, MergeDelay: top.MergeDelay, GCTTL: top.GCTTL, ClosedInterval: top.ClosedEpochInterval,
 			Sibling: n.rangeSrv.Sibling, PeerDescriptor: n.peerDescriptor, PeerTransferLease: n.peerTransferLease,
-			SideClose: n.side.Send, LockWait: n.metrics.lockWait, CommitStages: n.metrics.commitStages(), ClosedLag: n.metrics.closedLag, Closes: [2]prometheus.Counter{n.metrics.closes.WithLabelValues("log"), n.metrics.closes.WithLabelValues("side")}, AddReplica: n.addReplica, RemoveReplica: n.removeRemote,
+			SideClose: n.side.Send, LockWait: n.metrics.lockWait, CommitStages: n.metrics.commitStages(), EpochsReadAhead: n.metrics.readAhead, ClosedLag: n.metrics.closedLag, Closes: [2]prometheus.Counter{n.metrics.closes.WithLabelValues("log"), n.metrics.closes.WithLabelValues("side")}, AddReplica: n.addReplica, RemoveReplica: n.removeRemote,
 			Region: n.dialer.Self().Region, HomeOf: n.homeOf, PickVoters: n.pickVoters, Rehomed: n.writeRehomed})
 	sm.OnSplit(n.onSplit)
 	sm.OnMerge(n.onMerge)

@@ -201,7 +201,8 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	// A read-only transaction writes no version: the lease check is all it
 	// needs, and it skips the global epoch (except in the naive baseline,
 	// which reads it at every commit).
-	h := r.src() // one home throughout
+	home := r.home.Load() // one home throughout
+	h := home.Epochs
 	globalSrc := h.Publisher
 	naive := meta.GetCommitMode() == pb.CommitMode_COMMIT_MODE_NAIVE && h.Service != nil && h.Publisher != nil
 	switch {
@@ -213,9 +214,12 @@ func (r *Replica) CommitOnePhase(ctx context.Context, req *pb.OnePhaseRequest) (
 	// The newest versions of the write set cannot change while its
 	// exclusive locks are held: look them up while the epochs are read.
 	began := time.Now()
-	reading := epoch.StartAll(ctx, h.Local, globalSrc)
+	// A transaction whose locks came from its Locks had its epochs read
+	// ahead, at its last Lock (readahead.go).
+	ahead := !req.GetTakeLocks() && !naive && len(writes) > 0
+	reading := r.commitEpochs(ctx, l, home, meta.GetId(), ahead, globalSrc)
 	mv, mr, mvErr := r.maxVersionOf(writes)
-	epochs, err := reading()
+	epochs, err := reading(ctx)
 	r.observeStage(StageEpochs, began)
 	e, g := epochs[0], epochs[1]
 	if h.Publisher == nil && len(writes) > 0 {

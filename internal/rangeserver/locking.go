@@ -169,7 +169,11 @@ func (r *Replica) Lock(ctx context.Context, meta *pb.TxnMeta, key []byte) (uint6
 	if err != nil {
 		return 0, err
 	}
-	return r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive, false)
+	inc, err := r.lock(ctx, l, meta, locktable.Point(key), locktable.Exclusive, false)
+	if err == nil {
+		r.readAhead(l, meta) // the commit's epochs, should it come next (readahead.go)
+	}
+	return inc, err
 }
 
 // takeLocks serves a transaction whose whole body came in one request

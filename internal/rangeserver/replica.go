@@ -128,6 +128,9 @@ type Config struct {
 	// the epochs (and the write set's newest versions), and replicating its writes (proposal to applied; a commit
 	// with writes only). Nil entries observe nothing.
 	CommitStages [NumCommitStages]prometheus.Observer
+	// EpochsReadAhead, if set, counts the one-phase commits that used the
+	// epochs read ahead at their transaction's last Lock (readahead.go).
+	EpochsReadAhead prometheus.Counter
 	// ClosedLag, if set, observes the leader's closed-epoch lag each time
 	// it begins a close (DESIGN.md §13): the publisher's epoch minus the
 	// range's closed epoch, in epochs.

@@ -40,6 +40,8 @@ type leaderTxn struct {
 	incarnation uint64    // random per record: a recreated record has another
 	lastActive  time.Time // the coordinator's last operation or heartbeat here
 	waiting     int       // lock acquisitions under way: waiting is not silence
+	acquired    uint64    // lock acquisitions begun, ever: a read ahead counts only if none began after it (readahead.go)
+	ahead       *readAhead
 	state       txnState
 	resolving   bool
 }
@@ -102,6 +104,7 @@ func (tt *txnTable) acquire(ctx context.Context, meta *pb.TxnMeta, span locktabl
 	t, _ := tt.touch(meta, true)
 	tt.mu.Lock()
 	t.waiting++
+	t.acquired++
 	tt.mu.Unlock()
 	lt := lockTxn(meta)
 	lt.Waits = waits
