@@ -7,6 +7,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/locktable"
+	pb "github.com/terroir-db/terroir/internal/rangeserver/rangepb"
 )
 
 // fixedReading is a Reading that answers epochs at once.
@@ -23,18 +24,26 @@ func TestAReadAheadFollowsEveryLock(t *testing.T) {
 	defer cancel()
 	home, other := &Home{Region: "us-east1"}, &Home{Region: "us-west1"}
 	k := func(s string) locktable.Span { return locktable.Point([]byte(s)) }
-
-	t.Run("used after the last lock", func(t *testing.T) {
-		tt := newTxnTable(time.Now, 0)
-		m := meta(1, 10)
-		if _, err := tt.acquire(ctx, m, k("a"), locktable.Exclusive, false); err != nil {
+	lock := func(t *testing.T, tt *txnTable, m *pb.TxnMeta, key string) {
+		t.Helper()
+		if _, err := tt.acquire(ctx, m, k(key), locktable.Exclusive, false); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// lockedAhead is a table where txn 1 locked a and then read ahead.
+	lockedAhead := func(t *testing.T) (*txnTable, *pb.TxnMeta) {
+		tt, m := newTxnTable(time.Now, 0), meta(1, 10)
+		lock(t, tt, m, "a")
 		rec, seq, ok := tt.beginAhead(m.GetId())
 		if !ok {
 			t.Fatal("no read ahead after a granted lock")
 		}
 		tt.setAhead(rec, &readAhead{seq: seq, home: home, reading: fixedReading(5, 6)})
+		return tt, m
+	}
+
+	t.Run("used after the last lock", func(t *testing.T) {
+		tt, m := lockedAhead(t)
 		if got := tt.takeAhead(m.GetId(), home); got == nil {
 			t.Fatal("the read ahead that follows every lock was not offered to the commit")
 		}
@@ -46,43 +55,24 @@ func TestAReadAheadFollowsEveryLock(t *testing.T) {
 		}
 	})
 	t.Run("a later lock voids it", func(t *testing.T) {
-		tt := newTxnTable(time.Now, 0)
-		m := meta(1, 10)
-		if _, err := tt.acquire(ctx, m, k("a"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
-		rec, seq, _ := tt.beginAhead(m.GetId())
-		tt.setAhead(rec, &readAhead{seq: seq, home: home, reading: fixedReading(5, 6)})
-		if _, err := tt.acquire(ctx, m, k("b"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
+		tt, m := lockedAhead(t)
+		lock(t, tt, m, "b")
 		if got := tt.takeAhead(m.GetId(), home); got != nil {
 			t.Fatal("epochs read before the transaction's last lock were offered to its commit")
 		}
 	})
 	t.Run("a lock begun while the read began voids it", func(t *testing.T) {
-		tt := newTxnTable(time.Now, 0)
-		m := meta(1, 10)
-		if _, err := tt.acquire(ctx, m, k("a"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
+		tt, m := newTxnTable(time.Now, 0), meta(1, 10)
+		lock(t, tt, m, "a")
 		rec, seq, _ := tt.beginAhead(m.GetId())
-		if _, err := tt.acquire(ctx, m, k("b"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
+		lock(t, tt, m, "b")
 		tt.setAhead(rec, &readAhead{seq: seq, home: home, reading: fixedReading(5, 6)})
 		if got := tt.takeAhead(m.GetId(), home); got != nil {
 			t.Fatal("a read begun before the transaction's last lock was offered to its commit")
 		}
 	})
 	t.Run("another home voids it", func(t *testing.T) {
-		tt := newTxnTable(time.Now, 0)
-		m := meta(1, 10)
-		if _, err := tt.acquire(ctx, m, k("a"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
-		rec, seq, _ := tt.beginAhead(m.GetId())
-		tt.setAhead(rec, &readAhead{seq: seq, home: home, reading: fixedReading(5, 6)})
+		tt, m := lockedAhead(t)
 		if got := tt.takeAhead(m.GetId(), other); got != nil {
 			t.Fatal("epochs read in the range's former home were offered to a commit after a rehome")
 		}
@@ -90,12 +80,8 @@ func TestAReadAheadFollowsEveryLock(t *testing.T) {
 	t.Run("not while a lock is awaited", func(t *testing.T) {
 		tt := newTxnTable(time.Now, 0)
 		older, younger := meta(1, 10), meta(2, 20)
-		if _, err := tt.acquire(ctx, older, k("a"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tt.acquire(ctx, younger, k("b"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
+		lock(t, tt, older, "a")
+		lock(t, tt, younger, "b")
 		got := make(chan error, 1)
 		go func() { // the older waits for the younger's lock on b
 			_, err := tt.acquire(ctx, older, k("b"), locktable.Exclusive, false)
@@ -116,16 +102,11 @@ func TestAReadAheadFollowsEveryLock(t *testing.T) {
 		}
 	})
 	t.Run("a recreated record does not take it", func(t *testing.T) {
-		tt := newTxnTable(time.Now, 0)
-		m := meta(1, 10)
-		if _, err := tt.acquire(ctx, m, k("a"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
+		tt, m := newTxnTable(time.Now, 0), meta(1, 10)
+		lock(t, tt, m, "a")
 		rec, seq, _ := tt.beginAhead(m.GetId())
 		tt.release(m.GetId(), 0) // dropped (an orphan, say), then locking again
-		if _, err := tt.acquire(ctx, m, k("a"), locktable.Exclusive, false); err != nil {
-			t.Fatal(err)
-		}
+		lock(t, tt, m, "a")
 		tt.setAhead(rec, &readAhead{seq: seq, home: home, reading: fixedReading(5, 6)})
 		if got := tt.takeAhead(m.GetId(), home); got != nil {
 			t.Fatal("a read ahead for a dropped record was offered to its successor's commit")
