@@ -136,7 +136,12 @@ func checkStrictSerializability(t *testing.T, cfg ssRun) {
 		t.Fatalf("history of %d committed transactions is not strictly serializable (%v); visualization: %s", committed, res, path)
 	}
 	t.Logf("%d committed (%d of them snapshots, %d reads served by followers), %d unknown: strictly serializable", committed, snapshots, followerReads, unknown)
-	if cfg.followers && followerReads < snapshots/2 {
+	// A floor, not a measure: the chaos starves a follower and kills each
+	// leader, so many reads fall back to the leader, and on a loaded machine
+	// more do (CI once saw 17 of 40, under a floor of half). A quarter still
+	// puts ten or more follower-served reads in the checked history; with
+	// follower reads off there are none.
+	if cfg.followers && followerReads < snapshots/4 {
 		t.Fatalf("followers served %d reads of %d snapshots: the check shows little", followerReads, snapshots)
 	}
 }
