@@ -23,7 +23,7 @@ func benchYCSBCmd() *cobra.Command {
 	var f benchFlags
 	var conn connFlags
 	var workload, distribution, clusterPath, region, out, target, targetPids, clusterPids string
-	var versus bool
+	var versus, withFloor bool
 	var every time.Duration
 	var records, operations, clients, fieldCount, fieldLength, pairs int
 	var seed uint64
@@ -41,7 +41,7 @@ client's region, so every transaction is single-region.
 It runs against the embedded cluster of --config (default: examples/one-region.yaml
 in this process) or, with --cluster, against a running cluster of that topology.
 It prints P50/P95/P99 per operation and the throughput, beside this machine's
-floor measured in the same run, and with --out writes ycsb-<workload>.json and
+floor measured in the same run (--floor=false skips that), and with --out writes ycsb-<workload>.json and
 .md there. On the embedded cluster it also prints what an operation cost: the
 process's CPU time, RPCs, Raft proposals and log syncs, the bytes the stores
 wrote (WAL, flushes, compactions), the write requests the data directory's
@@ -116,7 +116,7 @@ operation of the run phase (user + system, summed over its processes, from
 				defer store.Close()
 				cfg.Keys = ycsb.KeySpace{Prefixes: [][]byte{[]byte("y-")}}
 				if pairs > 1 {
-					return runVersusInPairs(ctx, &f, &conn, clusterPath, region, pairs, pairSide{name: "etcd", store: store, keys: cfg.Keys, pids: etcdProcs}, terroirProcs, cfg, out)
+					return runVersusInPairs(ctx, &f, &conn, clusterPath, region, pairs, pairSide{name: "etcd", store: store, keys: cfg.Keys, pids: etcdProcs}, terroirProcs, cfg, out, withFloor)
 				}
 				res, cost, err := runYCSB(ctx, "etcd at "+strings.Join(endpoints, ","), store, cfg, nil, nil, etcdProcs, every)
 				if err != nil {
@@ -125,7 +125,7 @@ operation of the run phase (user + system, summed over its processes, from
 				results, costs, names = append(results, res), append(costs, cost), append(names, "etcd")
 			}
 			if target == "" || versus {
-				res, cost, err := runTerroirYCSB(ctx, &f, &conn, clusterPath, region, cfg, terroirProcs, every)
+				res, cost, err := runTerroirYCSB(ctx, &f, &conn, clusterPath, region, cfg, terroirProcs, every, withFloor)
 				if err != nil {
 					return err
 				}
@@ -158,6 +158,7 @@ operation of the run phase (user + system, summed over its processes, from
 	cmd.Flags().StringVar(&out, "out", "", "directory to write <target>-ycsb-<workload>.json and .md to")
 	cmd.Flags().StringVar(&target, "target", "", "run against etcd instead: etcd://host:port[,host:port...]")
 	cmd.Flags().DurationVar(&every, "every", 0, "also print the throughput and P50/P99 of every window of this length, and the last window against the second (steady state; 0: off)")
+	cmd.Flags().BoolVar(&withFloor, "floor", true, "on the embedded cluster, after the run: measure the machine's floor and one client's transactions against it (about 8 s; false skips it, for a quick run of a workload)")
 	cmd.Flags().IntVar(&pairs, "pairs", 1, "with --target and --versus-terroir: run each system for --duration in this many alternating slices (etcd, Terroir, etcd, ...), so both see the same minutes of the machine, and print each pair's throughput ratio")
 	cmd.Flags().BoolVar(&versus, "versus-terroir", false, "with --target: also run the same workload on Terroir (the embedded cluster, or --cluster) and print both side by side")
 	cmd.Flags().StringVar(&targetPids, "target-pids", "", "with --target: comma-separated pids of the target's server processes, to print their CPU time per operation")
@@ -213,9 +214,9 @@ func checkPairs(pairs int, versus bool, operations int, every time.Duration) err
 // runVersusInPairs runs cfg on etcd and on Terroir (a running cluster of
 // clusterPath whose node processes are terroirPids, or the embedded one
 // of f) in pairs alternating slices (runPairs), then reports them as
-// report does; on the embedded cluster it then measures the floor and one
-// client's transactions.
-func runVersusInPairs(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, pairs int, etcd pairSide, terroirPids []int, cfg ycsb.Config, out string) error {
+// report does; on the embedded cluster, with withFloor, it then measures
+// the floor and one client's transactions.
+func runVersusInPairs(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, pairs int, etcd pairSide, terroirPids []int, cfg ycsb.Config, out string, withFloor bool) error {
 	t, err := openTerroir(ctx, f, conn, clusterPath, region)
 	if err != nil {
 		return err
@@ -233,7 +234,7 @@ func runVersusInPairs(ctx context.Context, f *benchFlags, conn *connFlags, clust
 	if err := report(res[:], costs[:], []string{etcd.name, ter.name}, out); err != nil {
 		return err
 	}
-	if t.c != nil {
+	if t.c != nil && withFloor {
 		cfg.Keys = keys
 		return t.floorAndOneClient(ctx, cfg)
 	}
@@ -388,8 +389,9 @@ func (t *terroirTarget) keys() (ycsb.KeySpace, error) { return ycsb.RegionKeys(t
 
 // runTerroirYCSB runs cfg on a running cluster (clusterPath, whose node
 // processes are pids) or the embedded one of f, with keys homed in the
-// clients' region, and prints the machine's floor for the embedded one.
-func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config, pids []int, every time.Duration) (*ycsb.Result, *cpuPerOp, error) {
+// clients' region, and, with withFloor, prints the machine's floor and one
+// client's transactions against it for the embedded one.
+func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, clusterPath, region string, cfg ycsb.Config, pids []int, every time.Duration, withFloor bool) (*ycsb.Result, *cpuPerOp, error) {
 	t, err := openTerroir(ctx, f, conn, clusterPath, region)
 	if err != nil {
 		return nil, nil, err
@@ -399,7 +401,7 @@ func runTerroirYCSB(ctx context.Context, f *benchFlags, conn *connFlags, cluster
 		return nil, nil, err
 	}
 	res, cost, err := runYCSB(ctx, t.name(), ycsb.Terroir(t.db), cfg, t.c, t.remote, pids, every)
-	if err != nil || t.c == nil {
+	if err != nil || t.c == nil || !withFloor {
 		return res, cost, err
 	}
 	if err := t.floorAndOneClient(ctx, cfg); err != nil {
