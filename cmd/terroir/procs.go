@@ -10,8 +10,8 @@ import (
 )
 
 // extraProcs is how many Ps (Go's processors, GOMAXPROCS) the binary adds
-// to the runtime's default, the CPUs it may use, while goroutines queue
-// for them (internal/procs says why and when).
+// to the runtime's default, the CPUs it may use, while runnable goroutines
+// wait long for them (internal/procs says why and when).
 const extraProcs = 2
 
 // procsPolicy returns the policy the binary sizes its Ps by given the

@@ -374,7 +374,7 @@ func (n *Node) Gather() ([]*dto.MetricFamily, error) { return n.registry.Gather(
 // its election timeout, issue 17), the CPU the garbage collector spent
 // (go_cpu_classes_gc_total_cpu_seconds_total, in seconds), and the Go
 // processors the binary runs now (go_sched_gomaxprocs_threads, a gauge:
-// internal/procs adds some while goroutines queue).
+// internal/procs adds some while goroutines wait long for one).
 func goCollector() prometheus.Collector {
 	return collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
 		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)},

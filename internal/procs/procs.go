@@ -10,72 +10,90 @@
 // cost a process that is not that busy: the runtime wakes a thread to look
 // for work each time a goroutine becomes runnable while a P is idle, and an
 // idle three-region cluster of 9 nodes used 20.4–23.4% of a core with 4 Ps
-// against 17.9–18.1% with 2 (3 alternating pairs of `bench idle`).
+// against 17.9–18.1% with 2 (3 alternating pairs of `bench idle`); and
+// with more Ps than CPUs the operating system time-slices the threads, so
+// a lone client's chain of hand-offs (its request, the leader's handler,
+// the Raft append, the reply) waits for a CPU at each step: one client's
+// interactive write took 0.72–0.74 ms P50 with 4 Ps and 0.57–0.60 ms with
+// 2 on 2 CPUs.
 //
-// So a Controller keeps the runtime's default (base) while goroutines seldom
-// wait for a P, and adds extra Ps while they queue: it samples the count of
-// runnable goroutines (runtime/metrics) every SampleEvery, and at the end
-// of each window of WindowSamples samples moves by the window's mean (see
-// Policy): it raises as soon as one window's mean reaches a threshold,
-// and lowers once a second of windows stayed below a lower one.
+// So a Controller keeps the runtime's default (base) while goroutines wait
+// little for a P, and adds extra Ps while they wait long: at the end of
+// each Window it reads how long runnable goroutines waited before they ran
+// (the runtime's /sched/latencies histogram, over the window) and moves by
+// the window's mean wait (see Policy): it raises as soon as one window's
+// mean reaches a threshold, and lowers once a second of windows stayed
+// below a lower one. The mean wait, not the count of runnable goroutines:
+// a lone client's hand-offs keep one or two goroutines runnable at most
+// instants, each for 2–5 µs, as many as 16 clients' queue on a node of
+// three processes; under 16 clients on one process they waited 52–122 µs
+// with 2 Ps and 21–25 µs with 4.
 package procs
 
 import (
 	"log/slog"
+	"math"
 	"runtime"
 	"runtime/metrics"
 	"sync"
 	"time"
 )
 
-// SampleEvery is how often a Controller reads the count of runnable
-// goroutines: 10 ms.
-const SampleEvery = 10 * time.Millisecond
+// Window is how often a Controller reads the runtime's scheduling waits
+// and decides: 200 ms.
+const Window = 200 * time.Millisecond
 
-// WindowSamples is how many samples a Controller averages before it
-// decides: 20, a window of 200 ms.
-const WindowSamples = 20
-
-// runnableMetric is the runtime's count of goroutines ready to run but not
-// running (an approximate gauge; Go 1.26).
-const runnableMetric = "/sched/goroutines/runnable:goroutines"
+// latencyMetric is the runtime's histogram of the time goroutines spent
+// runnable before they ran (Go 1.26; it samples one scheduling in eight).
+const latencyMetric = "/sched/latencies:seconds"
 
 // Policy decides, at the end of each window, how many Ps the runtime should
-// have. It raises from Base to Base+Extra once a window's mean count of
-// runnable goroutines reaches RaiseAt, and lowers back to Base once
-// QuietWindows windows in a row each had a mean below LowerBelow. The gap
-// between the two keeps it from swinging: with twice the Ps, a load that
-// queued RaiseAt goroutines queues about half as many.
+// have. It raises from Base to Base+Extra once a window of at least
+// MinWaits waits had a mean wait of RaiseAt or more, and lowers back to
+// Base once QuietWindows windows in a row each had a mean below LowerBelow
+// (or too few waits to raise). The gap between the two keeps it from
+// swinging: with twice the Ps, a load whose goroutines waited RaiseAt
+// waits about half as long.
 type Policy struct {
-	Base, Extra  int     // Ps: the runtime's default, and how many it may add (≥ 0)
-	RaiseAt      float64 // goroutines: a window's mean that raises to Base+Extra
-	LowerBelow   float64 // goroutines: a window's mean that counts as quiet
-	QuietWindows int     // windows: how many quiet ones in a row lower to Base
+	Base, Extra  int           // Ps: the runtime's default, and how many it may add (≥ 0)
+	RaiseAt      time.Duration // a window's mean wait that raises to Base+Extra
+	LowerBelow   time.Duration // a window's mean wait that counts as quiet
+	MinWaits     uint64        // waits (as the runtime samples them) a window needs to raise
+	QuietWindows int           // windows: how many quiet ones in a row lower to Base
 }
 
 // DefaultPolicy is the policy for a runtime whose default is base Ps, with
-// extra more when busy: raise at a mean of base/2 runnable goroutines (1 on
-// 2 CPUs), lower after 1 s (5 windows) below base/4 (0.5). On 2 CPUs with 2
-// Ps a node serving its share of 16 clients as one of three `terroir start`
-// processes queued 0.65–2.3 goroutines, and gained from 4 Ps (throughput
-// against etcd 0.83–1.00× of always-4 while a threshold of 4 kept it at 2).
-// An idle cluster of 9 nodes in one process queues about as much: it ran
-// the extra Ps 10%, 96% and 83% of the time in three runs of `bench idle`.
+// extra more when busy: raise at a mean wait of 30 µs over at least 200
+// sampled waits (1 000 a second), lower after 1 s (5 windows) below 6 µs.
+// On 2 CPUs under 16 clients, one process of three nodes waited 52–122 µs
+// with 2 Ps (3 000–3 600 waits a window) and 21–25 µs with 4; a node of
+// three `terroir start` processes 24–48 µs with 2 as the load began
+// (200–390 waits) and 8–24 µs with 4 (430–690). One client's transactions
+// waited 2–5 µs with 2 Ps and 1–4 µs with 4. An idle process of 9 nodes
+// waited 7–23 µs with 4 over 220–300 waits a window, and so keeps the 4
+// its start raised it to, as it often did when the rule was the count of
+// runnable goroutines (the idle cluster then used 12% of a core with the
+// extra Ps and 10% without, against a target of 20%).
 func DefaultPolicy(base, extra int) Policy {
-	return Policy{Base: base, Extra: extra, RaiseAt: float64(base) / 2, LowerBelow: float64(base) / 4, QuietWindows: 5}
+	return Policy{Base: base, Extra: extra, RaiseAt: 30 * time.Microsecond, LowerBelow: 6 * time.Microsecond,
+		MinWaits: 200, QuietWindows: 5}
 }
 
-// Next returns the Ps after a window whose mean count of runnable goroutines
-// was runnable, given the Ps now and how many windows in a row before it
-// were quiet, with the quiet windows to carry into the next decision.
-func (p Policy) Next(now int, runnable float64, quiet int) (procs, quietAfter int) {
+// Next returns the Ps after a window whose goroutines waited wait on
+// average over waits sampled waits, given the Ps now and how many windows
+// in a row before it were quiet, with the quiet windows to carry into the
+// next decision.
+func (p Policy) Next(now int, wait time.Duration, waits uint64, quiet int) (procs, quietAfter int) {
+	if waits < p.MinWaits {
+		wait = 0 // too few to tell: quiet
+	}
 	if now <= p.Base {
-		if p.Extra > 0 && runnable >= p.RaiseAt {
+		if p.Extra > 0 && wait >= p.RaiseAt {
 			return p.Base + p.Extra, 0
 		}
 		return p.Base, 0
 	}
-	if runnable >= p.LowerBelow {
+	if wait >= p.LowerBelow {
 		return now, 0
 	}
 	if quiet+1 >= p.QuietWindows {
@@ -101,13 +119,13 @@ type Controller struct {
 }
 
 // Start sets the runtime to p.Base Ps and starts a Controller that moves
-// them as p says, sampling every SampleEvery. Where the runtime does not
-// report runnable goroutines it sets p.Base+p.Extra and moves nothing.
+// them as p says, deciding every Window. Where the runtime does not report
+// its scheduling waits it sets p.Base+p.Extra and moves nothing.
 func Start(p Policy) *Controller {
 	c := &Controller{policy: p, done: make(chan struct{})}
-	sample := []metrics.Sample{{Name: runnableMetric}}
+	sample := []metrics.Sample{{Name: latencyMetric}}
 	metrics.Read(sample)
-	if sample[0].Value.Kind() != metrics.KindUint64 {
+	if sample[0].Value.Kind() != metrics.KindFloat64Histogram {
 		c.set(p.Base + p.Extra)
 		return c
 	}
@@ -168,14 +186,14 @@ func (c *Controller) set(n int) {
 	c.procs = n
 }
 
-// run samples the runnable goroutines every SampleEvery and applies the
-// policy at the end of each window.
+// run reads the scheduling waits every Window and applies the policy to
+// the window's.
 func (c *Controller) run(sample []metrics.Sample) {
 	defer c.wg.Done()
-	tick := time.NewTicker(SampleEvery)
+	tick := time.NewTicker(Window)
 	defer tick.Stop()
-	var sum uint64
-	var n, quiet int
+	prev := append([]uint64(nil), sample[0].Value.Float64Histogram().Counts...)
+	quiet := 0
 	for {
 		select {
 		case <-c.done:
@@ -183,18 +201,47 @@ func (c *Controller) run(sample []metrics.Sample) {
 		case <-tick.C:
 		}
 		metrics.Read(sample)
-		sum += sample[0].Value.Uint64()
-		if n++; n < WindowSamples {
-			continue
-		}
+		h := sample[0].Value.Float64Histogram()
+		wait, waits := meanSince(h, prev)
+		prev = append(prev[:0], h.Counts...)
 		now := c.Procs()
-		mean := float64(sum) / float64(n)
-		next, q := c.policy.Next(now, mean, quiet)
-		sum, n, quiet = 0, 0, q
+		next, q := c.policy.Next(now, wait, waits, quiet)
+		quiet = q
 		if next == now {
 			continue
 		}
 		c.set(next)
-		slog.Debug("procs: moved the Go runtime's processors", "from", now, "to", next, "runnable_mean", mean)
+		slog.Debug("procs: moved the Go runtime's processors", "from", now, "to", next, "mean_wait", wait, "waits", waits)
 	}
+}
+
+// meanSince returns the mean and the count of the waits h holds beyond
+// prev (h's counts at an earlier read), each wait taken at its bucket's
+// middle (at a bound, for the bucket that is open on that side).
+func meanSince(h *metrics.Float64Histogram, prev []uint64) (time.Duration, uint64) {
+	var n uint64
+	var sum float64
+	for i, count := range h.Counts {
+		d := count
+		if i < len(prev) {
+			d -= prev[i]
+		}
+		if d == 0 {
+			continue
+		}
+		lo, hi := h.Buckets[i], h.Buckets[i+1]
+		mid := (lo + hi) / 2
+		switch {
+		case math.IsInf(lo, -1):
+			mid = max(hi, 0)
+		case math.IsInf(hi, 1):
+			mid = lo
+		}
+		n += d
+		sum += float64(d) * mid
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	return time.Duration(sum / float64(n) * float64(time.Second)), n
 }

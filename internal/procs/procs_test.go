@@ -1,7 +1,9 @@
 package procs
 
 import (
+	"math"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -9,49 +11,72 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestPolicyRaisesOnAQueueAndLowersAfterQuietWindows walks the policy
-// through windows' means: it raises at RaiseAt, holds through a window
-// between the thresholds (which resets the quiet count), and lowers only
-// after QuietWindows quiet windows in a row.
-func TestPolicyRaisesOnAQueueAndLowersAfterQuietWindows(t *testing.T) {
-	p := Policy{Base: 2, Extra: 2, RaiseAt: 4, LowerBelow: 1, QuietWindows: 5}
+// TestPolicyRaisesOnLongWaitsAndLowersAfterQuietWindows walks the policy
+// through windows' mean waits: it raises at RaiseAt, holds through a
+// window between the thresholds (which resets the quiet count), lowers
+// only after QuietWindows quiet windows in a row, and takes a window of
+// fewer than MinWaits waits as quiet, however long they were.
+func TestPolicyRaisesOnLongWaitsAndLowersAfterQuietWindows(t *testing.T) {
+	const us = time.Microsecond
+	p := Policy{Base: 2, Extra: 2, RaiseAt: 30 * us, LowerBelow: 10 * us, MinWaits: 100, QuietWindows: 5}
 	steps := []struct {
-		runnable float64
-		want     int
+		wait  time.Duration
+		waits uint64
+		want  int
 	}{
-		{0, 2}, {3.9, 2}, // below RaiseAt: stays at Base
-		{4, 4},             // raises
-		{0.5, 4}, {0.2, 4}, // quiet windows 1, 2
-		{1.5, 4},                                 // between the thresholds: not quiet, the count starts again
-		{0, 4}, {0, 4}, {0, 4}, {0, 4}, {0.9, 2}, // 5 quiet windows in a row: lowers
-		{3, 2}, {10, 4}, {0, 4}, {0, 4}, {0, 4}, {0, 4}, {0, 2},
+		{0, 0, 2}, {29 * us, 500, 2}, // below RaiseAt: stays at Base
+		{1000 * us, 99, 2},                 // too few waits to raise
+		{30 * us, 100, 4},                  // raises
+		{5 * us, 500, 4}, {2 * us, 500, 4}, // quiet windows 1, 2
+		{15 * us, 500, 4},                                                           // between the thresholds: not quiet, the count starts again
+		{0, 0, 4}, {0, 0, 4}, {9 * us, 500, 4}, {500 * us, 50, 4}, {9 * us, 500, 2}, // 5 quiet windows in a row (one of too few waits): lowers
+		{20 * us, 500, 2}, {100 * us, 500, 4}, {0, 0, 4}, {0, 0, 4}, {0, 0, 4}, {0, 0, 4}, {0, 0, 2},
 	}
 	procs, quiet := p.Base, 0
 	for i, s := range steps {
-		procs, quiet = p.Next(procs, s.runnable, quiet)
+		procs, quiet = p.Next(procs, s.wait, s.waits, quiet)
 		if procs != s.want {
-			t.Fatalf("window %d (mean %.1f): %d Ps; want %d", i, s.runnable, procs, s.want)
+			t.Fatalf("window %d (mean wait %v over %d waits): %d Ps; want %d", i, s.wait, s.waits, procs, s.want)
 		}
 	}
 }
 
 // TestPolicyWithoutExtraNeverMoves: a policy with no extra Ps keeps Base
-// however long goroutines queue.
+// however long goroutines wait.
 func TestPolicyWithoutExtraNeverMoves(t *testing.T) {
 	p := DefaultPolicy(2, 0)
-	if got, _ := p.Next(2, 100, 0); got != 2 {
-		t.Errorf("Next(2, 100, 0) = %d with no extra Ps; want 2", got)
+	if got, _ := p.Next(2, time.Second, 1e6, 0); got != 2 {
+		t.Errorf("Next(2, 1 s, 1e6 waits, 0) = %d with no extra Ps; want 2", got)
 	}
 }
 
-// TestControllerFollowsTheRuntimesQueue runs the controller on this test's
-// own runtime: goroutines that keep yielding queue on its one base P and
-// raise it to two; once they stop, it lowers back to one. Close stops its
-// goroutine.
-func TestControllerFollowsTheRuntimesQueue(t *testing.T) {
+// TestMeanSinceTakesTheNewWaitsOnly: the mean of a histogram's waits since
+// an earlier read counts only the waits added since, each at its bucket's
+// middle, and the open-ended buckets at their finite bound.
+func TestMeanSinceTakesTheNewWaitsOnly(t *testing.T) {
+	h := &metrics.Float64Histogram{
+		Buckets: []float64{math.Inf(-1), 0, 10e-6, 30e-6, math.Inf(1)},
+		Counts:  []uint64{0, 7, 3, 1},
+	}
+	prev := []uint64{0, 5, 3, 0}
+	// New: 2 waits in [0, 10 µs) at 5 µs, 1 in [30 µs, ∞) at 30 µs.
+	mean, n := meanSince(h, prev)
+	if n != 3 || mean != 40*time.Microsecond/3 {
+		t.Errorf("meanSince = %v over %d waits; want %v over 3", mean, n, 40*time.Microsecond/3)
+	}
+	if mean, n := meanSince(h, h.Counts); n != 0 || mean != 0 {
+		t.Errorf("meanSince with nothing new = %v over %d; want 0 over 0", mean, n)
+	}
+}
+
+// TestControllerFollowsTheRuntimesWaits runs the controller on this
+// test's own runtime: 16 goroutines that each work 50 µs between yields
+// wait about 750 µs for its one base P and raise it to two; once they
+// stop, it lowers back to one. Close stops its goroutine.
+func TestControllerFollowsTheRuntimesWaits(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
-	c := Start(Policy{Base: 1, Extra: 1, RaiseAt: 4, LowerBelow: 1, QuietWindows: 2})
+	c := Start(Policy{Base: 1, Extra: 1, RaiseAt: 200 * time.Microsecond, LowerBelow: 50 * time.Microsecond, MinWaits: 10, QuietWindows: 2})
 	defer c.Close()
 	if got := runtime.GOMAXPROCS(0); got != 1 {
 		t.Fatalf("after Start: GOMAXPROCS %d; want the base, 1", got)
@@ -68,6 +93,8 @@ func TestControllerFollowsTheRuntimesQueue(t *testing.T) {
 				case <-stop:
 					return
 				default:
+					for began := time.Now(); time.Since(began) < 50*time.Microsecond; {
+					}
 					runtime.Gosched()
 				}
 			}
@@ -77,19 +104,19 @@ func TestControllerFollowsTheRuntimesQueue(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	if !raised {
-		t.Fatalf("16 goroutines queued for 5 s and the controller kept %d Ps; want 2", c.Procs())
+		t.Fatalf("16 goroutines waited for a P for 5 s and the controller kept %d Ps; want 2", c.Procs())
 	}
 	if got := runtime.GOMAXPROCS(0); got != 2 {
 		t.Fatalf("the controller says it raised to 2 Ps; the runtime has %d", got)
 	}
 	if !waitFor(t, func() bool { return c.Procs() == 1 }) {
-		t.Fatalf("nothing queued for 5 s and the controller kept %d Ps; want 1", c.Procs())
+		t.Fatalf("nothing waited for 5 s and the controller kept %d Ps; want 1", c.Procs())
 	}
 	extra := c.ExtraTime()
-	if extra < WindowSamples*SampleEvery {
-		t.Errorf("ExtraTime() = %v after a raise and a lower; want at least the quiet windows' %v", extra, 2*WindowSamples*SampleEvery)
+	if extra < 2*Window {
+		t.Errorf("ExtraTime() = %v after a raise and a lower; want at least the quiet windows' %v", extra, 2*Window)
 	}
-	time.Sleep(2 * SampleEvery)
+	time.Sleep(Window / 10)
 	if again := c.ExtraTime(); again != extra {
 		t.Errorf("ExtraTime() grew from %v to %v at the base", extra, again)
 	}
