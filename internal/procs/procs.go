@@ -67,8 +67,11 @@ type Policy struct {
 // sampled waits (1 000 a second), lower after 1 s (5 windows) below 6 µs.
 // On 2 CPUs under 16 clients, one process of three nodes waited 52–122 µs
 // with 2 Ps (3 000–3 600 waits a window) and 21–25 µs with 4; a node of
-// three `terroir start` processes 24–48 µs with 2 as the load began
-// (200–390 waits) and 8–24 µs with 4 (430–690). One client's transactions
+// three `terroir start` processes 24–48 µs with 2 as the load began (it
+// raised at 34–48 µs over 390–790 waits) and mostly 13–24 µs with 4 over
+// 430–690, with single windows down to 3–8 µs (so the lower mark is 6 µs,
+// not 10: five such windows in a row would drop a loaded node to 2 Ps).
+// One client's transactions
 // waited 2–5 µs with 2 Ps and 1–4 µs with 4. An idle process of 9 nodes
 // waited 7–23 µs with 4 over 220–300 waits a window, and so keeps the 4
 // its start raised it to, as it often did when the rule was the count of
