@@ -12,6 +12,7 @@ import (
 
 	"github.com/terroir-db/terroir/internal/experiment"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/procs"
 )
 
 // runCost is what the embedded cluster and its driver had spent at one
@@ -204,12 +205,7 @@ func schedWaits(before, after *metrics.Float64Histogram) string {
 	if before == nil || after == nil || len(before.Counts) != len(after.Counts) {
 		return "(not sampled)"
 	}
-	counts := make([]uint64, len(after.Counts))
-	var total uint64
-	for i := range counts {
-		counts[i] = after.Counts[i] - before.Counts[i]
-		total += counts[i]
-	}
+	counts, total := procs.CountsSince(after, before.Counts)
 	if total == 0 {
 		return "(no samples)"
 	}

@@ -71,12 +71,12 @@ type Policy struct {
 // raised at 34–48 µs over 390–790 waits) and mostly 13–24 µs with 4 over
 // 430–690, with single windows down to 3–8 µs (so the lower mark is 6 µs,
 // not 10: five such windows in a row would drop a loaded node to 2 Ps).
-// One client's transactions
-// waited 2–5 µs with 2 Ps and 1–4 µs with 4. An idle process of 9 nodes
-// waited 7–23 µs with 4 over 220–300 waits a window, and so keeps the 4
-// its start raised it to, as it often did when the rule was the count of
-// runnable goroutines (the idle cluster then used 12% of a core with the
-// extra Ps and 10% without, against a target of 20%).
+// One client's transactions waited 2–5 µs with 2 Ps and 1–4 µs with 4.
+// An idle process of 9 nodes waited 7–23 µs with 4 over 220–300 waits a
+// window, and so keeps the 4 its start raised it to, as it often did when
+// the rule was the count of runnable goroutines (the idle cluster then
+// used 12% of a core with the extra Ps and 10% without, against a target
+// of 20%).
 func DefaultPolicy(base, extra int) Policy {
 	return Policy{Base: base, Extra: extra, RaiseAt: 30 * time.Microsecond, LowerBelow: 6 * time.Microsecond,
 		MinWaits: 200, QuietWindows: 5}
@@ -208,8 +208,8 @@ func (c *Controller) run(sample []metrics.Sample) {
 		wait, waits := meanSince(h, prev)
 		prev = append(prev[:0], h.Counts...)
 		now := c.Procs()
-		next, q := c.policy.Next(now, wait, waits, quiet)
-		quiet = q
+		var next int
+		next, quiet = c.policy.Next(now, wait, waits, quiet)
 		if next == now {
 			continue
 		}
@@ -222,13 +222,12 @@ func (c *Controller) run(sample []metrics.Sample) {
 // prev (h's counts at an earlier read), each wait taken at its bucket's
 // middle (at a bound, for the bucket that is open on that side).
 func meanSince(h *metrics.Float64Histogram, prev []uint64) (time.Duration, uint64) {
-	var n uint64
+	counts, n := CountsSince(h, prev)
+	if n == 0 {
+		return 0, 0
+	}
 	var sum float64
-	for i, count := range h.Counts {
-		d := count
-		if i < len(prev) {
-			d -= prev[i]
-		}
+	for i, d := range counts {
 		if d == 0 {
 			continue
 		}
@@ -240,11 +239,23 @@ func meanSince(h *metrics.Float64Histogram, prev []uint64) (time.Duration, uint6
 		case math.IsInf(hi, 1):
 			mid = lo
 		}
-		n += d
 		sum += float64(d) * mid
 	}
-	if n == 0 {
-		return 0, 0
-	}
 	return time.Duration(sum / float64(n) * float64(time.Second)), n
+}
+
+// CountsSince returns, for each bucket of h (a cumulative runtime/metrics
+// histogram, such as /sched/latencies:seconds), how many values it gained
+// since prev, h's counts at an earlier read (nil: since the start), and
+// their total.
+func CountsSince(h *metrics.Float64Histogram, prev []uint64) (counts []uint64, total uint64) {
+	counts = make([]uint64, len(h.Counts))
+	for i, c := range h.Counts {
+		if i < len(prev) {
+			c -= prev[i]
+		}
+		counts[i] = c
+		total += c
+	}
+	return counts, total
 }
