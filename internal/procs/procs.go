@@ -23,11 +23,12 @@
 // (the runtime's /sched/latencies histogram, over the window) and moves by
 // the window's mean wait (see Policy): it raises as soon as one window's
 // mean reaches a threshold, and lowers once a second of windows stayed
-// below a lower one. The mean wait, not the count of runnable goroutines:
-// a lone client's hand-offs keep one or two goroutines runnable at most
-// instants, each for 2–5 µs, as many as 16 clients' queue on a node of
-// three processes; under 16 clients on one process they waited 52–122 µs
-// with 2 Ps and 21–25 µs with 4.
+// below a lower one, or every few seconds for one window to see whether
+// the default is enough (a probe). The mean wait, not the count of
+// runnable goroutines: a lone client's hand-offs keep one or two
+// goroutines runnable at most instants, each for 2–5 µs, as many as 16
+// clients' queue on a node of three processes; under 16 clients on one
+// process they waited 52–122 µs with 2 Ps and 21–25 µs with 4.
 package procs
 
 import (
@@ -51,58 +52,72 @@ const latencyMetric = "/sched/latencies:seconds"
 // have. It raises from Base to Base+Extra once a window of at least
 // MinWaits waits had a mean wait of RaiseAt or more, and lowers back to
 // Base once QuietWindows windows in a row each had a mean below LowerBelow
-// (or too few waits to raise). The gap between the two keeps it from
-// swinging: with twice the Ps, a load whose goroutines waited RaiseAt
-// waits about half as long.
+// (or too few waits to raise), or, to probe, once it has run ProbeAfter
+// windows above Base: whether Base is enough is known only by running it,
+// since the waits with the extra Ps do not tell a load that needs them
+// from one that the extra Ps themselves slow down. A probe that finds the
+// waits long with Base raises again at the end of its window. The gap
+// between the two thresholds keeps it from swinging: with twice the Ps, a
+// load whose goroutines waited RaiseAt waits about half as long.
 type Policy struct {
 	Base, Extra  int           // Ps: the runtime's default, and how many it may add (≥ 0)
 	RaiseAt      time.Duration // a window's mean wait that raises to Base+Extra
 	LowerBelow   time.Duration // a window's mean wait that counts as quiet
 	MinWaits     uint64        // waits (as the runtime samples them) a window needs to raise
 	QuietWindows int           // windows: how many quiet ones in a row lower to Base
+	ProbeAfter   int           // windows: how many in a row above Base lower to Base for one (0: never)
 }
 
 // DefaultPolicy is the policy for a runtime whose default is base Ps, with
 // extra more when busy: raise at a mean wait of 30 µs over at least 200
-// sampled waits (1 000 a second), lower after 1 s (5 windows) below 6 µs.
+// sampled waits (1 000 a second), lower after 1 s (5 windows) below 6 µs,
+// and probe Base after 5 s (25 windows) above it.
 // On 2 CPUs under 16 clients, one process of three nodes waited 52–122 µs
 // with 2 Ps (3 000–3 600 waits a window) and 21–25 µs with 4; a node of
 // three `terroir start` processes 24–48 µs with 2 as the load began (it
 // raised at 34–48 µs over 390–790 waits) and mostly 13–24 µs with 4 over
 // 430–690, with single windows down to 3–8 µs (so the lower mark is 6 µs,
 // not 10: five such windows in a row would drop a loaded node to 2 Ps).
-// One client's transactions waited 2–5 µs with 2 Ps and 1–4 µs with 4.
-// An idle process of 9 nodes waited 7–23 µs with 4 over 220–300 waits a
-// window, and so keeps the 4 its start raised it to, as it often did when
-// the rule was the count of runnable goroutines (the idle cluster then
-// used 12% of a core with the extra Ps and 10% without, against a target
-// of 20%).
+// One client's writes waited 2–7 µs with 2 Ps, but 6–9 µs (over about
+// 2 000 waits a window) with the 4 a load before it had raised: above the
+// lower mark, so without the probe a lone client kept 4 Ps and its
+// writes took 0.72–0.73 ms P50 against 0.64–0.66 with 2. An idle process
+// of 9 nodes waited 7–23 µs with 4 over 220–300 waits a window, and kept
+// 4 until the probe.
 func DefaultPolicy(base, extra int) Policy {
 	return Policy{Base: base, Extra: extra, RaiseAt: 30 * time.Microsecond, LowerBelow: 6 * time.Microsecond,
-		MinWaits: 200, QuietWindows: 5}
+		MinWaits: 200, QuietWindows: 5, ProbeAfter: 25}
+}
+
+// State is what a Policy carries from one window's decision to the next.
+type State struct {
+	Quiet int // windows in a row above Base whose mean wait was quiet
+	Above int // windows in a row above Base
 }
 
 // Next returns the Ps after a window whose goroutines waited wait on
-// average over waits sampled waits, given the Ps now and how many windows
-// in a row before it were quiet, with the quiet windows to carry into the
-// next decision.
-func (p Policy) Next(now int, wait time.Duration, waits uint64, quiet int) (procs, quietAfter int) {
+// average over waits sampled waits, given the Ps now and the state the
+// decision before it returned, with the state to carry into the next.
+func (p Policy) Next(now int, wait time.Duration, waits uint64, s State) (int, State) {
 	if waits < p.MinWaits {
 		wait = 0 // too few to tell: quiet
 	}
 	if now <= p.Base {
 		if p.Extra > 0 && wait >= p.RaiseAt {
-			return p.Base + p.Extra, 0
+			return p.Base + p.Extra, State{}
 		}
-		return p.Base, 0
+		return p.Base, State{}
 	}
-	if wait >= p.LowerBelow {
-		return now, 0
+	above := s.Above + 1
+	switch {
+	case p.ProbeAfter > 0 && above >= p.ProbeAfter:
+		return p.Base, State{} // a probe: the next window says whether Base is enough
+	case wait >= p.LowerBelow:
+		return now, State{Above: above}
+	case s.Quiet+1 >= p.QuietWindows:
+		return p.Base, State{}
 	}
-	if quiet+1 >= p.QuietWindows {
-		return p.Base, 0
-	}
-	return now, quiet + 1
+	return now, State{Quiet: s.Quiet + 1, Above: above}
 }
 
 // Controller moves the runtime's Ps as its Policy says until Close. It owns
@@ -196,7 +211,7 @@ func (c *Controller) run(sample []metrics.Sample) {
 	tick := time.NewTicker(Window)
 	defer tick.Stop()
 	prev := append([]uint64(nil), sample[0].Value.Float64Histogram().Counts...)
-	quiet := 0
+	var state State
 	for {
 		select {
 		case <-c.done:
@@ -209,7 +224,7 @@ func (c *Controller) run(sample []metrics.Sample) {
 		prev = append(prev[:0], h.Counts...)
 		now := c.Procs()
 		var next int
-		next, quiet = c.policy.Next(now, wait, waits, quiet)
+		next, state = c.policy.Next(now, wait, waits, state)
 		if next == now {
 			continue
 		}

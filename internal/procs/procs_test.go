@@ -19,11 +19,7 @@ import (
 func TestPolicyRaisesOnLongWaitsAndLowersAfterQuietWindows(t *testing.T) {
 	const us = time.Microsecond
 	p := Policy{Base: 2, Extra: 2, RaiseAt: 30 * us, LowerBelow: 10 * us, MinWaits: 100, QuietWindows: 5}
-	steps := []struct {
-		wait  time.Duration
-		waits uint64
-		want  int
-	}{
+	steps := []step{
 		{0, 0, 2}, {29 * us, 500, 2}, // below RaiseAt: stays at Base
 		{1000 * us, 99, 2},                 // too few waits to raise
 		{30 * us, 100, 4},                  // raises
@@ -32,21 +28,60 @@ func TestPolicyRaisesOnLongWaitsAndLowersAfterQuietWindows(t *testing.T) {
 		{0, 0, 4}, {0, 0, 4}, {9 * us, 500, 4}, {500 * us, 50, 4}, {9 * us, 500, 2}, // 5 quiet windows in a row (one of too few waits): lowers
 		{20 * us, 500, 2}, {100 * us, 500, 4}, {0, 0, 4}, {0, 0, 4}, {0, 0, 4}, {0, 0, 4}, {0, 0, 2},
 	}
-	procs, quiet := p.Base, 0
+	walk(t, p, steps)
+}
+
+// step is one window of a walk: its mean wait and waits, and the Ps the
+// policy should choose after it.
+type step struct {
+	wait  time.Duration
+	waits uint64
+	want  int
+}
+
+// walk feeds p the windows of steps in turn, from Base, and fails at the
+// first whose Ps differ from its want.
+func walk(t *testing.T, p Policy, steps []step) {
+	t.Helper()
+	procs, state := p.Base, State{}
 	for i, s := range steps {
-		procs, quiet = p.Next(procs, s.wait, s.waits, quiet)
+		procs, state = p.Next(procs, s.wait, s.waits, state)
 		if procs != s.want {
 			t.Fatalf("window %d (mean wait %v over %d waits): %d Ps; want %d", i, s.wait, s.waits, procs, s.want)
 		}
 	}
 }
 
+// TestPolicyProbesBaseAfterProbeAfterWindows: above Base, a policy with
+// ProbeAfter lowers to Base after that many windows in a row, however
+// long the waits were (a lone client's 6–9 µs, between the thresholds,
+// kept the extra Ps forever without it); the probe's window raises again
+// if its waits reach RaiseAt, and the count starts again from the raise.
+// Lowering for quiet windows resets the count too.
+func TestPolicyProbesBaseAfterProbeAfterWindows(t *testing.T) {
+	const us = time.Microsecond
+	p := Policy{Base: 2, Extra: 2, RaiseAt: 30 * us, LowerBelow: 6 * us, MinWaits: 100, QuietWindows: 3, ProbeAfter: 4}
+	walk(t, p, []step{
+		{40 * us, 500, 4},                                       // raises
+		{8 * us, 2000, 4}, {9 * us, 2000, 4}, {7 * us, 2000, 4}, // between the thresholds: held
+		{8 * us, 2000, 2},                    // the fourth window above Base: a probe
+		{5 * us, 2000, 2}, {4 * us, 2000, 2}, // Base is enough: it stays
+		{60 * us, 3000, 4}, // a load: raises
+		{25 * us, 3000, 4}, {22 * us, 3000, 4}, {20 * us, 3000, 4},
+		{21 * us, 3000, 2},                                                          // a probe under the load
+		{70 * us, 3000, 4},                                                          // Base is not enough: back up at once
+		{1 * us, 3000, 4}, {1 * us, 3000, 4}, {24 * us, 3000, 4}, {8 * us, 3000, 2}, // counted from the raise: the fourth probes
+		{40 * us, 500, 4}, {1 * us, 500, 4}, {1 * us, 500, 4}, {1 * us, 500, 2}, // three quiet windows lower first
+		{40 * us, 500, 4}, {9 * us, 500, 4}, {9 * us, 500, 4}, {9 * us, 500, 4}, {9 * us, 500, 2}, // and the count started again after it
+	})
+}
+
 // TestPolicyWithoutExtraNeverMoves: a policy with no extra Ps keeps Base
 // however long goroutines wait.
 func TestPolicyWithoutExtraNeverMoves(t *testing.T) {
 	p := DefaultPolicy(2, 0)
-	if got, _ := p.Next(2, time.Second, 1e6, 0); got != 2 {
-		t.Errorf("Next(2, 1 s, 1e6 waits, 0) = %d with no extra Ps; want 2", got)
+	if got, _ := p.Next(2, time.Second, 1e6, State{}); got != 2 {
+		t.Errorf("Next(2, 1 s, 1e6 waits, State{}) = %d with no extra Ps; want 2", got)
 	}
 }
 
