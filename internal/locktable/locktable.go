@@ -37,6 +37,10 @@ import (
 // requester must abort and retry (wait-die). It is retryable.
 var ErrWouldDie = errors.New("locktable: conflict with an older transaction")
 
+// ErrWouldWait is returned by TryAcquire where Acquire would wait: a
+// younger transaction holds a conflicting lock. Nothing was taken or queued.
+var ErrWouldWait = errors.New("locktable: the lock is held by a younger transaction")
+
 // ErrInvalidSpan is returned for a range whose end sorts before its start.
 var ErrInvalidSpan = errors.New("locktable: range end before start")
 
@@ -166,6 +170,18 @@ func New() *Table {
 //
 // An inverted range fails with ErrInvalidSpan; an empty range [k, k) locks nothing.
 func (t *Table) Acquire(ctx context.Context, txn Txn, span Span, mode Mode) error {
+	return t.acquire(ctx, txn, span, mode)
+}
+
+// TryAcquire is Acquire that never waits: where Acquire would wait, it
+// returns ErrWouldWait, having taken and queued nothing. A caller that
+// would wait bounded by contexts it must make can make them only then.
+func (t *Table) TryAcquire(txn Txn, span Span, mode Mode) error {
+	return t.acquire(nil, txn, span, mode)
+}
+
+// acquire is Acquire, or with a nil ctx TryAcquire.
+func (t *Table) acquire(ctx context.Context, txn Txn, span Span, mode Mode) error {
 	if !span.isPoint() {
 		switch c := bytes.Compare(span.Key, span.EndKey); {
 		case c > 0:
@@ -191,6 +207,10 @@ func (t *Table) Acquire(ctx context.Context, txn Txn, span Span, mode Mode) erro
 			t.grant(txn, span, mode)
 			t.mu.Unlock()
 			return nil
+		}
+		if ctx == nil {
+			t.mu.Unlock()
+			return ErrWouldWait
 		}
 		if err := t.park(ctx, &waiter{txn: txn, span: span, mode: mode, wake: make(chan struct{})}); err != nil {
 			return err

@@ -87,6 +87,36 @@ func TestYoungerDiesOlderWaits(t *testing.T) {
 	}
 }
 
+// TestTryAcquireNeverWaits: TryAcquire grants what Acquire would grant at
+// once, dies where it would die, and where Acquire would wait returns
+// ErrWouldWait with nothing taken or queued.
+func TestTryAcquireNeverWaits(t *testing.T) {
+	tb := New()
+	k := Point([]byte("k"))
+	if err := tb.TryAcquire(txn(5), k, Exclusive); err != nil {
+		t.Fatalf("free key: TryAcquire = %v, want it granted", err)
+	}
+	if !tb.Holds(txn(5).ID, k, Exclusive) {
+		t.Fatal("TryAcquire returned nil and holds nothing")
+	}
+	if err := tb.TryAcquire(txn(9), k, Shared); !errors.Is(err, ErrWouldDie) {
+		t.Fatalf("younger than the holder: TryAcquire = %v, want ErrWouldDie", err)
+	}
+	if err := tb.TryAcquire(txn(2), k, Exclusive); !errors.Is(err, ErrWouldWait) {
+		t.Fatalf("older than the holder: TryAcquire = %v, want ErrWouldWait", err)
+	}
+	if tb.Waiters() != 0 || tb.Holds(txn(2).ID, k, Shared) {
+		t.Fatalf("after ErrWouldWait: %d waiters, txn 2 holds %v; want none queued, nothing held", tb.Waiters(), tb.Holds(txn(2).ID, k, Shared))
+	}
+	if err := tb.TryAcquire(txn(2), rng("z", "a"), Shared); !errors.Is(err, ErrInvalidSpan) {
+		t.Fatalf("inverted span: TryAcquire = %v, want ErrInvalidSpan", err)
+	}
+	tb.ReleaseAll(txn(5).ID)
+	if err := tb.TryAcquire(txn(2), k, Exclusive); err != nil {
+		t.Fatalf("after the holder released: TryAcquire = %v, want it granted", err)
+	}
+}
+
 func TestYoungerWaitsForPreparedHolder(t *testing.T) {
 	tb := New()
 	mustAcquire(t, tb, txn(5), Point([]byte("k")), Exclusive)

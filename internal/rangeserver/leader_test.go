@@ -54,6 +54,11 @@ func TestNextLease(t *testing.T) {
 	}
 }
 
+// waitUnder is a txnTable.acquire wait func whose waits are bounded by ctx.
+func waitUnder(ctx context.Context) func() (context.Context, context.CancelFunc) {
+	return func() (context.Context, context.CancelFunc) { return ctx, func() {} }
+}
+
 // TestOrphansFollowTheClock drives the transaction table's orphan decision
 // with a fake clock (DESIGN.md §10): silence past the bound makes an orphan,
 // a heartbeat or a lock wait under way does not, a prepared transaction is
@@ -67,7 +72,7 @@ func TestOrphansFollowTheClock(t *testing.T) {
 	active, beating, prepared, waiter := meta(1, 10), meta(2, 20), meta(3, 30), meta(4, 5)
 	incs := map[byte]uint64{}
 	for _, m := range []*pb.TxnMeta{active, beating, prepared} {
-		inc, err := tt.acquire(ctx, m, locktable.Point([]byte{m.GetId()[15]}), locktable.Exclusive, false)
+		inc, err := tt.acquire(m, locktable.Point([]byte{m.GetId()[15]}), locktable.Exclusive, false, waitUnder(ctx))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +84,7 @@ func TestOrphansFollowTheClock(t *testing.T) {
 	// The older waiter waits for the beating transaction's lock.
 	acquired := make(chan error, 1)
 	go func() {
-		_, err := tt.acquire(ctx, waiter, locktable.Point([]byte{2}), locktable.Exclusive, false)
+		_, err := tt.acquire(waiter, locktable.Point([]byte{2}), locktable.Exclusive, false, waitUnder(ctx))
 		acquired <- err
 	}()
 	for tt.locks.Waiters() == 0 {
@@ -242,11 +247,11 @@ func TestYoungerWaitsForAOnePhaseCommit(t *testing.T) {
 	defer cancel()
 	older, younger := meta(1, 10), meta(2, 20)
 	k := locktable.Point([]byte("k"))
-	inc, err := tt.acquire(ctx, older, k, locktable.Exclusive, false)
+	inc, err := tt.acquire(older, k, locktable.Exclusive, false, waitUnder(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tt.acquire(ctx, younger, k, locktable.Exclusive, false); !errors.Is(err, ErrConflict) {
+	if _, err := tt.acquire(younger, k, locktable.Exclusive, false, waitUnder(ctx)); !errors.Is(err, ErrConflict) {
 		t.Fatalf("younger against an executing holder: %v, want ErrConflict", err)
 	}
 	if err := tt.startCommit(older, []*pb.Write{{Key: []byte("k")}}, 1, inc, txnCommitting); err != nil {
@@ -254,7 +259,7 @@ func TestYoungerWaitsForAOnePhaseCommit(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() {
-		_, err := tt.acquire(ctx, younger, k, locktable.Exclusive, false)
+		_, err := tt.acquire(younger, k, locktable.Exclusive, false, waitUnder(ctx))
 		got <- err
 	}()
 	for tt.locks.Waiters() == 0 {

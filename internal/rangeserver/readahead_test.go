@@ -26,7 +26,7 @@ func TestAReadAheadFollowsEveryLock(t *testing.T) {
 	k := func(s string) locktable.Span { return locktable.Point([]byte(s)) }
 	lock := func(t *testing.T, tt *txnTable, m *pb.TxnMeta, key string) {
 		t.Helper()
-		if _, err := tt.acquire(ctx, m, k(key), locktable.Exclusive, false); err != nil {
+		if _, err := tt.acquire(m, k(key), locktable.Exclusive, false, waitUnder(ctx)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -84,7 +84,7 @@ func TestAReadAheadFollowsEveryLock(t *testing.T) {
 		lock(t, tt, younger, "b")
 		got := make(chan error, 1)
 		go func() { // the older waits for the younger's lock on b
-			_, err := tt.acquire(ctx, older, k("b"), locktable.Exclusive, false)
+			_, err := tt.acquire(older, k("b"), locktable.Exclusive, false, waitUnder(ctx))
 			got <- err
 		}()
 		for tt.locks.Waiters() == 0 {

@@ -95,12 +95,14 @@ func (tt *txnTable) touch(meta *pb.TxnMeta, create bool) (*leaderTxn, error) {
 	return t, nil
 }
 
-// acquire takes a lock for meta's transaction, waiting (bounded by ctx) under
-// wait-die (or for anyone, with waits: locktable.Txn.Waits), and returns the
-// incarnation of the record that holds it. While it waits the transaction
-// is not an orphan. Errors: ErrConflict (wait-die chose it to die) or ctx's
-// error.
-func (tt *txnTable) acquire(ctx context.Context, meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode, waits bool) (uint64, error) {
+// acquire takes a lock for meta's transaction, waiting (bounded by the
+// context wait returns) under wait-die (or for anyone, with waits:
+// locktable.Txn.Waits), and returns the incarnation of the record that
+// holds it. wait is called only if the lock is not free at once (most
+// are), and its cancel func once the wait is over. While it waits the
+// transaction is not an orphan. Errors: ErrConflict (wait-die chose it to
+// die) or the wait context's error.
+func (tt *txnTable) acquire(meta *pb.TxnMeta, span locktable.Span, mode locktable.Mode, waits bool, wait func() (context.Context, context.CancelFunc)) (uint64, error) {
 	t, _ := tt.touch(meta, true)
 	tt.mu.Lock()
 	t.waiting++
@@ -108,7 +110,12 @@ func (tt *txnTable) acquire(ctx context.Context, meta *pb.TxnMeta, span locktabl
 	tt.mu.Unlock()
 	lt := lockTxn(meta)
 	lt.Waits = waits
-	err := tt.locks.Acquire(ctx, lt, span, mode)
+	err := tt.locks.TryAcquire(lt, span, mode)
+	if errors.Is(err, locktable.ErrWouldWait) {
+		ctx, cancel := wait()
+		err = tt.locks.Acquire(ctx, lt, span, mode)
+		cancel()
+	}
 	tt.mu.Lock()
 	t.waiting--
 	tt.mu.Unlock()
@@ -179,18 +186,16 @@ func (tt *txnTable) startCommit(meta *pb.TxnMeta, writes []*pb.Write, lockCount 
 
 // relock re-creates, under a new lease, the records and exclusive locks of
 // every prepared transaction. Prepared transactions never share a key
-// exclusively, so no acquisition can wait; a canceled context makes sure.
+// exclusively, so no acquisition can wait (TryAcquire makes sure).
 // It returns the keys it could not lock (none, unless the records disagree).
 func (tt *txnTable) relock(prepared []*pb.PreparedRecord) (failed [][]byte) {
-	noWait, cancel := context.WithCancel(context.Background())
-	cancel()
 	now := tt.now()
 	tt.mu.Lock()
 	defer tt.mu.Unlock()
 	for _, rec := range prepared {
 		lt := lockTxn(rec.GetTxn())
 		for _, w := range rec.GetWrites() {
-			if err := tt.locks.Acquire(noWait, lt, locktable.Point(w.GetKey()), locktable.Exclusive); err != nil {
+			if err := tt.locks.TryAcquire(lt, locktable.Point(w.GetKey()), locktable.Exclusive); err != nil {
 				failed = append(failed, w.GetKey())
 			}
 		}
