@@ -16,6 +16,7 @@ import (
 )
 
 func main() {
+	tuneGC()
 	startProcs()
 	code := runCLI(os.Args[1:], os.Stdout, os.Stderr)
 	stopProcs()
