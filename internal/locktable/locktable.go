@@ -37,9 +37,11 @@ import (
 // requester must abort and retry (wait-die). It is retryable.
 var ErrWouldDie = errors.New("locktable: conflict with an older transaction")
 
-// ErrWouldWait is returned by TryAcquire where Acquire would wait: a
-// younger transaction holds a conflicting lock. Nothing was taken or queued.
-var ErrWouldWait = errors.New("locktable: the lock is held by a younger transaction")
+// ErrWouldWait is returned by TryAcquire where Acquire would wait: another
+// transaction holds or awaits a conflicting lock that the request may wait
+// for (a younger one under wait-die, anyone for a Txn.Waits request).
+// Nothing was taken or queued.
+var ErrWouldWait = errors.New("locktable: the lock would have to be waited for")
 
 // ErrInvalidSpan is returned for a range whose end sorts before its start.
 var ErrInvalidSpan = errors.New("locktable: range end before start")
