@@ -81,9 +81,11 @@ type Policy struct {
 // One client's writes waited 2–7 µs with 2 Ps, but 6–9 µs (over about
 // 2 000 waits a window) with the 4 a load before it had raised: above the
 // lower mark, so without the probe a lone client kept 4 Ps and its
-// writes took 0.72–0.73 ms P50 against 0.64–0.66 with 2. An idle process
+// writes took 0.71–0.73 ms P50 against 0.64–0.66 with 2. An idle process
 // of 9 nodes waited 7–23 µs with 4 over 220–300 waits a window, and kept
-// 4 until the probe.
+// 4 until the probe; after one, its waits with 2 sometimes reach 30 µs
+// (many groups' timers fire together), so it runs 4 for 56–84% of the
+// time, not all of it.
 func DefaultPolicy(base, extra int) Policy {
 	return Policy{Base: base, Extra: extra, RaiseAt: 30 * time.Microsecond, LowerBelow: 6 * time.Microsecond,
 		MinWaits: 200, QuietWindows: 5, ProbeAfter: 25}
