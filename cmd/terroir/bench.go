@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"sync"
 	"time"
 
@@ -20,9 +21,9 @@ import (
 )
 
 func benchCmd() *cobra.Command {
-	var cpuProfile string
-	var profileAfter time.Duration
-	var prof *delayedProfile
+	var cpuProfile, traceFile string
+	var profileAfter, traceAfter time.Duration
+	var profs []*delayedProfile
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmarks on an embedded cluster; figures are P50/P99 from HDR histograms",
@@ -30,66 +31,34 @@ func benchCmd() *cobra.Command {
 			if err := cmd.Root().PersistentPreRunE(cmd, args); err != nil {
 				return err
 			}
-			if cpuProfile == "" {
-				return nil
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				profs = append(profs, startProfileAfter(f, profileAfter, pprof.StartCPUProfile, pprof.StopCPUProfile))
 			}
-			f, err := os.Create(cpuProfile)
-			if err != nil {
-				return err
+			if traceFile != "" {
+				f, err := os.Create(traceFile)
+				if err != nil {
+					return err
+				}
+				profs = append(profs, startProfileAfter(f, traceAfter, trace.Start, trace.Stop))
 			}
-			prof = startProfileAfter(f, profileAfter)
 			return nil
 		},
 		PersistentPostRun: func(*cobra.Command, []string) {
-			if prof != nil {
-				prof.stop()
+			for _, p := range profs {
+				p.stop()
 			}
 		},
 	}
 	cmd.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	cmd.PersistentFlags().DurationVar(&profileAfter, "cpuprofile-after", 0, "start the CPU profile this long after the benchmark starts, e.g. 15m: a long run's later minutes alone (with --cpuprofile)")
+	cmd.PersistentFlags().StringVar(&traceFile, "trace", "", "write a Go execution trace of the run to this file (go tool trace; -pprof=sched gives where goroutines waited to run)")
+	cmd.PersistentFlags().DurationVar(&traceAfter, "trace-after", 0, "start the execution trace this long after the benchmark starts (with --trace)")
 	cmd.AddCommand(benchRaftCmd(), benchEpochCmd(), benchYCSBCmd(), benchPaperCmd(), benchCompareCmd(), benchSplitCmd(), benchRebalanceCmd(), benchSnapshotCmd(), benchGCCmd(), benchTLSCmd(), benchGeoCmd(), benchIdleCmd())
 	return cmd
-}
-
-// delayedProfile is a CPU profile written to f from after a delay until
-// stop (an empty file if the run ended first).
-type delayedProfile struct {
-	f       *os.File
-	timer   *time.Timer
-	mu      sync.Mutex
-	started bool
-	stopped bool
-}
-
-// startProfileAfter starts profiling into f after d (at once for d ≤ 0).
-func startProfileAfter(f *os.File, d time.Duration) *delayedProfile {
-	p := &delayedProfile{f: f}
-	p.timer = time.AfterFunc(max(d, 0), func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.stopped {
-			return
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "bench: the CPU profile did not start:", err)
-			return
-		}
-		p.started = true
-	})
-	return p
-}
-
-// stop ends the profile (or keeps it from starting) and closes its file.
-func (p *delayedProfile) stop() {
-	p.timer.Stop()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.stopped = true
-	if p.started {
-		pprof.StopCPUProfile()
-	}
-	_ = p.f.Close()
 }
 
 // benchFlags are shared by every benchmark.
