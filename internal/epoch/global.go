@@ -206,13 +206,15 @@ func (g *Global) loop() {
 		}
 		g.idleWait(last, asked)
 		began = time.Now()
-		if err := g.advance(e); err != nil {
+		committed, err := g.advance(e)
+		if err != nil {
 			if !errors.Is(err, context.Canceled) {
 				slog.Debug("global epoch: advance failed", "epoch", e, "err", err)
 			}
 			continue
 		}
 		last = time.Now()
+		g.observe(PhaseAdvanceCommit, committed.Sub(began))
 		g.observe(PhaseAdvance, last.Sub(began))
 	}
 }
@@ -224,23 +226,25 @@ func (g *Global) observe(p Phase, d time.Duration) {
 	}
 }
 
-// advance durably advances the service from e to e+1. It certifies e+1
-// meanwhile: the replicas asked answer as soon as they apply it, so
-// certify has nothing left to wait for unless a majority had not applied
-// e+1 by then. Errors: the proposal's.
-func (g *Global) advance(e uint64) error {
+// advance durably advances the service from e to e+1 and returns when
+// the service's leader had applied it (its proposal returned). It
+// certifies e+1 meanwhile: the replicas asked answer as soon as they apply
+// it, so certify has nothing left to wait for unless a majority had not
+// applied e+1 by then. Errors: the proposal's.
+func (g *Global) advance(e uint64) (committed time.Time, _ error) {
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
 	certified := make(chan error, 1)
 	go func() { certified <- g.quorum.AtLeast(ctx, e+1) }()
 	_, err := g.group.Propose(ctx, EncodeAdvance(e))
+	committed = time.Now()
 	if err != nil {
 		cancel()
 	}
 	if cerr := <-certified; err == nil && cerr == nil {
 		g.certified = max(g.certified, e+1)
 	}
-	return err
+	return committed, err
 }
 
 // certify returns once a majority of the service's replicas has applied e,

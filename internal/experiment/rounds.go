@@ -77,7 +77,8 @@ func (r RoundPhases) since(earlier RoundPhases) RoundPhases {
 }
 
 // write prints the phases' means: the service's publish (the farthest
-// publisher's RTT and its commit and certify) and advance.
+// publisher's RTT and its commit and certify) and advance (its commit and
+// certify).
 func (r RoundPhases) write(w io.Writer) {
 	if r.Count[epoch.PhasePublish] == 0 {
 		return
@@ -86,7 +87,8 @@ func (r RoundPhases) write(w io.Writer) {
 	if r.MeasuredRTT > 0 {
 		measured = ", measured under the run's load P50 " + ms(r.MeasuredRTT)
 	}
-	fmt.Fprintf(w, "%-40s publish %s (farthest publisher's RTT %s%s; at a publisher: commit %s, certify %s), advance %s\n",
+	advance, commit := r.Mean(epoch.PhaseAdvance), r.Mean(epoch.PhaseAdvanceCommit)
+	fmt.Fprintf(w, "%-40s publish %s (farthest publisher's RTT %s%s; at a publisher: commit %s, certify %s), advance %s (commit %s, certify %s)\n",
 		"global epoch round, mean ms", ms(r.Mean(epoch.PhasePublish)), ms(r.FarthestRTT), measured,
-		ms(r.Mean(epoch.PhasePublisherCommit)), ms(r.Mean(epoch.PhasePublisherCertify)), ms(r.Mean(epoch.PhaseAdvance)))
+		ms(r.Mean(epoch.PhasePublisherCommit)), ms(r.Mean(epoch.PhasePublisherCertify)), ms(advance), ms(commit), ms(max(advance-commit, 0)))
 }

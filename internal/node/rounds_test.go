@@ -13,9 +13,9 @@ import (
 // topology (the service in us-central1; publishers 31 and 37 ms away) the
 // nodes' terroir_global_epoch_round_seconds shows each round's publish
 // taking at least the farthest publisher's RTT, the advance less than
-// that, and the publishers' own commit and certify within the publish
-// less its nearest RTT: what an operator reads to see where the global
-// epoch's interval goes.
+// that and its commit a part of it, and the publishers' own commit and
+// certify within the publish less its nearest RTT: what an operator reads
+// to see where the global epoch's interval goes.
 func TestGlobalEpochRoundPhasesExplainTheInterval(t *testing.T) {
 	c := startServing(t, "../../examples/three-regions.yaml", localcluster.Options{})
 	const rounds = 10
@@ -31,8 +31,8 @@ func TestGlobalEpochRoundPhasesExplainTheInterval(t *testing.T) {
 	count, mean := r.Count, r.Mean
 	publish, advance := mean(epoch.PhasePublish), mean(epoch.PhaseAdvance)
 	at := mean(epoch.PhasePublisherCommit) + mean(epoch.PhasePublisherCertify)
-	t.Logf("phases %v: publish %v, advance %v, at a publisher: commit %v, certify %v", count, publish, advance,
-		mean(epoch.PhasePublisherCommit), mean(epoch.PhasePublisherCertify))
+	t.Logf("phases %v: publish %v, advance %v (commit %v), at a publisher: commit %v, certify %v", count, publish, advance,
+		mean(epoch.PhaseAdvanceCommit), mean(epoch.PhasePublisherCommit), mean(epoch.PhasePublisherCertify))
 	farthest, nearest := c.Topology.FarthestPublisherRTT(), c.Topology.RTT("us-central1", "us-east1")
 	if farthest != 37*time.Millisecond || nearest != 31*time.Millisecond {
 		t.Fatalf("the topology's RTTs from the service: farthest publisher %v, nearest %v; want 37 and 31 ms", farthest, nearest)
@@ -42,6 +42,12 @@ func TestGlobalEpochRoundPhasesExplainTheInterval(t *testing.T) {
 	}
 	if advance <= 0 || advance >= publish {
 		t.Errorf("mean advance %v, want above 0 and below the mean publish %v: the service commits in its own region", advance, publish)
+	}
+	// Every advance observed its commit, a part of it, just before it (a
+	// sample may land between the two).
+	if n, commit := count[epoch.PhaseAdvanceCommit], mean(epoch.PhaseAdvanceCommit); n < count[epoch.PhaseAdvance] || n > count[epoch.PhaseAdvance]+1 || commit <= 0 || commit > advance {
+		t.Errorf("%d advance commits of mean %v for %d advances of mean %v: want one each, within it",
+			count[epoch.PhaseAdvanceCommit], commit, count[epoch.PhaseAdvance], advance)
 	}
 	// Both publishers acknowledged every publish the service observed,
 	// each after observing its own phases; the nodes are sampled one after
