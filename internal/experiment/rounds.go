@@ -9,11 +9,19 @@ import (
 
 	"github.com/terroir-db/terroir/internal/epoch"
 	"github.com/terroir-db/terroir/internal/localcluster"
+	"github.com/terroir-db/terroir/internal/topology"
 )
 
 // roundMetric is the nodes' histogram of the global epoch's round phases
 // (epoch.RoundObserver, node metrics).
 const roundMetric = "terroir_global_epoch_round_seconds"
+
+// The raftgroup histograms of a node's durable appends (its fsyncs) and
+// applies, over all its replicas.
+const (
+	appendSyncMetric = "terroir_raft_append_sync_seconds"
+	applyMetric      = "terroir_raft_apply_seconds"
+)
 
 // RoundPhases is what the global epoch's rounds spent in each phase over
 // a run (epoch.Phase, DESIGN.md §7), from every node's
@@ -28,12 +36,37 @@ type RoundPhases struct {
 	// FarthestRTT is the largest round trip between the service and a
 	// publisher (topology.FarthestPublisherRTT).
 	FarthestRTT time.Duration
+	// ServiceSync and ServiceApply are the durable appends (each an
+	// fsync) and the applies of the nodes holding a replica of the global
+	// epoch service, over all their replicas: what the advance's commit
+	// waits for on its leader and followers.
+	ServiceSync, ServiceApply Summed
 	// MeasuredRTT is the P50 of a Ping from the service's region to the
 	// farthest publisher's region during the run (0: not measured): the
 	// configured delay plus what the loaded machine adds to any call, its
 	// timers' lateness and the loopback call itself, which a publish pays
 	// too.
 	MeasuredRTT time.Duration
+}
+
+// Summed is a histogram's sample count and summed duration.
+type Summed struct {
+	Count uint64
+	Total time.Duration
+}
+
+// Mean returns the mean duration (0 with no samples).
+func (s Summed) Mean() time.Duration {
+	if s.Count == 0 {
+		return 0
+	}
+	return s.Total / time.Duration(s.Count)
+}
+
+// add sums the histogram h into s.
+func (s *Summed) add(h *dto.Histogram) {
+	s.Count += h.GetSampleCount()
+	s.Total += time.Duration(h.GetSampleSum() * float64(time.Second))
 }
 
 // Mean returns phase p's mean duration (0 if none ran).
@@ -45,7 +78,8 @@ func (r RoundPhases) Mean(p epoch.Phase) time.Duration {
 }
 
 // SampleRounds sums the round phases every running node of c has
-// observed so far; a run's are the difference of two samples (since).
+// observed so far, and the appends and applies of the global epoch
+// service's nodes; a run's are the difference of two samples (since).
 func SampleRounds(c *localcluster.Cluster) RoundPhases {
 	var r RoundPhases
 	c.EachMetricFamily(func(mf *dto.MetricFamily) {
@@ -63,6 +97,29 @@ func SampleRounds(c *localcluster.Cluster) RoundPhases {
 			}
 		}
 	})
+	for _, g := range c.Topology.GroupsOfKind(topology.KindGlobalEpoch, "") {
+		for _, id := range g.Replicas {
+			n := c.Node(id)
+			if n == nil {
+				continue
+			}
+			mfs, err := n.Gather()
+			if err != nil {
+				continue
+			}
+			for _, mf := range mfs {
+				if len(mf.GetMetric()) == 0 {
+					continue
+				}
+				switch mf.GetName() {
+				case appendSyncMetric:
+					r.ServiceSync.add(mf.GetMetric()[0].GetHistogram())
+				case applyMetric:
+					r.ServiceApply.add(mf.GetMetric()[0].GetHistogram())
+				}
+			}
+		}
+	}
 	return r
 }
 
@@ -73,6 +130,8 @@ func (r RoundPhases) since(earlier RoundPhases) RoundPhases {
 		out.Count[p] = r.Count[p] - earlier.Count[p]
 		out.Total[p] = r.Total[p] - earlier.Total[p]
 	}
+	out.ServiceSync = Summed{r.ServiceSync.Count - earlier.ServiceSync.Count, r.ServiceSync.Total - earlier.ServiceSync.Total}
+	out.ServiceApply = Summed{r.ServiceApply.Count - earlier.ServiceApply.Count, r.ServiceApply.Total - earlier.ServiceApply.Total}
 	return out
 }
 
@@ -91,4 +150,8 @@ func (r RoundPhases) write(w io.Writer) {
 	fmt.Fprintf(w, "%-40s publish %s (farthest publisher's RTT %s%s; at a publisher: commit %s, certify %s), advance %s (commit %s, certify %s)\n",
 		"global epoch round, mean ms", ms(r.Mean(epoch.PhasePublish)), ms(r.FarthestRTT), measured,
 		ms(r.Mean(epoch.PhasePublisherCommit)), ms(r.Mean(epoch.PhasePublisherCertify)), ms(advance), ms(commit), ms(max(advance-commit, 0)))
+	if r.ServiceSync.Count > 0 {
+		fmt.Fprintf(w, "%-40s append with fsync %s (%d), apply %s (%d)\n", "global epoch service's nodes, mean ms",
+			ms(r.ServiceSync.Mean()), r.ServiceSync.Count, ms(r.ServiceApply.Mean()), r.ServiceApply.Count)
+	}
 }

@@ -13,9 +13,10 @@ import (
 // topology (the service in us-central1; publishers 31 and 37 ms away) the
 // nodes' terroir_global_epoch_round_seconds shows each round's publish
 // taking at least the farthest publisher's RTT, the advance less than
-// that and its commit a part of it, and the publishers' own commit and
-// certify within the publish less its nearest RTT: what an operator reads
-// to see where the global epoch's interval goes.
+// that and its commit a part of it, the service's nodes appending durably
+// for each advance, and the publishers' own commit and certify within the
+// publish less its nearest RTT: what an operator reads to see where the
+// global epoch's interval goes.
 func TestGlobalEpochRoundPhasesExplainTheInterval(t *testing.T) {
 	c := startServing(t, "../../examples/three-regions.yaml", localcluster.Options{})
 	const rounds = 10
@@ -48,6 +49,11 @@ func TestGlobalEpochRoundPhasesExplainTheInterval(t *testing.T) {
 	if n, commit := count[epoch.PhaseAdvanceCommit], mean(epoch.PhaseAdvanceCommit); n < count[epoch.PhaseAdvance] || n > count[epoch.PhaseAdvance]+1 || commit <= 0 || commit > advance {
 		t.Errorf("%d advance commits of mean %v for %d advances of mean %v: want one each, within it",
 			count[epoch.PhaseAdvanceCommit], commit, count[epoch.PhaseAdvance], advance)
+	}
+	// Each advance is a durable append on every replica of the service.
+	if sync := r.ServiceSync; sync.Count < count[epoch.PhaseAdvance] || sync.Mean() <= 0 || r.ServiceApply.Count == 0 {
+		t.Errorf("the service's nodes made %d durable appends of mean %v and %d applies for %d advances: want at least one append per advance",
+			sync.Count, sync.Mean(), r.ServiceApply.Count, count[epoch.PhaseAdvance])
 	}
 	// Both publishers acknowledged every publish the service observed,
 	// each after observing its own phases; the nodes are sampled one after
