@@ -99,17 +99,9 @@ func SampleRounds(c *localcluster.Cluster) RoundPhases {
 	})
 	for _, g := range c.Topology.GroupsOfKind(topology.KindGlobalEpoch, "") {
 		for _, id := range g.Replicas {
-			n := c.Node(id)
-			if n == nil {
-				continue
-			}
-			mfs, err := n.Gather()
-			if err != nil {
-				continue
-			}
-			for _, mf := range mfs {
+			c.NodeMetricFamilies(id, func(mf *dto.MetricFamily) {
 				if len(mf.GetMetric()) == 0 {
-					continue
+					return
 				}
 				switch mf.GetName() {
 				case appendSyncMetric:
@@ -117,7 +109,7 @@ func SampleRounds(c *localcluster.Cluster) RoundPhases {
 				case applyMetric:
 					r.ServiceApply.add(mf.GetMetric()[0].GetHistogram())
 				}
-			}
+			})
 		}
 	}
 	return r

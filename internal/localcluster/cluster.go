@@ -288,17 +288,23 @@ func (c *Cluster) Node(id uint64) *node.Node {
 // in node order (nodes whose metrics cannot be gathered are skipped).
 func (c *Cluster) EachMetricFamily(fn func(*dto.MetricFamily)) {
 	for _, id := range c.NodeIDs() {
-		n := c.Node(id)
-		if n == nil {
-			continue
-		}
-		mfs, err := n.Gather()
-		if err != nil {
-			continue
-		}
-		for _, mf := range mfs {
-			fn(mf)
-		}
+		c.NodeMetricFamilies(id, fn)
+	}
+}
+
+// NodeMetricFamilies calls fn with every metric family of node id; none if
+// the node does not run or its metrics cannot be gathered.
+func (c *Cluster) NodeMetricFamilies(id uint64, fn func(*dto.MetricFamily)) {
+	n := c.Node(id)
+	if n == nil {
+		return
+	}
+	mfs, err := n.Gather()
+	if err != nil {
+		return
+	}
+	for _, mf := range mfs {
+		fn(mf)
 	}
 }
 
