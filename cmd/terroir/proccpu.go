@@ -156,3 +156,51 @@ func (c cpuPerOp) String() string {
 func micros(d time.Duration) string {
 	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
 }
+
+// syscalls is how many read-like and write-like system calls a process
+// has made since it started (/proc/<pid>/io's syscr and syscw: read,
+// recvmsg, pread and the like; write, sendmsg, pwrite; an fsync is
+// neither).
+type syscalls struct{ reads, writes uint64 }
+
+// selfSyscalls returns this process's syscalls, and false where
+// /proc/self/io cannot be read or parsed.
+func selfSyscalls() (syscalls, bool) {
+	data, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return syscalls{}, false
+	}
+	s, err := parseProcIO(data)
+	return s, err == nil
+}
+
+// parseProcIO reads syscr and syscw from /proc/<pid>/io's "name: value"
+// lines. Errors: either line missing or not a number.
+func parseProcIO(data []byte) (syscalls, error) {
+	var s syscalls
+	var found int
+	for _, line := range strings.Split(string(data), "\n") {
+		name, value, ok := strings.Cut(line, ":")
+		var dst *uint64
+		switch {
+		case !ok:
+			continue
+		case name == "syscr":
+			dst = &s.reads
+		case name == "syscw":
+			dst = &s.writes
+		default:
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(value), 10, 64)
+		if err != nil {
+			return syscalls{}, fmt.Errorf("/proc io: %s: %q is not a count: %w", name, strings.TrimSpace(value), err)
+		}
+		*dst = n
+		found++
+	}
+	if found != 2 {
+		return syscalls{}, fmt.Errorf("/proc io: want syscr and syscw, found %d of them in %q", found, data)
+	}
+	return s, nil
+}

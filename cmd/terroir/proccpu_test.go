@@ -125,3 +125,53 @@ func TestYCSBRejectsBadPidsBeforeRunning(t *testing.T) {
 		}
 	}
 }
+
+// TestParseProcIO reads syscr and syscw from a /proc/<pid>/io as Linux
+// writes it, and rejects one that lacks either or holds no number.
+func TestParseProcIO(t *testing.T) {
+	const io = "rchar: 1948\nwchar: 512\nsyscr: 7\nsyscw: 3\nread_bytes: 0\nwrite_bytes: 4096\ncancelled_write_bytes: 0\n"
+	got, err := parseProcIO([]byte(io))
+	if err != nil || got != (syscalls{reads: 7, writes: 3}) {
+		t.Fatalf("parseProcIO = %+v, %v; want 7 reads and 3 writes", got, err)
+	}
+	for name, bad := range map[string]string{
+		"no syscw":     "rchar: 1\nsyscr: 7\n",
+		"no syscr":     "syscw: 3\n",
+		"not a number": "syscr: seven\nsyscw: 3\n",
+		"empty":        "",
+		"negative":     "syscr: -1\nsyscw: 3\n",
+	} {
+		if s, err := parseProcIO([]byte(bad)); err == nil {
+			t.Errorf("%s: parseProcIO(%q) = %+v with no error", name, bad, s)
+		}
+	}
+}
+
+// TestSelfSyscallsCountTheProcessWrites: 100 writes to a file show as at
+// least 100 more write system calls of this process.
+func TestSelfSyscallsCountTheProcessWrites(t *testing.T) {
+	if _, err := os.Stat("/proc/self/io"); err != nil {
+		t.Skipf("no /proc/self/io here: %v", err)
+	}
+	before, ok := selfSyscalls()
+	if !ok {
+		t.Fatal("/proc/self/io exists but selfSyscalls could not read it")
+	}
+	f, err := os.Create(t.TempDir() + "/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for range 100 {
+		if _, err := f.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, ok := selfSyscalls()
+	if !ok {
+		t.Fatal("/proc/self/io became unreadable")
+	}
+	if n := after.writes - before.writes; n < 100 {
+		t.Errorf("100 writes counted as %d write system calls", n)
+	}
+}

@@ -19,10 +19,14 @@ import (
 // moment: the process's CPU time and the nodes' counters of the commands
 // that make up a transaction (issue 17: a benchmark that explains itself).
 type runCost struct {
-	// cpu is the process's CPU time; at when it was sampled, procsExtra
-	// how long the binary had run its extra Go processors by then
-	// (procsExtraTime).
-	cpu, procsExtra        time.Duration
+	// cpu is the process's CPU time, sys the part of it in the kernel;
+	// at when it was sampled, procsExtra how long the binary had run its
+	// extra Go processors by then (procsExtraTime).
+	cpu, sys, procsExtra time.Duration
+	// calls is the process's read and write system calls (callsOK false:
+	// /proc/self/io could not be read).
+	calls                  syscalls
+	callsOK                bool
 	at                     time.Time
 	rpcs, proposals, syncs float64
 	// raftMsgs is the Raft messages the nodes sent each other
@@ -92,7 +96,9 @@ func sampleCost(c *localcluster.Cluster) runCost {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		out.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		out.sys = time.Duration(ru.Stime.Nano())
 	}
+	out.calls, out.callsOK = selfSyscalls()
 	out.device, out.deviceOK = experiment.ReadDeviceWrites(c.DataDir())
 	counted := map[string]*float64{
 		"terroir_rpc_server_seconds":                &out.rpcs,
@@ -174,6 +180,23 @@ func rowCacheHits(before, after runCost) string {
 	return fmt.Sprintf("%.0f%% (of %.0f)", 100*hits/(hits+misses), hits+misses)
 }
 
+// kernelShare formats the part of the process's CPU spent in the kernel
+// between two samples, and the read and write system calls per operation
+// over ops operations (issue 17: the commit path's syscalls, loopback
+// sockets and the WAL's writes).
+func kernelShare(before, after runCost, ops int64) string {
+	cpu := after.cpu - before.cpu
+	if cpu <= 0 || ops <= 0 {
+		return "no CPU time measured"
+	}
+	out := fmt.Sprintf("%.0f%% in the kernel", 100*float64(after.sys-before.sys)/float64(cpu))
+	if before.callsOK && after.callsOK {
+		out += fmt.Sprintf(", system calls %.2f reads and %.2f writes", float64(after.calls.reads-before.calls.reads)/float64(ops),
+			float64(after.calls.writes-before.calls.writes)/float64(ops))
+	}
+	return out
+}
+
 // printCost prints what one operation cost between two samples over ops
 // operations.
 func printCost(before, after runCost, ops int64) {
@@ -181,8 +204,8 @@ func printCost(before, after runCost, ops int64) {
 		return
 	}
 	per := func(a, b float64) float64 { return (b - a) / float64(ops) }
-	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's), Raft messages %.2f (heartbeats %.2f)\n",
-		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs),
+	fmt.Printf("per operation: CPU %.0f µs (the whole process: the cluster's nodes and the driver; %s), RPCs served %.2f, Raft proposals %.2f, log syncs %.2f (every replica's), Raft messages %.2f (heartbeats %.2f)\n",
+		float64(after.cpu-before.cpu)/float64(time.Microsecond)/float64(ops), kernelShare(before, after, ops), per(before.rpcs, after.rpcs), per(before.proposals, after.proposals), per(before.syncs, after.syncs),
 		per(before.raftMsgs, after.raftMsgs), per(before.heartbeats, after.heartbeats))
 	fmt.Printf("per operation: disk writes %s (every store's)%s; writes stalled %s in all; newest versions read from the cache %s\n",
 		diskPerOp(before, after, ops), deviceWrites(before, after, ops), stalledFor(before, after), rowCacheHits(before, after))

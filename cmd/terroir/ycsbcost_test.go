@@ -81,3 +81,19 @@ func TestDeviceWritesArePerOperationAndPerSecond(t *testing.T) {
 		}
 	}
 }
+
+func TestKernelShareIsPerOperation(t *testing.T) {
+	before := runCost{cpu: time.Second, sys: 200 * time.Millisecond, calls: syscalls{reads: 100, writes: 50}, callsOK: true}
+	after := runCost{cpu: 3 * time.Second, sys: 1200 * time.Millisecond, calls: syscalls{reads: 7100, writes: 5050}, callsOK: true}
+	if got, want := kernelShare(before, after, 1000), "50% in the kernel, system calls 7.00 reads and 5.00 writes"; got != want {
+		t.Errorf("1 s of 2 in the kernel, 7000 reads and 5000 writes over 1000 operations: %q; want %q", got, want)
+	}
+	noCalls := after
+	noCalls.callsOK = false
+	if got, want := kernelShare(before, noCalls, 1000), "50% in the kernel"; got != want {
+		t.Errorf("without /proc/self/io after: %q; want %q", got, want)
+	}
+	if got, want := kernelShare(before, before, 1000), "no CPU time measured"; got != want {
+		t.Errorf("no CPU in between: %q; want %q", got, want)
+	}
+}
