@@ -8,9 +8,9 @@ import "time"
 // advances to E+1 (PhaseAdvance, whose first part, until the service's
 // leader has applied E+1, is PhaseAdvanceCommit); a publisher's leader,
 // for each Publish, commits E (PhasePublisherCommit) and then waits until
-// a majority of its replicas shows it (PhasePublisherCertify). A round's interval is about
-// PhasePublish plus PhaseAdvance; PhasePublish is the farthest publisher's
-// RTT plus its two phases.
+// a majority of its replicas shows it (PhasePublisherCertify). A round's
+// interval is about PhasePublish plus PhaseAdvance; PhasePublish is the
+// farthest publisher's RTT plus its two phases.
 type Phase uint8
 
 // The phases, in the order a round runs them.

@@ -37,9 +37,10 @@ type RoundPhases struct {
 	// publisher (topology.FarthestPublisherRTT).
 	FarthestRTT time.Duration
 	// ServiceSync and ServiceApply are the durable appends (each an
-	// fsync) and the applies of the nodes holding a replica of the global
-	// epoch service, over all their replicas: what the advance's commit
-	// waits for on its leader and followers.
+	// fsync) and the applies of the nodes the topology names as the global
+	// epoch service's replicas, over all their replicas (none counted for
+	// a service whose replicas the topology leaves to placement): what the
+	// advance's commit waits for on its leader and followers.
 	ServiceSync, ServiceApply Summed
 	// MeasuredRTT is the P50 of a Ping from the service's region to the
 	// farthest publisher's region during the run (0: not measured): the
@@ -67,6 +68,11 @@ func (s Summed) Mean() time.Duration {
 func (s *Summed) add(h *dto.Histogram) {
 	s.Count += h.GetSampleCount()
 	s.Total += time.Duration(h.GetSampleSum() * float64(time.Second))
+}
+
+// minus returns what s holds beyond an earlier sample.
+func (s Summed) minus(earlier Summed) Summed {
+	return Summed{Count: s.Count - earlier.Count, Total: s.Total - earlier.Total}
 }
 
 // Mean returns phase p's mean duration (0 if none ran).
@@ -122,8 +128,8 @@ func (r RoundPhases) since(earlier RoundPhases) RoundPhases {
 		out.Count[p] = r.Count[p] - earlier.Count[p]
 		out.Total[p] = r.Total[p] - earlier.Total[p]
 	}
-	out.ServiceSync = Summed{r.ServiceSync.Count - earlier.ServiceSync.Count, r.ServiceSync.Total - earlier.ServiceSync.Total}
-	out.ServiceApply = Summed{r.ServiceApply.Count - earlier.ServiceApply.Count, r.ServiceApply.Total - earlier.ServiceApply.Total}
+	out.ServiceSync = r.ServiceSync.minus(earlier.ServiceSync)
+	out.ServiceApply = r.ServiceApply.minus(earlier.ServiceApply)
 	return out
 }
 
