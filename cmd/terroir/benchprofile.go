@@ -31,7 +31,7 @@ func startProfileAfter(f *os.File, d time.Duration, begin func(io.Writer) error,
 			return
 		}
 		if err := begin(f); err != nil {
-			fmt.Fprintln(os.Stderr, "bench: the profile did not start:", err)
+			fmt.Fprintf(os.Stderr, "bench: the profile for %s did not start: %v\n", f.Name(), err)
 			return
 		}
 		p.started = true

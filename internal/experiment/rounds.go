@@ -3,6 +3,7 @@ package experiment
 import (
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -64,10 +65,14 @@ func (s Summed) Mean() time.Duration {
 	return s.Total / time.Duration(s.Count)
 }
 
-// add sums the histogram h into s.
-func (s *Summed) add(h *dto.Histogram) {
-	s.Count += h.GetSampleCount()
-	s.Total += time.Duration(h.GetSampleSum() * float64(time.Second))
+// summed is histogram h's sample count and sum.
+func summed(h *dto.Histogram) Summed {
+	return Summed{Count: h.GetSampleCount(), Total: time.Duration(h.GetSampleSum() * float64(time.Second))}
+}
+
+// plus returns s and o summed.
+func (s Summed) plus(o Summed) Summed {
+	return Summed{Count: s.Count + o.Count, Total: s.Total + o.Total}
 }
 
 // minus returns what s holds beyond an earlier sample.
@@ -85,40 +90,45 @@ func (r RoundPhases) Mean(p epoch.Phase) time.Duration {
 
 // SampleRounds sums the round phases every running node of c has
 // observed so far, and the appends and applies of the global epoch
-// service's nodes; a run's are the difference of two samples (since).
+// service's nodes; a run's are the difference of two samples (since). Each
+// node's metrics are gathered once.
 func SampleRounds(c *localcluster.Cluster) RoundPhases {
+	var service []uint64
+	for _, g := range c.Topology.GroupsOfKind(topology.KindGlobalEpoch, "") {
+		service = append(service, g.Replicas...)
+	}
 	var r RoundPhases
-	c.EachMetricFamily(func(mf *dto.MetricFamily) {
-		if mf.GetName() != roundMetric {
-			return
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				for p := range epoch.NumPhases {
-					if l.GetName() == "phase" && l.GetValue() == p.String() {
-						r.Count[p] += m.GetHistogram().GetSampleCount()
-						r.Total[p] += time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
-					}
+	for _, id := range c.NodeIDs() {
+		ofService := slices.Contains(service, id)
+		c.NodeMetricFamilies(id, func(mf *dto.MetricFamily) {
+			switch {
+			case mf.GetName() == roundMetric:
+				r.addPhases(mf)
+			case !ofService || len(mf.GetMetric()) == 0: // not the service's, or no sample
+			case mf.GetName() == appendSyncMetric:
+				r.ServiceSync = r.ServiceSync.plus(summed(mf.GetMetric()[0].GetHistogram()))
+			case mf.GetName() == applyMetric:
+				r.ServiceApply = r.ServiceApply.plus(summed(mf.GetMetric()[0].GetHistogram()))
+			}
+		})
+	}
+	return r
+}
+
+// addPhases adds a node's terroir_global_epoch_round_seconds, by its
+// phase label, to r.
+func (r *RoundPhases) addPhases(mf *dto.MetricFamily) {
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			for p := range epoch.NumPhases {
+				if l.GetName() == "phase" && l.GetValue() == p.String() {
+					s := summed(m.GetHistogram())
+					r.Count[p] += s.Count
+					r.Total[p] += s.Total
 				}
 			}
 		}
-	})
-	for _, g := range c.Topology.GroupsOfKind(topology.KindGlobalEpoch, "") {
-		for _, id := range g.Replicas {
-			c.NodeMetricFamilies(id, func(mf *dto.MetricFamily) {
-				if len(mf.GetMetric()) == 0 {
-					return
-				}
-				switch mf.GetName() {
-				case appendSyncMetric:
-					r.ServiceSync.add(mf.GetMetric()[0].GetHistogram())
-				case applyMetric:
-					r.ServiceApply.add(mf.GetMetric()[0].GetHistogram())
-				}
-			})
-		}
 	}
-	return r
 }
 
 // since returns what r holds beyond an earlier sample.

@@ -104,7 +104,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 		}, []string{"kind"}),
 		epochRound: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "terroir_global_epoch_round_seconds",
-			Help:    "The global epoch's round, phase by phase (DESIGN.md §7): at the service's leader, publish (every publisher acknowledged epoch E: the farthest one's RTT plus its update) advance (E+1 committed and applied by a majority of the service) and advance_commit (its first part, until the leader applied E+1); at a publisher's leader, for each update, publisher_commit (E committed and applied here) and publisher_certify (then until a majority read shows it).",
+			Help:    "The global epoch's round, phase by phase (DESIGN.md §7): at the service's leader, publish (every publisher acknowledged epoch E: the farthest one's RTT plus its update), advance (E+1 committed and applied by a majority of the service) and advance_commit (its first part, until the leader applied E+1); at a publisher's leader, for each update, publisher_commit (E committed and applied here) and publisher_certify (then until a majority read shows it).",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 1.5, 20),
 		}, []string{"phase"}),
 	}
