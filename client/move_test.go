@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -149,5 +150,72 @@ func TestAMoveRechecksAStaleRoute(t *testing.T) {
 	}
 	if !slices.Contains(r.Replicas, 3) || slices.Contains(r.Replicas, 4) {
 		t.Fatalf("after the move back, range 10 has replicas %v", r.Replicas)
+	}
+}
+
+// TestALeaseStaysWhileItsRangeMovesAReplica: while range 11's leaseholder
+// moves a replica (its new one, on a node cut off from the log, cannot
+// catch up), a transfer of the lease to the move's source is refused: the
+// move runs at the leader and counts on staying there. Had the source
+// taken the lease, and with it Raft leadership, it would leave the joint
+// configuration and drop its own replica before the others learned the
+// change committed (a CI run found range 11 leaderless for 150 s so, with
+// a third voter down). Once the move has ended, the transfer goes ahead.
+func TestALeaseStaysWhileItsRangeMovesAReplica(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "four.yaml")
+	if err := os.WriteFile(path, []byte(fourNodes), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: -1}) // the test places replicas itself
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	key := []byte("x-key")
+	if _, err := db.Put(ctx, key, []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	holder := servingNode(c, 11)
+	from := uint64(1)
+	if from == holder {
+		from = 2
+	}
+	c.Net.StarveLog(4) // node 4 hosts the learner, but no snapshot or append reaches it
+	moved := make(chan error, 1)
+	go func() {
+		mctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+		defer cancel()
+		_, err := db.AdminMoveReplica(mctx, key, from, 4)
+		moved <- err
+	}()
+	for r := c.Node(holder).Range(11); !slices.Contains(r.Desc().GetLearners(), 4); time.Sleep(10 * time.Millisecond) {
+		if ctx.Err() != nil {
+			t.Fatal("node 4 never became a learner of range 11")
+		}
+	}
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	_, _, err = db.AdminTransferLease(tctx, key, from)
+	cancel()
+	if err == nil {
+		t.Fatalf("the lease moved to node %d, the source of a move under way", from)
+	}
+	if now := servingNode(c, 11); now != holder {
+		t.Fatalf("range 11 is served by node %d, want %d (the move's leader) while the move runs", now, holder)
+	}
+	c.Net.Heal()
+	if err := <-moved; err == nil {
+		t.Log("the move finished once healed")
+	} else {
+		t.Logf("the move ended: %v", err) // its learner is taken out again
+	}
+	// Once it has ended, a transfer goes ahead: to from, if the move did
+	// not take its replica, or else to the new one.
+	to := from
+	if d := c.Node(holder).Range(11).Desc(); !slices.Contains(d.GetReplicas(), from) {
+		to = 4
+	}
+	if _, _, err := db.AdminTransferLease(ctx, key, to); err != nil {
+		t.Fatalf("transferring the lease to node %d after the move ended: %v", to, err)
 	}
 }

@@ -402,9 +402,10 @@ const (
 // ending its own lease at e+1 and granting `to` [e+2, e+2+LeaseEpochs] with
 // its highest epoch, then hands Raft leadership to `to`. It returns the
 // successor's lease. Errors: ErrNotLeaseholder here, ErrTransferTarget for
-// a target that is not another replica of the range, ErrTransferBusy if
-// transactions did not finish in time or the entry did not apply (the
-// lease stays); any other error leaves the outcome unknown.
+// a target that is not another replica of the range, ErrTransferBusy if a
+// change of the range's replicas or a merge holds its claim, transactions
+// did not finish in time, or the entry did not apply (the lease stays);
+// any other error leaves the outcome unknown.
 func (r *Replica) TransferLease(ctx context.Context, to uint64, ifIdle bool) (*pb.Lease, error) {
 	d := r.sm.Descriptor()
 	switch {
@@ -428,6 +429,16 @@ func (r *Replica) TransferLease(ctx context.Context, to uint64, ifIdle bool) (*p
 			l.transferring.Store(false)
 		}
 	}()
+	if l.txns.moveClaimed() {
+		// A change of the replicas runs at this leader and counts on
+		// staying here: a move's source that took the lease (and with it
+		// Raft leadership) would leave the joint configuration and drop
+		// its own replica before the others learned the change committed,
+		// stranding them in it when another voter is down. The check
+		// follows the flag above and claimReplicaChange checks the flag
+		// after claiming, so one of the two always sees the other.
+		return nil, fmt.Errorf("%w: range %d is changing its replicas or merging", ErrTransferBusy, r.id)
+	}
 	if ifIdle && !l.txns.idle() { // checked once no new lock is taken here
 		return nil, fmt.Errorf("%w: range %d: transactions hold locks here", ErrTransferBusy, r.id)
 	}

@@ -171,6 +171,10 @@ func (r *Replica) claimReplicaChange(ctx context.Context, l *leadership, busy er
 	if !ok {
 		return nil, fmt.Errorf("%w: range %d is changing shape or moving a replica", busy, r.id)
 	}
+	if l.transferring.Load() { // after the claim: TransferLease checks the claim after its flag
+		release()
+		return nil, fmt.Errorf("%w: range %d is handing its lease over", busy, r.id)
+	}
 	if err := r.leadNeighbour(ctx); err != nil {
 		release()
 		return nil, fmt.Errorf("%w: %v", busy, err)

@@ -353,6 +353,15 @@ func (tt *txnTable) claimMove() (release func(), ok bool) {
 	}, true
 }
 
+// moveClaimed reports whether a replica move, non-voter change, rehome or
+// merge holds the claim (claimMove): a lease transfer waits until none
+// does.
+func (tt *txnTable) moveClaimed() bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	return tt.moving
+}
+
 // committingAbove reports whether a prepared or committing transaction holds
 // a lock at or above key: a split there waits until none does.
 func (tt *txnTable) committingAbove(key []byte) bool {
