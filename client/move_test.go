@@ -31,21 +31,29 @@ groups:
   - {id: 11, kind: range, region: us-east1, start: "m", replicas: [1, 2, 3]}
 `
 
+// startFourNodes starts the fourNodes cluster with its replicate queue
+// off (the tests place replicas themselves) and a client in us-east1.
+func startFourNodes(t *testing.T) (*localcluster.Cluster, *client.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "four.yaml")
+	if err := os.WriteFile(path, []byte(fourNodes), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: -1})
+	db, err := c.Client("us-east1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, db
+}
+
 // TestMoveReplicasUnderLoad moves replicas of both ranges onto a fourth
 // node while clients transfer money (DESIGN.md §12) — one of them the
 // leaseholder's, which hands its lease over first — then stops the node
 // they left: the load goes on, every total read is right, the new replicas
 // serve, and bad moves change nothing.
 func TestMoveReplicasUnderLoad(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "four.yaml")
-	if err := os.WriteFile(path, []byte(fourNodes), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: -1}) // the test places replicas itself
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, db := startFourNodes(t)
 	ctx := ctxT(t, 120*time.Second)
 	fund(t, ctx, db)
 	load := startBankLoad(t, ctx, c)
@@ -112,15 +120,7 @@ func TestMoveReplicasUnderLoad(t *testing.T) {
 // being refused for good (the replicate queue once retried such a move,
 // refused on its own stale cache, until its test timed out).
 func TestAMoveRechecksAStaleRoute(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "four.yaml")
-	if err := os.WriteFile(path, []byte(fourNodes), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: -1})
-	mover, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, mover := startFourNodes(t)
 	stale, err := c.Client("us-east1")
 	if err != nil {
 		t.Fatal(err)
@@ -162,15 +162,7 @@ func TestAMoveRechecksAStaleRoute(t *testing.T) {
 // change committed (a CI run found range 11 leaderless for 150 s so, with
 // a third voter down). Once the move has ended, the transfer goes ahead.
 func TestALeaseStaysWhileItsRangeMovesAReplica(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "four.yaml")
-	if err := os.WriteFile(path, []byte(fourNodes), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := localcluster.StartT(t, path, localcluster.Options{RebalanceInterval: -1}) // the test places replicas itself
-	db, err := c.Client("us-east1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, db := startFourNodes(t)
 	ctx := ctxT(t, 60*time.Second)
 	key := []byte("x-key")
 	if _, err := db.Put(ctx, key, []byte("v")); err != nil {
@@ -195,7 +187,7 @@ func TestALeaseStaysWhileItsRangeMovesAReplica(t *testing.T) {
 		}
 	}
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
-	_, _, err = db.AdminTransferLease(tctx, key, from)
+	_, _, err := db.AdminTransferLease(tctx, key, from)
 	cancel()
 	if err == nil {
 		t.Fatalf("the lease moved to node %d, the source of a move under way", from)
